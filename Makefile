@@ -1,0 +1,71 @@
+# streamtrain — the front door. `make help` lists the targets; CI calls the same ones.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PROTOS := ps/streamtrain_ps/proto/ps.proto worker/streamtrain_worker/proto/worker.proto
+
+help: ## List the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP) ## Create .venv/ and install streamtrain with every extra (idempotent)
+
+proto: $(STAMP) ## Regenerate the gRPC modules from the .proto files
+	$(PY) -m grpc_tools.protoc -Ips --python_out=ps --pyi_out=ps --grpc_python_out=ps ps/streamtrain_ps/proto/ps.proto
+	$(PY) -m grpc_tools.protoc -Iworker --python_out=worker --pyi_out=worker --grpc_python_out=worker worker/streamtrain_worker/proto/worker.proto
+
+proto-check: proto ## Fail if the committed generated code differs from a fresh generation
+	@git diff --exit-code -- '*_pb2.py' '*_pb2_grpc.py' '*_pb2.pyi' || \
+	  (echo "generated protobuf code is stale: run 'make proto' and commit" >&2; exit 1)
+
+lint: $(STAMP) ## ruff (style, imports) and import-linter (layers)
+	$(VENV)/bin/ruff check ps worker operator tests bench
+	$(VENV)/bin/ruff format --check ps worker operator tests bench
+	$(VENV)/bin/lint-imports
+
+fmt: $(STAMP) ## Format and autofix with ruff
+	$(VENV)/bin/ruff format ps worker operator tests bench
+	$(VENV)/bin/ruff check --fix ps worker operator tests bench
+
+typecheck: $(STAMP) ## mypy over the three packages
+	$(VENV)/bin/mypy ps/streamtrain_ps worker/streamtrain_worker operator/streamtrain_operator
+
+pytest: $(STAMP) ## Only the test suite
+	$(PY) -m pytest -q
+
+test: $(STAMP) proto-check lint typecheck pytest ## Everything CI checks: generated code, lint, types, tests
+
+test-faults: $(STAMP) ## Fault-injection suite (also part of `make test`)
+	$(PY) -m pytest -q -m faults
+
+bench: bench-ps bench-worker bench-e2e ## All benchmarks (results go in docs/benchmarks.md)
+
+bench-ps: $(STAMP) ## PS shard throughput and memory per key
+	$(PY) -m streamtrain_ps.bench --json
+
+bench-worker: $(STAMP) ## Worker: plain PyTorch vs PS-backed training, parse throughput
+	$(PY) -m streamtrain_worker.bench --json
+
+bench-e2e: $(STAMP) ## Criteo sample as 24 hourly passes, end to end
+	$(PY) -m streamtrain_operator.bench_e2e --json
+
+bench-load: $(STAMP) ## Concurrent clients against 2 PS shards
+	$(PY) -m streamtrain_ps.bench_load --json
+
+demo: $(STAMP) ## Run the demo job on the embedded default (local processes)
+	$(PY) -m streamtrain_ps.demo
+
+clean: ## Remove caches and demo output (keeps .venv)
+	rm -rf .pytest_cache .mypy_cache .ruff_cache demo-run
+
+.PHONY: help install proto proto-check lint fmt typecheck pytest test test-faults bench bench-ps bench-worker bench-e2e bench-load demo clean

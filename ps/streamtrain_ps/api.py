@@ -1,0 +1,106 @@
+"""The ``PSLike`` protocol: what workers and the scheduler need from a parameter server.
+
+Two implementations (``streamtrain_ps.client``): ``LocalPS`` (in-process shard, for tests
+and single-process training) and ``RemotePS`` (N gRPC servers; routes keys by logical shard,
+fans out in parallel, deduplicates pulls, merges pushes, retries UNAVAILABLE).
+
+Array conventions: keys ``uint64 (n,)``; pulled rows ``float32 (n, 3 + embedx_dim)`` laid out
+``[show, click, embed_w, embedx_w...]``; pushed gradients ``float32 (n, 1 + embedx_dim)``
+laid out ``[embed_g, embedx_g...]`` — the gradient of the *sum* of per-example losses; the
+table divides by the pushed show to get a per-impression step. Shows and clicks
+``float32 (n,)``, slots ``uint32 (n,)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+
+class SaveMode(IntEnum):
+    """What a save writes (ARCHITECTURE.md §4)."""
+
+    CHECKPOINT = 0  # all keys, all state (optimizer slots, dense tables)
+    DELTA = 1  # score >= base, delta_score >= delta, unseen <= keep days; + tombstones
+    BASE = 2  # score >= base, unseen <= keep days; resets delta_score
+    BATCH = 3  # all keys, inference values; then unseen_days += 1
+
+
+@dataclass(frozen=True)
+class SavedFile:
+    path: str  # relative to the save URI
+    size: int
+    sha256: str
+    rows: int
+
+
+@dataclass(frozen=True)
+class SaveResult:
+    uri: str
+    mode: SaveMode
+    files: tuple[SavedFile, ...]
+    keys_saved: int
+    tombstones: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class ShrinkResult:
+    keys_before: int
+    deleted: int
+    keys_after: int
+
+
+@dataclass(frozen=True)
+class TableStats:
+    name: str
+    keys: int
+    expanded_keys: int
+    memory_bytes: int
+
+
+@dataclass(frozen=True)
+class PSStats:
+    tables: tuple[TableStats, ...]
+    dense_names: tuple[str, ...] = field(default_factory=tuple)
+
+
+@runtime_checkable
+class PSLike(Protocol):
+    """A parameter server, local or remote. All methods are thread-safe."""
+
+    def pull_sparse(self, table: str, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]: ...
+
+    def push_sparse(
+        self,
+        table: str,
+        keys: npt.NDArray[np.uint64],
+        grads: npt.NDArray[np.float32],
+        shows: npt.NDArray[np.float32],
+        clicks: npt.NDArray[np.float32],
+        slots: npt.NDArray[np.uint32] | None = None,
+    ) -> None: ...
+
+    def init_dense(self, name: str, values: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]: ...
+
+    def pull_dense(self, name: str) -> npt.NDArray[np.float32]: ...
+
+    def push_dense(self, name: str, grads: npt.NDArray[np.float32]) -> None: ...
+
+    def save(self, uri: str, mode: SaveMode) -> SaveResult:
+        """Write every shard's parts, then publish the manifest (all or nothing)."""
+        ...
+
+    def load(self, uri: str) -> int:
+        """Load a published save into every shard; returns keys loaded."""
+        ...
+
+    def shrink(self) -> ShrinkResult: ...
+
+    def stats(self) -> PSStats: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,1 @@
+"""Reading the time-sliced log layout: pass plans, donefiles, formats, sharding, batches."""
