@@ -1,0 +1,320 @@
+"""The gRPC servicer: decode with ``wire``, call the ``Shard``, encode — nothing else.
+
+This module is the one place that maps PS errors to gRPC status codes:
+
+=============================  =====================  ===============================
+exception                      status                 trailing metadata
+=============================  =====================  ===============================
+``InvalidRequestError``        ``INVALID_ARGUMENT``   ``streamtrain-field``
+``UnknownTableError``          ``NOT_FOUND``          ``streamtrain-kind``, ``-name``
+``RequestTooLargeError``       ``RESOURCE_EXHAUSTED``
+``CheckpointError``            ``FAILED_PRECONDITION``
+any other ``PSError``          ``INTERNAL``
+anything unexpected            ``INTERNAL``           (traceback logged, server stays up)
+=============================  =====================  ===============================
+
+The details string is ``str(exc)``, so the message a remote caller sees is the message a
+local caller would have seen; the metadata lets ``streamtrain_ps.remote`` rebuild the same
+exception class with the same fields. Every RPC's latency and non-OK code is recorded in
+``PSMetrics``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import NoReturn, Protocol, TypeVar
+
+import grpc
+import numpy as np
+import numpy.typing as npt
+
+from streamtrain_ps import api, wire
+from streamtrain_ps.config import PSConfig, TableConfig
+from streamtrain_ps.errors import (
+    CheckpointError,
+    InvalidRequestError,
+    RequestTooLargeError,
+    UnknownTableError,
+)
+from streamtrain_ps.metrics import PSMetrics, TableStatsLike
+from streamtrain_ps.proto import ps_pb2, ps_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R")
+
+FIELD_KEY = "streamtrain-field"
+KIND_KEY = "streamtrain-kind"
+NAME_KEY = "streamtrain-name"
+
+
+class ShardStatsLike(Protocol):
+    @property
+    def tables(self) -> Sequence[TableStatsLike]: ...
+    @property
+    def dense_names(self) -> Sequence[str]: ...
+    @property
+    def shard_index(self) -> int: ...
+    @property
+    def num_shards(self) -> int: ...
+
+
+class ShardLike(Protocol):
+    """What the servicer needs of ``streamtrain_ps.shard.Shard``."""
+
+    def pull_sparse(self, table: str, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]: ...
+
+    def push_sparse(  # noqa: PLR0917 - the agreed Shard signature
+        self,
+        table: str,
+        keys: npt.NDArray[np.uint64],
+        grads: npt.NDArray[np.float32],
+        shows: npt.NDArray[np.float32],
+        clicks: npt.NDArray[np.float32],
+        slots: npt.NDArray[np.uint32] | None,
+    ) -> int: ...
+
+    def init_dense(
+        self, name: str, values: npt.NDArray[np.float32]
+    ) -> tuple[npt.NDArray[np.float32], int]: ...
+
+    def pull_dense(self, name: str) -> tuple[npt.NDArray[np.float32], int]: ...
+
+    def push_dense(self, name: str, grads: npt.NDArray[np.float32]) -> int: ...
+
+    def save(self, uri: str, mode: api.SaveMode, table: str | None = None) -> api.SaveResult: ...
+
+    def load(self, uri: str) -> int: ...
+
+    def shrink(self, table: str | None = None) -> api.ShrinkResult: ...
+
+    def stats(self) -> ShardStatsLike: ...
+
+
+def status_of(exc: BaseException) -> tuple[grpc.StatusCode, tuple[tuple[str, str], ...]]:
+    """The status code and trailing metadata for an exception raised while serving."""
+    if isinstance(exc, InvalidRequestError):
+        return grpc.StatusCode.INVALID_ARGUMENT, ((FIELD_KEY, exc.field),)
+    if isinstance(exc, UnknownTableError):
+        return grpc.StatusCode.NOT_FOUND, ((KIND_KEY, exc.kind), (NAME_KEY, exc.name))
+    if isinstance(exc, RequestTooLargeError):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, ()
+    if isinstance(exc, CheckpointError):
+        return grpc.StatusCode.FAILED_PRECONDITION, ()
+    return grpc.StatusCode.INTERNAL, ()
+
+
+class PSServicer(ps_pb2_grpc.ParameterServerServicer):
+    """Thin adapter from ``ps.proto`` to one ``Shard``; thread-safe because the shard is."""
+
+    def __init__(self, shard: ShardLike, config: PSConfig, metrics: PSMetrics) -> None:
+        self._shard = shard
+        self._config = config
+        self._metrics = metrics
+
+    # -- sparse ---------------------------------------------------------------------------
+
+    def PullSparse(  # noqa: N802 - named by ps.proto
+        self, request: ps_pb2.PullSparseRequest, context: grpc.ServicerContext
+    ) -> ps_pb2.PullSparseResponse:
+        def run() -> ps_pb2.PullSparseResponse:
+            table = self._table(request.table)
+            keys = wire.decode_keys(request.keys, max_keys=self._config.maxKeysPerRequest)
+            values = self._shard.pull_sparse(table.name, keys)
+            data, dim = wire.encode_matrix(values)
+            return ps_pb2.PullSparseResponse(values=data, dim=dim)
+
+        return self._serve("PullSparse", context, run)
+
+    def PushSparse(  # noqa: N802 - named by ps.proto
+        self, request: ps_pb2.PushSparseRequest, context: grpc.ServicerContext
+    ) -> ps_pb2.PushSparseResponse:
+        def run() -> ps_pb2.PushSparseResponse:
+            table = self._table(request.table)
+            batch = wire.decode_push(
+                request.keys,
+                request.grads,
+                request.dim,
+                request.shows,
+                request.clicks,
+                slots=request.slots,
+                push_dim=table.push_dim,
+                max_keys=self._config.maxKeysPerRequest,
+            )
+            updated = self._shard.push_sparse(
+                table.name, batch.keys, batch.grads, batch.shows, batch.clicks, batch.slots
+            )
+            return ps_pb2.PushSparseResponse(keys_updated=updated)
+
+        return self._serve("PushSparse", context, run)
+
+    # -- dense ----------------------------------------------------------------------------
+
+    def InitDense(  # noqa: N802 - named by ps.proto
+        self, request: ps_pb2.InitDenseRequest, context: grpc.ServicerContext
+    ) -> ps_pb2.DenseValues:
+        def run() -> ps_pb2.DenseValues:
+            name = _dense_name(request.name)
+            values = wire.decode_floats(request.values, "values")
+            if values.size == 0:
+                raise InvalidRequestError("values", "must not be empty")
+            current, version = self._shard.init_dense(name, values)
+            return ps_pb2.DenseValues(
+                name=name, values=wire.encode_floats(current), version=version
+            )
+
+        return self._serve("InitDense", context, run)
+
+    def PullDense(  # noqa: N802 - named by ps.proto
+        self, request: ps_pb2.PullDenseRequest, context: grpc.ServicerContext
+    ) -> ps_pb2.DenseValues:
+        def run() -> ps_pb2.DenseValues:
+            name = _dense_name(request.name)
+            values, version = self._shard.pull_dense(name)
+            return ps_pb2.DenseValues(name=name, values=wire.encode_floats(values), version=version)
+
+        return self._serve("PullDense", context, run)
+
+    def PushDense(  # noqa: N802 - named by ps.proto
+        self, request: ps_pb2.PushDenseRequest, context: grpc.ServicerContext
+    ) -> ps_pb2.PushDenseResponse:
+        def run() -> ps_pb2.PushDenseResponse:
+            name = _dense_name(request.name)
+            grads = wire.decode_floats(request.grads, "grads")
+            return ps_pb2.PushDenseResponse(version=self._shard.push_dense(name, grads))
+
+        return self._serve("PushDense", context, run)
+
+    # -- control plane --------------------------------------------------------------------
+
+    def Save(  # noqa: N802 - named by ps.proto
+        self, request: ps_pb2.SaveRequest, context: grpc.ServicerContext
+    ) -> ps_pb2.SaveResponse:
+        def run() -> ps_pb2.SaveResponse:
+            uri = _uri(request.uri)
+            try:
+                mode = api.SaveMode(request.mode)
+            except ValueError:
+                raise InvalidRequestError(
+                    "mode",
+                    f"must be 0 (checkpoint), 1 (delta), 2 (base) or 3 (batch), got {request.mode}",
+                ) from None
+            table = self._table(request.table).name if request.table else None
+            result = self._shard.save(uri, mode, table)
+            self._metrics.observe_save(mode.name.lower(), result.seconds)
+            return save_response(result)
+
+        return self._serve("Save", context, run)
+
+    def Load(  # noqa: N802 - named by ps.proto
+        self, request: ps_pb2.LoadRequest, context: grpc.ServicerContext
+    ) -> ps_pb2.LoadResponse:
+        def run() -> ps_pb2.LoadResponse:
+            uri = _uri(request.uri)
+            start = time.perf_counter()
+            keys = self._shard.load(uri)
+            seconds = time.perf_counter() - start
+            self._metrics.observe_load(seconds)
+            return ps_pb2.LoadResponse(keys_loaded=keys, seconds=seconds)
+
+        return self._serve("Load", context, run)
+
+    def Shrink(  # noqa: N802 - named by ps.proto
+        self, request: ps_pb2.ShrinkRequest, context: grpc.ServicerContext
+    ) -> ps_pb2.ShrinkResponse:
+        def run() -> ps_pb2.ShrinkResponse:
+            table = self._table(request.table).name if request.table else None
+            r = self._shard.shrink(table)
+            return ps_pb2.ShrinkResponse(
+                keys_before=r.keys_before, deleted=r.deleted, keys_after=r.keys_after
+            )
+
+        return self._serve("Shrink", context, run)
+
+    def Stats(  # noqa: N802 - named by ps.proto
+        self, request: ps_pb2.StatsRequest, context: grpc.ServicerContext
+    ) -> ps_pb2.StatsResponse:
+        def run() -> ps_pb2.StatsResponse:
+            s = self._shard.stats()
+            return ps_pb2.StatsResponse(
+                tables=[
+                    ps_pb2.TableStats(
+                        name=t.name,
+                        keys=t.keys,
+                        expanded_keys=t.expanded_keys,
+                        memory_bytes=t.memory_bytes,
+                    )
+                    for t in s.tables
+                ],
+                shard_index=s.shard_index,
+                num_shards=s.num_shards,
+                dense_names=list(s.dense_names),
+            )
+
+        return self._serve("Stats", context, run)
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def _table(self, name: str) -> TableConfig:
+        if not name:
+            raise InvalidRequestError("table", "must name a sparse table")
+        try:
+            return self._config.table(name)
+        except KeyError:
+            raise UnknownTableError("table", name) from None
+
+    def _serve(self, method: str, context: grpc.ServicerContext, run: Callable[[], R]) -> R:
+        """Run one RPC body, recording its latency, and turn any exception into a status."""
+        start = time.perf_counter()
+        try:
+            result = run()
+        except Exception as exc:  # the one catch-all: map, log if unexpected, never crash
+            code, metadata = status_of(exc)
+            if code is grpc.StatusCode.INTERNAL:
+                log.exception("%s failed unexpectedly", method)
+                details = f"{method}: internal error: {type(exc).__name__}: {exc}"
+            else:
+                details = str(exc)
+            self._metrics.observe_rpc(method, code.name, time.perf_counter() - start)
+            _abort(context, code, details, metadata)
+        self._metrics.observe_rpc(method, "OK", time.perf_counter() - start)
+        return result
+
+
+def _abort(
+    context: grpc.ServicerContext,
+    code: grpc.StatusCode,
+    details: str,
+    metadata: tuple[tuple[str, str], ...],
+) -> NoReturn:
+    if metadata:
+        context.set_trailing_metadata(metadata)
+    context.abort(code, details)
+    raise AssertionError("ServicerContext.abort returned")  # pragma: no cover - grpc raises
+
+
+def _dense_name(name: str) -> str:
+    if not name:
+        raise InvalidRequestError("name", "must name a dense vector")
+    return name
+
+
+def _uri(uri: str) -> str:
+    if not uri:
+        raise InvalidRequestError("uri", "must be a non-empty fsspec URL")
+    return uri
+
+
+def save_response(result: api.SaveResult) -> ps_pb2.SaveResponse:
+    """``SaveResult`` -> proto (``remote.save_result`` is the inverse)."""
+    return ps_pb2.SaveResponse(
+        files=[
+            ps_pb2.FileEntry(path=f.path, size=f.size, sha256=f.sha256, rows=f.rows)
+            for f in result.files
+        ],
+        keys_saved=result.keys_saved,
+        tombstones=result.tombstones,
+        seconds=result.seconds,
+    )
