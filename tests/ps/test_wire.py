@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from streamtrain_ps import wire
 from streamtrain_ps.errors import InvalidRequestError, RequestTooLargeError
 
