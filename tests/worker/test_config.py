@@ -1,0 +1,48 @@
+"""Worker config: round trip, defaults in one place, errors that name the field."""
+
+from __future__ import annotations
+
+import pytest
+
+from streamtrain_worker.config import ConfigError, WorkerConfig
+
+
+def test_round_trip_and_defaults() -> None:
+    cfg = WorkerConfig()
+    assert WorkerConfig.from_json(cfg.to_json()) == cfg
+    assert WorkerConfig.from_dict({}) == cfg
+    parsed = WorkerConfig.from_dict(
+        {
+            "model": {"type": "deepfm", "hiddenUnits": [16, 8], "cvm": False},
+            "ps": {"endpoints": ["ps-0.ps:7000"], "logicalShards": 8},
+            "metrics": {"numBuckets": 1000},
+        }
+    )
+    assert parsed.model.type == "deepfm"
+    assert parsed.model.hiddenUnits == (16, 8)
+    assert parsed.ps.endpoints == ("ps-0.ps:7000",)
+    assert parsed.model.embeddingDim == cfg.model.embeddingDim
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"model": {"type": "lr"}}, r"worker\.model\.type: must be one of"),
+        ({"model": {"embeddingDim": 0}}, r"worker\.model\.embeddingDim: must be >= 1"),
+        ({"model": {"hiddenUnits": [8, "x"]}}, r"worker\.model\.hiddenUnits\[1\]"),
+        ({"model": {"cvm": 1}}, r"worker\.model\.cvm: must be true or false"),
+        ({"modle": {}}, r"worker\.modle: unknown field"),
+        ({"ps": {"endpoints": ["nohost"]}}, r"worker\.ps\.endpoints\[0\]: must be host:port"),
+        ({"metrics": {"numBuckets": 10}}, r"worker\.metrics\.numBuckets"),
+        ({"runtime": {"numThreads": 0}}, r"worker\.runtime\.numThreads"),
+        ({"seed": 1.5}, r"worker\.seed: must be an integer"),
+    ],
+)
+def test_errors_name_the_field(data: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        WorkerConfig.from_dict(data)
+
+
+def test_not_json() -> None:
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        WorkerConfig.from_json("{")
