@@ -1,0 +1,644 @@
+# ruff: noqa: N815, RUF009  -- camelCase names are the custom resource's; _f() is a field() wrapper.
+"""The ``StreamingTrainingJob`` manifest, parsed once into frozen, typed dataclasses.
+
+This module is the single source of truth for the job's fields and their defaults: the CRD
+schema (``crds/``) is generated from these dataclasses, the local runner and the Kubernetes
+operator both parse manifests with :func:`parse_job`, and :mod:`streamtrain_operator.render`
+renders every field explicitly into the PS and worker JSON, so no component ever falls
+back to a second, silently different default.
+
+Every field carries introspectable metadata (``dataclasses.fields(cls)[i].metadata``):
+
+- ``doc``: what the field means and why one would change it (becomes the CRD description);
+- ``minimum`` / ``maximum`` / ``exclusiveMinimum``: numeric bounds (inclusive unless named);
+- ``pattern``: a regular expression a string must match;
+- ``itemMinimum``: lower bound of every item of a numeric list.
+
+Enumerations are ``Literal`` types (see :func:`enum_values`); optional fields are
+``X | None`` with default ``None``; a field without a default is required. Cross-field rules
+(``endDay >= startDay``, ``splitIntervalMinutes`` divides a day, ...) live in each class's
+``_validate``. Every error is a :class:`SpecError` whose message starts with the field's
+full path, e.g. ``spec.data.splitIntervalMinutes: must divide 1440, got 7``.
+
+Names follow PaddleRec's online-training vocabulary (``splitIntervalMinutes``,
+``splitsPerPass``, ``embedxThreshold``, ``deleteAfterUnseenDays``, ...) so a PaddleRec user
+recognises every knob.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from streamtrain_ps.config import (
+    ConfigError,
+    DenseConfig,
+    DenseOptimizerConfig,
+    SparseOptimizerConfig,
+    TableConfig,
+)
+from streamtrain_ps.sharding import DEFAULT_LOGICAL_SHARDS
+
+API_VERSION = "streamtrain.io/v1alpha1"
+KIND = "StreamingTrainingJob"
+MINUTES_PER_DAY = 24 * 60
+DAY_PATTERN = r"^[0-9]{8}$"
+
+DataFormat = Literal["slot", "criteo", "avazu", "libsvm", "csv"]
+OnMissing = Literal["keepWaiting", "fail"]
+ModelType = Literal["slot_dnn", "wide_deep", "deepfm", "din"]
+SparseOptimizerType = Literal["adagrad", "std_adagrad", "adam"]
+DenseOptimizerType = Literal["adam", "sgd"]
+FolderLayout = Literal["HHMM", "HH"]
+
+# The PS-side defaults, read once so the spec's defaults are the PS's defaults.
+_TABLE = TableConfig()
+_SPARSE_OPT = SparseOptimizerConfig()
+_DENSE_OPT = DenseOptimizerConfig()
+
+
+class SpecError(ConfigError):
+    """The manifest is invalid; the message starts with the offending field's path."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{path}: {message}")
+        self.path = path
+
+
+def _f(default: Any = MISSING, doc: str = "", **meta: Any) -> Any:
+    """A dataclass field with its documentation and bounds in ``metadata``."""
+    metadata = {"doc": doc, **meta}
+    if isinstance(default, list | dict) or (isinstance(default, type) and is_dataclass(default)):
+        factory = default if isinstance(default, type) else (lambda d=default: type(d)(d))
+        return field(default_factory=factory, metadata=metadata)
+    if default is MISSING:
+        return field(metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def parse_day(value: str, path: str) -> dt.date:
+    """``YYYYMMDD`` -> date, with an error naming the field."""
+    if not re.fullmatch(DAY_PATTERN, value):
+        raise SpecError(path, f"must be a day YYYYMMDD, got {value!r}")
+    try:
+        return dt.datetime.strptime(value, "%Y%m%d").date()
+    except ValueError as exc:
+        raise SpecError(path, f"not a calendar day: {value!r}") from exc
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """Where the logs land and how they are cut into passes (ARCHITECTURE.md §3)."""
+
+    path: str = _f(
+        doc="Root of the time-sliced logs: <path>/<YYYYMMDD>/<HHMM>/part-*. Any "
+        "fsspec URL (local path, s3://...). A relative local path is resolved "
+        "against the manifest's directory.",
+        minLength=1,
+    )
+    startDay: str = _f(doc="First day trained, YYYYMMDD.", pattern=DAY_PATTERN)
+    endDay: str | None = _f(
+        None, "Last day trained (inclusive), YYYYMMDD; omit to run forever.", pattern=DAY_PATTERN
+    )
+    format: DataFormat = _f("slot", "Line format of the part files.")
+    layout: FolderLayout = _f(
+        "HHMM", "Folder names inside a day: HHMM (e.g. 0130) or, for hourly splits only, HH."
+    )
+    splitIntervalMinutes: int = _f(
+        60, "Minutes covered by one folder; must divide 1440.", minimum=1, maximum=MINUTES_PER_DAY
+    )
+    splitsPerPass: int = _f(
+        1,
+        "Consecutive folders that form one pass; must divide the "
+        "folders of a day so every pass is whole.",
+        minimum=1,
+    )
+    donefile: str = _f("_SUCCESS", "File whose presence marks a folder complete.", minLength=1)
+    pollSeconds: float = _f(
+        60.0, "How often a missing donefile is looked for again.", exclusiveMinimum=0
+    )
+    missingDeadlineSeconds: float = _f(
+        3600.0,
+        "A folder still without its donefile this long after the wait for its pass "
+        "began raises the DataMissing condition naming it; then onMissing decides.",
+        exclusiveMinimum=0,
+    )
+    onMissing: OnMissing = _f(
+        "keepWaiting",
+        "Past missingDeadlineSeconds: keepWaiting (the "
+        "condition stays until data arrives) or fail the job.",
+    )
+    maxBadLineFraction: float = _f(
+        0.001,
+        "A file with a larger fraction of unparsable lines fails the pass, naming the file.",
+        minimum=0,
+        maximum=1,
+    )
+    numSlots: int | None = _f(
+        None,
+        "Slots per example for the slot and libsvm/csv formats; "
+        "criteo (39) and avazu are fixed by the format.",
+        minimum=1,
+    )
+    columns: dict[str, str] = _f(
+        {}, "csv only: column name -> slot name, with the label column mapped to 'label'."
+    )
+    sequenceSlot: int | None = _f(
+        None, "DIN only: the slot holding the behaviour sequence.", minimum=0
+    )
+
+    @property
+    def folders_per_day(self) -> int:
+        return MINUTES_PER_DAY // self.splitIntervalMinutes
+
+    @property
+    def passes_per_day(self) -> int:
+        return self.folders_per_day // self.splitsPerPass
+
+    @property
+    def start_date(self) -> dt.date:
+        return parse_day(self.startDay, "spec.data.startDay")
+
+    @property
+    def end_date(self) -> dt.date | None:
+        return None if self.endDay is None else parse_day(self.endDay, "spec.data.endDay")
+
+    def _validate(self, path: str) -> None:
+        if MINUTES_PER_DAY % self.splitIntervalMinutes:
+            raise SpecError(
+                f"{path}.splitIntervalMinutes", f"must divide 1440, got {self.splitIntervalMinutes}"
+            )
+        if self.folders_per_day % self.splitsPerPass:
+            raise SpecError(
+                f"{path}.splitsPerPass",
+                f"must divide the {self.folders_per_day} folders of a day, "
+                f"got {self.splitsPerPass}",
+            )
+        if self.layout == "HH" and self.splitIntervalMinutes % 60:
+            raise SpecError(
+                f"{path}.layout", "HH folders need splitIntervalMinutes to be a multiple of 60"
+            )
+        start = parse_day(self.startDay, f"{path}.startDay")
+        if self.endDay is not None and parse_day(self.endDay, f"{path}.endDay") < start:
+            raise SpecError(
+                f"{path}.endDay", f"must be >= startDay {self.startDay}, got {self.endDay}"
+            )
+        if self.format == "csv" and "label" not in self.columns.values():
+            raise SpecError(f"{path}.columns", "csv needs one column mapped to 'label'")
+        if self.format in ("slot", "libsvm") and self.numSlots is None:
+            raise SpecError(f"{path}.numSlots", f"required for format {self.format}")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The network on top of the PS-backed embedding."""
+
+    type: ModelType = _f("slot_dnn", "Model from the worker's model zoo.")
+    embeddingDim: int = _f(
+        8, "embedx width per key (the PS table's embedxDim).", minimum=1, maximum=1024
+    )
+    hiddenUnits: tuple[int, ...] = _f((512, 256, 128), "MLP hidden layer widths.", itemMinimum=1)
+    batchSize: int = _f(512, "Examples per mini-batch.", minimum=1)
+    cvm: bool = _f(
+        True, "Add PaddlePaddle's continuous value model inputs (log show, log CTR) per slot."
+    )
+    denseSyncSteps: int = _f(10, "Pull dense parameters from the PS every K steps.", minimum=1)
+    targetSlot: int = _f(0, "DIN only: the slot holding the target item.", minimum=0)
+    attentionUnits: tuple[int, ...] = _f((64, 32), "DIN only: attention MLP widths.", itemMinimum=1)
+
+
+@dataclass(frozen=True)
+class SparseOptimizerSpec:
+    """Update rule of the sparse table (ARCHITECTURE.md §4)."""
+
+    type: SparseOptimizerType = _f(
+        _SPARSE_OPT.type, "adagrad (one accumulator per part), std_adagrad (per dimension) or adam."
+    )
+    learningRate: float = _f(_SPARSE_OPT.learningRate, "Step size.", exclusiveMinimum=0)
+    initialG2sum: float = _f(_SPARSE_OPT.initialG2sum, "AdaGrad's G0.", exclusiveMinimum=0)
+    initialRange: float = _f(
+        _SPARSE_OPT.initialRange, "embedx starts uniform in +-initialRange.", minimum=0
+    )
+    weightBounds: tuple[float, float] = _f(
+        _SPARSE_OPT.weightBounds, "[low, high] clip of every weight."
+    )
+    beta1: float = _f(_SPARSE_OPT.beta1, "Adam only.", minimum=0, exclusiveMaximum=1)
+    beta2: float = _f(_SPARSE_OPT.beta2, "Adam only.", minimum=0, exclusiveMaximum=1)
+    epsilon: float = _f(_SPARSE_OPT.epsilon, "Adam only.", exclusiveMinimum=0)
+
+    def _validate(self, path: str) -> None:
+        lo, hi = self.weightBounds
+        if not lo < hi:
+            raise SpecError(
+                f"{path}.weightBounds",
+                f"must be [low, high] with low < high, got {self.weightBounds}",
+            )
+
+
+@dataclass(frozen=True)
+class SparseSpec:
+    """The sparse table with the CTR accessor (ARCHITECTURE.md §4)."""
+
+    embedxThreshold: float = _f(
+        _TABLE.embedxThreshold, "embedx is admitted once a key's score reaches this.", minimum=0
+    )
+    nonclkCoeff: float = _f(_TABLE.nonclkCoeff, "Score weight of a non-click show.", minimum=0)
+    clickCoeff: float = _f(_TABLE.clickCoeff, "Score weight of a click.", minimum=0)
+    showClickDecayRate: float = _f(
+        _TABLE.showClickDecayRate,
+        "Daily shrink multiplies show and click by this.",
+        exclusiveMinimum=0,
+        maximum=1,
+    )
+    deleteThreshold: float = _f(
+        _TABLE.deleteThreshold, "Shrink deletes keys whose score is below this.", minimum=0
+    )
+    deleteAfterUnseenDays: int = _f(
+        _TABLE.deleteAfterUnseenDays,
+        "Shrink deletes keys unseen for more days than this.",
+        minimum=0,
+    )
+    baseThreshold: float = _f(
+        _TABLE.baseThreshold, "Inference exports keep keys whose score reaches this.", minimum=0
+    )
+    deltaThreshold: float = _f(
+        _TABLE.deltaThreshold,
+        "A delta export keeps keys whose score grew by this since the last export.",
+        minimum=0,
+    )
+    deltaKeepDays: int = _f(
+        _TABLE.deltaKeepDays,
+        "Inference exports drop keys unseen for more days than this.",
+        minimum=0,
+    )
+    optimizer: SparseOptimizerSpec = _f(SparseOptimizerSpec, "Sparse update rule.")
+
+    def table_config(self, embedding_dim: int, name: str = "embedding") -> TableConfig:
+        """This section as the PS's ``TableConfig`` (same field names)."""
+        o = self.optimizer
+        return TableConfig(
+            name=name,
+            embedxDim=embedding_dim,
+            embedxThreshold=self.embedxThreshold,
+            nonclkCoeff=self.nonclkCoeff,
+            clickCoeff=self.clickCoeff,
+            showClickDecayRate=self.showClickDecayRate,
+            deleteThreshold=self.deleteThreshold,
+            deleteAfterUnseenDays=self.deleteAfterUnseenDays,
+            baseThreshold=self.baseThreshold,
+            deltaThreshold=self.deltaThreshold,
+            deltaKeepDays=self.deltaKeepDays,
+            optimizer=SparseOptimizerConfig(
+                type=o.type,
+                learningRate=o.learningRate,
+                initialG2sum=o.initialG2sum,
+                initialRange=o.initialRange,
+                weightBounds=o.weightBounds,
+                beta1=o.beta1,
+                beta2=o.beta2,
+                epsilon=o.epsilon,
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class DenseOptimizerSpec:
+    """Update rule of the dense parameters held by the PS."""
+
+    type: DenseOptimizerType = _f(_DENSE_OPT.type, "adam or sgd.")
+    learningRate: float = _f(_DENSE_OPT.learningRate, "Step size.", exclusiveMinimum=0)
+    beta1: float = _f(_DENSE_OPT.beta1, "Adam only.", minimum=0, exclusiveMaximum=1)
+    beta2: float = _f(_DENSE_OPT.beta2, "Adam only.", minimum=0, exclusiveMaximum=1)
+    epsilon: float = _f(_DENSE_OPT.epsilon, "Adam only.", exclusiveMinimum=0)
+
+
+@dataclass(frozen=True)
+class DenseSpec:
+    """Dense parameters (the MLP), stored and updated on the PS."""
+
+    optimizer: DenseOptimizerSpec = _f(DenseOptimizerSpec, "Dense update rule.")
+
+    def dense_config(self) -> DenseConfig:
+        o = self.optimizer
+        return DenseConfig(
+            optimizer=DenseOptimizerConfig(
+                type=o.type,
+                learningRate=o.learningRate,
+                beta1=o.beta1,
+                beta2=o.beta2,
+                epsilon=o.epsilon,
+            )
+        )
+
+
+@dataclass(frozen=True)
+class ResourcesSpec:
+    """Kubernetes container resources (quantities as strings: "4", "32Gi")."""
+
+    requests: dict[str, str] = _f({}, "Resource requests, e.g. {cpu: '4', memory: 32Gi}.")
+    limits: dict[str, str] = _f({}, "Resource limits.")
+
+
+@dataclass(frozen=True)
+class PSSpec:
+    """The parameter-server shards."""
+
+    replicas: int = _f(
+        1,
+        "PS shard processes (pods). A checkpoint written by N shards loads into M.",
+        minimum=1,
+        maximum=1024,
+    )
+    logicalShards: int = _f(
+        DEFAULT_LOGICAL_SHARDS,
+        "Fixed key-routing granularity for the "
+        "life of the model; replicas can change, this cannot.",
+        minimum=1,
+    )
+    resources: ResourcesSpec = _f(ResourcesSpec, "Per-shard container resources.")
+
+
+@dataclass(frozen=True)
+class WorkersSpec:
+    """The training workers."""
+
+    replicas: int = _f(
+        1,
+        "Worker processes (pods); each pass's files are split among them.",
+        minimum=1,
+        maximum=4096,
+    )
+    numThreads: int = _f(1, "torch intra-op threads per worker.", minimum=1)
+    passRetries: int = _f(
+        2,
+        "Times a worker's share of a pass is retried after an error before the job fails.",
+        minimum=0,
+    )
+    passTimeoutSeconds: float | None = _f(
+        None,
+        "A worker share running longer than this counts as an error; omit for no limit.",
+        exclusiveMinimum=0,
+    )
+    resources: ResourcesSpec = _f(ResourcesSpec, "Per-worker container resources.")
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    """Checkpoints (save mode 0: all keys, all state, dense parameters)."""
+
+    path: str = _f(doc="Checkpoint root (fsspec URL); <path>/<day>/<pass>/.", minLength=1)
+    everyPasses: int = _f(
+        6,
+        "Checkpoint after every N-th pass of a day (and always at day "
+        "end). A restart replays the passes after the last checkpoint.",
+        minimum=1,
+    )
+    keep: int = _f(3, "Published checkpoints kept; older ones are deleted.", minimum=1)
+
+
+@dataclass(frozen=True)
+class ExportSpec:
+    """Inference models for serving (ARCHITECTURE.md §6)."""
+
+    path: str = _f(
+        doc="Export root (fsspec URL): <path>/<day>/base/ and "
+        "<path>/<day>/delta-<pass>/, listed in <path>/donefile.txt.",
+        minLength=1,
+    )
+    deltaEveryPasses: int = _f(
+        1, "Publish a delta model after every N-th pass of a day; 0 disables deltas.", minimum=0
+    )
+    base: bool = _f(True, "Publish a base model at every day end (for the next day).")
+    batchModel: bool = _f(
+        True,
+        "Write the batch model (save mode 3, all keys) at every day "
+        "end; it also ages every key's unseen_days, so turning it off "
+        "disables unseen-days eviction.",
+    )
+    retries: int = _f(
+        5,
+        "Storage errors during an export are retried this many times with exponential backoff.",
+        minimum=0,
+    )
+    retryBackoffSeconds: float = _f(1.0, "First retry delay; doubles each attempt.", minimum=0)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """``spec`` of a StreamingTrainingJob."""
+
+    data: DataSpec = _f(doc="Input logs and pass layout.")
+    checkpoint: CheckpointSpec = _f(doc="Checkpoints.")
+    export: ExportSpec = _f(doc="Inference models.")
+    image: str = _f("streamtrain-worker:0.1.0", "Worker image.")
+    psImage: str = _f("streamtrain-ps:0.1.0", "PS image (no torch).")
+    model: ModelSpec = _f(ModelSpec, "The network.")
+    sparse: SparseSpec = _f(SparseSpec, "The sparse table.")
+    dense: DenseSpec = _f(DenseSpec, "The dense parameters.")
+    ps: PSSpec = _f(PSSpec, "Parameter-server shards.")
+    workers: WorkersSpec = _f(WorkersSpec, "Training workers.")
+    storageSecretRef: str | None = _f(
+        None,
+        "Secret with storage credentials (e.g. "
+        "AWS_ACCESS_KEY_ID), mounted as environment; never "
+        "inline.",
+    )
+    suspend: bool = _f(
+        False, "Stop after the current pass and scale to zero; resuming loads the last checkpoint."
+    )
+    seed: int = _f(0, "Seeds every random initialisation; same seed, same model.", minimum=0)
+
+
+@dataclass(frozen=True)
+class Job:
+    """A whole manifest: identity plus the parsed spec."""
+
+    name: str
+    namespace: str
+    spec: JobSpec
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
+def parse_spec(data: Any, path: str = "spec") -> JobSpec:
+    """Parse ``spec`` of a StreamingTrainingJob (a JSON/YAML mapping)."""
+    result: JobSpec = _parse(JobSpec, data, path)
+    return result
+
+
+def parse_job(manifest: Any, base_dir: Path | None = None) -> Job:
+    """Parse a whole manifest; relative local paths are resolved against ``base_dir``."""
+    if not isinstance(manifest, Mapping):
+        raise SpecError("manifest", f"must be an object, got {type(manifest).__name__}")
+    if manifest.get("apiVersion") != API_VERSION:
+        raise SpecError("apiVersion", f"must be {API_VERSION}, got {manifest.get('apiVersion')!r}")
+    if manifest.get("kind") != KIND:
+        raise SpecError("kind", f"must be {KIND}, got {manifest.get('kind')!r}")
+    meta = manifest.get("metadata")
+    if not isinstance(meta, Mapping):
+        raise SpecError("metadata", "must be an object with a name")
+    name = meta.get("name")
+    if not isinstance(name, str) or not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name):
+        raise SpecError("metadata.name", f"must be a DNS label, got {name!r}")
+    namespace = meta.get("namespace", "default")
+    if not isinstance(namespace, str):
+        raise SpecError("metadata.namespace", f"must be a string, got {namespace!r}")
+    spec = parse_spec(manifest.get("spec"), "spec")
+    if base_dir is not None:
+        spec = _resolve_paths(spec, base_dir)
+    return Job(name=name, namespace=namespace, spec=spec)
+
+
+def load_job(path: str | Path) -> Job:
+    """Read and parse a YAML manifest file."""
+    import yaml  # yaml is only needed when reading files
+
+    p = Path(path)
+    try:
+        manifest = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        raise SpecError(str(p), f"not valid YAML: {exc}") from exc
+    return parse_job(manifest, base_dir=p.resolve().parent)
+
+
+def is_local_path(url: str) -> bool:
+    return "://" not in url or url.startswith("file://")
+
+
+def _resolve_paths(spec: JobSpec, base_dir: Path) -> JobSpec:
+    from dataclasses import replace
+
+    def fix(url: str) -> str:
+        if "://" in url or Path(url).is_absolute():
+            return url
+        return str((base_dir / url).resolve())
+
+    return replace(
+        spec,
+        data=replace(spec.data, path=fix(spec.data.path)),
+        checkpoint=replace(spec.checkpoint, path=fix(spec.checkpoint.path)),
+        export=replace(spec.export, path=fix(spec.export.path)),
+    )
+
+
+def enum_values(hint: Any) -> tuple[Any, ...] | None:
+    """The allowed values of a ``Literal`` type (optionally ``| None``), else ``None``."""
+    hint = _strip_optional(hint)[0]
+    if typing.get_origin(hint) is Literal:
+        return typing.get_args(hint)
+    return None
+
+
+def field_hints(cls: type[Any]) -> dict[str, Any]:
+    """Resolved type hints of a spec dataclass (for schema generators)."""
+    return typing.get_type_hints(cls)
+
+
+def _strip_optional(hint: Any) -> tuple[Any, bool]:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1 and len(typing.get_args(hint)) == 2:
+            return args[0], True
+    return hint, False
+
+
+def _parse(cls: type[Any], data: Any, path: str) -> Any:
+    if not isinstance(data, Mapping):
+        raise SpecError(path, f"must be an object, got {type(data).__name__}")
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise SpecError(
+            f"{path}.{unknown[0]}", f"unknown field (known: {', '.join(sorted(known))})"
+        )
+    hints = typing.get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for name, f in known.items():
+        fpath = f"{path}.{name}"
+        if name in data:
+            kwargs[name] = _value(hints[name], data[name], fpath, f.metadata)
+        elif f.default is MISSING and f.default_factory is MISSING:
+            raise SpecError(fpath, "required")
+    obj = cls(**kwargs)
+    validate = getattr(obj, "_validate", None)
+    if validate is not None:
+        validate(path)
+    return obj
+
+
+def _value(hint: Any, value: Any, path: str, meta: Mapping[str, Any]) -> Any:
+    hint, optional = _strip_optional(hint)
+    if value is None:
+        if optional:
+            return None
+        raise SpecError(path, "must not be null")
+    if isinstance(hint, type) and is_dataclass(hint):
+        return _parse(hint, value, path)
+    choices = enum_values(hint)
+    if choices is not None:
+        if value not in choices:
+            raise SpecError(path, f"must be one of {', '.join(map(str, choices))}, got {value!r}")
+        return value
+    origin = typing.get_origin(hint)
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise SpecError(path, f"must be a list, got {value!r}")
+        args = typing.get_args(hint)
+        variadic = len(args) == 2 and args[1] is Ellipsis
+        if not variadic and len(value) != len(args):
+            raise SpecError(path, f"must have {len(args)} items, got {len(value)}")
+        item_meta = {"minimum": meta["itemMinimum"]} if "itemMinimum" in meta else {}
+        return tuple(
+            _value(args[0] if variadic else args[i], v, f"{path}[{i}]", item_meta)
+            for i, v in enumerate(value)
+        )
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise SpecError(path, f"must be an object, got {value!r}")
+        out: dict[str, str] = {}
+        for k, v in value.items():
+            if isinstance(v, bool) or not isinstance(v, str | int | float):
+                raise SpecError(f"{path}.{k}", f"must be a string, got {v!r}")
+            out[str(k)] = str(v)
+        return out
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise SpecError(path, f"must be true or false, got {value!r}")
+        return value
+    if hint is str:
+        if not isinstance(value, str):
+            raise SpecError(path, f"must be a string, got {value!r}")
+        if len(value) < meta.get("minLength", 0):
+            raise SpecError(path, "must not be empty")
+        if "pattern" in meta and not re.fullmatch(meta["pattern"], value):
+            raise SpecError(path, f"must match {meta['pattern']}, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise SpecError(path, f"must be an integer, got {value!r}")
+        _check_bounds(value, path, meta)
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise SpecError(path, f"must be a number, got {value!r}")
+        _check_bounds(float(value), path, meta)
+        return float(value)
+    raise TypeError(f"{path}: no parser for {hint!r}")  # a programming error, not bad input
+
+
+def _check_bounds(value: float, path: str, meta: Mapping[str, Any]) -> None:
+    if "minimum" in meta and value < meta["minimum"]:
+        raise SpecError(path, f"must be >= {meta['minimum']}, got {value}")
+    if "maximum" in meta and value > meta["maximum"]:
+        raise SpecError(path, f"must be <= {meta['maximum']}, got {value}")
+    if "exclusiveMinimum" in meta and not value > meta["exclusiveMinimum"]:
+        raise SpecError(path, f"must be > {meta['exclusiveMinimum']}, got {value}")
+    if "exclusiveMaximum" in meta and not value < meta["exclusiveMaximum"]:
+        raise SpecError(path, f"must be < {meta['exclusiveMaximum']}, got {value}")
