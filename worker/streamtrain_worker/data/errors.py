@@ -1,0 +1,37 @@
+"""The data layer's exception tree, in one place so callers know what each error means.
+
+- ``DataError`` — base of every error raised while reading training data.
+  - ``BadDataError`` — too many unparsable lines in a pass (more than
+    ``maxBadLineFraction``); permanent for that pass: the data, not the worker, is wrong.
+  - ``CorruptFileError`` — a file cannot be read at all (truncated gzip, a header that does
+    not name the configured columns); names the file.
+- ``LayoutError`` (also a ``ValueError``) — an invalid pass plan or day string
+  (``splitIntervalMinutes`` not dividing a day, day ``20261131``); names the field.
+- ``DataConfigError`` (also a ``ValueError``) — the rendered ``data`` JSON is invalid; names the
+  field.
+
+The pure modules (``layout``, ``sharding``) import only this module, so the scheduler can
+catch these errors without importing anything heavy.
+"""
+
+from __future__ import annotations
+
+
+class DataError(Exception):
+    """Base class of errors raised while reading training data."""
+
+
+class BadDataError(DataError):
+    """The bad-line fraction of a pass exceeded ``maxBadLineFraction``."""
+
+
+class CorruptFileError(DataError):
+    """A data file cannot be read (truncated or corrupt gzip, mismatching header)."""
+
+
+class LayoutError(ValueError):
+    """An invalid day, pass index or split configuration."""
+
+
+class DataConfigError(ValueError):
+    """The ``data`` section of the job is invalid; the message names the field."""
