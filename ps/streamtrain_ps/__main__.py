@@ -1,0 +1,103 @@
+"""``python -m streamtrain_ps``: run one PS shard until SIGTERM.
+
+Prints ``listening on HOST:PORT`` (flushed) once the server accepts RPCs, so a launcher that
+passes ``--port 0`` reads the bound port from the first line of output. In a StatefulSet the
+shard index comes from the pod's hostname (``<name>-<ordinal>``) with
+``--shard-index-from-hostname``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import socket
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, start_http_server
+
+from streamtrain_ps.config import ConfigError, PSConfig
+from streamtrain_ps.server import DEFAULT_WORKERS, PSServer, serve_until_signal
+from streamtrain_ps.shard import Shard
+
+log = logging.getLogger("streamtrain_ps")
+
+
+def shard_index_from_hostname(hostname: str) -> int:
+    """The StatefulSet ordinal: the trailing ``-<digits>`` of the pod's hostname."""
+    match = re.search(r"-(\d+)$", hostname.split(".", 1)[0])
+    if match is None:
+        raise ValueError(f"hostname {hostname!r} does not end in -<ordinal> (StatefulSet pod name)")
+    return int(match.group(1))
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m streamtrain_ps", description=__doc__)
+    p.add_argument("--port", type=int, required=True, help="gRPC port; 0 picks a free one")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 in a pod)")
+    p.add_argument("--config", type=Path, help="PS config JSON (default: built-in defaults)")
+    p.add_argument("--shard-index", type=int, default=0)
+    p.add_argument("--shard-index-from-hostname", action="store_true")
+    p.add_argument("--num-shards", type=int, default=1)
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    p.add_argument("--workers", type=int, default=DEFAULT_WORKERS, help="RPC thread pool size")
+    p.add_argument("--grace", type=float, default=10.0, help="seconds to drain RPCs on SIGTERM")
+    p.add_argument("--log-level", default="INFO")
+    args = p.parse_args(argv)
+    if args.shard_index_from_hostname:
+        try:
+            args.shard_index = shard_index_from_hostname(socket.gethostname())
+        except ValueError as exc:
+            p.error(str(exc))
+    if args.num_shards < 1:
+        p.error(f"--num-shards must be >= 1, got {args.num_shards}")
+    if not 0 <= args.shard_index < args.num_shards:
+        p.error(f"--shard-index {args.shard_index} not in [0, {args.num_shards})")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        config = PSConfig.from_json(args.config.read_text()) if args.config else PSConfig()
+    except (OSError, ConfigError) as exc:
+        print(f"error: --config {args.config}: {exc}", file=sys.stderr)
+        return 2
+    shard = Shard(config, shard_index=args.shard_index, num_shards=args.num_shards)
+    registry = CollectorRegistry()
+    server = PSServer(
+        shard,
+        config,
+        host=args.host,
+        port=args.port,
+        max_workers=args.workers,
+        registry=registry,
+        shard_index=args.shard_index,
+    )
+    try:
+        server.start()
+    except OSError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    http = None
+    if args.metrics_port is not None:
+        http, _ = start_http_server(args.metrics_port, addr=args.host, registry=registry)
+        log.info("metrics on http://%s:%d/metrics", args.host, http.server_port)
+    print(
+        f"listening on {server.address} (shard {args.shard_index} of {args.num_shards})", flush=True
+    )
+    try:
+        serve_until_signal(server, args.grace)
+    finally:
+        if http is not None:
+            http.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,501 @@
+"""``RemotePS``: the ``PSLike`` protocol over N PS servers reached by gRPC.
+
+A pull deduplicates keys (``np.unique`` + inverse), routes every unique key to its server
+(``sharding.server_of_key``), splits each server's share into requests that respect
+``maxKeysPerRequest`` and ``maxMessageBytes``, sends them all at once (gRPC futures: the
+servers work in parallel and one server works on several chunks in parallel), and scatters
+the answers back into the caller's order. A push first merges rows of the same key (sums of
+gradients, shows and clicks — what the server would do anyway, for fewer bytes), then routes
+and fans out the same way.
+
+Retries, in two layers:
+
+- a gRPC service-config ``retryPolicy`` (``UNAVAILABLE``, 3 attempts, 20–200 ms) hides
+  blips such as a reconnect, transparently inside the channel;
+- an explicit loop (``RetryPolicy``) retries ``UNAVAILABLE`` — and ``DEADLINE_EXCEEDED`` for
+  idempotent methods only — with exponential backoff, bounded by attempts and total time,
+  then raises ``PSUnavailableError``. A push or a shrink that timed out may have been applied,
+  so it is never retried on ``DEADLINE_EXCEEDED``.
+
+Status codes map back to the ``streamtrain_ps.errors`` classes (the servicer sends the field
+and table names as trailing metadata), so local and remote PS raise alike.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import grpc
+import numpy as np
+import numpy.typing as npt
+
+from streamtrain_ps import api, checkpoint, sharding, wire
+from streamtrain_ps.config import PSConfig, TableConfig
+from streamtrain_ps.errors import (
+    CheckpointError,
+    InvalidRequestError,
+    PSError,
+    PSUnavailableError,
+    RequestTooLargeError,
+    UnknownTableError,
+)
+from streamtrain_ps.proto import ps_pb2, ps_pb2_grpc
+from streamtrain_ps.server import SERVICE_NAME, channel_options
+from streamtrain_ps.servicer import FIELD_KEY, KIND_KEY, NAME_KEY
+
+log = logging.getLogger(__name__)
+
+#: Called before each explicit retry: (method, endpoint, attempt, code).
+RetryHook = Callable[[str, str, int, grpc.StatusCode], None]
+
+_IDEMPOTENT = frozenset({"PullSparse", "PullDense", "InitDense", "Stats", "Save", "Load"})
+#: Headroom below maxMessageBytes for the non-payload fields of a message.
+_MESSAGE_OVERHEAD = 4096
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Explicit client retries; ``total_seconds`` bounds the time spent retrying."""
+
+    max_attempts: int = 10
+    initial_backoff: float = 0.05
+    max_backoff: float = 2.0
+    multiplier: float = 2.0
+    total_seconds: float = 30.0
+    #: Deadline of one attempt of a data-plane RPC (pull, push, dense, stats).
+    rpc_timeout: float = 60.0
+    #: Deadline of one attempt of Save / Load / Shrink (big tables take minutes).
+    control_timeout: float = 3600.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
+        if not 0 < self.initial_backoff <= self.max_backoff:
+            raise ValueError("need 0 < initial_backoff <= max_backoff")
+
+
+def service_config() -> str:
+    """The gRPC service config declaring transparent UNAVAILABLE retries for every method."""
+    return json.dumps(
+        {
+            "methodConfig": [
+                {
+                    "name": [{"service": SERVICE_NAME}],
+                    "retryPolicy": {
+                        "maxAttempts": 3,
+                        "initialBackoff": "0.02s",
+                        "maxBackoff": "0.2s",
+                        "backoffMultiplier": 2,
+                        "retryableStatusCodes": ["UNAVAILABLE"],
+                    },
+                }
+            ]
+        }
+    )
+
+
+def error_from_rpc(err: grpc.RpcError, method: str, endpoint: str) -> PSError:
+    """The ``streamtrain_ps.errors`` exception a local shard would have raised."""
+    call = cast(grpc.Call, err)
+    code = call.code()
+    details = call.details() or ""
+    meta = {m.key: m.value for m in (call.trailing_metadata() or ())}
+    if code is grpc.StatusCode.INVALID_ARGUMENT:
+        field = str(meta.get(FIELD_KEY, "request"))
+        prefix = f"{field}: "
+        return InvalidRequestError(field, details.removeprefix(prefix))
+    if code is grpc.StatusCode.NOT_FOUND and KIND_KEY in meta:
+        return UnknownTableError(str(meta[KIND_KEY]), str(meta.get(NAME_KEY, "")))
+    if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return RequestTooLargeError(f"{method} on {endpoint}: {details}")
+    if code is grpc.StatusCode.FAILED_PRECONDITION:
+        return CheckpointError(details)
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return PSUnavailableError(f"{method} on {endpoint}: {code.name}: {details}")
+    return PSError(f"{method} on {endpoint}: {code.name}: {details}")
+
+
+def merge_duplicates(
+    keys: npt.NDArray[np.uint64],
+    grads: npt.NDArray[np.float32],
+    shows: npt.NDArray[np.float32],
+    clicks: npt.NDArray[np.float32],
+    slots: npt.NDArray[np.uint32] | None,
+) -> tuple[
+    npt.NDArray[np.uint64],
+    npt.NDArray[np.float32],
+    npt.NDArray[np.float32],
+    npt.NDArray[np.float32],
+    npt.NDArray[np.uint32] | None,
+]:
+    """One row per key: gradients, shows and clicks summed; the first occurrence's slot."""
+    if keys.size < 2:
+        return keys, grads, shows, clicks, slots
+    order = np.argsort(keys, kind="stable")
+    sorted_keys = keys[order]
+    new = np.empty(keys.size, dtype=bool)
+    new[0] = True
+    np.not_equal(sorted_keys[1:], sorted_keys[:-1], out=new[1:])
+    starts = np.flatnonzero(new)
+    if starts.size == keys.size:
+        return keys, grads, shows, clicks, slots
+    return (
+        sorted_keys[starts],
+        np.add.reduceat(grads[order], starts, axis=0),
+        np.add.reduceat(shows[order], starts),
+        np.add.reduceat(clicks[order], starts),
+        None if slots is None else slots[order][starts],
+    )
+
+
+class RemotePS:
+    """``PSLike`` over ``endpoints`` (``host:port``, index = server index). Thread-safe."""
+
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        config: PSConfig,
+        *,
+        retry: RetryPolicy | None = None,
+        channels_per_server: int = 2,
+        request_keys: int = 65_536,
+        on_retry: RetryHook | None = None,
+    ) -> None:
+        if not endpoints:
+            raise ValueError("RemotePS needs at least one endpoint")
+        if channels_per_server < 1 or request_keys < 1:
+            raise ValueError("channels_per_server and request_keys must be >= 1")
+        self.endpoints = tuple(endpoints)
+        self._config = config
+        self._retry = retry or RetryPolicy()
+        self._on_retry = on_retry
+        self._request_keys = min(request_keys, config.maxKeysPerRequest)
+        self._closed = threading.Event()
+        options: list[tuple[str, Any]] = [
+            *channel_options(config),
+            ("grpc.service_config", service_config()),
+            ("grpc.enable_retries", 1),
+            # A restarted server should be found within ~1 s, not grpc's default 120 s cap.
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 1000),
+            # Separate TCP connections per channel, so big messages do not queue on one.
+            ("grpc.use_local_subchannel_pool", 1),
+        ]
+        self._channels = [
+            [grpc.insecure_channel(ep, options=options) for _ in range(channels_per_server)]
+            for ep in self.endpoints
+        ]
+        self._stubs = [
+            [ps_pb2_grpc.ParameterServerStub(c) for c in chans] for chans in self._channels
+        ]
+        self._next = itertools.count()
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def wait_ready(self, timeout: float = 10.0) -> None:
+        """Block until every channel is connected, or raise ``PSUnavailableError``."""
+        deadline = time.monotonic() + timeout
+        for ep, chans in zip(self.endpoints, self._channels, strict=True):
+            for ch in chans:
+                try:
+                    grpc.channel_ready_future(ch).result(
+                        timeout=max(0.0, deadline - time.monotonic())
+                    )
+                except grpc.FutureTimeoutError:
+                    raise PSUnavailableError(f"{ep}: not ready after {timeout}s") from None
+
+    def close(self) -> None:
+        self._closed.set()
+        for chans in self._channels:
+            for ch in chans:
+                ch.close()
+
+    def __enter__(self) -> RemotePS:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def num_servers(self) -> int:
+        return len(self.endpoints)
+
+    # -- sparse ---------------------------------------------------------------------------
+
+    def pull_sparse(self, table: str, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]:
+        t = self._table(table)
+        k = _as_keys(keys)
+        uniq, inverse = np.unique(k, return_inverse=True)
+        out = np.empty((uniq.size, t.pull_dim), dtype=np.float32)
+        per_key = 4 * t.pull_dim  # the response dominates
+        calls: list[tuple[int, ps_pb2.PullSparseRequest]] = []
+        spans: list[npt.NDArray[np.intp] | slice] = []
+        for server, idx in self._route(uniq):
+            for span in self._chunks(idx, per_key):
+                calls.append(
+                    (
+                        server,
+                        ps_pb2.PullSparseRequest(table=t.name, keys=wire.encode_keys(uniq[span])),
+                    )
+                )
+                spans.append(span)
+        responses = self._call_all("PullSparse", calls)
+        for span, (_, req), resp in zip(spans, calls, responses, strict=True):
+            n = len(req.keys) // 8
+            out[span] = wire.decode_matrix(
+                resp.values, resp.dim, "values", n=n, expected_dim=t.pull_dim
+            )
+        return out[inverse.reshape(-1)]
+
+    def push_sparse(  # noqa: PLR0917 - the PSLike signature
+        self,
+        table: str,
+        keys: npt.NDArray[np.uint64],
+        grads: npt.NDArray[np.float32],
+        shows: npt.NDArray[np.float32],
+        clicks: npt.NDArray[np.float32],
+        slots: npt.NDArray[np.uint32] | None = None,
+    ) -> None:
+        t = self._table(table)
+        k = _as_keys(keys)
+        g = np.asarray(grads, dtype=np.float32)
+        s = np.asarray(shows, dtype=np.float32)
+        c = np.asarray(clicks, dtype=np.float32)
+        sl = None if slots is None else np.asarray(slots)
+        if g.ndim != 2 or g.shape != (k.size, t.push_dim):
+            raise InvalidRequestError(
+                "grads", f"must have shape ({k.size}, {t.push_dim}), got {g.shape}"
+            )
+        for name, arr in (("shows", s), ("clicks", c), ("slots", sl)):
+            if arr is not None and arr.shape != (k.size,):
+                raise InvalidRequestError(name, f"must have shape ({k.size},), got {arr.shape}")
+        k, g, s, c, sl = merge_duplicates(k, g, s, c, sl)
+        per_key = 8 + 4 * t.push_dim + 12
+        calls: list[tuple[int, ps_pb2.PushSparseRequest]] = []
+        for server, idx in self._route(k):
+            for span in self._chunks(idx, per_key):
+                enc = wire.encode_push(
+                    k[span], g[span], s[span], c[span], None if sl is None else sl[span]
+                )
+                calls.append(
+                    (
+                        server,
+                        ps_pb2.PushSparseRequest(
+                            table=t.name,
+                            keys=enc.keys,
+                            grads=enc.grads,
+                            dim=enc.dim,
+                            shows=enc.shows,
+                            clicks=enc.clicks,
+                            slots=enc.slots,
+                        ),
+                    )
+                )
+        self._call_all("PushSparse", calls)
+
+    # -- dense ----------------------------------------------------------------------------
+
+    def init_dense(self, name: str, values: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        req = ps_pb2.InitDenseRequest(name=name, values=wire.encode_floats(values))
+        (resp,) = self._call_all("InitDense", [(self._dense_server(name), req)])
+        return wire.decode_floats(resp.values, "values").copy()
+
+    def pull_dense(self, name: str) -> npt.NDArray[np.float32]:
+        req = ps_pb2.PullDenseRequest(name=name)
+        (resp,) = self._call_all("PullDense", [(self._dense_server(name), req)])
+        return wire.decode_floats(resp.values, "values").copy()
+
+    def push_dense(self, name: str, grads: npt.NDArray[np.float32]) -> None:
+        req = ps_pb2.PushDenseRequest(name=name, grads=wire.encode_floats(grads, "grads"))
+        self._call_all("PushDense", [(self._dense_server(name), req)])
+
+    # -- control plane --------------------------------------------------------------------
+
+    def save(self, uri: str, mode: api.SaveMode, table: str | None = None) -> api.SaveResult:
+        """Save on every server in parallel, then publish the manifest (all or nothing)."""
+        start = time.perf_counter()
+        mode = api.SaveMode(mode)
+        req = ps_pb2.SaveRequest(uri=uri, mode=int(mode), table=table or "")
+        responses = self._call_all(
+            "Save", [(i, req) for i in range(self.num_servers)], control=True
+        )
+        results = [save_result(uri, mode, r) for r in responses]
+        checkpoint.publish(uri, results, self._manifest_meta(mode))
+        return api.SaveResult(
+            uri=uri,
+            mode=mode,
+            files=tuple(f for r in results for f in r.files),
+            keys_saved=sum(r.keys_saved for r in results),
+            tombstones=sum(r.tombstones for r in results),
+            seconds=time.perf_counter() - start,
+        )
+
+    def load(self, uri: str) -> int:
+        req = ps_pb2.LoadRequest(uri=uri)
+        responses = self._call_all(
+            "Load", [(i, req) for i in range(self.num_servers)], control=True
+        )
+        return sum(int(r.keys_loaded) for r in responses)
+
+    def shrink(self, table: str | None = None) -> api.ShrinkResult:
+        req = ps_pb2.ShrinkRequest(table=table or "")
+        rs = self._call_all("Shrink", [(i, req) for i in range(self.num_servers)], control=True)
+        return api.ShrinkResult(
+            keys_before=sum(r.keys_before for r in rs),
+            deleted=sum(r.deleted for r in rs),
+            keys_after=sum(r.keys_after for r in rs),
+        )
+
+    def stats(self) -> api.PSStats:
+        """Tables summed over servers; dense names of every server."""
+        req = ps_pb2.StatsRequest()
+        responses = self._call_all("Stats", [(i, req) for i in range(self.num_servers)])
+        totals: dict[str, list[int]] = {}
+        dense: set[str] = set()
+        for r in responses:
+            for t in r.tables:
+                acc = totals.setdefault(t.name, [0, 0, 0])
+                acc[0] += t.keys
+                acc[1] += t.expanded_keys
+                acc[2] += t.memory_bytes
+            dense.update(r.dense_names)
+        return api.PSStats(
+            tables=tuple(api.TableStats(name, *acc) for name, acc in totals.items()),
+            dense_names=tuple(sorted(dense)),
+        )
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def _table(self, name: str) -> TableConfig:
+        try:
+            return self._config.table(name)
+        except KeyError:
+            raise UnknownTableError("table", name) from None
+
+    def _dense_server(self, name: str) -> int:
+        return sharding.server_of_dense(name, self.num_servers)
+
+    def _manifest_meta(self, mode: api.SaveMode) -> dict[str, Any]:
+        return {
+            "mode": int(mode),
+            "logicalShards": self._config.logicalShards,
+            "numServers": self.num_servers,
+            "tables": [t.name for t in self._config.tables],
+        }
+
+    def _route(
+        self, keys: npt.NDArray[np.uint64]
+    ) -> list[tuple[int, npt.NDArray[np.intp] | slice]]:
+        """(server, positions of its keys) for every server that owns some of ``keys``."""
+        if self.num_servers == 1:
+            return [(0, slice(0, keys.size))] if keys.size else []
+        servers = sharding.server_of_key(keys, self._config.logicalShards, self.num_servers)
+        order = np.argsort(servers, kind="stable")
+        bounds = np.searchsorted(servers[order], np.arange(self.num_servers + 1))
+        return [
+            (s, order[bounds[s] : bounds[s + 1]])
+            for s in range(self.num_servers)
+            if bounds[s + 1] > bounds[s]
+        ]
+
+    def _chunks(
+        self, idx: npt.NDArray[np.intp] | slice, per_key_bytes: int
+    ) -> list[npt.NDArray[np.intp] | slice]:
+        """Split one server's positions into requests within the key and message limits."""
+        by_bytes = max(1, (self._config.maxMessageBytes - _MESSAGE_OVERHEAD) // per_key_bytes)
+        size = min(self._request_keys, by_bytes)
+        if isinstance(idx, slice):
+            start, stop = idx.start or 0, idx.stop
+            return [slice(i, min(i + size, stop)) for i in range(start, stop, size)]
+        return [idx[i : i + size] for i in range(0, idx.size, size)]
+
+    def _stub(self, server: int) -> ps_pb2_grpc.ParameterServerStub:
+        stubs = self._stubs[server]
+        return stubs[next(self._next) % len(stubs)]
+
+    def _call_all(
+        self, method: str, calls: Sequence[tuple[int, Any]], *, control: bool = False
+    ) -> list[Any]:
+        """Send every (server, request) at once; retry the failed ones; answers in order."""
+        if self._closed.is_set():
+            raise PSError("RemotePS is closed")
+        policy = self._retry
+        timeout = policy.control_timeout if control else policy.rpc_timeout
+        retryable = {grpc.StatusCode.UNAVAILABLE}
+        if method in _IDEMPOTENT:
+            retryable.add(grpc.StatusCode.DEADLINE_EXCEEDED)
+        deadline = time.monotonic() + policy.total_seconds
+        results: list[Any] = [None] * len(calls)
+        pending = list(range(len(calls)))
+        backoff = policy.initial_backoff
+        for attempt in itertools.count(1):
+            futures = [
+                (i, getattr(self._stub(calls[i][0]), method).future(calls[i][1], timeout=timeout))
+                for i in pending
+            ]
+            failed: list[int] = []
+            last: tuple[grpc.RpcError, int] | None = None
+            for n, (i, fut) in enumerate(futures):
+                try:
+                    results[i] = fut.result()
+                except grpc.RpcError as err:
+                    code = cast(grpc.Call, err).code()
+                    if code not in retryable:
+                        for _, other in futures[n + 1 :]:
+                            other.cancel()
+                        raise error_from_rpc(err, method, self.endpoints[calls[i][0]]) from None
+                    failed.append(i)
+                    last = (err, calls[i][0])
+            if not failed:
+                return results
+            assert last is not None
+            last_err, server = last
+            call = cast(grpc.Call, last_err)
+            code = call.code()
+            endpoint = self.endpoints[server]
+            if (
+                attempt >= policy.max_attempts
+                or time.monotonic() + backoff > deadline
+                or self._closed.is_set()
+            ):
+                raise PSUnavailableError(
+                    f"{method} on {endpoint}: {code.name} after {attempt} attempts: {call.details()}"
+                ) from None
+            log.warning(
+                "%s on %s: %s, retry %d in %.2fs", method, endpoint, code.name, attempt, backoff
+            )
+            if self._on_retry is not None:
+                self._on_retry(method, endpoint, attempt, code)
+            self._closed.wait(backoff)
+            backoff = min(backoff * policy.multiplier, policy.max_backoff)
+            pending = failed
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+def save_result(uri: str, mode: api.SaveMode, resp: ps_pb2.SaveResponse) -> api.SaveResult:
+    """Proto -> ``SaveResult`` (``servicer.save_response`` is the inverse)."""
+    return api.SaveResult(
+        uri=uri,
+        mode=mode,
+        files=tuple(api.SavedFile(f.path, f.size, f.sha256, f.rows) for f in resp.files),
+        keys_saved=resp.keys_saved,
+        tombstones=resp.tombstones,
+        seconds=resp.seconds,
+    )
+
+
+def _as_keys(keys: npt.ArrayLike) -> npt.NDArray[np.uint64]:
+    arr = np.asarray(keys)
+    if arr.dtype.kind not in "iu":
+        raise InvalidRequestError("keys", f"keys must be integers, got dtype {arr.dtype}")
+    if arr.ndim != 1:
+        raise InvalidRequestError("keys", f"keys must be 1-D, got shape {arr.shape}")
+    return arr.astype(np.uint64, copy=False)
