@@ -1,0 +1,152 @@
+"""The PS-backed embedding gives exactly nn.EmbeddingBag(mode="sum")'s gradients."""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+import torch
+
+from streamtrain_worker.data.batch import Batch
+from streamtrain_worker.embedding import Lookup, prepare
+
+DIM = 4  # embedx dim
+
+
+class RecordingTable:
+    """The two PSLike calls the bridge makes, over a fixed table of known rows.
+
+    The bridge's contract is what it pulls and what it pushes, so this records pushes
+    instead of applying an optimizer (the PS update rules are tested with the PS).
+    """
+
+    def __init__(self, keys: npt.NDArray[np.uint64], rows: npt.NDArray[np.float32]) -> None:
+        self.index = {int(k): i for i, k in enumerate(keys)}
+        self.rows = rows
+        self.pulled: list[npt.NDArray[np.uint64]] = []
+        self.pushed: list[tuple[npt.NDArray[np.uint64], ...]] = []
+
+    def pull_sparse(self, table: str, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]:
+        assert table == "emb"
+        self.pulled.append(keys.copy())
+        out = np.zeros((keys.shape[0], self.rows.shape[1]), dtype=np.float32)
+        for i, k in enumerate(keys.tolist()):
+            if k in self.index:
+                out[i] = self.rows[self.index[k]]
+        return out
+
+    def push_sparse(self, table: str, keys, grads, shows, clicks, slots=None) -> None:  # type: ignore[no-untyped-def]
+        self.pushed.append((keys, grads, shows, clicks, slots))
+
+
+def make_batch(rng: np.random.Generator, examples: int, slots: int, vocab: int) -> Batch:
+    """Random bags of 0-4 keys (many empty bags, many repeated keys, repeats in a bag)."""
+    lengths = rng.integers(0, 5, size=examples * slots)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    keys = (rng.integers(0, vocab, size=int(offsets[-1])) * 7919 + 11).astype(np.uint64)
+    labels = (rng.random(examples) < 0.4).astype(np.float32)
+    return Batch(labels=labels, keys=keys, offsets=offsets, num_slots=slots)
+
+
+@pytest.fixture
+def setup() -> tuple[Batch, RecordingTable, npt.NDArray[np.uint64], npt.NDArray[np.float32]]:
+    rng = np.random.default_rng(7)
+    batch = make_batch(rng, examples=16, slots=5, vocab=12)
+    vocab_keys = np.unique(batch.keys)
+    rows = rng.normal(size=(vocab_keys.shape[0], 3 + DIM)).astype(np.float32)
+    rows[:, :2] = rng.integers(0, 50, size=(vocab_keys.shape[0], 2))  # show, click stats
+    return batch, RecordingTable(vocab_keys, rows), vocab_keys, rows
+
+
+def test_gradients_equal_embedding_bag(setup) -> None:  # type: ignore[no-untyped-def]
+    batch, ps, vocab_keys, rows = setup
+    assert (np.diff(batch.offsets) == 0).any(), "the batch must contain empty bags"
+    prepared = prepare(batch, ps, "emb", DIM)
+    lookup = Lookup(prepared, cvm=False)
+
+    # Reference: a full-table nn.EmbeddingBag over contiguous ids of the same keys.
+    bag = torch.nn.EmbeddingBag(vocab_keys.shape[0], 1 + DIM, mode="sum")
+    with torch.no_grad():
+        bag.weight.copy_(torch.from_numpy(rows[:, 2:]))
+    ids = torch.from_numpy(np.searchsorted(vocab_keys, batch.keys).astype(np.int64))
+    ref = bag(ids, torch.from_numpy(batch.offsets[:-1])).view(batch.size, batch.num_slots, -1)
+
+    torch.testing.assert_close(lookup.pooled, ref, rtol=0, atol=0)
+    upstream = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1))
+    (lookup.pooled * upstream).sum().backward()
+    (ref * upstream).sum().backward()
+
+    push = lookup.sparse_push()
+    ref_grad = bag.weight.grad
+    assert ref_grad is not None
+    rows_of_push = np.searchsorted(vocab_keys, push.keys)
+    torch.testing.assert_close(
+        torch.from_numpy(push.grads), ref_grad[rows_of_push], rtol=0, atol=1e-6
+    )
+    # keys that are not in the batch have zero gradient and are not pushed at all
+    assert set(push.keys.tolist()) == set(batch.keys.tolist())
+    assert len(ps.pulled) == 1 and np.array_equal(ps.pulled[0], np.unique(batch.keys))
+
+
+def test_show_click_and_slot_counts(setup) -> None:  # type: ignore[no-untyped-def]
+    batch, ps, _, _ = setup
+    prepared = prepare(batch, ps, "emb", DIM)
+    key_bag = batch.bag_of_key()
+    key_example = key_bag // batch.num_slots
+    for i, key in enumerate(prepared.unique_keys.tolist()):
+        occurrences = batch.keys == key
+        assert prepared.shows[i] == occurrences.sum()
+        assert prepared.clicks[i] == batch.labels[key_example[occurrences]].sum()
+        assert prepared.slots[i] in set((key_bag[occurrences] % batch.num_slots).tolist())
+    lookup = Lookup(prepared, cvm=False)
+    lookup.pooled.sum().backward()
+    lookup.sparse_push().send(ps, "emb")  # type: ignore[arg-type]
+    keys, grads, shows, clicks, slots = ps.pushed[0]
+    assert grads.shape == (keys.shape[0], 1 + DIM)
+    assert shows.sum() == batch.keys.shape[0]
+    assert slots.dtype == np.uint32
+
+
+def test_cvm_features(setup) -> None:  # type: ignore[no-untyped-def]
+    batch, ps, vocab_keys, rows = setup
+    lookup = Lookup(prepare(batch, ps, "emb", DIM), cvm=True)
+    assert lookup.pooled.shape == (batch.size, batch.num_slots, 3 + DIM)
+    for b in (0, 3, 17):
+        keys = batch.keys[batch.offsets[b] : batch.offsets[b + 1]]
+        stats = rows[np.searchsorted(vocab_keys, keys), :2].sum(axis=0)
+        example, slot = divmod(b, batch.num_slots)
+        got = lookup.pooled[example, slot].detach().numpy()
+        assert got[0] == pytest.approx(np.log(stats[0] + 1), rel=1e-6)
+        assert got[1] == pytest.approx(np.log(stats[1] + 1) - np.log(stats[0] + 1), abs=1e-6)
+    # the CVM columns carry no gradient to the PS: only embed_w/embedx do
+    lookup.pooled[..., :2].sum().backward()
+    assert not lookup.sparse_push().grads.any()
+
+
+def test_sequence_embeddings_and_gradients(setup) -> None:  # type: ignore[no-untyped-def]
+    batch, ps, vocab_keys, rows = setup
+    lookup = Lookup(prepare(batch, ps, "emb", DIM), cvm=False)
+    seq, mask = lookup.sequence(2)
+    lengths = np.diff(batch.offsets)[2 :: batch.num_slots]
+    assert seq.shape == (batch.size, int(lengths.max()), 1 + DIM)
+    assert mask.sum().item() == lengths.sum()
+    for e in range(batch.size):
+        start = batch.offsets[e * batch.num_slots + 2]
+        for j in range(int(lengths[e])):
+            expected = rows[np.searchsorted(vocab_keys, batch.keys[start + j]), 2:]
+            np.testing.assert_array_equal(seq[e, j].detach().numpy(), expected)
+        assert not seq[e, int(lengths[e]) :].detach().numpy().any()
+    # gradient of the sum of the sequence embeddings = per key, its occurrences in slot 2
+    (seq * mask[..., None]).sum().backward()
+    push = lookup.sparse_push()
+    in_slot = batch.keys[batch.slot_of_key() == 2]
+    for key, grad in zip(push.keys.tolist(), push.grads, strict=True):
+        assert np.all(grad == float((in_slot == key).sum()))
+    with pytest.raises(ValueError, match="sequence slot"):
+        lookup.sequence(batch.num_slots)
+
+
+def test_wrong_embedding_dim_is_a_clear_error(setup) -> None:  # type: ignore[no-untyped-def]
+    batch, ps, _, _ = setup
+    with pytest.raises(ValueError, match="embeddingDim must equal"):
+        prepare(batch, ps, "emb", DIM + 1)
