@@ -1,7 +1,7 @@
 """``RemotePS``: the ``PSLike`` protocol over N PS servers reached by gRPC.
 
-A pull deduplicates keys (``np.unique`` + inverse), routes every unique key to its server
-(``sharding.server_of_key``), splits each server's share into requests that respect
+A pull deduplicates keys (``dedup.unique_inverse``, one linear-time hash pass), routes
+every unique key to its server (``sharding.server_of_key``), splits each server's share into requests that respect
 ``maxKeysPerRequest`` and ``maxMessageBytes``, sends them all at once (gRPC futures: the
 servers work in parallel and one server works on several chunks in parallel), and scatters
 the answers back into the caller's order. A push first merges rows of the same key (sums of
@@ -38,6 +38,7 @@ import numpy.typing as npt
 
 from streamtrain_ps import api, checkpoint, sharding, wire
 from streamtrain_ps.config import PSConfig, TableConfig
+from streamtrain_ps.dedup import merge_duplicates, unique_inverse
 from streamtrain_ps.errors import (
     CheckpointError,
     InvalidRequestError,
@@ -122,39 +123,6 @@ def error_from_rpc(err: grpc.RpcError, method: str, endpoint: str) -> PSError:
     return PSError(f"{method} on {endpoint}: {code.name}: {details}")
 
 
-def merge_duplicates(
-    keys: npt.NDArray[np.uint64],
-    grads: npt.NDArray[np.float32],
-    shows: npt.NDArray[np.float32],
-    clicks: npt.NDArray[np.float32],
-    slots: npt.NDArray[np.uint32] | None,
-) -> tuple[
-    npt.NDArray[np.uint64],
-    npt.NDArray[np.float32],
-    npt.NDArray[np.float32],
-    npt.NDArray[np.float32],
-    npt.NDArray[np.uint32] | None,
-]:
-    """One row per key: gradients, shows and clicks summed; the first occurrence's slot."""
-    if keys.size < 2:
-        return keys, grads, shows, clicks, slots
-    order = np.argsort(keys, kind="stable")
-    sorted_keys = keys[order]
-    new = np.empty(keys.size, dtype=bool)
-    new[0] = True
-    np.not_equal(sorted_keys[1:], sorted_keys[:-1], out=new[1:])
-    starts = np.flatnonzero(new)
-    if starts.size == keys.size:
-        return keys, grads, shows, clicks, slots
-    return (
-        sorted_keys[starts],
-        np.add.reduceat(grads[order], starts, axis=0),
-        np.add.reduceat(shows[order], starts),
-        np.add.reduceat(clicks[order], starts),
-        None if slots is None else slots[order][starts],
-    )
-
-
 class RemotePS:
     """``PSLike`` over ``endpoints`` (``host:port``, index = server index). Thread-safe."""
 
@@ -233,7 +201,7 @@ class RemotePS:
     def pull_sparse(self, table: str, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]:
         t = self._table(table)
         k = _as_keys(keys)
-        uniq, inverse = np.unique(k, return_inverse=True)
+        uniq, inverse = unique_inverse(k)
         out = np.empty((uniq.size, t.pull_dim), dtype=np.float32)
         per_key = 4 * t.pull_dim  # the response dominates
         calls: list[tuple[int, ps_pb2.PullSparseRequest]] = []
@@ -253,7 +221,7 @@ class RemotePS:
             out[span] = wire.decode_matrix(
                 resp.values, resp.dim, "values", n=n, expected_dim=t.pull_dim
             )
-        return out[inverse.reshape(-1)]
+        return out[inverse]
 
     def push_sparse(  # noqa: PLR0917 - the PSLike signature
         self,
@@ -467,7 +435,8 @@ class RemotePS:
                 or self._closed.is_set()
             ):
                 raise PSUnavailableError(
-                    f"{method} on {endpoint}: {code.name} after {attempt} attempts: {call.details()}"
+                    f"{method} on {endpoint}: {code.name} after {attempt} attempts: "
+                    f"{call.details()}"
                 ) from None
             log.warning(
                 "%s on %s: %s, retry %d in %.2fs", method, endpoint, code.name, attempt, backoff
