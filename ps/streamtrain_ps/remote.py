@@ -1,12 +1,12 @@
 """``RemotePS``: the ``PSLike`` protocol over N PS servers reached by gRPC.
 
 A pull deduplicates keys (``dedup.unique_inverse``, one linear-time hash pass), routes
-every unique key to its server (``sharding.server_of_key``), splits each server's share into requests that respect
-``maxKeysPerRequest`` and ``maxMessageBytes``, sends them all at once (gRPC futures: the
-servers work in parallel and one server works on several chunks in parallel), and scatters
-the answers back into the caller's order. A push first merges rows of the same key (sums of
-gradients, shows and clicks — what the server would do anyway, for fewer bytes), then routes
-and fans out the same way.
+every unique key to its server (``sharding.server_of_key``), splits each server's share into
+requests that respect ``maxKeysPerRequest`` and ``maxMessageBytes``, sends them all at once
+(gRPC futures: the servers work in parallel and one server works on several chunks in
+parallel), and scatters the answers back into the caller's order. A push first merges rows
+of the same key (sums of gradients, shows and clicks — what the server would do anyway, for
+fewer bytes), then routes and fans out the same way.
 
 Retries, in two layers:
 
