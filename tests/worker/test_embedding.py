@@ -35,7 +35,7 @@ class RecordingTable:
                 out[i] = self.rows[self.index[k]]
         return out
 
-    def push_sparse(self, table: str, keys, grads, shows, clicks, slots=None) -> None:  # type: ignore[no-untyped-def]
+    def push_sparse(self, table, keys, grads, shows, clicks, slots=None):  # type: ignore[no-untyped-def]  # noqa: PLR0917
         self.pushed.append((keys, grads, shows, clicks, slots))
 
 
@@ -104,6 +104,7 @@ def test_show_click_and_slot_counts(setup) -> None:  # type: ignore[no-untyped-d
     keys, grads, shows, clicks, slots = ps.pushed[0]
     assert grads.shape == (keys.shape[0], 1 + DIM)
     assert shows.sum() == batch.keys.shape[0]
+    assert clicks.sum() == batch.labels[batch.bag_of_key() // batch.num_slots].sum()
     assert slots.dtype == np.uint32
 
 

@@ -7,7 +7,7 @@ Per batch the bridge works on the batch's *unique* keys only:
    (show) and its occurrences in clicked examples (click) and its slot.
 2. ``lookup``: the pulled ``[embed_w, embedx...]`` block becomes a leaf tensor ``W`` of shape
    ``(U, 1 + D)`` that requires grad, and every bag ``b = example * S + slot`` is pooled by
-   sum — one ``F.embedding_bag(inverse, W, offsets, mode="sum")`` call. Because the batch is
+   sum — one ``nnf.embedding_bag(inverse, W, offsets, mode="sum")`` call. Because the batch is
    expressed over ``W`` instead of over the full table, ``W.grad`` after backward is exactly
    the rows of the gradient ``nn.EmbeddingBag(mode="sum")`` would give the full table for
    the same keys (rows of keys absent from the batch are zero there and are not sent).
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 import torch
-import torch.nn.functional as F
+from torch.nn import functional as nnf
 
 from streamtrain_ps.api import PSLike
 from streamtrain_worker.data.batch import Batch
@@ -108,11 +108,11 @@ class Lookup:
         self.prepared = prepared
         batch = prepared.batch
         self.weight = torch.from_numpy(prepared.weights).requires_grad_(requires_grad)
-        pooled = F.embedding_bag(
+        pooled = nnf.embedding_bag(
             prepared.inverse, self.weight, prepared.offsets, mode="sum", include_last_offset=True
         )
         if cvm:
-            stats = F.embedding_bag(
+            stats = nnf.embedding_bag(
                 prepared.inverse,
                 torch.from_numpy(prepared.show_click),
                 prepared.offsets,

@@ -1,0 +1,134 @@
+"""What every model shares: the spec it is built from, the MLP block, and the registry.
+
+The registry is filled by ``@register`` decorators when the model modules are imported
+(``streamtrain_worker.models`` imports them all) and is only read afterwards; it maps a
+config's ``model.type`` to a class, so adding a model never touches the training loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import TypeVar
+
+import torch
+from torch import nn
+
+from streamtrain_worker.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The shape of the network's input and its hyper-parameters."""
+
+    num_slots: int
+    embedding_dim: int  # embedx width D
+    cvm: bool
+    hidden_units: tuple[int, ...]
+    sequence_slot: int | None = None
+    target_slot: int = 0
+    attention_units: tuple[int, ...] = (64, 32)
+
+    @classmethod
+    def from_config(
+        cls, model: ModelConfig, num_slots: int, sequence_slot: int | None = None
+    ) -> ModelSpec:
+        return cls(
+            num_slots=num_slots,
+            embedding_dim=model.embeddingDim,
+            cvm=model.cvm,
+            hidden_units=model.hiddenUnits,
+            sequence_slot=sequence_slot,
+            target_slot=model.targetSlot,
+            attention_units=model.attentionUnits,
+        )
+
+    @property
+    def slot_width(self) -> int:
+        """Width ``W`` of one pooled slot: [cvm_show, cvm_click,] embed_w, embedx..."""
+        return self.embed_offset + 1 + self.embedding_dim
+
+    @property
+    def embed_offset(self) -> int:
+        """Column of embed_w in a pooled slot row (after the 2 CVM columns, if any)."""
+        return 2 if self.cvm else 0
+
+
+def mlp(in_features: int, hidden: Sequence[int], out_features: int = 1) -> nn.Sequential:
+    """Linear+ReLU per hidden width, then a linear output layer."""
+    layers: list[nn.Module] = []
+    width = in_features
+    for units in hidden:
+        layers += [nn.Linear(width, units), nn.ReLU()]
+        width = units
+    layers.append(nn.Linear(width, out_features))
+    return nn.Sequential(*layers)
+
+
+class DenseModel(nn.Module):
+    """Base of every model: pooled slot embeddings (+ optional sequence) -> logits ``(B,)``.
+
+    ``forward(pooled, seq, seq_mask)``: ``pooled`` is ``(B, S, W)``; ``seq`` ``(B, L, 1 + D)``
+    and ``seq_mask`` ``(B, L)`` are the behaviour sequence's unpooled embeddings, given only
+    to models with ``uses_sequence`` (None otherwise). The signature is the same for every
+    model so the TorchScript export and the training loop need no per-model branches.
+    """
+
+    uses_sequence: bool = False
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.spec = spec
+
+    def forward(
+        self,
+        pooled: torch.Tensor,
+        seq: torch.Tensor | None = None,
+        seq_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        raise NotImplementedError
+
+
+M = TypeVar("M", bound=type[DenseModel])
+
+
+class _Registry:
+    """Model name -> class; written by ``register`` at import time, read afterwards."""
+
+    def __init__(self) -> None:
+        self._models: dict[str, type[DenseModel]] = {}
+
+    def register(self, name: str) -> Callable[[M], M]:
+        def decorate(cls: M) -> M:
+            if name in self._models:
+                raise ValueError(f"model {name!r} is already registered")
+            self._models[name] = cls
+            return cls
+
+        return decorate
+
+    def view(self) -> Mapping[str, type[DenseModel]]:
+        return MappingProxyType(self._models)
+
+
+_REGISTRY = _Registry()
+register = _REGISTRY.register
+
+
+def registered() -> Mapping[str, type[DenseModel]]:
+    """Every registered model, read-only."""
+    return _REGISTRY.view()
+
+
+def build_model(name: str, spec: ModelSpec, seed: int = 0) -> DenseModel:
+    """Instantiate model ``name``; parameters are initialised from ``seed`` only.
+
+    The global torch RNG is forked, so building a model never perturbs other randomness.
+    """
+    models = registered()
+    if name not in models:
+        raise ValueError(f"unknown model type {name!r} (registered: {', '.join(sorted(models))})")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return models[name](spec)
