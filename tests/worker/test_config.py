@@ -14,7 +14,7 @@ def test_round_trip_and_defaults() -> None:
     parsed = WorkerConfig.from_dict(
         {
             "model": {"type": "deepfm", "hiddenUnits": [16, 8], "cvm": False},
-            "ps": {"endpoints": ["ps-0.ps:7000"], "logicalShards": 8},
+            "ps": {"endpoints": ["ps-0.ps:7000"], "config": {"logicalShards": 8}},
             "metrics": {"numBuckets": 1000},
         }
     )
@@ -22,6 +22,7 @@ def test_round_trip_and_defaults() -> None:
     assert parsed.model.hiddenUnits == (16, 8)
     assert parsed.ps.endpoints == ("ps-0.ps:7000",)
     assert parsed.model.embeddingDim == cfg.model.embeddingDim
+    assert parsed.ps.config.logicalShards == 8
 
 
 @pytest.mark.parametrize(
@@ -36,6 +37,9 @@ def test_round_trip_and_defaults() -> None:
         ({"metrics": {"numBuckets": 10}}, r"worker\.metrics\.numBuckets"),
         ({"runtime": {"numThreads": 0}}, r"worker\.runtime\.numThreads"),
         ({"seed": 1.5}, r"worker\.seed: must be an integer"),
+        ({"ps": {"config": {"logicalShards": 0}}}, r"worker\.ps\.config\.logicalShards"),
+        ({"table": "other"}, r"worker\.table: 'other' is not a PS table"),
+        ({"model": {"embeddingDim": 4}}, r"worker\.model\.embeddingDim: 4 differs"),
     ],
 )
 def test_errors_name_the_field(data: dict[str, object], message: str) -> None:

@@ -14,7 +14,8 @@ Example::
      "model": {"type": "slot_dnn", "embeddingDim": 8, "hiddenUnits": [512, 256, 128],
                "batchSize": 512, "cvm": true, "denseSyncSteps": 10, ...},
      "data": {...},                                    # streamtrain_worker.data.config
-     "ps": {"endpoints": ["ps-0.ps:7000", "ps-1.ps:7000"], "logicalShards": 64, ...},
+     "ps": {"endpoints": ["ps-0.ps:7000", "ps-1.ps:7000"], "timeoutSeconds": 60,
+            "maxRetrySeconds": 30, "config": {...}},          # streamtrain_ps.config
      "metrics": {"numBuckets": 65536},
      "runtime": {"numThreads": 1, "prefetchBatches": 2, "pushQueueDepth": 4}}
 """
@@ -28,8 +29,7 @@ import typing
 from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
 from typing import Any, Literal
 
-from streamtrain_ps.config import ConfigError
-from streamtrain_ps.sharding import DEFAULT_LOGICAL_SHARDS
+from streamtrain_ps.config import ConfigError, PSConfig
 
 __all__ = [
     "ConfigError",
@@ -90,16 +90,16 @@ class PSClientConfig:
 
     #: ``host:port`` of every PS server, in server-index order (key routing depends on it).
     endpoints: tuple[str, ...] = ()
-    #: Must equal the PS servers' ``logicalShards``.
-    logicalShards: int = DEFAULT_LOGICAL_SHARDS
-    #: Per-RPC deadline.
-    timeoutSeconds: float = 30.0
+    #: Deadline of one PS RPC attempt.
+    timeoutSeconds: float = 60.0
     #: A PS that stays unavailable this long fails the pass with a clear error; shorter
     #: outages are retried with exponential backoff.
-    maxRetrySeconds: float = 60.0
+    maxRetrySeconds: float = 30.0
+    #: The PS servers' own config (the same JSON they get): table dims, logical shards,
+    #: message limits. The client routes and sizes requests by it.
+    config: PSConfig = field(default_factory=PSConfig)
 
     def _validate(self, path: str) -> None:
-        _require(self.logicalShards >= 1, path, "logicalShards", "must be >= 1")
         _require(self.timeoutSeconds > 0, path, "timeoutSeconds", "must be > 0")
         _require(self.maxRetrySeconds >= 0, path, "maxRetrySeconds", "must be >= 0")
         for i, ep in enumerate(self.endpoints):
@@ -159,6 +159,15 @@ class WorkerConfig:
     def _validate(self, path: str) -> None:
         _require(bool(self.table), path, "table", "must be a non-empty string")
         _require(self.seed >= 0, path, "seed", "must be >= 0")
+        names = [t.name for t in self.ps.config.tables]
+        _require(self.table in names, path, "table", f"{self.table!r} is not a PS table ({names})")
+        dim = self.ps.config.table(self.table).embedxDim
+        _require(
+            self.model.embeddingDim == dim,
+            path,
+            "model.embeddingDim",
+            f"{self.model.embeddingDim} differs from the PS table's embedxDim {dim}",
+        )
 
     @property
     def dense_name(self) -> str:
@@ -219,6 +228,13 @@ def _parse(cls: type[Any], data: Any, path: str) -> Any:
 
 def _value(hint: Any, value: Any, path: str) -> Any:
     origin = typing.get_origin(hint)
+    if isinstance(hint, type) and hasattr(hint, "from_dict"):  # another layer's config
+        try:
+            return hint.from_dict(value, path)
+        except ConfigError:
+            raise
+        except ValueError as exc:  # e.g. the data layer's DataConfigError
+            raise ConfigError(str(exc)) from exc
     if isinstance(hint, type) and is_dataclass(hint):
         return _parse(hint, value, path)
     if origin is Literal:
