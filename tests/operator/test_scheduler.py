@@ -1,0 +1,376 @@
+"""The pass scheduler state machine over scripted events (no I/O, no clock)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import pytest
+
+from streamtrain_operator.plan import PassPlan, StepKey, StepKind
+from streamtrain_operator.progress import Phase, Progress
+from streamtrain_operator.scheduler import (
+    Action,
+    CheckData,
+    DataChecked,
+    Done,
+    Event,
+    Failed,
+    LoadCheckpoint,
+    PassRan,
+    Policy,
+    ProtocolError,
+    ResetWorkers,
+    RunPass,
+    Save,
+    Scheduler,
+    Shrink,
+    Sleep,
+    Terminal,
+)
+
+PLAN = PassPlan(
+    start_day="20261101",
+    end_day="20261102",
+    passes_per_day=3,
+    delta_every=1,
+    checkpoint_every=2,
+    base=True,
+    batch=True,
+    export_root="/exp",
+    checkpoint_root="/ckpt",
+)
+
+
+@dataclass
+class World:
+    """Answers the machine's actions; records them; injects late data and worker errors."""
+
+    #: (day, pass) -> time at which its donefiles appear.
+    data_at: dict[tuple[str, int], float] = field(default_factory=dict)
+    #: (day, pass, worker) -> errors to raise on its next attempts.
+    worker_errors: dict[tuple[str, int, int], list[str]] = field(default_factory=dict)
+    now: float = 0.0
+    log: list[Action] = field(default_factory=list)
+    #: Every progress the driver would have stored, in order.
+    saved: list[Progress] = field(default_factory=list)
+
+    def answer(self, action: Action) -> Event:
+        if isinstance(action, CheckData):
+            ready = self.now >= self.data_at.get((action.key.day, action.key.pass_index), 0)
+            missing = () if ready else (f"/data/{action.key.day}/{action.key.pass_index:02d}00",)
+            return DataChecked(missing)
+        if isinstance(action, Sleep):
+            self.now += action.seconds
+            return Done()
+        if isinstance(action, RunPass):
+            failed = {}
+            for w in action.shares:
+                errors = self.worker_errors.get((action.key.day, action.key.pass_index, w), [])
+                if errors:
+                    failed[w] = errors.pop(0)
+            if failed:
+                return PassRan(failed)
+            return PassRan({}, {"auc": 0.7, "examples": 100.0})
+        return Done()
+
+    def run(self, machine: Scheduler, max_actions: int = 500) -> Terminal:
+        """The driver loop, storing progress before and after every action."""
+        for _ in range(max_actions):
+            action = machine.next_action(self.now)
+            self.saved.append(machine.progress)
+            if isinstance(action, Terminal):
+                return action
+            self.log.append(action)
+            self.now += 1.0
+            machine.handle(self.answer(action), self.now)
+            self.saved.append(machine.progress)
+        raise AssertionError("the machine did not terminate")
+
+
+def policy(**kw: object) -> Policy:
+    base: dict[str, object] = {
+        "num_workers": 2,
+        "poll_seconds": 10.0,
+        "missing_deadline_seconds": 30.0,
+    }
+    base.update(kw)
+    return Policy(**base)  # type: ignore[arg-type]
+
+
+def fresh(**kw: object) -> Scheduler:
+    return Scheduler(PLAN, policy(**kw), Progress())
+
+
+def restart(progress: Progress, **kw: object) -> Scheduler:
+    """A new machine from the stored record, through its JSON form (as the store does)."""
+    stored = json.loads(json.dumps(progress.to_dict()))
+    return Scheduler(PLAN, policy(**kw), Progress.from_dict(stored))
+
+
+def steps(log: list[Action]) -> list[str]:
+    out = []
+    for a in log:
+        if isinstance(a, RunPass):
+            out.append(f"{'replay ' if a.replay else ''}train {a.key.day}/{a.key.pass_index}")
+        elif isinstance(a, Save):
+            out.append(f"{'replay ' if a.replay else ''}{a.key.kind.value} {a.uri}")
+        elif isinstance(a, Shrink):
+            out.append(f"{'replay ' if a.replay else ''}shrink {a.key.day}")
+        elif isinstance(a, LoadCheckpoint):
+            out.append(f"load {a.uri}")
+        elif isinstance(a, ResetWorkers):
+            out.append("reset")
+    return out
+
+
+def test_two_days_in_order_with_exports_checkpoints_and_one_shrink_per_day() -> None:
+    world = World()
+    end = world.run(fresh())
+    assert end.phase == Phase.SUCCEEDED
+    assert steps(world.log) == [
+        "train 20261101/1",
+        "delta /exp/20261101/delta-1",
+        "train 20261101/2",
+        "delta /exp/20261101/delta-2",
+        "checkpoint /ckpt/20261101/pass-2-g1",
+        "train 20261101/3",
+        "delta /exp/20261101/delta-3",
+        "shrink 20261101",
+        "base /exp/20261102/base",
+        "batch /exp/20261101/batch",
+        "checkpoint /ckpt/20261101/pass-3-g1",
+        "train 20261102/1",
+        "delta /exp/20261102/delta-1",
+        "train 20261102/2",
+        "delta /exp/20261102/delta-2",
+        "checkpoint /ckpt/20261102/pass-2-g1",
+        "train 20261102/3",
+        "delta /exp/20261102/delta-3",
+        "shrink 20261102",
+        "base /exp/20261103/base",
+        "batch /exp/20261102/batch",
+        "checkpoint /ckpt/20261102/pass-3-g1",
+    ]
+    p = world.saved[-1]
+    assert p.shrunk_days == ("20261101", "20261102")
+    assert [(r.day, r.pass_index) for r in p.history] == [
+        (d, i) for d in ("20261101", "20261102") for i in (1, 2, 3)
+    ]
+    assert p.checkpoint is not None and p.checkpoint.uri == "/ckpt/20261102/pass-3-g1"
+    assert p.export is not None and p.export.key.kind == StepKind.BATCH
+    # Every RunPass went to both workers, once.
+    assert all(a.shares == (0, 1) and a.attempt == 1 for a in world.log if isinstance(a, RunPass))
+
+
+def test_step_is_recorded_before_and_after_it_runs() -> None:
+    world = World()
+    machine = fresh()
+    action = machine.next_action(0.0)
+    assert isinstance(action, CheckData)
+    assert machine.progress.current == StepKey("20261101", 1, StepKind.TRAIN)
+    assert machine.progress.phase == Phase.WAITING
+    machine.handle(world.answer(action), 1.0)
+    action = machine.next_action(1.0)
+    assert isinstance(action, RunPass)
+    assert machine.progress.phase == Phase.TRAINING
+    assert machine.progress.completed is None
+    machine.handle(world.answer(action), 2.0)
+    assert machine.progress.completed == StepKey("20261101", 1, StepKind.TRAIN)
+    assert machine.progress.current is None
+    assert machine.next_action(2.0) is machine.next_action(2.0)  # idempotent until answered
+
+
+def test_late_donefile_waits_polls_and_records_the_wait() -> None:
+    world = World(data_at={("20261101", 2): 25.0})
+    machine = fresh()
+    world.run(machine)
+    sleeps = [a for a in world.log if isinstance(a, Sleep)]
+    assert sleeps and all(s.seconds == 10.0 for s in sleeps)
+    record = next(r for r in machine.progress.history if r.pass_index == 2)
+    assert record.wait_seconds >= 20.0
+    first = next(r for r in machine.progress.history if r.pass_index == 1)
+    assert first.wait_seconds == 0.0
+    # Shorter than the deadline: no condition was ever raised.
+    assert all(p.condition("DataMissing") is None for p in world.saved)
+
+
+def test_missing_past_deadline_raises_a_condition_naming_the_folder_and_keeps_waiting() -> None:
+    world = World(data_at={("20261101", 1): 100.0})
+    machine = fresh()
+    world.run(machine)
+    raised = [p.condition("DataMissing") for p in world.saved]
+    true = [c for c in raised if c is not None and c.status == "True"]
+    assert true, "the DataMissing condition was never raised"
+    assert "/data/20261101/0100" in true[0].message
+    assert "20261101/1" in true[0].message
+    final = machine.progress.condition("DataMissing")
+    assert final is not None and final.status == "False" and final.reason == "DataArrived"
+    assert machine.progress.phase == Phase.SUCCEEDED
+
+
+def test_missing_past_deadline_fails_when_asked_to() -> None:
+    world = World(data_at={("20261101", 2): 1e9})
+    end = world.run(fresh(fail_on_missing=True))
+    assert end.phase == Phase.FAILED
+    assert "DataMissing" in end.message and "/data/20261101/0200" in end.message
+    assert not any(isinstance(a, RunPass) and a.key.pass_index == 2 for a in world.log)
+
+
+def test_worker_error_retries_only_that_share_and_counts_the_pass_once() -> None:
+    world = World(worker_errors={("20261101", 2, 1): ["connection reset"]})
+    machine = fresh()
+    assert world.run(machine).phase == Phase.SUCCEEDED
+    runs = [a for a in world.log if isinstance(a, RunPass) and a.key.pass_index == 2]
+    runs = [a for a in runs if a.key.day == "20261101"]
+    assert [(a.shares, a.attempt) for a in runs] == [((0, 1), 1), ((1,), 2)]
+    records = [r for r in machine.progress.history if (r.day, r.pass_index) == ("20261101", 2)]
+    assert len(records) == 1 and records[0].attempts == 2
+    degraded = [p.condition("WorkerFailed") for p in world.saved]
+    assert any(c is not None and "connection reset" in c.message for c in degraded)
+
+
+def test_worker_error_beyond_retries_fails_with_a_clear_condition() -> None:
+    world = World(worker_errors={("20261101", 1, 0): ["boom"] * 5})
+    end = world.run(fresh(pass_retries=2))
+    assert end.phase == Phase.FAILED
+    assert "worker 0 failed pass 20261101/1 after 3 attempts: boom" in end.message
+    failed = world.saved[-1].condition("Failed")
+    assert failed is not None and failed.reason == "WorkerFailed"
+
+
+def _crash_at(world: World, predicate: object) -> Progress:
+    """The last progress stored before the action matching ``predicate`` completed."""
+    for i, action in enumerate(world.log):
+        if predicate(action):  # type: ignore[operator]
+            # The driver stores progress before (saved[2i]) and after (saved[2i+1]) action i.
+            return world.saved[2 * i]
+    raise AssertionError("no such action")
+
+
+def test_restart_mid_export_reloads_replays_and_redoes_the_export_once() -> None:
+    first = World()
+    first.run(fresh())
+    # Crash while day 1 pass 3's delta was being written (recorded as begun, not done).
+    crashed = _crash_at(
+        first,
+        lambda a: isinstance(a, Save) and a.key == StepKey("20261101", 3, StepKind.DELTA),
+    )
+    assert crashed.current == StepKey("20261101", 3, StepKind.DELTA)
+    assert crashed.completed == StepKey("20261101", 3, StepKind.TRAIN)
+    second = World()
+    machine = restart(crashed)
+    assert second.run(machine).phase == Phase.SUCCEEDED
+    assert steps(second.log)[:5] == [
+        "load /ckpt/20261101/pass-2-g1",
+        "reset",
+        "replay train 20261101/3",
+        "delta /exp/20261101/delta-3",
+        "shrink 20261101",
+    ]
+    # The redone export goes to the same target, the new checkpoints to fresh generation dirs.
+    assert "checkpoint /ckpt/20261101/pass-3-g2" in steps(second.log)
+    assert machine.progress.generation == 2
+    # Model state saw pass 3 once: its metrics were recorded by the first run only.
+    assert sum(1 for r in machine.progress.history if r.day == "20261101") == 3
+
+
+def test_restart_mid_shrink_shrinks_the_day_once() -> None:
+    first = World()
+    first.run(fresh())
+    crashed = _crash_at(first, lambda a: isinstance(a, Shrink) and a.key.day == "20261101")
+    assert crashed.current is not None and crashed.current.kind == StepKind.SHRINK
+    assert crashed.shrunk_days == ()
+    second = World()
+    machine = restart(crashed)
+    second.run(machine)
+    assert [a.key.day for a in second.log if isinstance(a, Shrink)] == ["20261101", "20261102"]
+    assert not any(isinstance(a, Shrink) and a.replay for a in second.log)
+    assert machine.progress.shrunk_days == ("20261101", "20261102")
+
+
+def test_restart_after_shrink_replays_it_on_the_restored_state_without_recording_it() -> None:
+    first = World()
+    first.run(fresh())
+    # Crash while the day-end base export runs: shrink is done but not checkpointed yet.
+    crashed = _crash_at(first, lambda a: isinstance(a, Save) and a.key.kind == StepKind.BASE)
+    second = World()
+    machine = restart(crashed)
+    second.run(machine)
+    assert steps(second.log)[:7] == [
+        "load /ckpt/20261101/pass-2-g1",
+        "reset",
+        "replay train 20261101/3",
+        "replay delta /exp/20261101/delta-3",
+        "replay shrink 20261101",
+        "base /exp/20261102/base",
+        "batch /exp/20261101/batch",
+    ]
+    assert machine.progress.shrunk_days == ("20261101", "20261102")
+
+
+def test_resume_after_a_checkpoint_skips_completed_passes() -> None:
+    first = World()
+    first.run(fresh())
+    # Stopped right after day 1's day-end checkpoint.
+    crashed = _crash_at(
+        first,
+        lambda a: isinstance(a, CheckData) and a.key == StepKey("20261102", 1, StepKind.TRAIN),
+    )
+    assert crashed.completed == StepKey("20261101", 3, StepKind.CHECKPOINT)
+    second = World()
+    second.run(restart(crashed))
+    assert steps(second.log)[:3] == [
+        "load /ckpt/20261101/pass-3-g1",
+        "reset",
+        "train 20261102/1",
+    ]
+    trained = [a.key for a in second.log if isinstance(a, RunPass)]
+    assert all(k.day == "20261102" for k in trained)
+
+
+def test_stop_request_ends_cleanly_and_a_restart_continues() -> None:
+    world = World()
+    machine = fresh()
+    for _ in range(6):
+        action = machine.next_action(world.now)
+        machine.handle(world.answer(action), world.now)
+    machine.request_stop()
+    end = machine.next_action(world.now)
+    assert isinstance(end, Terminal) and end.phase == Phase.STOPPED
+    with pytest.raises(ProtocolError):
+        machine.handle(Done(), world.now)
+    rest = World()
+    assert rest.run(restart(machine.progress)).phase == Phase.SUCCEEDED
+    assert restart(machine.progress).progress.generation == 1
+
+
+def test_storage_failure_fails_the_job_with_the_reason() -> None:
+    machine = fresh()
+    world = World()
+    while not isinstance(action := machine.next_action(world.now), Save):
+        machine.handle(world.answer(action), world.now)
+    machine.handle(Failed("ExportFailed", "s3://b/x: access denied after 5 retries"), 9.0)
+    end = machine.next_action(9.0)
+    assert isinstance(end, Terminal) and end.phase == Phase.FAILED
+    assert "access denied" in end.message
+
+
+def test_wrong_event_is_a_protocol_error() -> None:
+    machine = fresh()
+    assert isinstance(machine.next_action(0.0), CheckData)
+    with pytest.raises(ProtocolError):
+        machine.handle(Done(), 0.0)
+
+
+def test_forever_job_keeps_planning_days() -> None:
+    plan = PassPlan("20261230", None, 2, 0, 1, False, False, "/e", "/c")
+    key = plan.first_step()
+    keys = []
+    for _ in range(12):
+        assert key is not None
+        keys.append(str(key))
+        key = plan.next_step(key)
+    assert "20270101/1/train" in keys
+    assert "20261231/2/shrink" in keys
+    assert not any("delta" in k or "base" in k for k in keys)
