@@ -1,0 +1,249 @@
+"""Delimited text (Criteo TSV, Avazu CSV, generic CSV): one numba kernel driven by a column plan.
+
+A ``ColumnPlan`` says, per column, what the cell is: skipped, the label, a categorical token,
+an integer to bucket, a multi-valued cell (``a|b|c``) or Avazu's ``YYMMDDHH`` hour (two
+tokens: hour of day and weekday). The three formats differ only in how they build the plan
+(fixed for Criteo, from the header for Avazu and csv). Quoted fields are not supported: CTR
+logs do not quote, and a quote is then just a byte of the token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+import numpy.typing as npt
+
+from streamtrain_worker.data.formats.kernel import (
+    BAD_COLUMNS,
+    BAD_LABEL,
+    BAD_NUMBER,
+    MISSING_LABEL,
+    MISSING_VALUE,
+    OK,
+    U8,
+    ParsedBlock,
+    bucket,
+    commit_line,
+    max_line_length,
+    parse_int,
+    parse_label,
+    run_kernel,
+)
+from streamtrain_worker.data.hashing import hash_bytes, sign_of
+
+SKIP = 0
+LABEL = 1
+CATEGORICAL = 2
+BUCKET = 3
+MULTI = 4
+HOUR = 5
+
+
+@dataclass(frozen=True)
+class ColumnPlan:
+    """Per-column parse instructions (arrays, so the kernel reads them without Python)."""
+
+    delimiter: int
+    #: Exact column count a line must have; -1 means "at least ``min_columns``".
+    num_columns: int
+    min_columns: int
+    kinds: npt.NDArray[np.int8]
+    slots: npt.NDArray[np.int32]
+    #: Second slot (HOUR: the weekday slot); -1 otherwise.
+    slots2: npt.NDArray[np.int32]
+    separators: npt.NDArray[np.uint8]
+    num_slots: int
+
+
+class DelimitedParser:
+    """Parses blocks of one file under a fixed ``ColumnPlan``."""
+
+    def __init__(self, plan: ColumnPlan) -> None:
+        self._plan = plan
+        p = plan
+        self._params = (
+            p.delimiter,
+            p.num_columns,
+            p.min_columns,
+            p.kinds,
+            p.slots,
+            p.slots2,
+            p.separators,
+            p.num_slots,
+        )
+
+    def parse(self, block: U8, first_line: int) -> ParsedBlock:
+        return run_kernel(_kernel, self._params, block, first_line, self._plan.num_slots)
+
+
+@numba.njit(inline="always", cache=True)
+def _weekday(year: int, month: int, day: int) -> int:
+    """Monday=0 weekday of a civil date (days-from-civil, valid for the Gregorian calendar)."""
+    y = year - 1 if month <= 2 else year
+    era = y // 400
+    yoe = y - era * 400
+    mp = month - 3 if month > 2 else month + 9
+    doy = (153 * mp + 2) // 5 + day - 1
+    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    days = era * 146097 + doe - 719468  # days since 1970-01-01, a Thursday
+    return (days + 3) % 7
+
+
+@numba.njit(nogil=True, cache=True)
+def _tokenize(  # noqa: PLR0917 -- numba kernels take arrays positionally
+    data: U8,
+    a: int,
+    b: int,
+    delimiter: int,
+    num_columns: int,
+    min_columns: int,
+    kinds: npt.NDArray[np.int8],
+    slots: npt.NDArray[np.int32],
+    slots2: npt.NDArray[np.int32],
+    separators: npt.NDArray[np.uint8],
+    line_slots: npt.NDArray[np.int32],
+    line_keys: npt.NDArray[np.uint64],
+) -> tuple[int, int, int]:
+    """(keys, status, label) of the line ``data[a:b]``."""
+    m = 0
+    label = -1
+    col = 0
+    start = a
+    i = a
+    while True:
+        if i == b or data[i] == delimiter:
+            if col < kinds.shape[0]:
+                kind = kinds[col]
+                slot = slots[col]
+                if kind == CATEGORICAL:
+                    line_slots[m] = slot
+                    line_keys[m] = sign_of(slot, hash_bytes(data, start, i))
+                    m += 1
+                elif kind == LABEL:
+                    label = parse_label(data, start, i)
+                    if label < 0:
+                        return 0, BAD_LABEL, 0
+                elif kind == BUCKET:
+                    value = MISSING_VALUE
+                    if i > start:
+                        ok, v = parse_int(data, start, i)
+                        if not ok:
+                            return 0, BAD_NUMBER, 0
+                        value = np.uint64(np.int64(bucket(v)))
+                    line_slots[m] = slot
+                    line_keys[m] = sign_of(slot, value)
+                    m += 1
+                elif kind == MULTI:
+                    piece = start
+                    for j in range(start, i + 1):
+                        if j == i or data[j] == separators[col]:
+                            if j > piece:
+                                line_slots[m] = slot
+                                line_keys[m] = sign_of(slot, hash_bytes(data, piece, j))
+                                m += 1
+                            piece = j + 1
+                elif kind == HOUR:
+                    ok, v = parse_int(data, start, i)
+                    if not ok or i - start != 8:
+                        return 0, BAD_NUMBER, 0
+                    hour = v % 100
+                    dd = (v // 100) % 100
+                    mm = (v // 10000) % 100
+                    yy = v // 1000000
+                    if hour > 23 or mm < 1 or mm > 12 or dd < 1 or dd > 31:
+                        return 0, BAD_NUMBER, 0
+                    line_slots[m] = slot
+                    line_keys[m] = sign_of(slot, np.uint64(hour))
+                    m += 1
+                    line_slots[m] = slots2[col]
+                    line_keys[m] = sign_of(slots2[col], np.uint64(_weekday(2000 + yy, mm, dd)))
+                    m += 1
+            col += 1
+            if i == b:
+                break
+            start = i + 1
+        i += 1
+    if (num_columns >= 0 and col != num_columns) or col < min_columns:
+        return 0, BAD_COLUMNS, 0
+    if label < 0:
+        return 0, MISSING_LABEL, 0
+    return m, OK, label
+
+
+@numba.njit(nogil=True, cache=True)
+def _kernel(  # noqa: PLR0917 -- numba kernels take arrays positionally
+    data: U8,
+    first_line: int,
+    delimiter: int,
+    num_columns: int,
+    min_columns: int,
+    kinds: npt.NDArray[np.int8],
+    slots: npt.NDArray[np.int32],
+    slots2: npt.NDArray[np.int32],
+    separators: npt.NDArray[np.uint8],
+    num_slots: int,
+    labels: npt.NDArray[np.float32],
+    keys: npt.NDArray[np.uint64],
+    offsets: npt.NDArray[np.int64],
+    bad_lines: npt.NDArray[np.int64],
+    bad_reasons: npt.NDArray[np.int8],
+    stats: npt.NDArray[np.int64],
+) -> None:
+    n = data.shape[0]
+    scratch = max_line_length(data) + 2
+    line_slots = np.empty(scratch, dtype=np.int32)
+    line_keys = np.empty(scratch, dtype=np.uint64)
+    counts = np.empty(num_slots, dtype=np.int64)
+    pos = 0
+    ne = 0
+    nk = 0
+    nlines = 0
+    nbad = 0
+    phys = 0
+    while pos < n:
+        end = pos
+        while end < n and data[end] != 10:
+            end += 1
+        stop = end
+        if stop > pos and data[stop - 1] == 13:
+            stop -= 1
+        nxt = end + 1 if end < n else n
+        if stop == pos:
+            pos = nxt
+            phys += 1
+            continue
+        m, status, label = _tokenize(
+            data,
+            pos,
+            stop,
+            delimiter,
+            num_columns,
+            min_columns,
+            kinds,
+            slots,
+            slots2,
+            separators,
+            line_slots,
+            line_keys,
+        )
+        if status == OK:
+            if nk + m > keys.shape[0]:
+                break
+            labels[ne] = label
+            nk = commit_line(line_slots, line_keys, m, num_slots, counts, keys, nk, offsets, ne)
+            ne += 1
+        else:
+            bad_lines[nbad] = first_line + phys
+            bad_reasons[nbad] = status
+            nbad += 1
+        nlines += 1
+        phys += 1
+        pos = nxt
+    stats[0] = ne
+    stats[1] = nk
+    stats[2] = nlines
+    stats[3] = nbad
+    stats[4] = pos
+    stats[5] = phys

@@ -1,0 +1,239 @@
+"""libSVM / libFM / libFFM lines: ``label idx:val …`` or ``label field:idx:val …``.
+
+The label is a number (> 0 → click, so libSVM's ``+1``/``-1`` work). A feature index becomes
+a token of value ``idx`` (an integer, see ``hashing``) in a slot chosen by:
+
+- the field of a ``field:idx:val`` token (``0 <= field < num_slots``), else
+- the ``fieldMap`` file (iPinYou's ``featindex``: ``field:value<TAB>index`` lines): an index
+  not in the map makes the line bad (the map does not match the data), an index whose field
+  is not a configured slot is dropped, else
+- slot 0 when there is a single slot.
+
+A feature whose value parses as zero is absent (libSVM's sparse convention); other values
+are not kept (``Batch`` has no per-key weights): features are treated as binary. Fields
+become slots in the order of ``slots`` when configured, else in first-appearance order of
+the map file.
+"""
+
+from __future__ import annotations
+
+import fsspec
+import numba
+import numpy as np
+import numpy.typing as npt
+
+from streamtrain_worker.data.config import DataConfig
+from streamtrain_worker.data.errors import DataConfigError
+from streamtrain_worker.data.formats.kernel import (
+    BAD_LABEL,
+    BAD_NUMBER,
+    BAD_TOKEN,
+    MISSING_LABEL,
+    OK,
+    U8,
+    UNKNOWN_FEATURE,
+    ParsedBlock,
+    commit_line,
+    find_sorted,
+    max_line_length,
+    parse_int,
+    parse_label,
+    parse_number,
+    parse_uint64,
+    run_kernel,
+)
+from streamtrain_worker.data.hashing import sign_of
+
+
+def load_field_map(url: str) -> tuple[list[str], dict[str, list[int]]]:
+    """Fields in first-appearance order and their feature indices, from a featindex file."""
+    fields: dict[str, list[int]] = {}
+    with fsspec.open(url, "rt", encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            text = line.rstrip("\r\n")
+            if not text:
+                continue
+            name_value, sep, index = text.rpartition("\t")
+            field = name_value.split(":", 1)[0]
+            if not sep or not field or not index.strip().isdigit():
+                raise DataConfigError(
+                    f"data.fieldMap: {url} line {number} is not field:value<TAB>index"
+                )
+            fields.setdefault(field, []).append(int(index))
+    return list(fields), fields
+
+
+class LibsvmFormat:
+    """libSVM/FM/FFM lines with an optional feature-index → field map."""
+
+    has_header = False
+
+    def __init__(self, config: DataConfig) -> None:
+        map_keys = np.zeros(0, dtype=np.uint64)
+        map_slots = np.zeros(0, dtype=np.int32)
+        has_map = config.fieldMap is not None
+        names: tuple[str, ...] = config.slot_names
+        if config.fieldMap is not None:
+            order, indices = load_field_map(config.fieldMap)
+            names = config.slots if config.slots is not None else tuple(order)
+            if config.numSlots is not None and config.numSlots != len(names):
+                raise DataConfigError(
+                    f"data.numSlots: is {config.numSlots} but the field map gives {len(names)} "
+                    f"fields ({', '.join(names[:20])})"
+                )
+            slot_of = {name: i for i, name in enumerate(names)}
+            keys = np.concatenate([np.asarray(v, dtype=np.uint64) for v in indices.values()])
+            slots = np.concatenate(
+                [np.full(len(v), slot_of.get(f, -1), dtype=np.int32) for f, v in indices.items()]
+            )
+            order_idx = np.argsort(keys, kind="stable")
+            map_keys, map_slots = keys[order_idx], slots[order_idx]
+            if np.any(map_keys[1:] == map_keys[:-1]):
+                raise DataConfigError(f"data.fieldMap: {config.fieldMap} maps an index twice")
+        self.slot_names = names
+        self.num_slots = len(names)
+        self._params = (map_keys, map_slots, has_map, self.num_slots)
+
+    def for_file(self, path: str, header: bytes | None) -> LibsvmFormat:
+        return self
+
+    def parse(self, block: U8, first_line: int) -> ParsedBlock:
+        return run_kernel(_kernel, self._params, block, first_line, self.num_slots)
+
+
+@numba.njit(nogil=True, cache=True)
+def _tokenize(  # noqa: PLR0917 -- numba kernels take arrays positionally
+    data: U8,
+    a: int,
+    b: int,
+    map_keys: npt.NDArray[np.uint64],
+    map_slots: npt.NDArray[np.int32],
+    has_map: bool,
+    num_slots: int,
+    line_slots: npt.NDArray[np.int32],
+    line_keys: npt.NDArray[np.uint64],
+) -> tuple[int, int, int]:
+    m = 0
+    label = -1
+    i = a
+    while i < b:
+        while i < b and (data[i] == 32 or data[i] == 9):
+            i += 1
+        if i >= b:
+            break
+        start = i
+        c1 = -1
+        c2 = -1
+        colons = 0
+        while i < b and data[i] != 32 and data[i] != 9:
+            if data[i] == 58:
+                colons += 1
+                if c1 < 0:
+                    c1 = i
+                else:
+                    c2 = i
+            i += 1
+        if label < 0:
+            if colons:
+                return 0, MISSING_LABEL, 0
+            label = parse_label(data, start, i)
+            if label < 0:
+                return 0, BAD_LABEL, 0
+            continue
+        if colons == 1:
+            ok, index = parse_uint64(data, start, c1)
+            value_at = c1 + 1
+        elif colons == 2:
+            ok, index = parse_uint64(data, c1 + 1, c2)
+            value_at = c2 + 1
+        else:
+            return 0, BAD_TOKEN, 0
+        if not ok:
+            return 0, BAD_NUMBER, 0
+        ok_value, value_sign = parse_number(data, value_at, i)
+        if not ok_value:
+            return 0, BAD_NUMBER, 0
+        if colons == 2:
+            ok_field, field = parse_int(data, start, c1)
+            if not ok_field or field < 0 or field >= num_slots:
+                return 0, BAD_TOKEN, 0
+            slot = field
+        elif has_map:
+            found = find_sorted(map_keys, index)
+            if found < 0:
+                return 0, UNKNOWN_FEATURE, 0
+            slot = map_slots[found]
+        elif num_slots == 1:
+            slot = 0
+        else:
+            return 0, BAD_TOKEN, 0
+        if value_sign == 0 or slot < 0:
+            continue
+        line_slots[m] = slot
+        line_keys[m] = sign_of(slot, index)
+        m += 1
+    if label < 0:
+        return 0, MISSING_LABEL, 0
+    return m, OK, label
+
+
+@numba.njit(nogil=True, cache=True)
+def _kernel(  # noqa: PLR0917 -- numba kernels take arrays positionally
+    data: U8,
+    first_line: int,
+    map_keys: npt.NDArray[np.uint64],
+    map_slots: npt.NDArray[np.int32],
+    has_map: bool,
+    num_slots: int,
+    labels: npt.NDArray[np.float32],
+    keys: npt.NDArray[np.uint64],
+    offsets: npt.NDArray[np.int64],
+    bad_lines: npt.NDArray[np.int64],
+    bad_reasons: npt.NDArray[np.int8],
+    stats: npt.NDArray[np.int64],
+) -> None:
+    n = data.shape[0]
+    scratch = max_line_length(data) + 2
+    line_slots = np.empty(scratch, dtype=np.int32)
+    line_keys = np.empty(scratch, dtype=np.uint64)
+    counts = np.empty(num_slots, dtype=np.int64)
+    pos = 0
+    ne = 0
+    nk = 0
+    nlines = 0
+    nbad = 0
+    phys = 0
+    while pos < n:
+        end = pos
+        while end < n and data[end] != 10:
+            end += 1
+        stop = end
+        while stop > pos and (data[stop - 1] == 13 or data[stop - 1] == 32):
+            stop -= 1
+        nxt = end + 1 if end < n else n
+        if stop == pos:
+            pos = nxt
+            phys += 1
+            continue
+        m, status, label = _tokenize(
+            data, pos, stop, map_keys, map_slots, has_map, num_slots, line_slots, line_keys
+        )
+        if status == OK:
+            if nk + m > keys.shape[0]:
+                break
+            labels[ne] = label
+            nk = commit_line(line_slots, line_keys, m, num_slots, counts, keys, nk, offsets, ne)
+            ne += 1
+        else:
+            bad_lines[nbad] = first_line + phys
+            bad_reasons[nbad] = status
+            nbad += 1
+        nlines += 1
+        phys += 1
+        pos = nxt
+    stats[0] = ne
+    stats[1] = nk
+    stats[2] = nlines
+    stats[3] = nbad
+    stats[4] = pos
+    stats[5] = phys
