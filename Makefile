@@ -65,7 +65,28 @@ bench-load: $(STAMP) ## Concurrent clients against 2 PS shards
 demo: $(STAMP) ## Run the demo job on the embedded default (local processes)
 	$(PY) -m streamtrain_ps.demo
 
+crds: $(STAMP) ## Regenerate the CRD, the chart's copy and docs/crd-reference.md from spec.py
+	$(PY) -m streamtrain_operator.crdgen
+
+crds-check: $(STAMP) ## Fail if the committed CRD files differ from a fresh generation
+	$(PY) -m streamtrain_operator.crdgen --check
+
+IMAGE_TAG ?= 0.1.0
+IMAGE_PREFIX ?= streamtrain
+images: ## Build the ps, operator and worker images (docker, else buildah)
+	@if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then B="docker build"; \
+	elif command -v buildah >/dev/null 2>&1; then B="buildah bud --layers"; \
+	else echo "make images: neither a running docker daemon nor buildah found; install one (e.g. apt-get install buildah)" >&2; exit 1; fi; \
+	set -x; \
+	$$B -f Dockerfile.ps --target ps -t $(IMAGE_PREFIX)-ps:$(IMAGE_TAG) . && \
+	$$B -f Dockerfile.ps --target operator -t $(IMAGE_PREFIX)-operator:$(IMAGE_TAG) . && \
+	$$B -f Dockerfile.worker -t $(IMAGE_PREFIX)-worker:$(IMAGE_TAG) .
+
+lint-manifests: $(STAMP) ## hadolint the Dockerfiles; lint the chart and validate every rendered manifest
+	$(VENV)/bin/hadolint Dockerfile.ps Dockerfile.worker
+	$(PY) -m pytest -q tests/contract/test_chart.py tests/contract/test_manifests.py
+
 clean: ## Remove caches and demo output (keeps .venv)
 	rm -rf .pytest_cache .mypy_cache .ruff_cache demo-run
 
-.PHONY: help install proto proto-check lint fmt typecheck pytest test test-faults bench bench-ps bench-worker bench-e2e bench-load demo clean
+.PHONY: help install proto proto-check lint fmt typecheck pytest test test-faults bench bench-ps bench-worker bench-e2e bench-load demo crds crds-check images lint-manifests clean
