@@ -1,0 +1,473 @@
+"""Save files, the manifest, and reading them back — the PS's only storage I/O.
+
+Layout of a save at ``uri`` (any fsspec URL)::
+
+    uri/MANIFEST.json                                  written LAST, lists every file below
+    uri/data-s000-<token>/sparse/<table>/part-00003.bin  one per logical shard per table
+    uri/data-s000-<token>/dense/<name>.bin              mode 0 only
+
+Each shard writes into its own fresh ``data-*`` directory, so a new save to the same URI
+never touches the files the current manifest lists: until ``publish`` replaces
+``MANIFEST.json`` (one atomic rename on local disks, one PUT on object stores) readers see
+the previous save, complete. After publishing, ``data-*`` directories the new manifest does
+not reference are removed.
+
+A part file is ``MAGIC | uint32 header length | JSON header | raw little-endian arrays``;
+the header names each array with dtype, shape and offset and repeats what the part is
+(table, logical shard, mode, columns), so a misplaced file is caught, not loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import struct
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+import numpy as np
+import numpy.typing as npt
+from fsspec.implementations.local import LocalFileSystem
+
+from streamtrain_ps.accessor import RowLayout, rows_from_inference
+from streamtrain_ps.api import SavedFile, SaveMode, SaveResult
+from streamtrain_ps.config import PSConfig
+from streamtrain_ps.dense import DenseState
+from streamtrain_ps.errors import CheckpointError
+from streamtrain_ps.sharding import owned_logical_shards, server_of_dense
+
+MAGIC = b"STPSPART"
+MANIFEST = "MANIFEST.json"
+FORMAT = "streamtrain-ps-save"
+FORMAT_VERSION = 1
+_DTYPES: dict[str, np.dtype[Any]] = {
+    "<u8": np.dtype("<u8"),
+    "<f4": np.dtype("<f4"),
+    "<i8": np.dtype("<i8"),
+}
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
+_SPARSE_PATH = re.compile(r"(?P<dir>data-[^/]+)/sparse/(?P<table>[^/]+)/part-(?P<ls>\d{5})\.bin")
+_DENSE_PATH = re.compile(r"(?P<dir>data-[^/]+)/dense/(?P<name>[^/]+)\.bin")
+
+
+# -- names and paths ----------------------------------------------------------------------
+
+
+def encode_name(name: str) -> str:
+    """A table or vector name as one safe path component (hex-escaped if needed)."""
+    if _SAFE_NAME.fullmatch(name):
+        return name
+    return "~" + name.encode().hex()
+
+
+def decode_name(component: str) -> str:
+    return bytes.fromhex(component[1:]).decode() if component.startswith("~") else component
+
+
+def sparse_path(data_dir: str, table: str, logical: int) -> str:
+    return f"{data_dir}/sparse/{encode_name(table)}/part-{logical:05d}.bin"
+
+
+def dense_path(data_dir: str, name: str) -> str:
+    return f"{data_dir}/dense/{encode_name(name)}.bin"
+
+
+def new_data_dir(shard_index: int) -> str:
+    return f"data-s{shard_index:03d}-{uuid.uuid4().hex[:12]}"
+
+
+# -- the part codec -----------------------------------------------------------------------
+
+
+def encode_part(header: Mapping[str, Any], arrays: Mapping[str, npt.NDArray[Any]]) -> bytes:
+    """Serialise a header and named arrays (little-endian, C order)."""
+    specs = []
+    blobs = []
+    offset = 0
+    for name, arr in arrays.items():
+        a = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<"))
+        specs.append({"name": name, "dtype": a.dtype.str, "shape": list(a.shape), "offset": offset})
+        blobs.append(a.tobytes())
+        offset += a.nbytes
+    head = json.dumps({**header, "arrays": specs}, sort_keys=True).encode()
+    return b"".join([MAGIC, struct.pack("<I", len(head)), head, *blobs])
+
+
+def decode_part(data: bytes, what: str) -> tuple[dict[str, Any], dict[str, npt.NDArray[Any]]]:
+    """Inverse of ``encode_part``; any inconsistency is a ``CheckpointError`` naming ``what``."""
+    if len(data) < len(MAGIC) + 4 or not data.startswith(MAGIC):
+        raise CheckpointError(f"{what}: not a streamtrain part file")
+    (hlen,) = struct.unpack_from("<I", data, len(MAGIC))
+    start = len(MAGIC) + 4
+    try:
+        header = json.loads(data[start : start + hlen])
+        body = memoryview(data)[start + hlen :]
+        arrays: dict[str, npt.NDArray[Any]] = {}
+        for spec in header["arrays"]:
+            dtype = _DTYPES[spec["dtype"]]
+            shape = tuple(int(s) for s in spec["shape"])
+            count = int(np.prod(shape, dtype=np.int64))
+            off = int(spec["offset"])
+            if off < 0 or off + count * dtype.itemsize > len(body):
+                raise ValueError(f"array {spec['name']} runs past the end of the file")
+            arr = np.frombuffer(body, dtype=dtype, count=count, offset=off).reshape(shape)
+            arrays[str(spec["name"])] = arr.astype(dtype.newbyteorder("="))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{what}: malformed part file: {exc}") from exc
+    return header, arrays
+
+
+# -- writing --------------------------------------------------------------------------------
+
+
+def _fs(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    try:
+        fs, root = fsspec.core.url_to_fs(uri)
+    except (ValueError, ImportError) as exc:
+        raise CheckpointError(f"{uri}: unsupported URL: {exc}") from exc
+    return fs, root.rstrip("/")
+
+
+def _write(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
+    """Write ``data`` to ``path``: temp file + rename on local disks, one PUT elsewhere."""
+    parent = path.rsplit("/", 1)[0]
+    fs.makedirs(parent, exist_ok=True)
+    if isinstance(fs, LocalFileSystem):
+        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    else:
+        fs.pipe_file(path, data)
+
+
+class PartWriter:
+    """Writes the files of one shard's save into a fresh data directory under ``uri``."""
+
+    def __init__(self, uri: str, shard_index: int) -> None:
+        self.uri = uri
+        self.fs, self.root = _fs(uri)
+        self.data_dir = new_data_dir(shard_index)
+
+    def write(self, relpath: str, data: bytes, rows: int) -> SavedFile:
+        _write(self.fs, f"{self.root}/{relpath}", data)
+        return SavedFile(
+            path=relpath, size=len(data), sha256=hashlib.sha256(data).hexdigest(), rows=rows
+        )
+
+
+# -- publishing -----------------------------------------------------------------------------
+
+
+def _parse_path(path: str) -> dict[str, Any]:
+    m = _SPARSE_PATH.fullmatch(path)
+    if m:
+        return {"kind": "sparse", "table": decode_name(m["table"]), "logicalShard": int(m["ls"])}
+    m = _DENSE_PATH.fullmatch(path)
+    if m:
+        return {"kind": "dense", "name": decode_name(m["name"])}
+    raise CheckpointError(f"{path}: not a part path written by a shard")
+
+
+def _read(fs: fsspec.AbstractFileSystem, path: str, what: str) -> bytes:
+    try:
+        data: bytes = fs.cat_file(path)
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"{what}: missing ({path})") from exc
+    except OSError as exc:
+        raise CheckpointError(f"{what}: cannot read {path}: {exc}") from exc
+    return data
+
+
+def publish(
+    uri: str,
+    results: Sequence[SaveResult],
+    meta: Mapping[str, Any] | None = None,
+    *,
+    config: PSConfig | None = None,
+    gc: bool = True,
+) -> dict[str, Any]:
+    """Write ``MANIFEST.json`` for the shards' ``results`` (call after every shard saved).
+
+    Refuses (``CheckpointError``, nothing written) unless the results agree on the mode and
+    cover every logical shard of every table exactly once. Table dimensions come from
+    ``config`` or, without it, from each table's first part header. Returns the manifest.
+    """
+    if not results:
+        raise CheckpointError(f"{uri}: nothing to publish")
+    modes = {SaveMode(r.mode) for r in results}
+    if len(modes) != 1:
+        raise CheckpointError(f"{uri}: shards saved different modes {sorted(modes)}")
+    mode = modes.pop()
+    fs, root = _fs(uri)
+    files: list[dict[str, Any]] = []
+    for r in results:
+        for saved in r.files:
+            files.append(
+                {
+                    **_parse_path(saved.path),
+                    "path": saved.path,
+                    "size": saved.size,
+                    "sha256": saved.sha256,
+                    "rows": saved.rows,
+                }
+            )
+    tables: dict[str, dict[str, Any]] = {}
+    dense: dict[str, dict[str, Any]] = {}
+    for f in files:
+        if f["kind"] == "dense":
+            if f["name"] in dense:
+                raise CheckpointError(f"{uri}: dense vector {f['name']!r} saved twice")
+            dense[f["name"]] = {"path": f["path"], "size": f["rows"]}
+            continue
+        t = tables.setdefault(f["table"], {"parts": {}, "rows": 0})
+        if f["logicalShard"] in t["parts"]:
+            raise CheckpointError(
+                f"{uri}: table {f['table']!r} part {f['logicalShard']} saved twice"
+            )
+        t["parts"][f["logicalShard"]] = f["path"]
+        t["rows"] += f["rows"]
+    logical = config.logicalShards if config is not None else None
+    for name, t in tables.items():
+        first = min(t["parts"])
+        if config is not None:
+            tc = config.table(name)
+            info = {"embedxDim": tc.embedxDim, "optimizer": tc.optimizer.type}
+        else:
+            header, _ = decode_part(_read(fs, f"{root}/{t['parts'][first]}", name), name)
+            info = {"embedxDim": header["embedxDim"], "optimizer": header["optimizer"]}
+            logical = int(header["logicalShards"])
+        assert logical is not None
+        missing = sorted(set(range(logical)) - set(t["parts"]))
+        if missing or len(t["parts"]) != logical:
+            raise CheckpointError(
+                f"{uri}: table {name!r} is incomplete: missing logical shards {missing[:10]}"
+            )
+        tables[name] = {**info, "rows": t["rows"], "parts": logical}
+    manifest = {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "mode": int(mode),
+        "modeName": mode.name.lower(),
+        "logicalShards": logical if logical is not None else 0,
+        "tables": tables,
+        "dense": dense,
+        "files": files,
+        "keysSaved": sum(r.keys_saved for r in results),
+        "tombstones": sum(r.tombstones for r in results),
+        "createdAt": time.time(),
+        "meta": dict(meta or {}),
+    }
+    try:
+        _write(fs, f"{root}/{MANIFEST}", json.dumps(manifest, indent=1, sort_keys=True).encode())
+    except OSError as exc:
+        raise CheckpointError(f"{uri}: cannot write {MANIFEST}: {exc}") from exc
+    if gc:
+        _collect_garbage(fs, root, {f["path"].split("/", 1)[0] for f in files})
+    return manifest
+
+
+def _collect_garbage(fs: fsspec.AbstractFileSystem, root: str, keep: set[str]) -> None:
+    """Remove ``data-*`` directories of earlier or failed saves (best effort)."""
+    try:
+        entries = fs.ls(root, detail=False)
+    except OSError:
+        return
+    for entry in entries:
+        base = str(entry).rstrip("/").rsplit("/", 1)[-1]
+        if base.startswith("data-") and base not in keep:
+            try:
+                fs.rm(f"{root}/{base}", recursive=True)
+            except OSError:
+                continue
+
+
+# -- reading --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A parsed ``MANIFEST.json``."""
+
+    uri: str
+    mode: SaveMode
+    logical_shards: int
+    tables: dict[str, dict[str, Any]]
+    dense: dict[str, dict[str, Any]]
+    files: dict[str, dict[str, Any]]  # by path
+    meta: dict[str, Any]
+
+    def sparse_part(self, table: str, logical: int) -> dict[str, Any]:
+        for f in self.files.values():
+            if f["kind"] == "sparse" and f["table"] == table and f["logicalShard"] == logical:
+                return f
+        raise CheckpointError(f"{self.uri}: manifest lists no part {logical} of table {table!r}")
+
+
+def read_manifest(uri: str) -> Manifest:
+    """Parse and sanity-check ``uri/MANIFEST.json`` (a save without one does not exist)."""
+    fs, root = _fs(uri)
+    raw = _read(fs, f"{root}/{MANIFEST}", f"{uri}: {MANIFEST}")
+    try:
+        m = json.loads(raw)
+        if m.get("format") != FORMAT or m.get("version") != FORMAT_VERSION:
+            raise ValueError(f"unknown format {m.get('format')!r} version {m.get('version')!r}")
+        files = {f["path"]: f for f in m["files"]}
+        return Manifest(
+            uri=uri,
+            mode=SaveMode(int(m["mode"])),
+            logical_shards=int(m["logicalShards"]),
+            tables=dict(m["tables"]),
+            dense=dict(m["dense"]),
+            files=files,
+            meta=dict(m.get("meta", {})),
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{uri}: malformed {MANIFEST}: {exc}") from exc
+
+
+def read_verified(
+    manifest: Manifest, entry: Mapping[str, Any]
+) -> tuple[dict[str, Any], dict[str, npt.NDArray[Any]]]:
+    """Read one listed file, check size and sha256 against the manifest, and decode it."""
+    fs, root = _fs(manifest.uri)
+    path = entry["path"]
+    data = _read(fs, f"{root}/{path}", f"{manifest.uri}: {path}")
+    if len(data) != entry["size"] or hashlib.sha256(data).hexdigest() != entry["sha256"]:
+        raise CheckpointError(f"{manifest.uri}: {path}: checksum mismatch (corrupt or replaced)")
+    header, arrays = decode_part(data, f"{manifest.uri}: {path}")
+    if header.get("mode") != int(manifest.mode):
+        raise CheckpointError(f"{manifest.uri}: {path}: mode {header.get('mode')} != manifest")
+    return header, arrays
+
+
+def read_sparse(
+    uri: str, table: str
+) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32], npt.NDArray[np.uint64]]:
+    """All of ``table`` in an inference save (modes 1-3): keys, values, tombstones.
+
+    ``values`` rows are ``[show, click, embed_w, embedx_w...]``; tombstones (delta saves
+    only) are keys to delete from the previous model. Checksums are verified.
+    """
+    m = read_manifest(uri)
+    if m.mode == SaveMode.CHECKPOINT:
+        raise CheckpointError(f"{uri}: a mode 0 checkpoint holds training state, not a model")
+    if table not in m.tables:
+        raise CheckpointError(f"{uri}: no table {table!r} (has {sorted(m.tables)})")
+    dim = int(m.tables[table]["embedxDim"]) + 3
+    keys, values, tombs = [], [], []
+    for logical in range(m.logical_shards):
+        _, arrays = read_verified(m, m.sparse_part(table, logical))
+        keys.append(arrays["keys"])
+        values.append(arrays["values"].reshape(-1, dim))
+        tombs.append(arrays["tombstones"])
+    return np.concatenate(keys), np.concatenate(values), np.concatenate(tombs)
+
+
+def read_dense(uri: str) -> dict[str, npt.NDArray[np.float32]]:
+    """The dense vectors of a mode 0 checkpoint, by name."""
+    m = read_manifest(uri)
+    out = {}
+    for name, info in m.dense.items():
+        _, arrays = read_verified(m, m.files[info["path"]])
+        out[name] = arrays["values"].astype(np.float32)
+    return out
+
+
+# -- loading into a shard ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Payload:
+    """What one shard loads, fully parsed and verified before anything is swapped in.
+
+    ``tables`` maps each table to (keys, full rows, pending tombstones); ``dense`` is None
+    when the save has no dense vectors (modes 1-3), i.e. the shard keeps its own.
+    """
+
+    tables: dict[
+        str, tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32], npt.NDArray[np.uint64]]
+    ]
+    dense: dict[str, DenseState] | None
+
+
+def load_payload(uri: str, config: PSConfig, shard_index: int, num_shards: int) -> Payload:
+    """Read the logical shards ``shard_index`` of ``num_shards`` owns from the save at ``uri``.
+
+    Mode 0 restores the full state (optimizer slots, dense vectors, tombstones); modes 2/3
+    warm-start from inference values with fresh optimizer state; a delta (mode 1) is not a
+    complete model and is refused.
+    """
+    m = read_manifest(uri)
+    if m.mode == SaveMode.DELTA:
+        raise CheckpointError(f"{uri}: a delta is not a complete model; load a base or checkpoint")
+    if m.logical_shards != config.logicalShards:
+        raise CheckpointError(
+            f"{uri}: saved with logicalShards={m.logical_shards}, this job uses "
+            f"{config.logicalShards}; keys would be routed to the wrong servers"
+        )
+    owned = owned_logical_shards(shard_index, num_shards, config.logicalShards)
+    tables = {}
+    for tc in config.tables:
+        info = m.tables.get(tc.name)
+        if info is None:
+            raise CheckpointError(f"{uri}: has no table {tc.name!r} (has {sorted(m.tables)})")
+        if int(info["embedxDim"]) != tc.embedxDim:
+            raise CheckpointError(
+                f"{uri}: table {tc.name!r} has embedxDim {info['embedxDim']}, config {tc.embedxDim}"
+            )
+        if m.mode == SaveMode.CHECKPOINT and info["optimizer"] != tc.optimizer.type:
+            raise CheckpointError(
+                f"{uri}: table {tc.name!r} was trained with {info['optimizer']}, "
+                f"config says {tc.optimizer.type}; optimizer state would not fit"
+            )
+        layout = RowLayout.of(tc)
+        keys, rows, tombs = [], [], []
+        for logical in owned:
+            what = f"{uri}: table {tc.name!r} part {logical}"
+            header, arrays = read_verified(m, m.sparse_part(tc.name, logical))
+            if header.get("table") != tc.name or header.get("logicalShard") != logical:
+                raise CheckpointError(
+                    f"{what}: header says {header.get('table')!r}/{header.get('logicalShard')}"
+                )
+            k = arrays["keys"]
+            if m.mode == SaveMode.CHECKPOINT:
+                if header.get("columns") != layout.columns():
+                    raise CheckpointError(f"{what}: row columns differ from this table's layout")
+                r = arrays["values"].reshape(k.size, layout.width)
+            else:
+                r = rows_from_inference(arrays["values"].reshape(k.size, layout.pull_dim), tc)
+            keys.append(k)
+            rows.append(r.astype(np.float32))
+            tombs.append(arrays["tombstones"])
+        all_keys = np.concatenate(keys) if keys else np.empty(0, dtype=np.uint64)
+        if np.unique(all_keys).size != all_keys.size:
+            raise CheckpointError(f"{uri}: table {tc.name!r} lists a key twice")
+        tables[tc.name] = (
+            all_keys,
+            np.concatenate(rows) if rows else np.empty((0, layout.width), dtype=np.float32),
+            np.concatenate(tombs) if tombs else np.empty(0, dtype=np.uint64),
+        )
+    dense = None
+    if m.mode == SaveMode.CHECKPOINT:
+        dense = {}
+        for name, info in m.dense.items():
+            if server_of_dense(name, num_shards) != shard_index:
+                continue
+            header, arrays = read_verified(m, m.files[info["path"]])
+            dense[name] = DenseState(
+                values=arrays["values"].astype(np.float32),
+                m=arrays["m"].astype(np.float32),
+                v=arrays["v"].astype(np.float32),
+                step=int(header["step"]),
+                version=int(header["version"]),
+            )
+    return Payload(tables, dense)

@@ -1,0 +1,358 @@
+"""One parameter-server shard: its sparse tables, its dense vectors, validation, save/load.
+
+This is the object the gRPC servicer wraps (and ``LocalPS`` uses in-process). Every public
+method validates its arguments and raises only the ``streamtrain_ps.errors`` tree, so the
+servicer can map errors to status codes without knowing the engine. All methods are
+thread-safe; see ``streamtrain_ps.table`` for what concurrent pulls, pushes, saves and
+shrinks see of each other.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from streamtrain_ps import api, checkpoint, sharding
+from streamtrain_ps.accessor import DELTA, save_filter
+from streamtrain_ps.config import PSConfig
+from streamtrain_ps.dense import DenseStore
+from streamtrain_ps.errors import (
+    CheckpointError,
+    InvalidRequestError,
+    PSError,
+    RequestTooLargeError,
+    UnknownTableError,
+)
+from streamtrain_ps.table import BAD_CLICK, BAD_GRAD, BAD_SHOW, NOT_OWNED, SparseTable, merge_push
+
+
+@dataclass(frozen=True)
+class TableShardStats:
+    name: str
+    keys: int
+    expanded_keys: int
+    memory_bytes: int
+    admissions_total: int
+    evictions_total: int
+
+
+@dataclass(frozen=True)
+class ShardStats:
+    shard_index: int
+    num_shards: int
+    tables: tuple[TableShardStats, ...]
+    dense_names: tuple[str, ...]
+    last_save_seconds: float
+    last_load_seconds: float
+
+
+_NO_SLOTS = np.empty(0, dtype=np.uint32)
+
+
+class Shard:
+    """Shard ``shard_index`` of ``num_shards``: owns the logical shards
+    ``sharding.owned_logical_shards(shard_index, num_shards, config.logicalShards)``."""
+
+    def __init__(self, config: PSConfig, shard_index: int = 0, num_shards: int = 1) -> None:
+        if not 0 <= shard_index < num_shards:
+            raise ValueError(f"shard_index {shard_index} not in [0, {num_shards})")
+        self.config = config
+        self.shard_index = shard_index
+        self.num_shards = num_shards
+        self.owned = sharding.owned_logical_shards(shard_index, num_shards, config.logicalShards)
+        self._tables = {t.name: SparseTable(t, seed=config.seed) for t in config.tables}
+        self._dense = DenseStore(config.dense.optimizer)
+        self._last_save = 0.0
+        self._last_load = 0.0
+
+    # -- sparse -----------------------------------------------------------------------------
+
+    def pull_sparse(self, table: str, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]:
+        """Rows ``[show, click, embed_w, embedx_w...]``; unknown keys are zeros (not created)."""
+        t = self._table(table)
+        return t.pull(self._keys(keys))
+
+    def push_sparse(  # noqa: PLR0917 - the agreed Shard signature
+        self,
+        table: str,
+        keys: npt.NDArray[np.uint64],
+        grads: npt.NDArray[np.float32],
+        shows: npt.NDArray[np.float32],
+        clicks: npt.NDArray[np.float32],
+        slots: npt.NDArray[np.uint32] | None = None,
+    ) -> int:
+        """Apply one push (§4); returns the number of unique keys updated."""
+        t = self._table(table)
+        k = self._keys(keys)
+        n = k.size
+        g = _array(grads, "grads", np.float32, (n, t.layout.embedx_dim + 1))
+        s = _array(shows, "shows", np.float32, (n,))
+        c = _array(clicks, "clicks", np.float32, (n,))
+        sl = _NO_SLOTS if slots is None else _array(slots, "slots", np.uint32, (n,))
+        code, at, uk, ug, us, uc, usl = merge_push(
+            k, g, s, c, sl, self.config.logicalShards, self.num_shards, self.shard_index
+        )
+        if code == BAD_GRAD:
+            raise InvalidRequestError("grads", f"row {at} is not finite")
+        if code == BAD_SHOW:
+            raise InvalidRequestError("shows", f"entry {at} must be finite and >= 0, got {s[at]}")
+        if code == BAD_CLICK:
+            raise InvalidRequestError("clicks", f"entry {at} must be finite and >= 0, got {c[at]}")
+        if code == NOT_OWNED:
+            logical = int(sharding.logical_shard(k[at : at + 1], self.config.logicalShards)[0])
+            raise InvalidRequestError(
+                "keys",
+                f"key {int(k[at])} (logical shard {logical}) belongs to server "
+                f"{logical % self.num_shards} of {self.num_shards}, not {self.shard_index}",
+            )
+        t.push_merged(uk, ug, us, uc, None if slots is None else usl)
+        return int(uk.size)
+
+    # -- dense ------------------------------------------------------------------------------
+
+    def init_dense(
+        self, name: str, values: npt.NDArray[np.float32]
+    ) -> tuple[npt.NDArray[np.float32], int]:
+        """Create ``name`` from ``values`` unless it exists (first writer wins)."""
+        v = _array(values, "values", np.float32, None)
+        _finite(v, "values")
+        return self._dense.init(_name(name), v)
+
+    def pull_dense(self, name: str) -> tuple[npt.NDArray[np.float32], int]:
+        return self._dense.get(_name(name)).pull()
+
+    def push_dense(self, name: str, grads: npt.NDArray[np.float32]) -> int:
+        g = _array(grads, "grads", np.float32, None)
+        _finite(g, "grads")
+        return self._dense.push(_name(name), g)
+
+    # -- maintenance ------------------------------------------------------------------------
+
+    def shrink(self, table: str | None = None) -> api.ShrinkResult:
+        """Decay show/click and delete stale keys of one table (or all)."""
+        before = deleted = 0
+        for t in self._selected(table):
+            b, d = t.shrink()
+            before += b
+            deleted += d
+        return api.ShrinkResult(keys_before=before, deleted=deleted, keys_after=before - deleted)
+
+    def save(self, uri: str, mode: api.SaveMode | int, table: str | None = None) -> api.SaveResult:
+        """Write this shard's parts of a save (no manifest: the caller publishes it).
+
+        Modes 1 and 2 reset the saved keys' delta_score, mode 3 ages unseen_days, and 1/2
+        clear tombstones — only after every part was written, so a failed save changes
+        nothing. Dense vectors are written by mode 0 saves of all tables.
+        """
+        mode = _mode(mode)
+        if not isinstance(uri, str) or not uri:
+            raise InvalidRequestError("uri", "must be a non-empty fsspec URL")
+        tables = self._selected(table)
+        start = time.perf_counter()
+        try:
+            writer = checkpoint.PartWriter(uri, self.shard_index)
+            with ExitStack() as stack:
+                for t in tables:
+                    stack.enter_context(t.lock.maintenance)
+                files, effects, saved, tombs = self._write_tables(writer, tables, mode)
+                if mode == api.SaveMode.CHECKPOINT and table is None:
+                    files += self._write_dense(writer)
+                for t, rows, deltas in effects:
+                    if mode in (api.SaveMode.DELTA, api.SaveMode.BASE):
+                        t.after_save(rows, deltas, unseen_inc=False)
+                    elif mode == api.SaveMode.BATCH:
+                        t.after_save(rows, deltas, unseen_inc=True)
+                if mode in (api.SaveMode.DELTA, api.SaveMode.BASE):
+                    for t in tables:
+                        t.clear_tombstones()
+        except PSError:
+            raise
+        except Exception as exc:  # storage errors of any fsspec backend
+            raise CheckpointError(f"save to {uri} failed: {type(exc).__name__}: {exc}") from exc
+        seconds = time.perf_counter() - start
+        self._last_save = seconds
+        return api.SaveResult(uri, mode, tuple(files), saved, tombs, seconds)
+
+    def _write_tables(
+        self, writer: checkpoint.PartWriter, tables: list[SparseTable], mode: api.SaveMode
+    ) -> tuple[
+        list[api.SavedFile],
+        list[tuple[SparseTable, npt.NDArray[np.int64], npt.NDArray[np.float32]]],
+        int,
+        int,
+    ]:
+        L = self.config.logicalShards
+        files: list[api.SavedFile] = []
+        effects = []
+        saved = tomb_total = 0
+        for t in tables:
+            rows, offsets = t.rows_by_logical_shard(L)
+            with_tombs = mode in (api.SaveMode.CHECKPOINT, api.SaveMode.DELTA)
+            pending = t.tombstones() if with_tombs else np.empty(0, dtype=np.uint64)
+            pending_ls = sharding.logical_shard(pending, L)
+            lay = t.layout
+            for logical in self.owned:
+                part_rows = rows[offsets[logical] : offsets[logical + 1]]
+                keys, full = t.copy_rows(part_rows)
+                keep = save_filter(full, mode, t.config)
+                keys, full, part_rows = keys[keep], full[keep], part_rows[keep]
+                tomb = pending[pending_ls == logical]
+                if mode == api.SaveMode.DELTA:
+                    tomb = np.setdiff1d(tomb, keys)
+                values = (
+                    full if mode == api.SaveMode.CHECKPOINT else full[:, lay.inference_columns()]
+                )
+                header = {
+                    "kind": "sparse",
+                    "table": t.name,
+                    "logicalShard": logical,
+                    "logicalShards": L,
+                    "mode": int(mode),
+                    "embedxDim": lay.embedx_dim,
+                    "optimizer": t.config.optimizer.type,
+                    "columns": lay.columns()
+                    if mode == api.SaveMode.CHECKPOINT
+                    else ["show", "click", "embed_w"]
+                    + [f"embedx_w{j}" for j in range(lay.embedx_dim)],
+                }
+                data = checkpoint.encode_part(
+                    header, {"keys": keys, "values": values, "tombstones": tomb}
+                )
+                path = checkpoint.sparse_path(writer.data_dir, t.name, logical)
+                files.append(writer.write(path, data, rows=int(keys.size)))
+                effects.append((t, part_rows, full[:, DELTA].copy()))
+                saved += int(keys.size)
+                tomb_total += int(tomb.size)
+        return files, effects, saved, tomb_total
+
+    def _write_dense(self, writer: checkpoint.PartWriter) -> list[api.SavedFile]:
+        files = []
+        for name, st in self._dense.snapshot().items():
+            header = {
+                "kind": "dense",
+                "name": name,
+                "mode": 0,
+                "step": st.step,
+                "version": st.version,
+            }
+            data = checkpoint.encode_part(header, {"values": st.values, "m": st.m, "v": st.v})
+            files.append(
+                writer.write(
+                    checkpoint.dense_path(writer.data_dir, name), data, rows=st.values.size
+                )
+            )
+        return files
+
+    def load(self, uri: str) -> int:
+        """Replace this shard's content with its logical shards of a published save.
+
+        Everything is read, checksum-verified and parsed before anything is swapped in, so a
+        corrupt or incomplete save raises ``CheckpointError`` and leaves the shard as it was.
+        Returns the number of keys loaded.
+        """
+        if not isinstance(uri, str) or not uri:
+            raise InvalidRequestError("uri", "must be a non-empty fsspec URL")
+        start = time.perf_counter()
+        try:
+            payload = checkpoint.load_payload(uri, self.config, self.shard_index, self.num_shards)
+        except PSError:
+            raise
+        except Exception as exc:
+            raise CheckpointError(f"load from {uri} failed: {type(exc).__name__}: {exc}") from exc
+        tables = list(self._tables.values())
+        with ExitStack() as stack:
+            for t in tables:
+                stack.enter_context(t.lock.maintenance)
+            for t in tables:
+                keys, rows, tombs = payload.tables[t.name]
+                t.replace(keys, rows, tombs)
+            if payload.dense is not None:
+                self._dense.replace(payload.dense)
+        self._last_load = time.perf_counter() - start
+        return sum(int(v[0].size) for v in payload.tables.values())
+
+    def stats(self) -> ShardStats:
+        tables = tuple(
+            TableShardStats(
+                name=t.name,
+                keys=len(t),
+                expanded_keys=t.expanded_keys,
+                memory_bytes=t.memory_bytes(),
+                admissions_total=t.admissions_total,
+                evictions_total=t.evictions_total,
+            )
+            for t in self._tables.values()
+        )
+        return ShardStats(
+            shard_index=self.shard_index,
+            num_shards=self.num_shards,
+            tables=tables,
+            dense_names=self._dense.names(),
+            last_save_seconds=self._last_save,
+            last_load_seconds=self._last_load,
+        )
+
+    # -- validation -------------------------------------------------------------------------
+
+    def _table(self, name: str) -> SparseTable:
+        if not isinstance(name, str) or not name:
+            raise InvalidRequestError("table", "must name a sparse table")
+        t = self._tables.get(name)
+        if t is None:
+            raise UnknownTableError("table", name)
+        return t
+
+    def _selected(self, table: str | None) -> list[SparseTable]:
+        return list(self._tables.values()) if table is None else [self._table(table)]
+
+    def _keys(self, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+        k = _array(keys, "keys", np.uint64, None)
+        if k.ndim != 1:
+            raise InvalidRequestError("keys", f"must be 1-D, got shape {k.shape}")
+        if k.size > self.config.maxKeysPerRequest:
+            raise RequestTooLargeError(
+                f"keys: {k.size} keys exceed maxKeysPerRequest {self.config.maxKeysPerRequest}"
+            )
+        return k
+
+
+def _array(
+    value: object, field: str, dtype: type[np.generic], shape: tuple[int, ...] | None
+) -> npt.NDArray[Any]:
+    if not isinstance(value, np.ndarray):
+        raise InvalidRequestError(field, f"must be a numpy array, got {type(value).__name__}")
+    if value.dtype != dtype:
+        raise InvalidRequestError(
+            field, f"must have dtype {np.dtype(dtype).name}, got {value.dtype}"
+        )
+    if shape is None:
+        if value.ndim != 1:
+            raise InvalidRequestError(field, f"must be 1-D, got shape {value.shape}")
+    elif value.shape != shape:
+        raise InvalidRequestError(field, f"must have shape {shape}, got {value.shape}")
+    return np.ascontiguousarray(value)
+
+
+def _finite(values: npt.NDArray[np.float32], field: str) -> None:
+    if not np.isfinite(values).all():
+        raise InvalidRequestError(field, "must be finite")
+
+
+def _name(name: str) -> str:
+    if not isinstance(name, str) or not name:
+        raise InvalidRequestError("name", "must name a dense vector")
+    return name
+
+
+def _mode(mode: api.SaveMode | int) -> api.SaveMode:
+    try:
+        return api.SaveMode(int(mode))
+    except (ValueError, TypeError):
+        raise InvalidRequestError(
+            "mode", f"must be 0 (checkpoint), 1 (delta), 2 (base) or 3 (batch), got {mode!r}"
+        ) from None
