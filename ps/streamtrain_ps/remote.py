@@ -296,7 +296,7 @@ class RemotePS:
             "Save", [(i, req) for i in range(self.num_servers)], control=True
         )
         results = [save_result(uri, mode, r) for r in responses]
-        checkpoint.publish(uri, results, self._manifest_meta(mode))
+        checkpoint.publish(uri, results, self._manifest_meta(mode), config=self._config)
         return api.SaveResult(
             uri=uri,
             mode=mode,

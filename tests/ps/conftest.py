@@ -1,0 +1,161 @@
+"""Shared PS fixtures: real shards behind real gRPC servers on 127.0.0.1 port 0.
+
+``ps_cluster(n)`` starts ``n`` in-process servers (one ``Shard`` each) and stops them at
+teardown; ``spawn_ps(...)`` runs ``python -m streamtrain_ps`` as a subprocess and reads the
+bound port from its ``listening on`` line. Engine fixtures may be appended below.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+import streamtrain_ps
+from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
+from streamtrain_ps.remote import RemotePS, RetryPolicy
+from streamtrain_ps.server import PSServer
+from streamtrain_ps.shard import Shard
+
+PS_SOURCE_ROOT = Path(streamtrain_ps.__file__).resolve().parents[1]
+
+
+def small_config(**overrides: object) -> PSConfig:
+    """Two small tables; embedx admitted at once for ``embedding`` so pulls show values."""
+    base: dict[str, object] = {
+        "tables": (
+            TableConfig(
+                name="embedding",
+                embedxDim=4,
+                embedxThreshold=0.0,
+                optimizer=SparseOptimizerConfig(initialRange=0.01),
+            ),
+            TableConfig(name="other", embedxDim=2),
+        ),
+        "logicalShards": 16,
+    }
+    base.update(overrides)
+    return PSConfig(**base)  # type: ignore[arg-type]
+
+
+@dataclass
+class Cluster:
+    """In-process servers; ``shards[i]`` is what ``servers[i]`` serves."""
+
+    config: PSConfig
+    shards: list[Shard]
+    servers: list[PSServer]
+    clients: list[RemotePS] = field(default_factory=list)
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [s.address for s in self.servers]
+
+    def client(self, **kwargs: object) -> RemotePS:
+        kwargs.setdefault(
+            "retry", RetryPolicy(max_attempts=3, initial_backoff=0.01, total_seconds=5)
+        )
+        ps = RemotePS(self.endpoints, self.config, **kwargs)  # type: ignore[arg-type]
+        self.clients.append(ps)
+        ps.wait_ready(timeout=10)
+        return ps
+
+    def stop(self) -> None:
+        for c in self.clients:
+            c.close()
+        for s in self.servers:
+            s.close(grace=0)
+
+
+@pytest.fixture
+def ps_cluster() -> Iterator[Callable[..., Cluster]]:
+    """Factory: ``ps_cluster(n, config=None)`` -> a started ``Cluster`` of ``n`` servers."""
+    started: list[Cluster] = []
+
+    def start(n: int = 1, config: PSConfig | None = None, **server_kwargs: object) -> Cluster:
+        cfg = config or small_config()
+        shards = [Shard(cfg, shard_index=i, num_shards=n) for i in range(n)]
+        servers = [
+            PSServer(shard, cfg, shard_index=i, **server_kwargs)  # type: ignore[arg-type]
+            for i, shard in enumerate(shards)
+        ]
+        cluster = Cluster(cfg, shards, servers)
+        started.append(cluster)
+        for s in servers:
+            s.start()
+        return cluster
+
+    yield start
+    for cluster in started:
+        cluster.stop()
+
+
+@dataclass
+class SpawnedPS:
+    process: subprocess.Popen[str]
+    address: str
+    output: queue.Queue[str]
+
+    def lines_until(self, needle: str, timeout: float = 20.0) -> list[str]:
+        """Output lines up to and including the first one containing ``needle``."""
+        seen: list[str] = []
+        while True:
+            line = self.output.get(timeout=timeout)
+            seen.append(line)
+            if needle in line:
+                return seen
+
+
+def _pump(stream: object, out: queue.Queue[str]) -> None:
+    for line in stream:  # type: ignore[attr-defined]
+        out.put(line.rstrip("\n"))
+
+
+@pytest.fixture
+def spawn_ps(tmp_path: Path) -> Iterator[Callable[..., SpawnedPS]]:
+    """Factory: run ``python -m streamtrain_ps --port 0`` and wait for its address."""
+    procs: list[subprocess.Popen[str]] = []
+
+    def spawn(config: PSConfig | None = None, *extra: str, timeout: float = 60.0) -> SpawnedPS:
+        cfg_path = tmp_path / f"ps-{len(procs)}.json"
+        cfg_path.write_text((config or small_config()).to_json())
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(PS_SOURCE_ROOT), os.environ.get("PYTHONPATH", "")]),
+        }
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "streamtrain_ps",
+                "--port",
+                "0",
+                "--config",
+                str(cfg_path),
+                *extra,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        procs.append(proc)
+        out: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=_pump, args=(proc.stdout, out), daemon=True).start()
+        spawned = SpawnedPS(proc, "", out)
+        for line in spawned.lines_until("listening on ", timeout=timeout)[-1:]:
+            spawned.address = line.split("listening on ", 1)[1].split()[0]
+        return spawned
+
+    yield spawn
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)

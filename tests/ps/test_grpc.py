@@ -1,0 +1,283 @@
+"""RemotePS against real servers on 127.0.0.1: routing, dedup, merge, save/load across
+server counts, health, graceful SIGTERM, retries and error mapping."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import numpy as np
+import numpy.typing as npt
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from streamtrain_ps import api, sharding
+from streamtrain_ps.errors import (
+    InvalidRequestError,
+    PSUnavailableError,
+    RequestTooLargeError,
+    UnknownTableError,
+)
+from streamtrain_ps.proto import ps_pb2, ps_pb2_grpc
+from streamtrain_ps.remote import RemotePS, RetryPolicy
+from streamtrain_ps.server import SERVICE_NAME, PSServer
+from streamtrain_ps.shard import Shard
+
+from .conftest import Cluster, SpawnedPS, small_config
+
+DIM = 4  # embedxDim of small_config's "embedding" table
+
+
+def _push(
+    ps: RemotePS | Shard, keys: npt.NDArray[np.uint64], show: float = 1.0, click: float = 0.0
+) -> None:
+    n = keys.size
+    grads = np.tile(np.arange(1, DIM + 2, dtype=np.float32), (n, 1))
+    ps.push_sparse(
+        "embedding", keys, grads, np.full(n, show, np.float32), np.full(n, click, np.float32), None
+    )
+
+
+def test_keys_are_routed_to_their_server(ps_cluster: Callable[..., Cluster]) -> None:
+    cluster = ps_cluster(3)
+    ps = cluster.client()
+    keys = np.arange(1, 301, dtype=np.uint64) * np.uint64(7919)
+    _push(ps, keys)
+    owner = sharding.server_of_key(keys, cluster.config.logicalShards, 3)
+    for i, shard in enumerate(cluster.shards):
+        mine = keys[owner == i]
+        assert mine.size > 0
+        (table,) = [t for t in shard.stats().tables if t.name == "embedding"]
+        assert table.keys == mine.size
+        np.testing.assert_array_equal(shard.pull_sparse("embedding", mine)[:, 0], 1.0)
+    remote = ps.pull_sparse("embedding", keys)
+    assert remote.shape == (keys.size, 3 + DIM)
+    for i, shard in enumerate(cluster.shards):
+        np.testing.assert_array_equal(
+            remote[owner == i], shard.pull_sparse("embedding", keys[owner == i])
+        )
+    assert ps.stats().tables[0].keys == keys.size
+
+
+class SpyShard(Shard):
+    """A real shard that records the key counts it was asked for."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.pulled: list[int] = []
+        self.pushed: list[tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32]]] = []
+
+    def pull_sparse(self, table: str, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]:
+        self.pulled.append(int(keys.size))
+        return super().pull_sparse(table, keys)
+
+    def push_sparse(self, table, keys, grads, shows, clicks, slots=None):  # type: ignore[no-untyped-def]  # noqa: PLR0917
+        self.pushed.append((np.array(keys), np.array(shows)))
+        return super().push_sparse(table, keys, grads, shows, clicks, slots)
+
+
+def test_pull_dedups_and_push_merges_client_side() -> None:
+    cfg = small_config()
+    shard = SpyShard(cfg)
+    server = PSServer(shard, cfg)
+    server.start()
+    try:
+        with RemotePS([server.address], cfg) as ps:
+            keys = np.array([9, 3, 9, 9, 3, 11], dtype=np.uint64)
+            shows = np.array([1, 2, 3, 4, 5, 6], dtype=np.float32)
+            grads = np.ones((6, DIM + 1), np.float32)
+            ps.push_sparse("embedding", keys, grads, shows, np.zeros(6, np.float32))
+            (sent_keys, sent_shows), *_ = shard.pushed
+            assert sorted(sent_keys.tolist()) == [3, 9, 11]
+            assert dict(zip(sent_keys.tolist(), sent_shows.tolist(), strict=True)) == {
+                9: 8.0,
+                3: 7.0,
+                11: 6.0,
+            }
+            rows = ps.pull_sparse("embedding", keys)
+            assert shard.pulled == [3]
+            np.testing.assert_array_equal(rows[:, 0], [8, 7, 8, 8, 7, 6])
+            np.testing.assert_array_equal(rows[0], rows[2])
+            # unknown keys pull as zeros and are not created
+            assert not ps.pull_sparse("embedding", np.array([12345], np.uint64)).any()
+            assert ps.pull_sparse("embedding", np.array([], np.uint64)).shape == (0, 3 + DIM)
+    finally:
+        server.close(grace=0)
+
+
+def test_big_requests_are_chunked_within_limits(ps_cluster: Callable[..., Cluster]) -> None:
+    cluster = ps_cluster(2, small_config(maxKeysPerRequest=100, maxMessageBytes=4096))
+    ps = cluster.client(request_keys=10_000)
+    keys = np.arange(1, 2001, dtype=np.uint64)
+    _push(ps, keys)
+    rows = ps.pull_sparse("embedding", keys)
+    np.testing.assert_array_equal(rows[:, 0], 1.0)
+    assert ps.stats().tables[0].keys == 2000
+    pulls = sum(
+        s.registry.get_sample_value(
+            "streamtrain_ps_rpc_duration_seconds_count", {"method": "PullSparse", "shard": str(i)}
+        )
+        or 0
+        for i, s in enumerate(cluster.servers)
+    )
+    # 2000 keys at most 100 per request (and 4 KiB responses: 146 rows of 7 floats)
+    assert pulls >= 20
+
+
+def test_dense_vectors_route_by_name(ps_cluster: Callable[..., Cluster]) -> None:
+    cluster = ps_cluster(2)
+    ps = cluster.client()
+    for name in ("dnn.w", "dnn.b", "tower"):
+        init = np.arange(5, dtype=np.float32)
+        np.testing.assert_array_equal(ps.init_dense(name, init), init)
+        # first writer wins
+        np.testing.assert_array_equal(ps.init_dense(name, init + 1), init)
+        ps.push_dense(name, np.ones(5, np.float32))
+        after = ps.pull_dense(name)
+        assert after.shape == (5,)
+        assert (after < init).all()
+        owner = sharding.server_of_dense(name, 2)
+        assert name in cluster.shards[owner].stats().dense_names
+        assert name not in cluster.shards[1 - owner].stats().dense_names
+    assert set(ps.stats().dense_names) == {"dnn.w", "dnn.b", "tower"}
+
+
+def test_save_publish_load_into_a_different_server_count(
+    ps_cluster: Callable[..., Cluster], tmp_path: Path
+) -> None:
+    two = ps_cluster(2)
+    ps2 = two.client()
+    keys = np.arange(1, 501, dtype=np.uint64) * np.uint64(104729)
+    _push(ps2, keys, show=2.0, click=1.0)
+    ps2.init_dense("w", np.linspace(0, 1, 7, dtype=np.float32))
+    before = ps2.pull_sparse("embedding", keys)
+    uri = (tmp_path / "ckpt").as_uri()
+    result = ps2.save(uri, api.SaveMode.CHECKPOINT)
+    assert result.keys_saved == keys.size
+    assert result.files
+    three = ps_cluster(3)
+    ps3 = three.client()
+    assert ps3.load(uri) == keys.size
+    np.testing.assert_array_equal(ps3.pull_sparse("embedding", keys), before)
+    np.testing.assert_array_equal(ps3.pull_dense("w"), ps2.pull_dense("w"))
+    assert sum(s.stats().tables[0].keys for s in three.shards) == keys.size
+
+
+def test_health_reports_serving(ps_cluster: Callable[..., Cluster]) -> None:
+    cluster = ps_cluster(1)
+    with grpc.insecure_channel(cluster.endpoints[0]) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        for service in ("", SERVICE_NAME):
+            resp = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+            assert resp.status == health_pb2.HealthCheckResponse.SERVING
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Check(health_pb2.HealthCheckRequest(service="nope"), timeout=5)
+        assert info.value.code() is grpc.StatusCode.NOT_FOUND
+
+
+def test_errors_map_back_to_the_local_exception_classes(ps_cluster: Callable[..., Cluster]) -> None:
+    cluster = ps_cluster(1, small_config(maxKeysPerRequest=10))
+    ps = cluster.client()
+    local = Shard(cluster.config)
+    with pytest.raises(UnknownTableError) as unknown:
+        ps.pull_dense("missing")
+    with pytest.raises(UnknownTableError) as local_unknown:
+        local.pull_dense("missing")
+    assert (unknown.value.kind, unknown.value.name) == (local_unknown.value.kind, "missing")
+    assert str(unknown.value) == str(local_unknown.value)
+    ps.init_dense("w", np.zeros(3, np.float32))
+    local.init_dense("w", np.zeros(3, np.float32))
+    with pytest.raises(InvalidRequestError) as invalid:
+        ps.push_dense("w", np.zeros(4, np.float32))
+    with pytest.raises(InvalidRequestError) as local_invalid:
+        local.push_dense("w", np.zeros(4, np.float32))
+    assert invalid.value.field == local_invalid.value.field == "grads"
+    assert str(invalid.value) == str(local_invalid.value)
+    with pytest.raises(UnknownTableError):
+        ps.pull_sparse("missing", np.arange(3, dtype=np.uint64))
+    with grpc.insecure_channel(cluster.endpoints[0]) as channel:
+        stub = ps_pb2_grpc.ParameterServerStub(channel)
+        with pytest.raises(grpc.RpcError) as raw:
+            stub.PullSparse(
+                ps_pb2.PullSparseRequest(table="embedding", keys=bytes(8 * 11)), timeout=5
+            )
+        assert raw.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    # the client splits to respect maxKeysPerRequest, so a big pull still works
+    assert ps.pull_sparse("embedding", np.arange(25, dtype=np.uint64)).shape == (25, 3 + DIM)
+
+
+def test_oversized_message_is_rejected_by_grpc(ps_cluster: Callable[..., Cluster]) -> None:
+    cluster = ps_cluster(1, small_config(maxMessageBytes=4096))
+    with grpc.insecure_channel(cluster.endpoints[0]) as channel:
+        stub = ps_pb2_grpc.ParameterServerStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.PullSparse(
+                ps_pb2.PullSparseRequest(table="embedding", keys=bytes(8 * 1024)), timeout=5
+            )
+        assert info.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        ok = stub.PullSparse(ps_pb2.PullSparseRequest(table="embedding", keys=bytes(8)), timeout=5)
+        assert ok.dim == 3 + DIM
+    ps = cluster.client()
+    with pytest.raises(RequestTooLargeError):
+        ps.init_dense("big", np.zeros(2048, np.float32))
+
+
+def test_unavailable_is_retried_until_the_server_comes_back() -> None:
+    cfg = small_config()
+    shard = Shard(cfg)
+    first = PSServer(shard, cfg)
+    port = first.start()
+    first.close(grace=0)
+    retried = threading.Event()
+    policy = RetryPolicy(
+        max_attempts=1000, initial_backoff=0.01, max_backoff=0.05, total_seconds=60
+    )
+    ps = RemotePS([f"127.0.0.1:{port}"], cfg, retry=policy, on_retry=lambda *_: retried.set())
+    second = PSServer(shard, cfg, port=port)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(ps.pull_sparse, "embedding", np.arange(4, dtype=np.uint64))
+            assert retried.wait(timeout=30)
+            second.start()
+            assert pending.result(timeout=60).shape == (4, 3 + DIM)
+    finally:
+        ps.close()
+        second.close(grace=0)
+
+
+def test_unavailable_after_the_retry_budget_raises_ps_unavailable() -> None:
+    cfg = small_config()
+    server = PSServer(Shard(cfg), cfg)
+    port = server.start()
+    server.close(grace=0)
+    attempts: list[int] = []
+    policy = RetryPolicy(max_attempts=3, initial_backoff=0.01, max_backoff=0.02, total_seconds=10)
+    with (
+        RemotePS(
+            [f"127.0.0.1:{port}"],
+            cfg,
+            retry=policy,
+            on_retry=lambda _m, _e, n, _c: attempts.append(n),
+        ) as ps,
+        pytest.raises(PSUnavailableError, match="UNAVAILABLE after 3 attempts"),
+    ):
+        ps.pull_sparse("embedding", np.arange(4, dtype=np.uint64))
+    assert attempts == [1, 2]
+
+
+def test_subprocess_server_stops_gracefully_on_sigterm(spawn_ps: Callable[..., SpawnedPS]) -> None:
+    spawned = spawn_ps(small_config(), "--shard-index", "1", "--num-shards", "2")
+    cfg = small_config()
+    with RemotePS([spawned.address], cfg) as ps:
+        ps.wait_ready(timeout=20)
+        keys = np.arange(1, 40, dtype=np.uint64)
+        keys = keys[sharding.server_of_key(keys, cfg.logicalShards, 2) == 1]  # shard 1's keys
+        _push(ps, keys)
+        assert ps.pull_sparse("embedding", keys)[:, 0].tolist() == [1.0] * keys.size
+    spawned.process.send_signal(signal.SIGTERM)
+    assert spawned.process.wait(timeout=30) == 0
+    assert any("stopped" in line for line in spawned.lines_until("stopped", timeout=10))
