@@ -2,7 +2,7 @@
 
 Per batch the bridge works on the batch's *unique* keys only:
 
-1. ``prepare`` (may run in a prefetch thread): ``np.unique`` the keys, pull their rows
+1. ``prepare`` (may run in a prefetch thread): deduplicate the keys, pull their rows
    ``[show, click, embed_w, embedx...]`` once, and count per unique key its occurrences
    (show) and its occurrences in clicked examples (click) and its slot.
 2. ``lookup``: the pulled ``[embed_w, embedx...]`` block becomes a leaf tensor ``W`` of shape
@@ -36,6 +36,7 @@ import torch
 from torch.nn import functional as nnf
 
 from streamtrain_ps.api import PSLike
+from streamtrain_ps.dedup import unique_inverse
 from streamtrain_worker.data.batch import Batch
 
 
@@ -75,8 +76,8 @@ def count_keys(
 
 def prepare(batch: Batch, ps: PSLike, table: str, embedding_dim: int) -> PreparedBatch:
     """Deduplicate the batch's keys and pull their rows once (thread-safe, model-free)."""
-    unique_keys, inverse = np.unique(batch.keys, return_inverse=True)
-    inverse = inverse.astype(np.int64, copy=False).reshape(-1)
+    # A linear-time hash dedup (first-seen order), not np.unique's sort: ~5x cheaper.
+    unique_keys, inverse = unique_inverse(batch.keys)
     started = time.perf_counter()
     rows = ps.pull_sparse(table, unique_keys)
     pull_seconds = time.perf_counter() - started

@@ -1,0 +1,53 @@
+"""The worker's Prometheus series, registered on an injected registry.
+
+Names follow ARCHITECTURE.md §5: ``streamtrain_worker_`` prefix, ``_total`` counters,
+``_seconds`` durations. No pass/day labels (unbounded cardinality); the pass-level view
+comes from the scheduler's merged metrics.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+#: PS latencies span sub-millisecond in-process calls to seconds over a busy network.
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
+
+
+class WorkerMetrics:
+    """Counters, gauges and histograms of one worker process."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        prefix = "streamtrain_worker"
+        self.examples = Counter(
+            f"{prefix}_examples",
+            "Examples processed (tested, and trained when training)",
+            registry=registry,
+        )
+        self.batches = Counter(f"{prefix}_batches", "Mini-batches processed", registry=registry)
+        self.bad_lines = Counter(
+            f"{prefix}_bad_lines", "Input lines skipped as malformed", registry=registry
+        )
+        self.passes = Counter(f"{prefix}_passes", "Passes completed", registry=registry)
+        self.loss = Gauge(
+            f"{prefix}_loss", "Mean log loss of the last completed pass", registry=registry
+        )
+        self.auc = Gauge(
+            f"{prefix}_auc", "This worker's AUC on its share of the last pass", registry=registry
+        )
+        self.examples_per_second = Gauge(
+            f"{prefix}_examples_per_second",
+            "Throughput of the last completed pass",
+            registry=registry,
+        )
+        self.pull_seconds = Histogram(
+            f"{prefix}_ps_pull_seconds",
+            "Latency of one sparse pull of a batch's unique keys",
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.push_seconds = Histogram(
+            f"{prefix}_ps_push_seconds",
+            "Latency of one batch's sparse + dense push",
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )

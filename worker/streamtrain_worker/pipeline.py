@@ -1,0 +1,140 @@
+"""Overlap of PS traffic with compute: a prefetch thread ahead, a push thread behind.
+
+- ``Prefetcher`` runs a function (read + parse + dedup + pull) over an iterator in one
+  background thread, at most ``depth`` results ahead of the consumer, so the next batch's
+  pull happens while the current batch computes.
+- ``AsyncPusher`` runs submitted calls (sparse and dense pushes) in order in one background
+  thread through a bounded queue: training blocks only when ``depth`` pushes are in flight.
+  ``flush`` waits until every submitted push is done, so a pass result reflects them all.
+
+Both surface a background failure in the caller's thread (at the next ``next``/``submit``/
+``flush``) instead of dying silently; both threads are daemons that end when closed.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+_END = object()
+
+
+class _Failure:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class Prefetcher(Generic[T, R], Iterator[R]):
+    """Iterate ``fn(item)`` for ``item`` in ``items``, computed ``depth`` ahead in a thread."""
+
+    def __init__(self, items: Iterable[T], fn: Callable[[T], R], depth: int) -> None:
+        if depth < 1:
+            raise ValueError(f"depth must be >= 1, got {depth}")
+        self._queue: queue.Queue[object] = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._done = False
+        self._thread = threading.Thread(
+            target=self._run, args=(iter(items), fn), name="prefetch", daemon=True
+        )
+        self._thread.start()
+
+    def _put(self, value: object) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(value, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self, items: Iterator[T], fn: Callable[[T], R]) -> None:
+        try:
+            for item in items:
+                if not self._put(fn(item)):
+                    return
+            self._put(_END)
+        except BaseException as exc:  # re-raised in the consumer's thread
+            self._put(_Failure(exc))
+
+    def __next__(self) -> R:
+        if self._done:
+            raise StopIteration
+        value = self._queue.get()
+        if value is _END:
+            self._done = True
+            raise StopIteration
+        if isinstance(value, _Failure):
+            self._done = True
+            raise value.error
+        return value  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """Stop the producer (it may be blocked on a full queue) and wait for it."""
+        self._stop.set()
+        self._done = True
+        while True:  # unblock a producer waiting on put
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+        self._thread.join()
+
+    def __enter__(self) -> Prefetcher[T, R]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncPusher:
+    """Run submitted calls in order in one background thread, at most ``depth`` queued."""
+
+    def __init__(self, depth: int) -> None:
+        if depth < 1:
+            raise ValueError(f"depth must be >= 1, got {depth}")
+        self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue(maxsize=depth)
+        self._lock = threading.Lock()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="push", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            call = self._queue.get()
+            try:
+                if call is None:
+                    return
+                with self._lock:
+                    failed = self._error is not None
+                if not failed:  # after a failure, drop the rest: the pass fails anyway
+                    call()
+            except BaseException as exc:
+                with self._lock:
+                    self._error = exc
+            finally:
+                self._queue.task_done()
+
+    def _raise_if_failed(self) -> None:
+        with self._lock:
+            error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def submit(self, call: Callable[[], None]) -> None:
+        """Queue ``call``; blocks while ``depth`` calls are pending; raises an earlier failure."""
+        self._raise_if_failed()
+        self._queue.put(call)
+
+    def flush(self) -> None:
+        """Wait until every submitted call ran; raise the first failure among them."""
+        self._queue.join()
+        self._raise_if_failed()
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()

@@ -1,0 +1,191 @@
+"""The test-then-train loop of one worker over its share of a pass.
+
+For every batch the model predicts first and the metrics take that prediction (progressive
+validation: each example is scored by a model that has not trained on it), then the same
+forward pass is trained: backward, sparse gradients with show/click to the PS, dense
+gradients to the PS dense table. One forward serves both, so testing costs nothing extra.
+
+Gradient conventions: the loss backpropagated is the *sum* of per-example log losses, so
+the sparse gradients are what ``PSLike.push_sparse`` expects (the PS divides by show). The
+dense gradient pushed is that sum divided by the batch size — the mean-loss gradient, the
+usual scale for Adam's epsilon and for SGD learning rates.
+
+Dense parameters live on the PS (``init_dense``: the first worker's initialisation wins,
+every worker adopts the PS values). The local copy is refreshed at pass start and every
+``denseSyncSteps`` steps; in between, the PS keeps applying every worker's pushes (async
+data-parallel training with bounded staleness).
+
+Overlap (``streamtrain_worker.pipeline``): reading, parsing, key dedup and the sparse pull of
+the next ``prefetchBatches`` batches run in a background thread while the current batch
+computes; pushes go through a bounded queue in another thread and are flushed at pass end.
+A prefetched batch may therefore miss the updates of the pushes still in flight: the
+same staleness every asynchronous PS has; it also makes runs not bitwise reproducible.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from torch.nn import functional as nnf
+
+from streamtrain_ps.api import PSLike
+from streamtrain_worker.config import WorkerConfig
+from streamtrain_worker.data.batch import Batch
+from streamtrain_worker.embedding import Lookup, PreparedBatch, SparsePush, prepare
+from streamtrain_worker.metrics import PassMetrics
+from streamtrain_worker.models import DenseModel, ModelSpec, build_model
+from streamtrain_worker.monitoring import WorkerMetrics
+from streamtrain_worker.pipeline import AsyncPusher, Prefetcher
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """One batch's prediction and loss (before the update)."""
+
+    preds: npt.NDArray[np.float32]
+    losses: npt.NDArray[np.float32]
+
+
+class Trainer:
+    """Owns the dense network and trains it, pass by pass, against a ``PSLike``."""
+
+    def __init__(
+        self,
+        config: WorkerConfig,
+        ps: PSLike,
+        num_slots: int,
+        sequence_slot: int | None = None,
+        monitoring: WorkerMetrics | None = None,
+    ) -> None:
+        self.config = config
+        self.ps = ps
+        self.monitoring = monitoring
+        self.spec = ModelSpec.from_config(config.model, num_slots, sequence_slot)
+        self.model: DenseModel = build_model(config.model.type, self.spec, seed=config.seed)
+        self._params = list(self.model.parameters())
+        self._pusher = AsyncPusher(config.runtime.pushQueueDepth)
+        self.dense_version = 0  # dense pulls so far (for tests and logs)
+        self.init_dense()
+
+    # --- dense parameters ------------------------------------------------------------
+
+    def _flat_params(self) -> npt.NDArray[np.float32]:
+        with torch.no_grad():
+            return torch.nn.utils.parameters_to_vector(self._params).numpy().copy()
+
+    def _load_params(self, values: npt.NDArray[np.float32]) -> None:
+        expected = sum(p.numel() for p in self._params)
+        if values.shape != (expected,):
+            raise ValueError(
+                f"PS dense vector {self.config.dense_name!r} has {values.shape[0]} values, "
+                f"the {self.config.model.type} model has {expected} (config mismatch?)"
+            )
+        with torch.no_grad():
+            torch.nn.utils.vector_to_parameters(torch.from_numpy(values.copy()), self._params)
+        self.dense_version += 1
+
+    def init_dense(self) -> None:
+        """Offer this worker's initial parameters; adopt whatever the PS holds."""
+        self._load_params(self.ps.init_dense(self.config.dense_name, self._flat_params()))
+
+    def sync_dense(self) -> None:
+        """Replace the local dense parameters by the PS's current ones."""
+        self._load_params(self.ps.pull_dense(self.config.dense_name))
+
+    def _flat_grad(self, scale: float) -> npt.NDArray[np.float32]:
+        grads = [
+            p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel())
+            for p in self._params
+        ]
+        return (torch.cat(grads) * scale).numpy()
+
+    # --- one batch -------------------------------------------------------------------
+
+    def prepare(self, batch: Batch) -> PreparedBatch:
+        """Model-free per-batch work (dedup, pull, counts); safe in a background thread."""
+        return prepare(batch, self.ps, self.config.table, self.config.model.embeddingDim)
+
+    def forward(self, lookup: Lookup) -> torch.Tensor:
+        """Logits of the batch behind ``lookup``."""
+        if self.model.uses_sequence:
+            assert self.spec.sequence_slot is not None  # checked when the model was built
+            seq, mask = lookup.sequence(self.spec.sequence_slot)
+            return self.model(lookup.pooled, seq, mask)
+        return self.model(lookup.pooled)
+
+    def step(self, prepared: PreparedBatch, train: bool) -> StepOutput:
+        """Predict (for the metrics), then train on the same forward pass."""
+        lookup = Lookup(prepared, self.config.model.cvm, requires_grad=train)
+        labels = torch.from_numpy(prepared.batch.labels)
+        with torch.set_grad_enabled(train):
+            logits = self.forward(lookup)
+            losses = nnf.binary_cross_entropy_with_logits(logits, labels, reduction="none")
+        out = StepOutput(
+            preds=torch.sigmoid(logits.detach()).numpy(), losses=losses.detach().numpy()
+        )
+        if train:
+            for p in self._params:
+                p.grad = None
+            losses.sum().backward()
+            sparse = lookup.sparse_push()
+            dense = self._flat_grad(1.0 / max(prepared.batch.size, 1))
+            self._pusher.submit(lambda: self._push(sparse, dense))
+        return out
+
+    def _push(self, sparse: SparsePush, dense: npt.NDArray[np.float32]) -> None:
+        started = time.perf_counter()
+        sparse.send(self.ps, self.config.table)
+        self.ps.push_dense(self.config.dense_name, dense)
+        if self.monitoring is not None:
+            self.monitoring.push_seconds.observe(time.perf_counter() - started)
+
+    # --- one pass --------------------------------------------------------------------
+
+    def run_pass(self, batches: Iterable[Batch], train: bool = True) -> PassMetrics:
+        """Test-then-train over ``batches``; returns the pass's metric sums.
+
+        Every push of the pass has reached the PS when this returns. ``bad_lines`` and
+        ``files_read`` are the reader's to fill in.
+        """
+        started = time.perf_counter()
+        metrics = PassMetrics(num_buckets=self.config.metrics.numBuckets)
+        sync_every = self.config.model.denseSyncSteps
+        compute = 0.0
+        self.model.train(train)
+        self.sync_dense()
+        with Prefetcher(batches, self.prepare, self.config.runtime.prefetchBatches) as ready:
+            for step, prepared in enumerate(ready, start=1):
+                t0 = time.perf_counter()
+                if prepared.batch.size == 0:
+                    continue
+                out = self.step(prepared, train)
+                metrics.add(out.preds, prepared.batch.labels, out.losses)
+                if train and step % sync_every == 0:
+                    self.sync_dense()
+                compute += time.perf_counter() - t0
+                if self.monitoring is not None:
+                    self.monitoring.pull_seconds.observe(prepared.pull_seconds)
+                    self.monitoring.examples.inc(prepared.batch.size)
+                    self.monitoring.batches.inc()
+        self._pusher.flush()
+        metrics.seconds = time.perf_counter() - started
+        metrics.train_seconds = compute
+        if self.monitoring is not None:
+            self.monitoring.passes.inc()
+            self.monitoring.loss.set(metrics.loss)
+            self.monitoring.auc.set(metrics.auc)
+            if metrics.seconds > 0:
+                self.monitoring.examples_per_second.set(metrics.examples / metrics.seconds)
+        return metrics
+
+    def close(self) -> None:
+        """Flush outstanding pushes and stop the push thread."""
+        try:
+            self._pusher.flush()
+        finally:
+            self._pusher.close()
