@@ -5,14 +5,19 @@ from __future__ import annotations
 import pytest
 
 from streamtrain_worker.config import ConfigError, WorkerConfig
+from streamtrain_worker.data.config import DataConfig
+
+CRITEO = {"format": "criteo"}
 
 
 def test_round_trip_and_defaults() -> None:
-    cfg = WorkerConfig()
+    cfg = WorkerConfig(data=DataConfig(format="criteo"))
     assert WorkerConfig.from_json(cfg.to_json()) == cfg
-    assert WorkerConfig.from_dict({}) == cfg
+    assert WorkerConfig.from_dict({"data": CRITEO}) == cfg
+    assert cfg.data.num_slots == 39
     parsed = WorkerConfig.from_dict(
         {
+            "data": CRITEO,
             "model": {"type": "deepfm", "hiddenUnits": [16, 8], "cvm": False},
             "ps": {"endpoints": ["ps-0.ps:7000"], "config": {"logicalShards": 8}},
             "metrics": {"numBuckets": 1000},
@@ -37,6 +42,8 @@ def test_round_trip_and_defaults() -> None:
         ({"metrics": {"numBuckets": 10}}, r"worker\.metrics\.numBuckets"),
         ({"runtime": {"numThreads": 0}}, r"worker\.runtime\.numThreads"),
         ({"seed": 1.5}, r"worker\.seed: must be an integer"),
+        ({"data": {"format": "parquet"}}, r"worker\.data\.format"),
+        ({"model": {"type": "din"}}, r"worker\.data\.sequenceSlot: din needs"),
         ({"ps": {"config": {"logicalShards": 0}}}, r"worker\.ps\.config\.logicalShards"),
         ({"table": "other"}, r"worker\.table: 'other' is not a PS table"),
         ({"model": {"embeddingDim": 4}}, r"worker\.model\.embeddingDim: 4 differs"),
@@ -44,7 +51,12 @@ def test_round_trip_and_defaults() -> None:
 )
 def test_errors_name_the_field(data: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        WorkerConfig.from_dict(data)
+        WorkerConfig.from_dict({"data": CRITEO, **data})
+
+
+def test_data_is_required() -> None:
+    with pytest.raises(ConfigError, match=r"worker\.data: required"):
+        WorkerConfig.from_dict({})
 
 
 def test_not_json() -> None:

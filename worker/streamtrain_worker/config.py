@@ -30,6 +30,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
 from typing import Any, Literal
 
 from streamtrain_ps.config import ConfigError, PSConfig
+from streamtrain_worker.data.config import DataConfig
 
 __all__ = [
     "ConfigError",
@@ -144,10 +145,10 @@ class RuntimeConfig:
 class WorkerConfig:
     """Everything a worker needs besides its index (command line)."""
 
+    #: The data section (``streamtrain_worker.data.config``): format, slots, bad-line limit.
+    #: Required: there is no sensible default format.
+    data: DataConfig
     model: ModelConfig = field(default_factory=ModelConfig)
-    #: The data section (``streamtrain_worker.data.config``), kept as parsed JSON here and
-    #: validated by the data layer.
-    data: dict[str, Any] = field(default_factory=dict)
     #: Sparse table the embedding pulls from and pushes to.
     table: str = "embedding"
     ps: PSClientConfig = field(default_factory=PSClientConfig)
@@ -159,6 +160,13 @@ class WorkerConfig:
     def _validate(self, path: str) -> None:
         _require(bool(self.table), path, "table", "must be a non-empty string")
         _require(self.seed >= 0, path, "seed", "must be >= 0")
+        if self.model.type == "din":
+            _require(
+                self.data.sequenceSlot is not None,
+                path,
+                "data.sequenceSlot",
+                "din needs the behaviour-sequence slot",
+            )
         names = [t.name for t in self.ps.config.tables]
         _require(self.table in names, path, "table", f"{self.table!r} is not a PS table ({names})")
         dim = self.ps.config.table(self.table).embedxDim
@@ -175,7 +183,9 @@ class WorkerConfig:
         return f"{self.table}.{self.model.type}.dense"
 
     def to_dict(self) -> dict[str, Any]:
-        return typing.cast(dict[str, Any], _jsonable(asdict(self)))
+        out = typing.cast(dict[str, Any], _jsonable(asdict(self)))
+        out["data"] = self.data.to_dict()  # the data layer owns its JSON form
+        return out
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
