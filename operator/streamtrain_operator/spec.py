@@ -44,6 +44,8 @@ from streamtrain_ps.config import (
     TableConfig,
 )
 from streamtrain_ps.sharding import DEFAULT_LOGICAL_SHARDS
+from streamtrain_worker.data.config import DataConfig
+from streamtrain_worker.data.errors import DataConfigError
 
 API_VERSION = "streamtrain.io/v1alpha1"
 KIND = "StreamingTrainingJob"
@@ -142,15 +144,27 @@ class DataSpec:
     )
     numSlots: int | None = _f(
         None,
-        "Slots per example for the slot and libsvm/csv formats; "
-        "criteo (39) and avazu are fixed by the format.",
+        "Slots per example (slot and libsvm formats, unless slots names them); criteo (39) "
+        "and avazu (23) are fixed by the format.",
         minimum=1,
     )
-    columns: dict[str, str] = _f(
-        {}, "csv only: column name -> slot name, with the label column mapped to 'label'."
+    slots: tuple[str, ...] | None = _f(
+        None, "slot and libsvm formats: explicit slot names, in order (optional)."
+    )
+    labelSlot: str = _f("click", "slot format: the slot whose feasign is the click label.")
+    columns: dict[str, Any] = _f(
+        {},
+        "csv only: column (name, or 0-based index without a header) -> slot name, or "
+        "{slot, kind: categorical|bucket|multi, separator}; exactly one column maps to "
+        "'label'.",
+    )
+    delimiter: str = _f(",", "csv only: field delimiter (one character).", minLength=1)
+    header: bool = _f(True, "csv only: every file starts with a header line.")
+    fieldMap: str | None = _f(
+        None, "libsvm only: URL of a field:value<TAB>index file mapping indices to fields."
     )
     sequenceSlot: int | None = _f(
-        None, "DIN only: the slot holding the behaviour sequence.", minimum=0
+        None, "DIN only: index of the slot holding the behaviour sequence.", minimum=0
     )
 
     @property
@@ -189,10 +203,22 @@ class DataSpec:
             raise SpecError(
                 f"{path}.endDay", f"must be >= startDay {self.startDay}, got {self.endDay}"
             )
-        if self.format == "csv" and "label" not in self.columns.values():
-            raise SpecError(f"{path}.columns", "csv needs one column mapped to 'label'")
-        if self.format in ("slot", "libsvm") and self.numSlots is None:
-            raise SpecError(f"{path}.numSlots", f"required for format {self.format}")
+        # Format options are the data layer's to judge: one parser, same messages.
+        try:
+            self.data_config(path)
+        except DataConfigError as exc:
+            field_path = str(exc).split(":", 1)[0]
+            raise SpecError(field_path, str(exc).split(":", 1)[1].strip()) from exc
+
+    def data_config(self, path: str = "spec.data") -> DataConfig:
+        """This section as the worker's ``DataConfig`` (same field names, every field)."""
+        return DataConfig.from_dict(
+            {
+                f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v
+                for f in fields(self)
+            },
+            path,
+        )
 
 
 @dataclass(frozen=True)
@@ -602,6 +628,8 @@ def _value(hint: Any, value: Any, path: str, meta: Mapping[str, Any]) -> Any:
     if origin is dict:
         if not isinstance(value, Mapping):
             raise SpecError(path, f"must be an object, got {value!r}")
+        if typing.get_args(hint)[1] is Any:  # free-form, judged by the owning layer
+            return {str(k): v for k, v in value.items()}
         out: dict[str, str] = {}
         for k, v in value.items():
             if isinstance(v, bool) or not isinstance(v, str | int | float):
