@@ -107,13 +107,12 @@ def error_from_rpc(err: grpc.RpcError, method: str, endpoint: str) -> PSError:
     call = cast(grpc.Call, err)
     code = call.code()
     details = call.details() or ""
-    meta = {m.key: m.value for m in (call.trailing_metadata() or ())}
+    meta = {m.key: _text(m.value) for m in (call.trailing_metadata() or ())}
     if code is grpc.StatusCode.INVALID_ARGUMENT:
-        field = str(meta.get(FIELD_KEY, "request"))
-        prefix = f"{field}: "
-        return InvalidRequestError(field, details.removeprefix(prefix))
+        field = meta.get(FIELD_KEY, "request")
+        return InvalidRequestError(field, details.removeprefix(f"{field}: "))
     if code is grpc.StatusCode.NOT_FOUND and KIND_KEY in meta:
-        return UnknownTableError(str(meta[KIND_KEY]), str(meta.get(NAME_KEY, "")))
+        return UnknownTableError(meta[KIND_KEY], meta.get(NAME_KEY, ""))
     if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
         return RequestTooLargeError(f"{method} on {endpoint}: {details}")
     if code is grpc.StatusCode.FAILED_PRECONDITION:
@@ -459,6 +458,10 @@ def save_result(uri: str, mode: api.SaveMode, resp: ps_pb2.SaveResponse) -> api.
         tombstones=resp.tombstones,
         seconds=resp.seconds,
     )
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode("utf-8", "surrogatepass") if isinstance(value, bytes) else value
 
 
 def _as_keys(keys: npt.ArrayLike) -> npt.NDArray[np.uint64]:

@@ -5,8 +5,8 @@ This module is the one place that maps PS errors to gRPC status codes:
 =============================  =====================  ===============================
 exception                      status                 trailing metadata
 =============================  =====================  ===============================
-``InvalidRequestError``        ``INVALID_ARGUMENT``   ``streamtrain-field``
-``UnknownTableError``          ``NOT_FOUND``          ``streamtrain-kind``, ``-name``
+``InvalidRequestError``        ``INVALID_ARGUMENT``   ``streamtrain-field-bin``
+``UnknownTableError``          ``NOT_FOUND``          ``streamtrain-{kind,name}-bin``
 ``RequestTooLargeError``       ``RESOURCE_EXHAUSTED``
 ``CheckpointError``            ``FAILED_PRECONDITION``
 any other ``PSError``          ``INTERNAL``
@@ -45,9 +45,11 @@ log = logging.getLogger(__name__)
 
 R = TypeVar("R")
 
-FIELD_KEY = "streamtrain-field"
-KIND_KEY = "streamtrain-kind"
-NAME_KEY = "streamtrain-name"
+# Binary ("-bin") metadata: names are arbitrary UTF-8, and ASCII-only header values would
+# turn an odd table name into a transport error.
+FIELD_KEY = "streamtrain-field-bin"
+KIND_KEY = "streamtrain-kind-bin"
+NAME_KEY = "streamtrain-name-bin"
 
 
 class ShardStatsLike(Protocol):
@@ -93,12 +95,18 @@ class ShardLike(Protocol):
     def stats(self) -> ShardStatsLike: ...
 
 
-def status_of(exc: BaseException) -> tuple[grpc.StatusCode, tuple[tuple[str, str], ...]]:
+Metadata = tuple[tuple[str, bytes], ...]
+
+
+def status_of(exc: BaseException) -> tuple[grpc.StatusCode, Metadata]:
     """The status code and trailing metadata for an exception raised while serving."""
     if isinstance(exc, InvalidRequestError):
-        return grpc.StatusCode.INVALID_ARGUMENT, ((FIELD_KEY, exc.field),)
+        return grpc.StatusCode.INVALID_ARGUMENT, ((FIELD_KEY, _utf8(exc.field)),)
     if isinstance(exc, UnknownTableError):
-        return grpc.StatusCode.NOT_FOUND, ((KIND_KEY, exc.kind), (NAME_KEY, exc.name))
+        return grpc.StatusCode.NOT_FOUND, (
+            (KIND_KEY, _utf8(exc.kind)),
+            (NAME_KEY, _utf8(exc.name)),
+        )
     if isinstance(exc, RequestTooLargeError):
         return grpc.StatusCode.RESOURCE_EXHAUSTED, ()
     if isinstance(exc, CheckpointError):
@@ -287,12 +295,16 @@ def _abort(
     context: grpc.ServicerContext,
     code: grpc.StatusCode,
     details: str,
-    metadata: tuple[tuple[str, str], ...],
+    metadata: Metadata,
 ) -> NoReturn:
     if metadata:
         context.set_trailing_metadata(metadata)
     context.abort(code, details)
     raise AssertionError("ServicerContext.abort returned")  # pragma: no cover - grpc raises
+
+
+def _utf8(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")
 
 
 def _dense_name(name: str) -> str:

@@ -189,6 +189,9 @@ def test_errors_map_back_to_the_local_exception_classes(ps_cluster: Callable[...
         local.pull_dense("missing")
     assert (unknown.value.kind, unknown.value.name) == (local_unknown.value.kind, "missing")
     assert str(unknown.value) == str(local_unknown.value)
+    with pytest.raises(UnknownTableError) as odd:  # names travel as binary metadata
+        ps.pull_dense("wëird\nname ☃")
+    assert odd.value.name == "wëird\nname ☃"
     ps.init_dense("w", np.zeros(3, np.float32))
     local.init_dense("w", np.zeros(3, np.float32))
     with pytest.raises(InvalidRequestError) as invalid:

@@ -34,8 +34,9 @@ class FakeContext:
         self.details = ""
         self.trailing: dict[str, str] = {}
 
-    def set_trailing_metadata(self, metadata: tuple[tuple[str, str], ...]) -> None:
-        self.trailing.update(dict(metadata))
+    def set_trailing_metadata(self, metadata: tuple[tuple[str, bytes], ...]) -> None:
+        assert all(key.endswith("-bin") for key, _ in metadata)
+        self.trailing.update({key: value.decode() for key, value in metadata})
 
     def abort(self, code: grpc.StatusCode, details: str) -> None:
         self.code, self.details = code, details
