@@ -1,0 +1,62 @@
+"""The scheduler's gRPC client of the worker control service (``worker.proto``).
+
+The only module on the operator side that talks to workers. Calls are ``grpc.aio``, so a
+pass runs on every worker concurrently from one event loop. A ``RunPass`` blocks for the
+whole share of a pass, so it carries no deadline of its own (``passTimeoutSeconds`` is
+applied by the driver); the control calls get ``control_timeout``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+
+from streamtrain_worker.proto import worker_pb2, worker_pb2_grpc
+
+#: PassResult carries two histograms of up to 2^20 buckets x 8 bytes each.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+class GrpcWorker:
+    """``WorkerClient`` over one worker's control endpoint (``host:port``)."""
+
+    def __init__(self, endpoint: str, name: str = "", control_timeout: float = 600.0) -> None:
+        self.endpoint = endpoint
+        self.name = name or endpoint
+        self.control_timeout = control_timeout
+        self._channel = grpc.aio.insecure_channel(
+            endpoint,
+            options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ],
+        )
+        self._stub = worker_pb2_grpc.WorkerStub(self._channel)
+
+    async def wait_ready(self, timeout: float) -> None:
+        """Wait until the channel connects (raises ``TimeoutError``)."""
+        import asyncio
+
+        await asyncio.wait_for(self._channel.channel_ready(), timeout)
+
+    async def run_pass(
+        self, day: str, pass_index: int, files: Sequence[str], generation: int, train: bool
+    ) -> Any:
+        request = worker_pb2.RunPassRequest(
+            day=day, pass_index=pass_index, files=list(files), generation=generation, train=train
+        )
+        return await self._stub.RunPass(request)
+
+    async def export_dense(self, uri: str) -> list[str]:
+        response = await self._stub.ExportDense(
+            worker_pb2.ExportDenseRequest(uri=uri), timeout=self.control_timeout
+        )
+        return list(response.files)
+
+    async def reset(self) -> None:
+        await self._stub.Reset(worker_pb2.ResetRequest(), timeout=self.control_timeout)
+
+    async def close(self) -> None:
+        await self._channel.close()
