@@ -1,0 +1,195 @@
+"""The Helm chart, linted and rendered offline with helm-python-sdk (the Helm Go SDK):
+default and non-default values, the CRD identical to ``crds/``, least-privilege RBAC in
+both scopes, monitors only when enabled, dashboards as labelled ConfigMaps, NOTES."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import pytest
+import yaml
+
+from streamtrain_operator.spec import parse_job
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "streamtrain"
+
+
+def _render(values: dict[str, Any] | None = None) -> dict[str, str]:
+    with helm.Chart.load(CHART) as chart:
+        return chart.render(values or {}, name="st", namespace="streamtrain-system")
+
+
+def _objects(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    out = []
+    for path, text in sorted(_render(values).items()):
+        if not path.endswith(".txt"):
+            out += [d for d in yaml.safe_load_all(text) if d]
+    return out
+
+
+def _by_kind(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objs if o["kind"] == kind]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [{}, {"rbac": {"scope": "namespace"}, "watchNamespaces": ["a"], "crds": {"install": False}}],
+)
+def test_chart_lints_clean_in_strict_mode(values: dict[str, Any]) -> None:
+    report = helm.lint(CHART, values, strict=True, kube_version="v1.31.0")
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+def test_values_schema_rejects_bad_values_and_accepts_the_defaults() -> None:
+    with helm.Chart.load(CHART) as chart:
+        chart.validate_schema({})
+        for bad in (
+            {"rbac": {"scope": "cluster-wide"}},
+            {"psPort": 70000},
+            {"metrics": {"podMonitor": {"enabled": "yes"}}},
+            {"watchNamespaces": ["Not_A_Namespace"]},
+            {"unknownKey": 1},
+        ):
+            with pytest.raises(helm.HelmValuesError):
+                chart.validate_schema(bad)
+
+
+def test_chart_crd_equals_crds_dir_and_is_kept_on_uninstall() -> None:
+    committed = yaml.safe_load(
+        (ROOT / "crds/streamtrain.io_streamingtrainingjobs.yaml").read_text()
+    )
+    (crd,) = _by_kind(_objects(), "CustomResourceDefinition")
+    annotations = crd["metadata"]["annotations"]
+    assert annotations.pop("helm.sh/resource-policy") == "keep"
+    assert crd == committed
+    (not_kept,) = _by_kind(_objects({"crds": {"keep": False}}), "CustomResourceDefinition")
+    assert not_kept == committed
+    assert _by_kind(_objects({"crds": {"install": False}}), "CustomResourceDefinition") == []
+
+
+def test_operator_deployment_single_replica_recreate_liveness_and_locked_down() -> None:
+    (dep,) = _by_kind(_objects(), "Deployment")
+    spec = dep["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["image"] == "registry.example.com/streamtrain-operator:0.1.0"
+    assert "--liveness=http://0.0.0.0:8080/healthz" in c["args"]
+    assert "--all-namespaces" in c["args"]
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "liveness"}
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["STREAMTRAIN_PS_PORT"] == "50051"
+    assert json.loads(env["STREAMTRAIN_OPERATOR_LABELS"]) == spec["selector"]["matchLabels"]
+
+
+def _rules(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
+    out: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for res in rule["resources"]:
+                out.setdefault((group, res), set()).update(rule["verbs"])
+    return out
+
+
+def test_rbac_is_least_privilege_cluster_scope() -> None:
+    objs = _objects()
+    (role,) = _by_kind(objs, "ClusterRole")
+    rules = _rules(role)
+    assert "*" not in {v for verbs in rules.values() for v in verbs}
+    assert all(g != "*" and res != "*" for g, res in rules)
+    assert ("", "secrets") not in rules  # pods read credentials themselves via envFrom
+    assert rules[("", "pods")] == {"get", "list", "watch"}
+    assert rules[("streamtrain.io", "streamingtrainingjobs/status")] == {"get", "patch", "update"}
+    assert "delete" not in rules[("streamtrain.io", "streamingtrainingjobs")]
+    assert ("networking.k8s.io", "networkpolicies") in rules
+    (binding,) = _by_kind(objs, "ClusterRoleBinding")
+    assert binding["subjects"][0]["namespace"] == "streamtrain-system"
+    no_np = _rules(_by_kind(_objects({"networkPolicy": {"enabled": False}}), "ClusterRole")[0])
+    assert ("networking.k8s.io", "networkpolicies") not in no_np
+
+
+def test_rbac_namespace_scope_renders_roles_per_watched_namespace() -> None:
+    objs = _objects({"rbac": {"scope": "namespace"}, "watchNamespaces": ["ads", "ml"]})
+    assert _by_kind(objs, "ClusterRole") == [] and _by_kind(objs, "ClusterRoleBinding") == []
+    assert sorted(o["metadata"]["namespace"] for o in _by_kind(objs, "Role")) == ["ads", "ml"]
+    assert sorted(o["metadata"]["namespace"] for o in _by_kind(objs, "RoleBinding")) == [
+        "ads",
+        "ml",
+    ]
+    (dep,) = _by_kind(objs, "Deployment")
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--all-namespaces" not in args
+    assert [a for a in args if a.startswith("--namespace=")] == [
+        "--namespace=ads",
+        "--namespace=ml",
+    ]
+    default_ns = _objects({"rbac": {"scope": "namespace"}})
+    assert [o["metadata"]["namespace"] for o in _by_kind(default_ns, "Role")] == [
+        "streamtrain-system"
+    ]
+
+
+def test_monitors_render_only_when_enabled_with_their_labels() -> None:
+    assert _by_kind(_objects(), "ServiceMonitor") == []
+    assert _by_kind(_objects(), "PodMonitor") == []
+    objs = _objects(
+        {
+            "metrics": {
+                "serviceMonitor": {"enabled": True, "labels": {"release": "kps"}},
+                "podMonitor": {"enabled": True, "labels": {"team": "ads"}, "namespaces": ["ads"]},
+            }
+        }
+    )
+    (sm,) = _by_kind(objs, "ServiceMonitor")
+    assert sm["metadata"]["labels"]["release"] == "kps"
+    (svc,) = _by_kind(objs, "Service")
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert sm["spec"]["endpoints"][0]["port"] == svc["spec"]["ports"][0]["name"] == "metrics"
+    (pm,) = _by_kind(objs, "PodMonitor")
+    assert pm["metadata"]["labels"]["team"] == "ads"
+    assert pm["spec"]["namespaceSelector"] == {"matchNames": ["ads"]}
+    # The operator labels its job pods managed-by streamtrain-operator, port "metrics".
+    assert pm["spec"]["selector"]["matchLabels"] == {
+        "app.kubernetes.io/managed-by": "streamtrain-operator"
+    }
+    assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+
+
+def test_dashboards_are_labelled_configmaps_with_valid_json() -> None:
+    dashboards = sorted(p.name for p in (CHART / "dashboards").glob("*.json"))
+    assert len(dashboards) >= 2
+    maps = [
+        o
+        for o in _by_kind(_objects(), "ConfigMap")
+        if "grafana_dashboard" in o["metadata"]["labels"]
+    ]
+    assert sorted(k for m in maps for k in m["data"]) == dashboards
+    for m in maps:
+        assert m["metadata"]["labels"]["grafana_dashboard"] == "1"
+        for text in m["data"].values():
+            board = json.loads(text)
+            assert board["title"].startswith("streamtrain")
+            assert board["panels"]
+    assert [o for o in _by_kind(_objects({"dashboards": {"enabled": False}}), "ConfigMap")] == []
+    elsewhere = _objects({"dashboards": {"namespace": "monitoring"}})
+    assert {o["metadata"]["namespace"] for o in _by_kind(elsewhere, "ConfigMap")} == {"monitoring"}
+
+
+def test_notes_tell_how_to_submit_a_job() -> None:
+    notes = _render()["streamtrain/templates/NOTES.txt"]
+    assert "kind: StreamingTrainingJob" in notes
+    assert "kubectl -n <namespace> get stj" in notes
+    assert "storageSecretRef" in notes
+    # The sample in NOTES is itself a valid job.
+    sample = notes.split("apply -f -\n", 1)[1].split("   YAML", 1)[0]
+    manifest = yaml.safe_load("\n".join(line[3:] for line in sample.splitlines()))
+    assert parse_job(manifest).spec.storageSecretRef == "s3-credentials"

@@ -1,0 +1,188 @@
+"""Resource builders as pure functions: names, DNS, labels, owner references, security,
+credentials, probes, resources and the per-job NetworkPolicy."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streamtrain_operator import resources as r
+from streamtrain_operator.spec import Job, SpecError, load_job
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = {"ps.json": '{"tables": []}', "worker.json": '{"ps": []}'}
+OWNER = r.Owner(name="ctr-online", uid="0b6a2f4e-6d1c-4d8e-9a8e-3f0e8c1d2b7a")
+OPTIONS = r.Options(operator_namespace="streamtrain-system")
+
+
+@pytest.fixture
+def job() -> Job:
+    return load_job(ROOT / "crds/examples/ctr-online.yaml")
+
+
+def _build(job: Job, **kw: Any) -> dict[str, dict[str, Any]]:
+    args: dict[str, Any] = {
+        "configs": CONFIGS,
+        "scale": r.Scale(ps=job.spec.ps.replicas, workers=job.spec.workers.replicas),
+        "generation": 3,
+        "owner": OWNER,
+        "options": OPTIONS,
+    }
+    args.update(kw)
+    return {f"{o['kind']}/{o['metadata']['name']}": o for o in r.build(job, **args)}
+
+
+def test_names_are_deterministic_and_apply_order_puts_config_first(job: Job) -> None:
+    objs = r.build(
+        job, configs=CONFIGS, scale=r.Scale(2, 4), generation=3, owner=OWNER, options=OPTIONS
+    )
+    assert [f"{o['kind']}/{o['metadata']['name']}" for o in objs] == [
+        "ConfigMap/ctr-online-config",
+        "NetworkPolicy/ctr-online-ps",
+        "Service/ctr-online-ps",
+        "StatefulSet/ctr-online-ps",
+        "Service/ctr-online-worker",
+        "StatefulSet/ctr-online-worker",
+    ]
+    again = r.build(
+        job, configs=CONFIGS, scale=r.Scale(2, 4), generation=3, owner=OWNER, options=OPTIONS
+    )
+    assert objs == again
+    assert [(k, n) for k, n in r.child_names(job, OPTIONS)] == [
+        (o["kind"], o["metadata"]["name"]) for o in objs
+    ]
+
+
+def test_every_object_is_owned_by_the_job_and_labelled(job: Job) -> None:
+    for obj in _build(job).values():
+        meta = obj["metadata"]
+        assert meta["namespace"] == "ads"
+        (ref,) = meta["ownerReferences"]
+        assert ref == {
+            "apiVersion": "streamtrain.io/v1alpha1",
+            "kind": "StreamingTrainingJob",
+            "name": "ctr-online",
+            "uid": OWNER.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+        assert meta["labels"]["streamtrain.io/job"] == "ctr-online"
+        assert meta["labels"]["streamtrain.io/generation"] == "3"
+        assert meta["labels"]["app.kubernetes.io/managed-by"] == "streamtrain-operator"
+
+
+def test_stable_dns_names_per_shard(job: Job) -> None:
+    assert r.ps_addresses(job, 2, OPTIONS) == [
+        "ctr-online-ps-0.ctr-online-ps.ads.svc:50051",
+        "ctr-online-ps-1.ctr-online-ps.ads.svc:50051",
+    ]
+    assert r.worker_addresses(job, 1, OPTIONS) == [
+        "ctr-online-worker-0.ctr-online-worker.ads.svc:50061"
+    ]
+    svc = _build(job)["Service/ctr-online-ps"]["spec"]
+    assert svc["clusterIP"] == "None"
+    assert svc["publishNotReadyAddresses"] is True
+    assert svc["selector"] == {"streamtrain.io/job": "ctr-online", "streamtrain.io/role": "ps"}
+    sts = _build(job)["StatefulSet/ctr-online-ps"]["spec"]
+    assert sts["serviceName"] == "ctr-online-ps"
+    assert sts["selector"]["matchLabels"] == svc["selector"]
+    assert sts["template"]["metadata"]["labels"]["streamtrain.io/role"] == "ps"
+
+
+def test_pods_are_locked_down(job: Job) -> None:
+    for role in ("ps", "worker"):
+        pod = _build(job)[f"StatefulSet/ctr-online-{role}"]["spec"]["template"]["spec"]
+        assert pod["automountServiceAccountToken"] is False
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["runAsUser"] == r.RUN_AS_UID
+        (c,) = pod["containers"]
+        sc = c["securityContext"]
+        assert sc["readOnlyRootFilesystem"] is True
+        assert sc["allowPrivilegeEscalation"] is False
+        assert sc["capabilities"] == {"drop": ["ALL"]}
+        # A writable /tmp is the only writable path.
+        assert {m["mountPath"]: m.get("readOnly", False) for m in c["volumeMounts"]} == {
+            "/etc/streamtrain": True,
+            "/tmp": False,
+        }
+
+
+def test_credentials_only_through_the_secret_ref(job: Job) -> None:
+    for role in ("ps", "worker"):
+        (c,) = _build(job)[f"StatefulSet/ctr-online-{role}"]["spec"]["template"]["spec"][
+            "containers"
+        ]
+        assert c["envFrom"] == [{"secretRef": {"name": "s3-credentials"}}]
+        assert all("value" not in e or "SECRET" not in e["name"] for e in c["env"])
+    no_secret = replace(job, spec=replace(job.spec, storageSecretRef=None))
+    (c,) = _build(no_secret)["StatefulSet/ctr-online-ps"]["spec"]["template"]["spec"]["containers"]
+    assert "envFrom" not in c
+
+
+def test_commands_probes_and_resources(job: Job) -> None:
+    ps = _build(job)["StatefulSet/ctr-online-ps"]["spec"]["template"]["spec"]["containers"][0]
+    assert ps["image"] == "registry.example.com/streamtrain-ps:0.1.0"
+    assert ps["command"] == ["python", "-m", "streamtrain_ps"]
+    assert ps["args"][ps["args"].index("--num-shards") + 1] == "2"
+    assert "--shard-index-from-hostname" in ps["args"]
+    assert ps["args"][ps["args"].index("--config") + 1] == "/etc/streamtrain/ps.json"
+    assert ps["readinessProbe"]["grpc"] == {"port": 50051, "service": r.PS_HEALTH_SERVICE}
+    assert ps["livenessProbe"]["grpc"] == {"port": 50051}
+    assert ps["resources"] == {"requests": {"cpu": "4", "memory": "32Gi"}}
+    worker = _build(job)["StatefulSet/ctr-online-worker"]["spec"]["template"]["spec"]["containers"][
+        0
+    ]
+    assert worker["image"] == "registry.example.com/streamtrain-worker:0.1.0"
+    assert worker["command"] == ["python", "-m", "streamtrain_worker"]
+    assert worker["resources"] == {"requests": {"cpu": "8", "memory": "16Gi"}}
+    assert {"name": "OMP_NUM_THREADS", "value": "1"} in worker["env"]
+
+
+def test_scale_is_the_schedulers_but_the_shard_count_is_the_specs(job: Job) -> None:
+    objs = _build(job, scale=r.Scale(ps=0, workers=0))
+    ps = objs["StatefulSet/ctr-online-ps"]["spec"]
+    assert ps["replicas"] == 0
+    args = ps["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--num-shards") + 1] == "2"
+    assert objs["StatefulSet/ctr-online-worker"]["spec"]["replicas"] == 0
+
+
+def test_config_changes_roll_the_pods_but_generation_changes_do_not(job: Job) -> None:
+    def template(objs: dict[str, dict[str, Any]]) -> Any:
+        return objs["StatefulSet/ctr-online-ps"]["spec"]["template"]
+
+    base = template(_build(job))
+    assert template(_build(job, generation=4)) == base
+    changed = template(_build(job, configs={**CONFIGS, "ps.json": "{}"}))
+    assert changed != base
+    assert changed["metadata"]["annotations"] != base["metadata"]["annotations"]
+    assert _build(job)["ConfigMap/ctr-online-config"]["data"] == CONFIGS
+
+
+def test_network_policy_admits_only_this_job_and_the_operator(job: Job) -> None:
+    policy = _build(job)["NetworkPolicy/ctr-online-ps"]["spec"]
+    assert policy["podSelector"]["matchLabels"] == {
+        "streamtrain.io/job": "ctr-online",
+        "streamtrain.io/role": "ps",
+    }
+    grpc, metrics = policy["ingress"]
+    assert grpc["ports"] == [{"port": 50051, "protocol": "TCP"}]
+    job_peer, operator_peer = grpc["from"]
+    assert job_peer == {"podSelector": {"matchLabels": {"streamtrain.io/job": "ctr-online"}}}
+    assert operator_peer["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "streamtrain-system"
+    }
+    assert metrics == {"ports": [{"port": 9100, "protocol": "TCP"}]}
+    without = _build(job, options=replace(OPTIONS, network_policy=False))
+    assert "NetworkPolicy/ctr-online-ps" not in without
+
+
+def test_a_name_too_long_for_a_statefulset_names_the_field(job: Job) -> None:
+    long = replace(job, name="x" * 46)
+    with pytest.raises(SpecError) as error:
+        _build(long)
+    assert error.value.path == "metadata.name"
+    assert _build(replace(job, name="x" * 45))  # the longest that fits
