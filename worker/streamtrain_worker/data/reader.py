@@ -132,6 +132,11 @@ class PassReader:
         with self._lock:
             return list(self._reports)
 
+    @property
+    def running(self) -> bool:
+        """Whether the background thread is still alive."""
+        return self._thread is not None and self._thread.is_alive()
+
     def start(self) -> None:
         """Start reading ahead (idempotent); iteration starts it too."""
         if self._thread is None:

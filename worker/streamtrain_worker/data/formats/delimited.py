@@ -91,6 +91,34 @@ def _weekday(year: int, month: int, day: int) -> int:
     return (days + 3) % 7
 
 
+@numba.njit(inline="always", cache=True)
+def _hour(  # noqa: PLR0917 -- numba helper, positional by design
+    data: U8,
+    a: int,
+    b: int,
+    slot: int,
+    weekday_slot: int,
+    line_slots: npt.NDArray[np.int32],
+    line_keys: npt.NDArray[np.uint64],
+    m: int,
+) -> int:
+    """Avazu ``YYMMDDHH``: emit hour-of-day and weekday tokens at ``m``; status code."""
+    ok, v = parse_int(data, a, b)
+    if not ok or b - a != 8:
+        return BAD_NUMBER
+    hour = v % 100
+    dd = (v // 100) % 100
+    mm = (v // 10000) % 100
+    yy = v // 1000000
+    if hour > 23 or mm < 1 or mm > 12 or dd < 1 or dd > 31:
+        return BAD_NUMBER
+    line_slots[m] = slot
+    line_keys[m] = sign_of(slot, np.uint64(hour))
+    line_slots[m + 1] = weekday_slot
+    line_keys[m + 1] = sign_of(weekday_slot, np.uint64(_weekday(2000 + yy, mm, dd)))
+    return OK
+
+
 @numba.njit(nogil=True, cache=True)
 def _tokenize(  # noqa: PLR0917 -- numba kernels take arrays positionally
     data: U8,
@@ -112,9 +140,12 @@ def _tokenize(  # noqa: PLR0917 -- numba kernels take arrays positionally
     col = 0
     start = a
     i = a
+    # The first error is kept while the columns are still counted, so a short or long line
+    # reports "wrong column count" rather than whichever cell happened to break first.
+    err = OK
     while True:
         if i == b or data[i] == delimiter:
-            if col < kinds.shape[0]:
+            if err == OK and col < kinds.shape[0]:
                 kind = kinds[col]
                 slot = slots[col]
                 if kind == CATEGORICAL:
@@ -124,17 +155,19 @@ def _tokenize(  # noqa: PLR0917 -- numba kernels take arrays positionally
                 elif kind == LABEL:
                     label = parse_label(data, start, i)
                     if label < 0:
-                        return 0, BAD_LABEL, 0
+                        err = BAD_LABEL
                 elif kind == BUCKET:
                     value = MISSING_VALUE
+                    ok = True
                     if i > start:
                         ok, v = parse_int(data, start, i)
-                        if not ok:
-                            return 0, BAD_NUMBER, 0
                         value = np.uint64(np.int64(bucket(v)))
-                    line_slots[m] = slot
-                    line_keys[m] = sign_of(slot, value)
-                    m += 1
+                    if ok:
+                        line_slots[m] = slot
+                        line_keys[m] = sign_of(slot, value)
+                        m += 1
+                    else:
+                        err = BAD_NUMBER
                 elif kind == MULTI:
                     piece = start
                     for j in range(start, i + 1):
@@ -145,21 +178,9 @@ def _tokenize(  # noqa: PLR0917 -- numba kernels take arrays positionally
                                 m += 1
                             piece = j + 1
                 elif kind == HOUR:
-                    ok, v = parse_int(data, start, i)
-                    if not ok or i - start != 8:
-                        return 0, BAD_NUMBER, 0
-                    hour = v % 100
-                    dd = (v // 100) % 100
-                    mm = (v // 10000) % 100
-                    yy = v // 1000000
-                    if hour > 23 or mm < 1 or mm > 12 or dd < 1 or dd > 31:
-                        return 0, BAD_NUMBER, 0
-                    line_slots[m] = slot
-                    line_keys[m] = sign_of(slot, np.uint64(hour))
-                    m += 1
-                    line_slots[m] = slots2[col]
-                    line_keys[m] = sign_of(slots2[col], np.uint64(_weekday(2000 + yy, mm, dd)))
-                    m += 1
+                    err = _hour(data, start, i, slot, slots2[col], line_slots, line_keys, m)
+                    if err == OK:
+                        m += 2
             col += 1
             if i == b:
                 break
@@ -167,6 +188,8 @@ def _tokenize(  # noqa: PLR0917 -- numba kernels take arrays positionally
         i += 1
     if (num_columns >= 0 and col != num_columns) or col < min_columns:
         return 0, BAD_COLUMNS, 0
+    if err != OK:
+        return 0, err, 0
     if label < 0:
         return 0, MISSING_LABEL, 0
     return m, OK, label

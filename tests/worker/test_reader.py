@@ -1,0 +1,158 @@
+"""PassReader: fixed-size batches, block boundaries, gzip, prefetch, bad-line policy, empties."""
+
+from __future__ import annotations
+
+import gzip
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from streamtrain_worker.data.batch import Batch, concat_batches
+from streamtrain_worker.data.config import DataConfig
+from streamtrain_worker.data.errors import BadDataError, CorruptFileError
+from streamtrain_worker.data.formats import make_format
+from streamtrain_worker.data.reader import PassReader, iter_batches
+
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
+CRITEO = DATA / "criteo_kaggle_sample_train.txt"
+AVAZU = DATA / "avazu_sample_train.csv"
+CRITEO_CFG = DataConfig.from_dict({"format": "criteo"})
+
+
+def whole_file(cfg: DataConfig, raw: bytes) -> Batch:
+    fmt = make_format(cfg)
+    header = None
+    if fmt.has_header:
+        header, _, raw = raw.partition(b"\n")
+    return fmt.for_file("x", header).parse(np.frombuffer(raw, np.uint8), 1).batch
+
+
+@pytest.mark.parametrize("block_bytes", [997, 64 * 1024, 4 << 20])
+def test_batches_are_fixed_size_and_equal_a_whole_file_parse(
+    tmp_path: Path, block_bytes: int
+) -> None:
+    raw = CRITEO.read_bytes()
+    cut = raw.index(b"\n", len(raw) // 2) + 1
+    (tmp_path / "part-0").write_bytes(raw[: cut - 1])  # no newline at the end of the file
+    (tmp_path / "part-1").write_bytes(raw[cut:])
+    files = [str(tmp_path / "part-0"), str(tmp_path / "part-1")]
+    batches = list(iter_batches(files, CRITEO_CFG, 500, block_bytes=block_bytes))
+    assert [b.size for b in batches] == [500] * 14 + [200]
+    joined = concat_batches(batches)
+    expected = whole_file(CRITEO_CFG, raw)
+    assert np.array_equal(joined.keys, expected.keys)
+    assert np.array_equal(joined.offsets, expected.offsets)
+    assert np.array_equal(joined.labels, expected.labels)
+
+
+def test_reader_output_matches_single_parse_exactly(tmp_path: Path) -> None:
+    raw = AVAZU.read_bytes()
+    path = tmp_path / "part-0.csv"
+    path.write_bytes(raw)
+    cfg = DataConfig.from_dict({"format": "avazu"})
+    batches = list(iter_batches([str(path)], cfg, 333, block_bytes=4096))
+    joined = concat_batches(batches)
+    expected = whole_file(cfg, raw)
+    assert np.array_equal(joined.keys, expected.keys)
+    assert np.array_equal(joined.offsets, expected.offsets)
+    assert np.array_equal(joined.labels, expected.labels)
+    assert [b.size for b in batches][-1] == 8087 % 333
+
+
+def test_gzip_by_magic_bytes_and_extension(tmp_path: Path) -> None:
+    raw = CRITEO.read_bytes()
+    (tmp_path / "a.gz").write_bytes(gzip.compress(raw))
+    (tmp_path / "b").write_bytes(gzip.compress(raw))  # no extension: the magic bytes tell
+    with PassReader([str(tmp_path / "a.gz"), str(tmp_path / "b")], CRITEO_CFG, 1024) as reader:
+        total = sum(b.size for b in reader)
+        stats = reader.stats
+    assert total == 14400
+    assert (stats.files, stats.lines, stats.bad_lines, stats.examples) == (2, 14400, 0, 14400)
+    assert stats.bytes_read == 2 * len(raw)
+
+
+def test_truncated_gzip_names_the_file(tmp_path: Path) -> None:
+    blob = gzip.compress(CRITEO.read_bytes())
+    path = tmp_path / "part-7.gz"
+    path.write_bytes(blob[: len(blob) // 2])
+    with pytest.raises(CorruptFileError, match=r"part-7\.gz: truncated or corrupt gzip"):
+        list(iter_batches([str(path)], CRITEO_CFG, 512, block_bytes=65536))
+
+
+def test_bad_line_threshold_names_files_and_lines(tmp_path: Path) -> None:
+    good = CRITEO.read_bytes().split(b"\n")[:1000]
+    broken = good[:]
+    broken[4] = b"not\tenough"
+    broken[9] = broken[9].replace(b"\t", b"\tx", 1)
+    (tmp_path / "part-0").write_bytes(b"\n".join(good) + b"\n")
+    (tmp_path / "part-1").write_bytes(b"\n".join(broken) + b"\n")
+    files = [str(tmp_path / "part-0"), str(tmp_path / "part-1")]
+    loose = DataConfig.from_dict({"format": "criteo", "maxBadLineFraction": 0.001})
+    with PassReader(files, loose, 256) as reader:
+        assert sum(b.size for b in reader) == 1998  # 2 bad of 2000 = 0.001: not above
+        assert reader.stats.bad_lines == 2
+        report = reader.file_reports[1]
+        assert report.first_bad == [(5, "wrong column count"), (10, "unparsable number")]
+    strict = DataConfig.from_dict({"format": "criteo", "maxBadLineFraction": 0.0005})
+    seen = 0
+    with pytest.raises(BadDataError) as info:
+        for batch in iter_batches(files, strict, 256):
+            seen += batch.size
+    message = str(info.value)
+    assert "2 bad lines of 2000" in message
+    assert f"{files[1]}: 2 bad of 1000 lines" in message
+    assert "5 (wrong column count), 10 (unparsable number)" in message
+    assert files[0] not in message
+    assert seen == 1792  # every full batch was yielded; the error replaced the last one
+
+
+def test_empty_files_and_empty_passes(tmp_path: Path) -> None:
+    (tmp_path / "empty").write_bytes(b"")
+    (tmp_path / "blank").write_bytes(b"\n\n")
+    (tmp_path / "empty.gz").write_bytes(gzip.compress(b""))
+    files = [str(tmp_path / n) for n in ("empty", "blank", "empty.gz")]
+    assert list(iter_batches(files, CRITEO_CFG, 10)) == []
+    assert list(iter_batches([], CRITEO_CFG, 10)) == []
+    avazu = DataConfig.from_dict({"format": "avazu"})
+    header_only = tmp_path / "header.csv"
+    header_only.write_bytes(AVAZU.read_bytes().split(b"\n")[0] + b"\n")
+    with PassReader([str(header_only), str(tmp_path / "empty")], avazu, 10) as reader:
+        assert list(reader) == []
+        assert reader.stats.files == 2
+        assert reader.stats.lines == 0
+
+
+def test_reads_ahead_in_the_background_and_stops_on_close(tmp_path: Path) -> None:
+    raw = CRITEO.read_bytes()
+    files = []
+    for i in range(3):
+        (tmp_path / f"part-{i}").write_bytes(raw)
+        files.append(str(tmp_path / f"part-{i}"))
+    reader = PassReader(files, CRITEO_CFG, 100, prefetch_blocks=8)
+    batches = iter(reader)
+    first = next(batches)
+    assert first.size == 100
+    deadline = time.monotonic() + 30
+    while reader.stats.files < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)  # polling with a timeout, not synchronisation by sleeping
+    # All three files were parsed while the consumer held one batch.
+    assert reader.stats.files == 3
+    assert reader.stats.examples == 21600
+    reader.close()
+    assert not reader.running
+    with pytest.raises(RuntimeError, match="only once"):
+        iter(reader)
+
+
+def test_close_mid_file_with_a_full_queue(tmp_path: Path) -> None:
+    raw = CRITEO.read_bytes()
+    (tmp_path / "part-0").write_bytes(raw * 4)
+    reader = PassReader(
+        [str(tmp_path / "part-0")], CRITEO_CFG, 64, prefetch_blocks=1, block_bytes=8192
+    )
+    with reader:
+        next(iter(reader))
+    assert not reader.running
+    assert reader.stats.files == 0
