@@ -102,6 +102,8 @@ class SpawnedPS:
     process: subprocess.Popen[str]
     address: str
     output: queue.Queue[str]
+    #: Output up to and including the ``listening on`` line.
+    startup: list[str] = field(default_factory=list)
 
     def lines_until(self, needle: str, timeout: float = 20.0) -> list[str]:
         """Output lines up to and including the first one containing ``needle``."""
@@ -150,8 +152,8 @@ def spawn_ps(tmp_path: Path) -> Iterator[Callable[..., SpawnedPS]]:
         out: queue.Queue[str] = queue.Queue()
         threading.Thread(target=_pump, args=(proc.stdout, out), daemon=True).start()
         spawned = SpawnedPS(proc, "", out)
-        for line in spawned.lines_until("listening on ", timeout=timeout)[-1:]:
-            spawned.address = line.split("listening on ", 1)[1].split()[0]
+        spawned.startup = spawned.lines_until("listening on ", timeout=timeout)
+        spawned.address = spawned.startup[-1].split("listening on ", 1)[1].split()[0]
         return spawned
 
     yield spawn
