@@ -101,7 +101,7 @@ def accessor_params(table: TableConfig) -> npt.NDArray[np.float64]:
     return ap
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, inline="always")
 def score(show: Float, click: Float, ap: npt.NDArray[np.float64]) -> Float:
     """(show - click) * nonclkCoeff + click * clickCoeff."""
     return (show - click) * ap[AP_NONCLK] + click * ap[AP_CLICK]
@@ -116,7 +116,7 @@ def score_np(
     return (s - c) * table.nonclkCoeff + c * table.clickCoeff
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, inline="always")
 def decay_and_test(slab: npt.NDArray[np.float32], row: Int, ap: npt.NDArray[np.float64]) -> bool:
     """Shrink one row: decay show and click, then True if the key should be deleted."""
     rate = ap[AP_DECAY]

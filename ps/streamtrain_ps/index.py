@@ -28,7 +28,10 @@ from typing import Any, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 #: Scalar types of kernel arguments: numba passes numpy scalars, Python passes ints.
 Int: TypeAlias = int | np.integer[Any]
@@ -54,7 +57,41 @@ _S31 = np.uint64(31)
 _S32 = np.uint64(32)
 
 
-@njit(nogil=True, cache=True)
+#: How many keys ahead the batch kernels prefetch (slots at 2x, keys/rows at 1x).
+PREFETCH = 12
+
+
+@intrinsic
+def prefetch(typingctx: Any, arr: Any, idx: Any) -> Any:
+    """Hint the CPU to fetch ``arr[idx]`` (1-D) or row ``arr[idx, 0]`` (2-D) into cache.
+
+    Batch kernels look keys up ``PREFETCH`` positions ahead so the random memory accesses
+    of many keys overlap instead of stalling one after another (about 2-3x on a table much
+    larger than the caches). A hint only: it never faults and changes no value.
+    """
+    if not isinstance(arr, types.Array) or not isinstance(idx, types.Integer):
+        return None
+    sig = types.void(arr, idx)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        aryty = signature.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        zero = ir.Constant(ir.IntType(64), 0)
+        first = context.cast(builder, args[1], signature.args[1], types.intp)
+        index = [first] + [zero] * (aryty.ndim - 1)
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, index, wraparound=False)
+        i8p = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+        # read access, high temporal locality, data cache
+        builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@njit(nogil=True, cache=True, inline="always")
 def mix64(key: np.uint64) -> np.uint64:
     """splitmix64 finaliser (same as ``streamtrain_ps.sharding.mix64``, one key)."""
     z = key
@@ -63,17 +100,25 @@ def mix64(key: np.uint64) -> np.uint64:
     return z ^ (z >> _S31)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, inline="always")
 def home(key: np.uint64, mask: Int) -> Int:
     """Home slot of ``key`` in a table of ``mask + 1`` slots (high half of the mix)."""
     return np.int64(mix64(key) >> _S32) & mask
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, inline="always")
 def find(slots: npt.NDArray[np.int32], keys: npt.NDArray[np.uint64], key: np.uint64) -> Int:
     """Row of ``key`` or -1."""
+    return find_at(slots, keys, key, home(key, np.int64(slots.size - 1)))
+
+
+@njit(nogil=True, cache=True, inline="always")
+def find_at(
+    slots: npt.NDArray[np.int32], keys: npt.NDArray[np.uint64], key: np.uint64, start: Int
+) -> Int:
+    """Row of ``key`` or -1, probing from its home slot ``start``."""
     mask = np.int64(slots.size - 1)
-    i = home(key, mask)
+    i = start
     while True:
         r = slots[i]
         if r < 0:
@@ -83,7 +128,7 @@ def find(slots: npt.NDArray[np.int32], keys: npt.NDArray[np.uint64], key: np.uin
         i = (i + 1) & mask
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, inline="always")
 def find_or_insert(
     slots: npt.NDArray[np.int32],
     keys: npt.NDArray[np.uint64],
@@ -95,8 +140,20 @@ def find_or_insert(
     The new row's key is written before the slot is published, so a concurrent probe either
     misses the key or finds a row that already carries it.
     """
+    return find_or_insert_at(slots, keys, meta, key, home(key, np.int64(slots.size - 1)))
+
+
+@njit(nogil=True, cache=True, inline="always")
+def find_or_insert_at(
+    slots: npt.NDArray[np.int32],
+    keys: npt.NDArray[np.uint64],
+    meta: npt.NDArray[np.int64],
+    key: np.uint64,
+    start: Int,
+) -> tuple[Int, bool]:
+    """``find_or_insert`` probing from the home slot ``start``."""
     mask = np.int64(slots.size - 1)
-    i = home(key, mask)
+    i = start
     while True:
         r = slots[i]
         if r < 0:
@@ -117,7 +174,7 @@ def find_or_insert(
     return np.int64(row), True
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, inline="always")
 def remove(
     slots: npt.NDArray[np.int32],
     keys: npt.NDArray[np.uint64],
@@ -163,8 +220,27 @@ def lookup_many(
     query: npt.NDArray[np.uint64],
     out: npt.NDArray[np.int64],
 ) -> None:
+    homes = homes_of(slots, query)
+    n = query.size
+    for i in range(n):
+        # Inline on purpose: a helper taking arrays costs ~15 ns a call in numba.
+        if i + 2 * PREFETCH < n:
+            prefetch(slots, homes[i + 2 * PREFETCH])
+        if i + PREFETCH < n:
+            r = slots[homes[i + PREFETCH]]
+            if r >= 0:
+                prefetch(keys, r)
+        out[i] = find_at(slots, keys, query[i], homes[i])
+
+
+@njit(nogil=True, cache=True)
+def homes_of(slots: npt.NDArray[np.int32], query: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
+    """Home slot of every query key (a cheap sequential pass before the random ones)."""
+    mask = np.int64(slots.size - 1)
+    homes = np.empty(query.size, dtype=np.int64)
     for i in range(query.size):
-        out[i] = find(slots, keys, query[i])
+        homes[i] = home(query[i], mask)
+    return homes
 
 
 @njit(nogil=True, cache=True)
@@ -255,9 +331,20 @@ def grown_rows(arr: npt.NDArray[Any], used: int, need: int) -> npt.NDArray[Any]:
     if need <= arr.shape[0]:
         return arr
     cap = max(need, int(arr.shape[0] * 1.5), 1024)
-    new = np.zeros((cap, *arr.shape[1:]), dtype=arr.dtype)
+    new = zeros_aligned((cap, *arr.shape[1:]), arr.dtype)
     new[:used] = arr[:used]
     return new
+
+
+def zeros_aligned(
+    shape: tuple[int, ...], dtype: npt.DTypeLike, align: int = 64
+) -> npt.NDArray[Any]:
+    """``np.zeros`` starting on a cache-line boundary, so a 64-byte row is one cache line."""
+    dt = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    buf = np.zeros(nbytes + align, dtype=np.uint8)
+    off = (-buf.ctypes.data) % align
+    return buf[off : off + nbytes].view(dt).reshape(shape)
 
 
 class HashIndex:

@@ -73,7 +73,7 @@ def flag_offset(kind: int, dim: int) -> int:
     return 2 * dim if kind == ADAM else 0
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, inline="always")
 def uniform_init(seed: np.uint64, key: np.uint64, column: Int, init_range: Float) -> Float:
     """U(-init_range, +init_range) from a hash of (seed, key, column)."""
     h = mix64(mix64(key ^ seed) + np.uint64(column + 1) * _GOLDEN)
@@ -81,7 +81,7 @@ def uniform_init(seed: np.uint64, key: np.uint64, column: Int, init_range: Float
     return (2.0 * u - 1.0) * init_range
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, inline="always")
 def init_part(  # noqa: PLR0917 - kernels take their arrays positionally
     slab: npt.NDArray[np.float32],
     row: Int,
@@ -108,7 +108,7 @@ def init_part(  # noqa: PLR0917 - kernels take their arrays positionally
         slab[row, scol + 2 * dim + 1] = 1.0
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, inline="always")
 def update_part(  # noqa: PLR0917 - kernels take their arrays positionally
     slab: npt.NDArray[np.float32],
     row: Int,

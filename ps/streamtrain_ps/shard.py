@@ -255,15 +255,25 @@ class Shard:
         corrupt or incomplete save raises ``CheckpointError`` and leaves the shard as it was.
         Returns the number of keys loaded.
         """
+        start = time.perf_counter()
+        payload = self.read_save(uri)
+        keys = self.install(payload)
+        self._last_load = time.perf_counter() - start
+        return keys
+
+    def read_save(self, uri: str) -> checkpoint.Payload:
+        """First half of ``load``: read and verify this shard's part of a save (no change)."""
         if not isinstance(uri, str) or not uri:
             raise InvalidRequestError("uri", "must be a non-empty fsspec URL")
-        start = time.perf_counter()
         try:
-            payload = checkpoint.load_payload(uri, self.config, self.shard_index, self.num_shards)
+            return checkpoint.load_payload(uri, self.config, self.shard_index, self.num_shards)
         except PSError:
             raise
-        except Exception as exc:
+        except Exception as exc:  # storage errors of any fsspec backend
             raise CheckpointError(f"load from {uri} failed: {type(exc).__name__}: {exc}") from exc
+
+    def install(self, payload: checkpoint.Payload) -> int:
+        """Second half of ``load``: swap a verified payload in; returns keys installed."""
         tables = list(self._tables.values())
         with ExitStack() as stack:
             for t in tables:
@@ -273,7 +283,6 @@ class Shard:
                 t.replace(keys, rows, tombs)
             if payload.dense is not None:
                 self._dense.replace(payload.dense)
-        self._last_load = time.perf_counter() - start
         return sum(int(v[0].size) for v in payload.tables.values())
 
     def stats(self) -> ShardStats:

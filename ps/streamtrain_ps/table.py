@@ -49,6 +49,8 @@ from streamtrain_ps.config import TableConfig
 from streamtrain_ps.index import Int
 from streamtrain_ps.optim import ADAM, init_part, params_vector, update_part
 
+PF = ix.PREFETCH
+
 # meta[] counters after the index's own.
 EXPANDED = 4
 ADMISSIONS = 5
@@ -223,9 +225,18 @@ def _push_kernel(  # noqa: PLR0917 - kernels take their arrays positionally
     xflag = ip[IP_XFLAG]
     threshold = ap[AP_EMBEDX_THRESHOLD]
     admitted = 0
-    for i in range(keys.size):
+    homes = ix.homes_of(arr_slots, keys)
+    n = keys.size
+    for i in range(n):
+        if i + 2 * PF < n:  # see index.lookup_many
+            ix.prefetch(arr_slots, homes[i + 2 * PF])
+        if i + PF < n:
+            ahead = arr_slots[homes[i + PF]]
+            if ahead >= 0:
+                ix.prefetch(arr_keys, ahead)
+                ix.prefetch(slab, ahead)
         key = keys[i]
-        row, created = ix.find_or_insert(arr_slots, arr_keys, meta, key)
+        row, created = ix.find_or_insert_at(arr_slots, arr_keys, meta, key, homes[i])
         if created:  # the row is all zeros: embed part, then mark embedx "not admitted"
             init_part(slab, row, EMBED_W, EMBED_STATE, 1, kind, kind == ADAM, seed, key, fp)
             slab[row, xflag] = -1.0
@@ -259,8 +270,17 @@ def _pull_kernel(  # noqa: PLR0917 - kernels take their arrays positionally
     xw: Int,
 ) -> None:
     dim = out.shape[1] - 3
-    for i in range(keys.size):
-        r = ix.find(arr_slots, arr_keys, keys[i])
+    homes = ix.homes_of(arr_slots, keys)
+    n = keys.size
+    for i in range(n):
+        if i + 2 * PF < n:  # see index.lookup_many
+            ix.prefetch(arr_slots, homes[i + 2 * PF])
+        if i + PF < n:
+            ahead = arr_slots[homes[i + PF]]
+            if ahead >= 0:
+                ix.prefetch(arr_keys, ahead)
+                ix.prefetch(slab, ahead)
+        r = ix.find_at(arr_slots, arr_keys, keys[i], homes[i])
         if r < 0:
             for j in range(dim + 3):
                 out[i, j] = 0.0
@@ -550,6 +570,6 @@ def _empty_arrays(capacity: int, width: int) -> _Arrays:
     rows = max(capacity, 1024)
     return _Arrays(
         np.full(ix.needed_capacity(capacity), ix.EMPTY, dtype=np.int32),
-        np.zeros(rows, dtype=np.uint64),
-        np.zeros((rows, width), dtype=np.float32),
+        ix.zeros_aligned((rows,), np.uint64),
+        ix.zeros_aligned((rows, width), np.float32),
     )
