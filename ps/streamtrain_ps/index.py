@@ -24,7 +24,8 @@ a probe never follows a row id beyond the arrays it was handed).
 
 from __future__ import annotations
 
-from typing import Any, TypeAlias
+from collections.abc import Callable
+from typing import Any, TypeAlias, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -62,7 +63,7 @@ PREFETCH = 12
 
 
 @intrinsic
-def prefetch(typingctx: Any, arr: Any, idx: Any) -> Any:
+def _prefetch(typingctx: Any, arr: Any, idx: Any) -> Any:
     """Hint the CPU to fetch ``arr[idx]`` (1-D) or row ``arr[idx, 0]`` (2-D) into cache.
 
     Batch kernels look keys up ``PREFETCH`` positions ahead so the random memory accesses
@@ -89,6 +90,10 @@ def prefetch(typingctx: Any, arr: Any, idx: Any) -> Any:
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+#: ``prefetch(arr, i)`` inside kernels (typed for mypy; numba sees the intrinsic).
+prefetch = cast(Callable[[Any, Any], None], _prefetch)
 
 
 @njit(nogil=True, cache=True, inline="always")
