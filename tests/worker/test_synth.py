@@ -1,0 +1,139 @@
+"""The synthetic stream: layout, donefiles, oracle AUC, determinism, drift, delayed donefiles."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from streamtrain_worker import synth
+from streamtrain_worker.data import layout
+from streamtrain_worker.data.config import DataConfig
+from streamtrain_worker.data.reader import iter_batches
+
+
+def small(out: Path, **extra: object) -> synth.SynthConfig:
+    options: dict[str, object] = {
+        "out": str(out),
+        "days": 2,
+        "split_interval_minutes": 240,
+        "splits_per_pass": 3,
+        "rows_per_folder": 400,
+        "num_users": 2000,
+        "num_items": 500,
+    }
+    options.update(extra)
+    return synth.SynthConfig(**options)  # type: ignore[arg-type]
+
+
+def test_layout_donefiles_and_readable_data(tmp_path: Path) -> None:
+    cfg = small(tmp_path)
+    result = synth.generate(cfg)
+    assert len(result.folders) == 12  # 2 days x 6 folders of 4 hours
+    assert result.folders[:2] == [f"{tmp_path}/20261101/0000", f"{tmp_path}/20261101/0400"]
+    for folder in result.folders:
+        assert layout.folder_ready(folder)
+        assert [Path(p).name for p, _ in layout.list_part_files(folder)] == [
+            "part-00000",
+            "part-00001",
+        ]
+    data = DataConfig.from_dict(json.loads((tmp_path / "data.json").read_text()))
+    assert data.slot_names == synth.SLOTS
+    assert data.sequenceSlot == synth.SEQUENCE_SLOT
+    files = [
+        p
+        for f in layout.pass_folders(str(tmp_path), "20261102", 2, 240, 3)
+        for p, _ in layout.list_part_files(f)
+    ]
+    batches = list(iter_batches(files, data, 256))
+    assert sum(b.size for b in batches) == 1200
+    counts = np.diff(batches[0].offsets).reshape(-1, len(synth.SLOTS))
+    assert np.all(counts[:, :6] == 1)
+    assert np.all((counts[:, 6] >= 3) & (counts[:, 6] <= 12))  # the behaviour sequence
+
+
+def test_oracle_auc_is_informative_and_recorded(tmp_path: Path) -> None:
+    result = synth.generate(small(tmp_path))
+    oracle = json.loads((tmp_path / "oracle.json").read_text())
+    assert [(p["day"], p["pass_index"]) for p in oracle["passes"]] == [
+        ("20261101", 1),
+        ("20261101", 2),
+        ("20261102", 1),
+        ("20261102", 2),
+    ]
+    for p in result.passes:
+        assert p.rows == 1200
+        assert 0 < p.positives < p.rows
+        assert p.oracle_auc > 0.6
+    assert oracle["passes"][0]["oracle_auc"] == result.passes[0].oracle_auc
+
+
+def test_deterministic_by_seed(tmp_path: Path) -> None:
+    synth.generate(small(tmp_path / "a", seed=3))
+    synth.generate(small(tmp_path / "b", seed=3))
+    synth.generate(small(tmp_path / "c", seed=4))
+    part = Path("20261102") / "0400" / "part-00001"
+    assert (tmp_path / "a" / part).read_bytes() == (tmp_path / "b" / part).read_bytes()
+    assert (tmp_path / "a" / part).read_bytes() != (tmp_path / "c" / part).read_bytes()
+
+
+def test_new_features_appear_each_day(tmp_path: Path) -> None:
+    synth.generate(small(tmp_path, new_feature_fraction=0.2))
+
+    def items(day: str) -> set[int]:
+        ids: set[int] = set()
+        for part in (tmp_path / day).glob("*/part-*"):
+            for token in part.read_text().split():
+                value, _, slot = token.partition(":")
+                if slot == "item":
+                    ids.add(int(value))
+        return ids
+
+    first, second = items("20261101"), items("20261102")
+    assert max(first) < 500  # day one only knows the initial ids
+    assert {i for i in second if i >= 500}  # day two brings brand-new ids
+
+
+def test_auc_matches_pairwise_counting() -> None:
+    rng = np.random.default_rng(0)
+    scores = rng.integers(0, 5, 60).astype(np.float64)  # many ties
+    labels = rng.integers(0, 2, 60)
+    wins = 0.0
+    pairs = 0
+    for i, j in itertools.product(np.flatnonzero(labels == 1), np.flatnonzero(labels == 0)):
+        pairs += 1
+        wins += 1.0 if scores[i] > scores[j] else 0.5 if scores[i] == scores[j] else 0.0
+    assert synth.auc(scores, labels) == pytest.approx(wins / pairs)
+    assert synth.auc(scores, np.zeros(60, dtype=np.int64)) == 0.5
+
+
+def test_delayed_donefiles_arrive_in_order(tmp_path: Path) -> None:
+    cfg = small(tmp_path, days=1, rows_per_folder=20)
+    result, writer = synth.generate_delayed(cfg, delay_seconds=0.2)
+    try:
+        assert not layout.folder_ready(result.folders[-1])
+        deadline = time.monotonic() + 30
+        while not layout.folder_ready(result.folders[-1]) and time.monotonic() < deadline:
+            time.sleep(0.01)  # polling with a timeout
+        assert all(layout.folder_ready(f) for f in result.folders)
+    finally:
+        writer.stop()
+    assert writer.written == len(result.folders)
+
+
+def test_cli_writes_and_reports(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    synth.main(
+        [
+            "--out", str(tmp_path), "--days", "1", "--start", "20261231",
+            "--split-interval-minutes", "720", "--rows-per-folder", "50", "--seed", "7",
+        ]
+    )  # fmt: skip
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert json.loads(lines[0])["day"] == "20261231"
+    summary = json.loads(lines[-1])
+    assert (summary["folders"], summary["passes"]) == (2, 2)
+    assert layout.folder_ready(str(tmp_path / "20261231" / "1200"))
