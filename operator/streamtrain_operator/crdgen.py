@@ -34,6 +34,8 @@ from typing import Any
 import yaml
 
 from streamtrain_operator import spec as specmod
+from streamtrain_operator.plan import StepKind
+from streamtrain_operator.progress import Phase
 
 GROUP = "streamtrain.io"
 VERSION = "v1alpha1"
@@ -45,16 +47,9 @@ CRD_FILE = Path("crds") / f"{GROUP}_{PLURAL}.yaml"
 CHART_CRD_FILE = Path("charts") / "streamtrain" / "templates" / "crd.yaml"
 REFERENCE_FILE = Path("docs") / "crd-reference.md"
 
-#: Phases of a job, in lifecycle order (ARCHITECTURE.md §1).
-PHASES = (
-    "Pending",
-    "WaitingForData",
-    "Training",
-    "Saving",
-    "Shrinking",
-    "Suspended",
-    "Succeeded",
-    "Failed",
+#: Phases of a job, in lifecycle order (the scheduler's ``Phase`` constants).
+PHASES = tuple(
+    value for name, value in vars(Phase).items() if name.isupper() and isinstance(value, str)
 )
 
 #: Fields holding Kubernetes resource quantities ("4", 4, "32Gi").
@@ -242,10 +237,13 @@ def object_schema(cls: type) -> dict[str, Any]:
     return schema
 
 
-def _day_pass(description: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def _step(description: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A step key ``day/pass/step`` (``plan.StepKey``) plus extra fields."""
+    steps = [k.value for k in StepKind]
     props: dict[str, Any] = {
         "day": {"type": "string", "description": "Day, YYYYMMDD."},
         "pass": {"type": "integer", "description": "Pass index within the day, from 1."},
+        "step": {"type": "string", "enum": steps, "description": "Step of the pass."},
     }
     props.update(extra or {})
     return {"type": "object", "description": description, "properties": props}
@@ -254,6 +252,10 @@ def _day_pass(description: str, extra: dict[str, Any] | None = None) -> dict[str
 def status_schema() -> dict[str, Any]:
     """The status the operator writes; explicit, so the API server prunes nothing it needs."""
     time = {"type": "string", "format": "date-time"}
+    published = {
+        "kind": {"type": "string", "enum": [k.value for k in StepKind]},
+        "uri": {"type": "string", "description": "Where it was published."},
+    }
     condition = {
         "type": "object",
         "required": ["type", "status"],
@@ -280,17 +282,10 @@ def status_schema() -> dict[str, Any]:
                 "description": "Restart generation: bumped on every PS recovery; pod labels "
                 "carry it so results of older generations are ignored.",
             },
-            "current": _day_pass(
-                "The pass in progress.", {"startedAt": time, "step": {"type": "string"}}
-            ),
-            "lastCompleted": _day_pass("The last pass whose results are in.", {"finishedAt": time}),
-            "lastCheckpoint": _day_pass(
-                "The last published checkpoint.", {"uri": {"type": "string"}}
-            ),
-            "lastExport": _day_pass(
-                "The last published inference model.",
-                {"kind": {"type": "string", "enum": ["base", "delta"]}, "uri": {"type": "string"}},
-            ),
+            "current": _step("The step in progress.", {"startedAt": time}),
+            "lastCompleted": _step("The last completed step."),
+            "lastCheckpoint": _step("The last published checkpoint.", published),
+            "lastExport": _step("The last published inference model.", published),
             "metrics": {
                 "type": "object",
                 "description": "Global metrics of the last completed pass (decimal strings).",
