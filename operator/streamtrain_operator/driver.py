@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import fsspec
 
-from streamtrain_operator import export
+from streamtrain_operator import export, render
 from streamtrain_operator.plan import PassPlan, StepKey, StepKind, join_uri
 from streamtrain_operator.progress import Phase, Progress
 from streamtrain_operator.scheduler import (
@@ -47,6 +47,7 @@ from streamtrain_operator.spec import JobSpec
 from streamtrain_operator.state import StateStore
 from streamtrain_ps.api import PSLike, SaveMode
 from streamtrain_ps.errors import CheckpointError, PSUnavailableError
+from streamtrain_worker.config import MetricsConfig
 from streamtrain_worker.data import layout
 from streamtrain_worker.data.sharding import assign_files
 from streamtrain_worker.metrics import PassMetrics
@@ -298,6 +299,12 @@ class Driver:
                 policy=self.retry,
                 sleep=self.sleep,
                 clock=self.clock,
+                extra={
+                    "data": self.spec.data.data_config().to_dict(),
+                    "table": render.TABLE,
+                    "numBuckets": MetricsConfig().numBuckets,
+                    "model": self.spec.model.type,
+                },
             )
         except Exception as exc:
             log.exception("export %s", target.uri)

@@ -177,11 +177,13 @@ async def publish_model(
     policy: RetryPolicy,
     sleep: Sleep,
     clock: Callable[[], float] = time.time,
+    extra: Mapping[str, Any] | None = None,
 ) -> DoneLine:
     """Write the parts, ``MODEL.json`` and the donefile line (idempotent per target).
 
     ``save_sparse(uri)`` is the PS save (it publishes its own ``MANIFEST.json`` below
-    ``uri``); ``export_dense(uri)`` is a worker's ``ExportDense``.
+    ``uri``); ``export_dense(uri)`` is a worker's ``ExportDense``. ``extra`` goes into
+    ``MODEL.json`` as is (the data config, table and metric buckets the predictor needs).
     """
     existing = published(target.root, target.key)
     if existing is not None:
@@ -204,13 +206,13 @@ async def publish_model(
             {"path": f"sparse/{f.path}", "size": f.size, "sha256": f.sha256, "rows": f.rows}
             for f in sparse.files
         ]
-        extra = ["sparse/MANIFEST.json"] + [
+        unlisted = ["sparse/MANIFEST.json"] + [
             f"dense/{name}" for name in sorted(_names(fs, f"{model_dir}/dense"))
         ]
-        for rel in extra:
+        for rel in unlisted:
             size, digest = _sha256_of(fs, f"{model_dir}/{rel}")
             files.append({"path": rel, "size": size, "sha256": digest})
-        manifest = {
+        manifest: dict[str, Any] = {
             "format": FORMAT,
             "version": FORMAT_VERSION,
             "key": target.key,
@@ -224,6 +226,7 @@ async def publish_model(
             "metrics": dict(metrics),
             "files": files,
         }
+        manifest.update(extra or {})
         _atomic_write(
             fs,
             f"{model_dir}/{MODEL_MANIFEST}",

@@ -1,0 +1,259 @@
+"""Local mode: the job's PS shards and workers as child processes of ``streamtrain run``.
+
+Each child is started with ``--port 0`` on 127.0.0.1 and announces its bound address on its
+first output line (``listening on HOST:PORT``); everything else it prints goes to
+``<workdir>/logs/<name>.log``. Children are tied to this process three ways, so none
+outlives it: a normal exit stops them (SIGTERM, then SIGKILL after a grace period), a signal
+or an exception runs the same ``finally``, and on Linux each child has ``PR_SET_PDEATHSIG``
+so even a SIGKILLed ``streamtrain run`` takes its children with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import ctypes.util
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from streamtrain_operator import render
+from streamtrain_operator.driver import Driver, Observer
+from streamtrain_operator.progress import Phase, Progress
+from streamtrain_operator.reporting import ProgressPrinter
+from streamtrain_operator.spec import Job
+from streamtrain_operator.state import LocalStateFile
+from streamtrain_operator.worker_client import GrpcWorker
+from streamtrain_ps.remote import PSUnavailableError, RemotePS
+
+LISTENING = re.compile(r"listening on (\S+:\d+)")
+PR_SET_PDEATHSIG = 1
+
+
+class LaunchError(RuntimeError):
+    """A child process did not start (its log file is named in the message)."""
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    libc_name = ctypes.util.find_library("c")
+    if libc_name:
+        ctypes.CDLL(libc_name, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+@dataclass
+class Child:
+    name: str
+    process: subprocess.Popen[str]
+    log_path: Path
+    address: str = ""
+    _drain: threading.Thread | None = field(default=None, repr=False)
+
+
+class LocalCluster:
+    """Starts and stops the PS shards and workers of one job on this machine."""
+
+    def __init__(
+        self,
+        job: Job,
+        workdir: Path,
+        python: str = sys.executable,
+        start_timeout: float = 120.0,
+    ) -> None:
+        self.job = job
+        self.workdir = workdir
+        self.python = python
+        self.start_timeout = start_timeout
+        self.children: list[Child] = []
+        self.ps_endpoints: list[str] = []
+        self.worker_endpoints: list[str] = []
+
+    def start(self) -> None:
+        """Start every PS shard, then every worker (they need the PS endpoints)."""
+        spec = self.job.spec
+        configs = self.workdir / "configs"
+        configs.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
+        ps_json = configs / "ps.json"
+        ps_json.write_text(render.render_ps(spec))
+        n = spec.ps.replicas
+        shards = [
+            self._spawn(
+                f"ps-{i}",
+                [
+                    *("-m", "streamtrain_ps", "--port", "0", "--config", str(ps_json)),
+                    *("--shard-index", str(i), "--num-shards", str(n)),
+                ],
+            )
+            for i in range(n)
+        ]
+        self.ps_endpoints = [self._await_listening(c) for c in shards]
+        worker_json = configs / "worker.json"
+        worker_json.write_text(render.render_worker(spec, self.ps_endpoints))
+        workers = [
+            self._spawn(
+                f"worker-{i}",
+                [
+                    *("-m", "streamtrain_worker", "--port", "0", "--config", str(worker_json)),
+                    *("--worker-index", str(i)),
+                ],
+            )
+            for i in range(spec.workers.replicas)
+        ]
+        self.worker_endpoints = [self._await_listening(c) for c in workers]
+
+    def _spawn(self, name: str, args: Sequence[str]) -> Child:
+        log_path = self.workdir / "logs" / f"{name}.log"
+        log_file = log_path.open("a")
+        process = subprocess.Popen(
+            [self.python, *args],
+            stdout=subprocess.PIPE,
+            stderr=log_file,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,  # noqa: PLW1509
+        )
+        log_file.close()
+        child = Child(name, process, log_path)
+        self.children.append(child)
+        return child
+
+    def _await_listening(self, child: Child) -> str:
+        """Read the child's first lines until ``listening on``; then drain the rest to its log."""
+        assert child.process.stdout is not None
+        stdout = child.process.stdout
+        found: list[str] = []
+        done = threading.Event()
+
+        def read() -> None:
+            with child.log_path.open("a") as log:
+                for line in stdout:
+                    if not found and (m := LISTENING.search(line)):
+                        found.append(m.group(1))
+                        done.set()
+                    log.write(line)
+                    log.flush()
+            done.set()
+
+        child._drain = threading.Thread(target=read, name=f"drain-{child.name}", daemon=True)
+        child._drain.start()
+        if not done.wait(self.start_timeout) or not found:
+            code = child.process.poll()
+            tail = _tail(child.log_path)
+            raise LaunchError(
+                f"{child.name} did not start (exit code {code}); see {child.log_path}:\n{tail}"
+            )
+        child.address = found[0]
+        return child.address
+
+    def stop(self, grace: float = 10.0) -> None:
+        """SIGTERM every child, wait up to ``grace`` seconds, SIGKILL what is left."""
+        for child in self.children:
+            if child.process.poll() is None:
+                child.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for child in self.children:
+            try:
+                child.process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.process.kill()
+                child.process.wait()
+            if child._drain is not None:
+                child._drain.join(timeout=5)
+        self.children.clear()
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text().splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How ``streamtrain run`` runs one job locally."""
+
+    state_path: Path
+    workdir: Path
+    out: TextIO = sys.stdout
+    start_timeout: float = 120.0
+
+
+async def _connect(
+    cluster: LocalCluster, job: Job, timeout: float
+) -> tuple[RemotePS, list[GrpcWorker]]:
+    ps = RemotePS(cluster.ps_endpoints, render.ps_config(job.spec))
+    try:
+        await asyncio.to_thread(ps.wait_ready, timeout)
+    except PSUnavailableError:
+        ps.close()
+        raise
+    workers = [GrpcWorker(ep, name=f"worker-{i}") for i, ep in enumerate(cluster.worker_endpoints)]
+    await asyncio.gather(*(w.wait_ready(timeout) for w in workers))
+    return ps, workers
+
+
+async def run_job(job: Job, options: RunOptions) -> Progress:
+    """Start the processes, run the scheduler to the end (or a signal), stop everything."""
+    out = options.out
+    store = LocalStateFile(options.state_path)
+    printer = ProgressPrinter(job, out)
+    previous = store.load()
+    if previous is not None and previous.phase in Phase.TERMINAL:
+        printer.line(f"{job.name}: already {previous.phase} ({previous.message})")
+        return previous
+    cluster = LocalCluster(job, options.workdir, start_timeout=options.start_timeout)
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    stopping: list[str] = []
+
+    def on_signal(signum: int) -> None:
+        stopping.append(signal.Signals(signum).name)
+        if task is not None:
+            task.cancel()
+
+    for s in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(s, on_signal, s)
+    ps: RemotePS | None = None
+    workers: list[GrpcWorker] = []
+    try:
+        printer.line(
+            f"{job.name}: starting {job.spec.ps.replicas} PS shard(s) and "
+            f"{job.spec.workers.replicas} worker(s) (logs in {options.workdir / 'logs'})"
+        )
+        cluster.start()
+        ps, workers = await _connect(cluster, job, options.start_timeout)
+        driver = Driver(
+            job.spec,
+            ps,
+            workers,
+            store,
+            observer=Observer(on_action=printer.on_action, on_progress=printer.on_progress),
+        )
+        progress = await driver.run()
+        printer.finish(progress)
+        return progress
+    except asyncio.CancelledError:
+        progress = store.load() or Progress()
+        printer.line(
+            f"{job.name}: stopped by {', '.join(stopping) or 'cancel'}; progress saved in "
+            f"{options.state_path} (run again to resume)"
+        )
+        return progress
+    finally:
+        for s in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(s)
+        for w in workers:
+            with contextlib.suppress(Exception):
+                await w.close()
+        if ps is not None:
+            ps.close()
+        cluster.stop()
