@@ -1,0 +1,316 @@
+"""``python -m streamtrain_ps.bench --json`` (``make bench-ps``): PS shard throughput and memory.
+
+One shard, one table with ``embedxDim`` 8 and ``embedxThreshold`` 0 (every key expanded),
+SparseAdaGrad. The table is grown to ``--keys`` keys (default 10M), then batches of
+``--batch`` keys (default 100k) are drawn Zipf-like: rank ``r`` has probability ~ 1/r over
+all keys (log-uniform ranks, bounded at the table size), so a batch has a hot head and a long
+tail like real feature signs. Measured:
+
+- in-process ``Shard.pull_sparse`` / ``push_sparse`` keys/s (``--threads`` callers);
+- the same through ``RemotePS`` against ``python -m streamtrain_ps`` on 127.0.0.1
+  (a subprocess, grown to the same size over gRPC);
+- bytes per fully expanded key: resident-memory growth of the process holding the table
+  while it grows, divided by the keys (in-process shard; the server's is printed too).
+
+Keys/s counts the keys of the batches as the caller passed them (duplicates included), which
+is what a worker experiences. A human table goes to stdout, then the LAST line is one JSON
+object with ``pull_keys_per_s``, ``push_keys_per_s``, ``rpc_pull_keys_per_s``,
+``rpc_push_keys_per_s`` and ``bytes_per_key``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
+from streamtrain_ps.remote import RemotePS
+from streamtrain_ps.shard import Shard
+
+TABLE = "embedding"
+GROW_CHUNK = 1_000_000
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def bench_config(batch: int) -> PSConfig:
+    return PSConfig(
+        tables=(
+            TableConfig(
+                name=TABLE,
+                embedxDim=8,
+                embedxThreshold=0.0,
+                optimizer=SparseOptimizerConfig(type="adagrad"),
+            ),
+        ),
+        maxKeysPerRequest=max(batch, GROW_CHUNK),
+    )
+
+
+def all_keys(n: int) -> npt.NDArray[np.uint64]:
+    """``n`` distinct, well-spread feature signs (an odd multiplier is a bijection mod 2^64)."""
+    with np.errstate(over="ignore"):
+        return np.arange(1, n + 1, dtype=np.uint64) * _GOLDEN
+
+
+def zipf_batches(
+    keys: npt.NDArray[np.uint64], batch: int, count: int, seed: int
+) -> list[npt.NDArray[np.uint64]]:
+    """Batches whose rank r is drawn with P ~ 1/r (log-uniform), bounded by the table size."""
+    rng = np.random.default_rng(seed)
+    log_n = np.log(keys.size)
+    out = []
+    for _ in range(count):
+        ranks = np.floor(np.exp(rng.random(batch) * log_n)).astype(np.int64) - 1
+        out.append(keys[np.clip(ranks, 0, keys.size - 1)])
+    return out
+
+
+class PushData:
+    """Gradients, shows and clicks for one batch size (reused: generating them is not timed)."""
+
+    def __init__(self, batch: int, dim: int, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        self.grads = (rng.standard_normal((batch, dim)) * 0.01).astype(np.float32)
+        self.shows = np.ones(batch, np.float32)
+        self.clicks = (rng.random(batch) < 0.05).astype(np.float32)
+
+
+def rss_bytes(pid: int | None = None) -> int:
+    """Resident set size from /proc (Linux)."""
+    path = f"/proc/{pid or 'self'}/status"
+    for line in Path(path).read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS in {path}")
+
+
+def grow(push: Callable[..., object], keys: npt.NDArray[np.uint64], dim: int) -> None:
+    """Push every key once (show 1), so every key exists and (threshold 0) is expanded."""
+    for start in range(0, keys.size, GROW_CHUNK):
+        chunk = keys[start : start + GROW_CHUNK]
+        n = chunk.size
+        push(
+            TABLE,
+            chunk,
+            np.zeros((n, dim), np.float32),
+            np.ones(n, np.float32),
+            np.zeros(n, np.float32),
+        )
+
+
+def warm_up(config: PSConfig, dim: int) -> None:
+    """Compile (or load) every numba kernel on a throwaway shard, so the JIT's own memory is
+    not counted as table memory."""
+    shard = Shard(config)
+    keys = all_keys(1000)
+    data = PushData(keys.size, dim, 0)
+    shard.push_sparse(TABLE, keys, data.grads, data.shows, data.clicks)
+    shard.pull_sparse(TABLE, keys)
+
+
+def throughput(
+    fn: Callable[[npt.NDArray[np.uint64]], object],
+    batches: Sequence[npt.NDArray[np.uint64]],
+    threads: int,
+    seconds: float,
+) -> float:
+    """Keys/s of ``fn`` called back to back by ``threads`` threads for ~``seconds``."""
+    fn(batches[0])  # warm-up: numba dispatch, channel connect
+    done = [0] * threads
+    stop_at = time.perf_counter() + seconds
+    barrier = threading.Barrier(threads + 1)
+
+    def loop(t: int) -> None:
+        barrier.wait()
+        i = t
+        while time.perf_counter() < stop_at:
+            b = batches[i % len(batches)]
+            fn(b)
+            done[t] += b.size
+            i += threads
+
+    workers = [threading.Thread(target=loop, args=(t,)) for t in range(threads)]
+    for w in workers:
+        w.start()
+    start = time.perf_counter()
+    barrier.wait()
+    for w in workers:
+        w.join()
+    return sum(done) / (time.perf_counter() - start)
+
+
+def bench_in_process(
+    config: PSConfig,
+    keys: npt.NDArray[np.uint64],
+    batches: list[npt.NDArray[np.uint64]],
+    args: argparse.Namespace,
+) -> dict[str, float]:
+    dim = config.table(TABLE).push_dim
+    warm_up(config, dim)
+    gc.collect()
+    before = rss_bytes()
+    shard = Shard(config)
+    t0 = time.perf_counter()
+    grow(shard.push_sparse, keys, dim)
+    grow_s = time.perf_counter() - t0
+    bytes_per_key = (rss_bytes() - before) / keys.size
+    stats = shard.stats().tables[0]
+    assert stats.keys == keys.size and stats.expanded_keys == keys.size, stats
+    data = PushData(args.batch, dim, args.seed)
+    res: dict[str, float] = {
+        "grow_s": grow_s,
+        "bytes_per_key": bytes_per_key,
+        "table_memory_bytes_per_key": stats.memory_bytes / keys.size,
+    }
+    for threads in sorted({1, args.threads}):
+        res[f"pull_t{threads}"] = throughput(
+            lambda b: shard.pull_sparse(TABLE, b), batches, threads, args.seconds
+        )
+        res[f"push_t{threads}"] = throughput(
+            lambda b: shard.push_sparse(TABLE, b, data.grads, data.shows, data.clicks),
+            batches,
+            threads,
+            args.seconds,
+        )
+    return res
+
+
+def start_server(config: PSConfig, workers: int, tmp: Path) -> tuple[subprocess.Popen[str], str]:
+    cfg_path = tmp / "ps.json"
+    cfg_path.write_text(config.to_json())
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "streamtrain_ps",
+            "--port",
+            "0",
+            "--config",
+            str(cfg_path),
+            "--workers",
+            str(workers),
+            "--log-level",
+            "WARNING",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if "listening on " not in line:
+        proc.kill()
+        raise RuntimeError(f"PS server did not start: {line!r}")
+    return proc, line.split("listening on ", 1)[1].split()[0]
+
+
+def bench_rpc(
+    config: PSConfig,
+    keys: npt.NDArray[np.uint64],
+    batches: list[npt.NDArray[np.uint64]],
+    args: argparse.Namespace,
+) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, address = start_server(config, args.server_workers, Path(tmp))
+        try:
+            with RemotePS(
+                [address], config, channels_per_server=args.channels, request_keys=args.request_keys
+            ) as ps:
+                ps.wait_ready()
+                dim = config.table(TABLE).push_dim
+                before = rss_bytes(proc.pid)
+                t0 = time.perf_counter()
+                grow(ps.push_sparse, keys, dim)
+                res: dict[str, float] = {
+                    "grow_s": time.perf_counter() - t0,
+                    "server_bytes_per_key": (rss_bytes(proc.pid) - before) / keys.size,
+                }
+                data = PushData(args.batch, dim, args.seed)
+                for threads in sorted({1, args.threads}):
+                    res[f"pull_t{threads}"] = throughput(
+                        lambda b: ps.pull_sparse(TABLE, b), batches, threads, args.seconds
+                    )
+                    res[f"push_t{threads}"] = throughput(
+                        lambda b: ps.push_sparse(TABLE, b, data.grads, data.shows, data.clicks),
+                        batches,
+                        threads,
+                        args.seconds,
+                    )
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+    return res
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m streamtrain_ps.bench", description=__doc__)
+    p.add_argument("--keys", type=int, default=10_000_000, help="table size")
+    p.add_argument("--batch", type=int, default=100_000, help="keys per batch")
+    p.add_argument("--batches", type=int, default=16, help="distinct batches cycled through")
+    p.add_argument("--seconds", type=float, default=4.0, help="duration of each measurement")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 2, help="concurrent callers")
+    p.add_argument("--channels", type=int, default=2, help="gRPC channels to the server")
+    p.add_argument("--request-keys", type=int, default=65_536, help="keys per RPC (client split)")
+    p.add_argument("--server-workers", type=int, default=16, help="server RPC threads")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--skip-rpc", action="store_true", help="in-process only")
+    p.add_argument("--json", action="store_true", help="end with one JSON line (always printed)")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    config = bench_config(args.batch)
+    keys = all_keys(args.keys)
+    batches = zipf_batches(keys, args.batch, args.batches, args.seed)
+    unique = float(np.mean([np.unique(b).size / b.size for b in batches]))
+    print(
+        f"PS shard bench: {args.keys:,} keys, embedxDim 8 (all expanded), SparseAdaGrad, "
+        f"batches of {args.batch:,} Zipf-like keys ({unique:.0%} unique), "
+        f"{args.threads} caller threads, {os.cpu_count()} cores",
+        flush=True,
+    )
+    local = bench_in_process(config, keys, batches, args)
+    gc.collect()
+    remote = {} if args.skip_rpc else bench_rpc(config, keys, batches, args)
+    t = args.threads
+    rows = [
+        ("grow to table size (s)", local["grow_s"], remote.get("grow_s")),
+        ("pull keys/s, 1 thread", local["pull_t1"], remote.get("pull_t1")),
+        (f"pull keys/s, {t} threads", local[f"pull_t{t}"], remote.get(f"pull_t{t}")),
+        ("push keys/s, 1 thread", local["push_t1"], remote.get("push_t1")),
+        (f"push keys/s, {t} threads", local[f"push_t{t}"], remote.get(f"push_t{t}")),
+        ("RSS bytes per expanded key", local["bytes_per_key"], remote.get("server_bytes_per_key")),
+        ("table memory_bytes per key", local["table_memory_bytes_per_key"], None),
+    ]
+    print(f"{'':32} {'in-process':>14} {'gRPC 127.0.0.1':>16}")
+    for name, a, b in rows:
+        print(f"{name:32} {a:>14,.1f} {'-' if b is None else f'{b:,.1f}':>16}")
+    result = {
+        "pull_keys_per_s": round(max(local["pull_t1"], local[f"pull_t{t}"])),
+        "push_keys_per_s": round(max(local["push_t1"], local[f"push_t{t}"])),
+        "rpc_pull_keys_per_s": round(max(remote.get("pull_t1", 0), remote.get(f"pull_t{t}", 0))),
+        "rpc_push_keys_per_s": round(max(remote.get("push_t1", 0), remote.get(f"push_t{t}", 0))),
+        "bytes_per_key": round(local["bytes_per_key"], 1),
+        "keys": args.keys,
+        "batch": args.batch,
+        "threads": t,
+    }
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
