@@ -156,3 +156,11 @@ def test_close_mid_file_with_a_full_queue(tmp_path: Path) -> None:
         next(iter(reader))
     assert not reader.running
     assert reader.stats.files == 0
+
+
+def test_bench_parse_measures_every_format() -> None:
+    from streamtrain_worker import bench_parse
+
+    rates = bench_parse.measure_all(DATA, min_seconds=0.0)
+    assert set(rates) == {"criteo", "avazu", "libsvm", "csv", "slot"}
+    assert all(rate > 0 for rate in rates.values())
