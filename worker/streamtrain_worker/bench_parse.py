@@ -65,7 +65,7 @@ def measure(config: DataConfig, path: Path | str, *, min_seconds: float = 0.5) -
     start = time.perf_counter()
     elapsed = 0.0
     repeat = 1
-    while lines == 0 or elapsed < min_seconds:
+    while repeat == 1 or elapsed < min_seconds:
         for batch in iter_batches(files * repeat, config, BATCH_SIZE, fmt=fmt):
             lines += batch.size
         elapsed = time.perf_counter() - start
