@@ -164,3 +164,17 @@ def test_bench_parse_measures_every_format() -> None:
     rates = bench_parse.measure_all(DATA, min_seconds=0.0)
     assert set(rates) == {"criteo", "avazu", "libsvm", "csv", "slot"}
     assert all(rate > 0 for rate in rates.values())
+
+
+def test_dropping_the_iterator_stops_the_thread(tmp_path: Path) -> None:
+    (tmp_path / "part-0").write_bytes(CRITEO.read_bytes() * 2)
+    reader = PassReader(
+        [str(tmp_path / "part-0")], CRITEO_CFG, 32, prefetch_blocks=1, block_bytes=4096
+    )
+    batches = iter(reader)
+    next(batches)
+    del batches  # the generator's cleanup closes the reader
+    deadline = time.monotonic() + 30
+    while reader.running and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not reader.running

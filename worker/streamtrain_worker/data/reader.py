@@ -177,10 +177,17 @@ class PassReader:
                 yield item
 
     def _batches(self) -> Iterator[Batch]:
+        try:
+            yield from self._rechunk(self._blocks())
+        finally:
+            # Normal end, an error, or the consumer dropping the iterator: the thread stops.
+            self.close()
+
+    def _rechunk(self, blocks: Iterator[Batch]) -> Iterator[Batch]:
         size = self._batch_size
         pending: list[Batch] = []
         buffered = 0
-        for block in self._blocks():
+        for block in blocks:
             start = 0
             if buffered:
                 need = size - buffered
