@@ -306,6 +306,10 @@ class Shard:
             last_load_seconds=self._last_load,
         )
 
+    def table(self, name: str) -> SparseTable:
+        """The engine table behind ``name`` (tools and tests that need full rows)."""
+        return self._table(name)
+
     # -- validation -------------------------------------------------------------------------
 
     def _table(self, name: str) -> SparseTable:

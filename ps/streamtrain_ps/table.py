@@ -410,6 +410,14 @@ class SparseTable:
             _pull_kernel(a.slots, a.keys, a.slab, keys, out, self.layout.embedx_w)
         return out
 
+    def rows_of(self, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
+        """Row id of each key (-1 if absent); for tools and tests that read full rows."""
+        out = np.empty(keys.size, dtype=np.int64)
+        with self.lock.read():
+            a = self._arrays
+            ix.lookup_many(a.slots, a.keys, keys, out)
+        return out
+
     def push_merged(
         self,
         keys: npt.NDArray[np.uint64],

@@ -1,0 +1,269 @@
+"""Save -> publish -> load: bit-identical round trips, N -> M re-sharding, and failures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import fsspec
+import numpy as np
+import pytest
+
+from streamtrain_ps import checkpoint
+from streamtrain_ps.accessor import DELTA
+from streamtrain_ps.api import SaveMode
+from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
+from streamtrain_ps.errors import CheckpointError
+from streamtrain_ps.local import LocalPS
+from streamtrain_ps.shard import Shard
+
+D = 3
+
+
+def _config(**kw: object) -> PSConfig:
+    tables = (
+        TableConfig(name="embedding", embedxDim=D, embedxThreshold=1.0),
+        TableConfig(
+            name="user ids/è",  # not a safe path component: hex-escaped in file names
+            embedxDim=2,
+            embedxThreshold=0.0,
+            optimizer=SparseOptimizerConfig(type="adam"),
+        ),
+    )
+    return PSConfig(tables=tables, logicalShards=8, **kw)  # type: ignore[arg-type]
+
+
+def _train(ps: LocalPS | Shard, seed: int = 0, rounds: int = 4) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    keys = rng.integers(0, 2**64 - 1, 500, dtype=np.uint64, endpoint=True)
+    for _ in range(rounds):
+        k = rng.choice(keys, 800)
+        for table, dim in (("embedding", D), ("user ids/è", 2)):
+            ps.push_sparse(
+                table,
+                k,
+                rng.normal(size=(k.size, dim + 1)).astype(np.float32),
+                rng.integers(0, 3, k.size).astype(np.float32),
+                (rng.random(k.size) < 0.2).astype(np.float32),
+                rng.integers(0, 40, k.size).astype(np.uint32),
+            )
+    ps.init_dense("dnn", np.arange(6, dtype=np.float32))
+    ps.push_dense("dnn", rng.normal(size=6).astype(np.float32))
+    ps.init_dense("bias", np.zeros(2, dtype=np.float32))
+    return keys
+
+
+def _counts(ps: LocalPS | Shard) -> list[tuple[str, int, int]]:
+    return [(t.name, t.keys, t.expanded_keys) for t in ps.stats().tables]
+
+
+def _full_state(shard: Shard, table: str, keys: np.ndarray) -> np.ndarray:
+    t = shard.table(table)
+    rows = t.rows_of(keys)
+    assert (rows >= 0).all()
+    return t.copy_rows(rows)[1]
+
+
+def test_checkpoint_round_trip_is_bit_identical(tmp_path: Path) -> None:
+    cfg = _config()
+    src = Shard(cfg)
+    keys = np.unique(_train(src))
+    src.shrink()
+    live = keys[src.table("embedding").rows_of(keys) >= 0]
+    result = src.save(str(tmp_path / "ck"), SaveMode.CHECKPOINT)
+    checkpoint.publish(str(tmp_path / "ck"), [result], {"pass": 3}, config=cfg)
+    manifest = json.loads((tmp_path / "ck" / "MANIFEST.json").read_text())
+    assert manifest["meta"] == {"pass": 3} and manifest["logicalShards"] == 8
+    assert manifest["tables"]["embedding"]["embedxDim"] == D
+
+    dst = Shard(cfg)
+    dst.push_sparse(
+        "embedding",
+        np.array([123], np.uint64),
+        np.zeros((1, D + 1), np.float32),
+        np.ones(1, np.float32),
+        np.zeros(1, np.float32),
+    )
+    loaded = dst.load(str(tmp_path / "ck"))
+    assert loaded == sum(t.keys for t in src.stats().tables)
+    for table in ("embedding", "user ids/è"):
+        k = keys[src.table(table).rows_of(keys) >= 0]
+        np.testing.assert_array_equal(
+            _full_state(src, table, k).view(np.uint32), _full_state(dst, table, k).view(np.uint32)
+        )
+    assert dst.table("embedding").rows_of(np.array([123], np.uint64))[0] == -1, "load replaces"
+    for name in ("dnn", "bias"):
+        a, b = src._dense.get(name).snapshot(), dst._dense.get(name).snapshot()
+        for field in ("values", "m", "v"):
+            np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
+        assert (a.step, a.version) == (b.step, b.version)
+    np.testing.assert_array_equal(
+        src.table("embedding").tombstones(), dst.table("embedding").tombstones()
+    )
+    assert _counts(src) == _counts(dst)
+    assert live.size == src.stats().tables[0].keys
+
+
+@pytest.mark.parametrize("uri", ["memory://ckpt/a", "file://{tmp}/b"])
+def test_two_shards_load_into_three_and_back(tmp_path: Path, uri: str) -> None:
+    uri = uri.format(tmp=tmp_path)
+    cfg = _config()
+    two = LocalPS(cfg, 2)
+    keys = _train(two)
+    pulled = {t: two.pull_sparse(t, keys) for t in ("embedding", "user ids/è")}
+    two.save(uri, SaveMode.CHECKPOINT)
+    three = LocalPS(cfg, 3)
+    assert three.load(uri) == sum(t.keys for t in two.stats().tables)
+    for t, values in pulled.items():
+        np.testing.assert_array_equal(three.pull_sparse(t, keys), values)
+    np.testing.assert_array_equal(three.pull_dense("dnn"), two.pull_dense("dnn"))
+    uri2 = uri + "-back"
+    three.save(uri2, SaveMode.CHECKPOINT)
+    back = LocalPS(cfg, 2)
+    back.load(uri2)
+    for t, values in pulled.items():
+        np.testing.assert_array_equal(back.pull_sparse(t, keys), values)
+    assert _counts(back) == _counts(two)
+    for ps in (two, three, back):
+        ps.close()
+
+
+def _part_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("part-*.bin"))
+
+
+def test_corrupt_part_or_missing_manifest_loads_nothing(tmp_path: Path) -> None:
+    cfg = _config()
+    src = LocalPS(cfg, 2)
+    keys = _train(src)
+    src.save(str(tmp_path / "ck"), SaveMode.CHECKPOINT)
+    dst = LocalPS(cfg, 2)
+    _train(dst, seed=1, rounds=1)
+    before = dst.pull_sparse("embedding", keys)
+    before_stats = dst.stats()
+
+    part = _part_files(tmp_path / "ck")[5]
+    data = bytearray(part.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    part.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="checksum"):
+        dst.load(str(tmp_path / "ck"))
+    np.testing.assert_array_equal(dst.pull_sparse("embedding", keys), before)
+    assert dst.stats() == before_stats
+
+    (tmp_path / "ck" / "MANIFEST.json").unlink()
+    with pytest.raises(CheckpointError, match="MANIFEST"):
+        dst.load(str(tmp_path / "ck"))
+    with pytest.raises(CheckpointError):
+        dst.load(str(tmp_path / "never-saved"))
+    np.testing.assert_array_equal(dst.pull_sparse("embedding", keys), before)
+
+
+def test_missing_part_is_refused_at_load_and_at_publish(tmp_path: Path) -> None:
+    cfg = _config()
+    ps = LocalPS(cfg, 2)
+    _train(ps, rounds=1)
+    ps.save(str(tmp_path / "ck"), SaveMode.CHECKPOINT)
+    _part_files(tmp_path / "ck")[0].unlink()
+    with pytest.raises(CheckpointError, match="missing"):
+        Shard(cfg).load(str(tmp_path / "ck"))
+    only_one = ps.shards[0].save(str(tmp_path / "half"), SaveMode.CHECKPOINT)
+    with pytest.raises(CheckpointError, match="incomplete"):
+        checkpoint.publish(str(tmp_path / "half"), [only_one], config=cfg)
+    assert not (tmp_path / "half" / "MANIFEST.json").exists()
+
+
+def test_a_failed_save_leaves_the_previous_one_and_the_table_intact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = _config()
+    ps = LocalPS(cfg, 1)
+    keys = _train(ps)
+    uri = str(tmp_path / "model")
+    ps.save(uri, SaveMode.CHECKPOINT)
+    first = ps.pull_sparse("embedding", keys)
+    _train(ps, seed=2, rounds=1)
+    deltas = (
+        ps.shards[0]
+        .table("embedding")
+        .copy_rows(ps.shards[0].table("embedding").rows_of(np.unique(keys)))[1][:, DELTA]
+    )
+
+    real_write = checkpoint._write
+    calls = {"n": 0}
+
+    def flaky(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise OSError("disk full")
+        real_write(fs, path, data)
+
+    monkeypatch.setattr(checkpoint, "_write", flaky)
+    with pytest.raises(CheckpointError, match="disk full"):
+        ps.save(uri, SaveMode.DELTA)
+    monkeypatch.setattr(checkpoint, "_write", real_write)
+    t = ps.shards[0].table("embedding")
+    np.testing.assert_array_equal(t.copy_rows(t.rows_of(np.unique(keys)))[1][:, DELTA], deltas)
+    other = LocalPS(cfg, 1)
+    other.load(uri)
+    np.testing.assert_array_equal(other.pull_sparse("embedding", keys), first)
+    # A later successful save to the same URI replaces it and removes the old data dirs.
+    ps.save(uri, SaveMode.CHECKPOINT)
+    assert len([p for p in Path(uri).iterdir() if p.name.startswith("data-")]) == 1
+    other.load(uri)
+    np.testing.assert_array_equal(
+        other.pull_sparse("embedding", keys), ps.pull_sparse("embedding", keys)
+    )
+
+
+def test_incompatible_checkpoints_are_refused(tmp_path: Path) -> None:
+    cfg = _config()
+    ps = LocalPS(cfg, 1)
+    _train(ps, rounds=1)
+    ps.save(str(tmp_path / "ck"), SaveMode.CHECKPOINT)
+    other_l = PSConfig(tables=cfg.tables, logicalShards=16)
+    with pytest.raises(CheckpointError, match="logicalShards"):
+        Shard(other_l).load(str(tmp_path / "ck"))
+    other_dim = PSConfig(tables=(TableConfig(name="embedding", embedxDim=5),), logicalShards=8)
+    with pytest.raises(CheckpointError, match="embedxDim"):
+        Shard(other_dim).load(str(tmp_path / "ck"))
+    ps.save(str(tmp_path / "delta"), SaveMode.DELTA)
+    with pytest.raises(CheckpointError, match="delta"):
+        Shard(cfg).load(str(tmp_path / "delta"))
+
+
+def test_base_model_warm_start_and_reading_helpers(tmp_path: Path) -> None:
+    cfg = _config()
+    ps = LocalPS(cfg, 2)
+    keys = _train(ps)
+    uri = str(tmp_path / "batch")
+    ps.save(uri, SaveMode.BATCH)
+    m = checkpoint.read_manifest(uri)
+    assert m.mode == SaveMode.BATCH and set(m.tables) == {"embedding", "user ids/è"}
+    k, values, tombs = checkpoint.read_sparse(uri, "embedding")
+    assert values.shape == (k.size, 3 + D) and tombs.size == 0
+    np.testing.assert_array_equal(values, ps.pull_sparse("embedding", k))
+    warm = LocalPS(cfg, 3)
+    warm.load(uri)
+    np.testing.assert_array_equal(
+        warm.pull_sparse("embedding", keys), ps.pull_sparse("embedding", keys)
+    )
+    with pytest.raises(CheckpointError):
+        checkpoint.read_sparse(uri, "nope")
+
+    ck = str(tmp_path / "ck")
+    ps.save(ck, SaveMode.CHECKPOINT)
+    dense = checkpoint.read_dense(ck)
+    np.testing.assert_array_equal(dense["dnn"], ps.pull_dense("dnn"))
+    with pytest.raises(CheckpointError, match="training state"):
+        checkpoint.read_sparse(ck, "embedding")
+
+
+def test_part_codec_rejects_garbage() -> None:
+    with pytest.raises(CheckpointError):
+        checkpoint.decode_part(b"nonsense", "x")
+    good = checkpoint.encode_part({"mode": 0}, {"keys": np.arange(3, dtype=np.uint64)})
+    with pytest.raises(CheckpointError):
+        checkpoint.decode_part(good[:-4], "x")
+    header, arrays = checkpoint.decode_part(good, "x")
+    assert header["mode"] == 0 and arrays["keys"].tolist() == [0, 1, 2]

@@ -1,0 +1,123 @@
+"""Many threads on one shard: exact totals, and readers that never see a broken table."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from streamtrain_ps import checkpoint
+from streamtrain_ps.api import SaveMode
+from streamtrain_ps.config import PSConfig, TableConfig
+from streamtrain_ps.shard import Shard
+
+D = 4
+T = "embedding"
+
+
+def _run(workers: list[Callable[[], None]]) -> None:
+    errors: list[BaseException] = []
+
+    def wrap(fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except BaseException as exc:  # collected and re-raised in the test thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=wrap, args=(w,)) for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+        assert not t.is_alive()
+    if errors:
+        raise errors[0]
+
+
+def test_concurrent_pushers_of_the_same_keys_keep_exact_totals() -> None:
+    shard = Shard(
+        PSConfig(tables=(TableConfig(embedxDim=D, embedxThreshold=3.0),), logicalShards=8)
+    )
+    keys = np.arange(5000, dtype=np.uint64) * np.uint64(7919)
+    n_threads, rounds = 6, 30
+
+    def pusher(seed: int) -> Callable[[], None]:
+        def run() -> None:
+            rng = np.random.default_rng(seed)
+            for _ in range(rounds):
+                k = np.concatenate([keys, keys[:100]])  # duplicates inside one request too
+                shard.push_sparse(
+                    T,
+                    k,
+                    rng.normal(size=(k.size, D + 1)).astype(np.float32),
+                    np.ones(k.size, np.float32),
+                    np.full(k.size, 0.5, np.float32),
+                )
+
+        return run
+
+    _run([pusher(i) for i in range(n_threads)])
+    out = shard.pull_sparse(T, keys)
+    per_key = n_threads * rounds * np.where(np.arange(keys.size) < 100, 2, 1)
+    np.testing.assert_array_equal(out[:, 0], per_key)
+    np.testing.assert_array_equal(out[:, 1], per_key * 0.5)
+    stats = shard.stats().tables[0]
+    assert stats.keys == keys.size and stats.expanded_keys == keys.size
+
+
+def test_pulls_during_growth_saves_and_shrinks_see_consistent_rows(tmp_path: Path) -> None:
+    cfg = PSConfig(
+        tables=(
+            TableConfig(
+                embedxDim=D,
+                showClickDecayRate=1.0,
+                deleteThreshold=-1.0,
+                deleteAfterUnseenDays=10**6,
+            ),
+        ),
+        logicalShards=8,
+    )
+    shard = Shard(cfg)
+    hot = np.arange(1, 2001, dtype=np.uint64)
+    z = np.zeros((hot.size, D + 1), np.float32)
+    shard.push_sparse(T, hot, z, np.ones(hot.size, np.float32), np.zeros(hot.size, np.float32))
+    stop = threading.Event()
+    grow_rounds = 40
+
+    def grower() -> None:  # new keys: the index and slabs reallocate under the readers
+        try:
+            for r in range(grow_rounds):
+                k = np.arange(10_000, dtype=np.uint64) + np.uint64(1_000_000 * (r + 1))
+                shard.push_sparse(
+                    T,
+                    k,
+                    np.zeros((k.size, D + 1), np.float32),
+                    np.ones(k.size, np.float32),
+                    np.zeros(k.size, np.float32),
+                )
+                shard.push_sparse(
+                    T, hot, z, np.ones(hot.size, np.float32), np.zeros(hot.size, np.float32)
+                )
+        finally:
+            stop.set()
+
+    def reader() -> None:
+        last = np.ones(hot.size, np.float32)
+        while not stop.is_set():
+            shows = shard.pull_sparse(T, hot)[:, 0]
+            assert (shows >= last).all(), "a hot key's show count never goes back or vanishes"
+            last = shows
+
+    def maintenance() -> None:
+        i = 0
+        while not stop.is_set():
+            uri = str(tmp_path / f"s{i}")
+            checkpoint.publish(uri, [shard.save(uri, SaveMode.BATCH)], config=cfg)
+            shard.shrink()
+            i += 1
+
+    _run([grower, reader, reader, maintenance])
+    np.testing.assert_array_equal(shard.pull_sparse(T, hot)[:, 0], grow_rounds + 1)
+    assert shard.stats().tables[0].keys == hot.size + grow_rounds * 10_000
