@@ -11,10 +11,7 @@ are stopped with SIGTERM (graceful). Takes a few seconds.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
-import signal
-import subprocess
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -22,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-import streamtrain_ps
 from streamtrain_ps.api import SaveMode
 from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
+from streamtrain_ps.launch import shard_process
 from streamtrain_ps.remote import RemotePS
 
 TABLE = "embedding"
@@ -45,42 +42,14 @@ def demo_config() -> PSConfig:
 
 
 @contextmanager
-def shard_process(config_path: Path, index: int, count: int) -> Iterator[str]:
-    """Run ``python -m streamtrain_ps --port 0`` and yield its address; SIGTERM on exit."""
-    env = dict(os.environ)
-    source_root = str(Path(streamtrain_ps.__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (source_root, env.get("PYTHONPATH")) if p)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "streamtrain_ps",
-            "--port",
-            "0",
-            "--config",
-            str(config_path),
-            "--shard-index",
-            str(index),
-            "--num-shards",
-            str(count),
-            "--log-level",
-            "WARNING",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
+def shard(config: PSConfig, out: Path, index: int, count: int) -> Iterator[str]:
+    """A shard process; prints its banner and how it stopped."""
+    with shard_process(config, out, index=index, count=count) as child:
+        print(f"  shard {index}/{count}: {child.banner}")
+        yield child.address
+    print(
+        f"  shard {index}/{count}: SIGTERM -> stopped gracefully (exit {child.process.returncode})"
     )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline().strip()
-        if "listening on " not in line:
-            raise RuntimeError(f"shard {index} did not start (exit {proc.wait()}): {line!r}")
-        print(f"  shard {index}/{count}: {line}")
-        yield line.split("listening on ", 1)[1].split()[0]
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=30)
-        print(f"  shard {index}/{count}: SIGTERM -> stopped gracefully (exit {code})")
 
 
 def show(title: str, keys: np.ndarray, rows: np.ndarray) -> None:
@@ -96,15 +65,13 @@ def run(out: Path) -> bool:
         shutil.rmtree(out)
     out.mkdir(parents=True)
     config = demo_config()
-    config_path = out / "ps.json"
-    config_path.write_text(config.to_json())
     dim = config.table(TABLE).embedxDim
     keys = np.array([11, 22, 33, 44], dtype=np.uint64)
     ckpt = (out / "checkpoint").resolve().as_uri()
 
     print("1. Two PS shards on free ports")
     with ExitStack() as stack:
-        endpoints = [stack.enter_context(shard_process(config_path, i, 2)) for i in range(2)]
+        endpoints = [stack.enter_context(shard(config, out, i, 2)) for i in range(2)]
         ps = stack.enter_context(RemotePS(endpoints, config))
         ps.wait_ready()
 
@@ -155,7 +122,7 @@ def run(out: Path) -> bool:
 
     print("\n7. A fresh single shard (2 servers -> 1) loads the checkpoint")
     with ExitStack() as stack:
-        endpoint = stack.enter_context(shard_process(config_path, 0, 1))
+        endpoint = stack.enter_context(shard(config, out, 0, 1))
         ps = stack.enter_context(RemotePS([endpoint], config))
         ps.wait_ready()
         print(f"  keys loaded: {ps.load(ckpt)}")

@@ -1,0 +1,65 @@
+"""The PS command-line entry points: ``make demo``, ``make bench-ps`` plumbing, ``__main__``
+argument handling. Speed is not asserted here (that is the benchmark's job)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from streamtrain_ps import bench, demo
+from streamtrain_ps.__main__ import parse_args, shard_index_from_hostname
+
+
+def test_demo_round_trip_is_bit_identical(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert demo.main(["--out", str(tmp_path / "demo")]) == 0
+    out = capsys.readouterr().out
+    assert "bit-identical to before the save: True" in out
+    assert out.count("stopped gracefully (exit 0)") == 3
+    assert (tmp_path / "demo" / "checkpoint" / "MANIFEST.json").is_file()
+
+
+def test_bench_last_line_is_the_json_summary(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--keys", "20000", "--batch", "2000", "--batches", "2", "--seconds", "0.2", "--json"]
+    assert bench.main(args) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    result = json.loads(last)
+    for field in (
+        "pull_keys_per_s",
+        "push_keys_per_s",
+        "rpc_pull_keys_per_s",
+        "rpc_push_keys_per_s",
+        "bytes_per_key",
+    ):
+        assert result[field] > 0, field
+    assert result["keys"] == 20000
+
+
+def test_zipf_batches_have_a_hot_head_and_stay_in_the_table() -> None:
+    keys = bench.all_keys(100_000)
+    (batch,) = bench.zipf_batches(keys, 50_000, 1, seed=1)
+    assert set(batch.tolist()) <= set(keys.tolist())
+    unique = len(set(batch.tolist()))
+    assert 0.1 * batch.size < unique < 0.9 * batch.size
+    assert (batch == keys[0]).sum() > (batch == keys[-1]).sum()
+
+
+@pytest.mark.parametrize(
+    ("hostname", "index"),
+    [("ctr-online-ps-0", 0), ("ps-12", 12), ("job-ps-3.job-ps.ads.svc.cluster.local", 3)],
+)
+def test_shard_index_from_statefulset_hostname(hostname: str, index: int) -> None:
+    assert shard_index_from_hostname(hostname) == index
+
+
+def test_bad_hostname_and_arguments_are_rejected(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(ValueError, match="does not end in -<ordinal>"):
+        shard_index_from_hostname("laptop")
+    with pytest.raises(SystemExit):
+        parse_args(["--port", "0", "--shard-index", "2", "--num-shards", "2"])
+    assert "--shard-index 2 not in [0, 2)" in capsys.readouterr().err
+    args = parse_args(["--port", "0", "--shard-index", "1", "--num-shards", "2"])
+    assert (args.shard_index, args.num_shards, args.host) == (1, 2, "127.0.0.1")
