@@ -86,3 +86,12 @@ def test_din_validates_its_slots() -> None:
     bad = ModelSpec(S, D, False, (4,), sequence_slot=2, target_slot=2)
     with pytest.raises(ValueError, match="must differ"):
         build_model("din", bad)
+
+
+def test_slot_dnn_trains_on_a_batch_of_one() -> None:
+    """A pass may end with a one-example batch, where batch statistics are undefined."""
+    spec = spec_for("slot_dnn", cvm=True)
+    model = build_model("slot_dnn", spec).train()
+    pooled = torch.randn(1, S, spec.slot_width, requires_grad=True)
+    model(pooled).sum().backward()
+    assert pooled.grad is not None and pooled.grad.abs().sum() > 0

@@ -1,0 +1,249 @@
+"""The worker control server, for real: gRPC on 127.0.0.1:0, a real PS shard server behind
+RemotePS, the Criteo sample as data."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import torch
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from streamtrain_ps.remote import RemotePS, RetryPolicy
+from streamtrain_ps.server import PSServer
+from streamtrain_ps.shard import Shard
+from streamtrain_worker.config import WorkerConfig
+from streamtrain_worker.control import SERVICE_NAME, WorkerServer, WorkerServicer
+from streamtrain_worker.data.reader import PassReader
+from streamtrain_worker.embedding import Lookup, prepare
+from streamtrain_worker.export import load_dense
+from streamtrain_worker.metrics import PassMetrics
+from streamtrain_worker.proto import worker_pb2, worker_pb2_grpc
+
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
+CRITEO = DATA / "criteo_kaggle_sample_train.txt"
+CONFIG = {
+    "data": {"format": "criteo", "maxBadLineFraction": 0.01},
+    "model": {"hiddenUnits": [16, 8], "batchSize": 128, "denseSyncSteps": 2},
+    "metrics": {"numBuckets": 1024},
+    "ps": {"config": {"logicalShards": 8}, "maxRetrySeconds": 1.0, "timeoutSeconds": 5.0},
+}
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.01)
+
+
+@dataclass
+class Setup:
+    config: WorkerConfig
+    ps_server: PSServer
+    ps: RemotePS
+    servicer: WorkerServicer
+    server: WorkerServer
+    stub: worker_pb2_grpc.WorkerStub
+    channel: grpc.Channel
+
+
+@pytest.fixture
+def setup() -> Iterator[Setup]:
+    config = WorkerConfig.from_dict(CONFIG)
+    ps_server = PSServer(Shard(config.ps.config), config.ps.config)
+    ps_server.start()
+    retry = RetryPolicy(max_attempts=100, initial_backoff=0.01, max_backoff=0.1, total_seconds=1.0)
+    ps = RemotePS([ps_server.address], config.ps.config, retry=retry)
+    servicer = WorkerServicer(config, ps)
+    server = WorkerServer(servicer)
+    server.start()
+    channel = grpc.insecure_channel(server.address)
+    try:
+        yield Setup(
+            config, ps_server, ps, servicer, server, worker_pb2_grpc.WorkerStub(channel), channel
+        )
+    finally:
+        channel.close()
+        server.close(grace=0)
+        ps.close()
+        ps_server.close(grace=0)
+
+
+@pytest.fixture(scope="module")
+def chunk(tmp_path_factory: pytest.TempPathFactory) -> str:
+    lines = CRITEO.read_text().splitlines(keepends=True)
+    assert len(lines) == 7200, f"{CRITEO}: expected the 7,200-row sample"
+    path = tmp_path_factory.mktemp("data") / "part-00000"
+    path.write_text("".join(lines[:1000]))
+    return str(path)
+
+
+def run_pass(stub: worker_pb2_grpc.WorkerStub, files: list[str], generation: int = 1):  # type: ignore[no-untyped-def]
+    request = worker_pb2.RunPassRequest(
+        day="20261101", pass_index=1, files=files, generation=generation, train=True
+    )
+    return stub.RunPass(request, timeout=60)
+
+
+def test_run_pass_returns_the_pass_sums(setup: Setup, chunk: str) -> None:
+    result = run_pass(setup.stub, [chunk], generation=3)
+    assert (result.day, result.pass_index, result.generation) == ("20261101", 1, 3)
+    assert result.examples == 1000 and result.files_read == 1 and result.bad_lines == 0
+    metrics = PassMetrics.from_proto(result)
+    assert metrics.num_buckets == 1024
+    assert int(metrics.pos.sum()) == int(result.label_sum) > 0
+    assert int(metrics.pos.sum() + metrics.neg.sum()) == 1000
+    assert 0.3 < metrics.auc < 0.9 and 0 < metrics.loss < 1.5
+    assert result.seconds >= result.train_seconds > 0
+    assert setup.ps.stats().tables[0].keys > 1000  # the pass trained the PS
+    health = health_pb2_grpc.HealthStub(setup.channel)
+    for service in ("", SERVICE_NAME):
+        reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_export_dense_equals_the_live_model(setup: Setup, chunk: str, tmp_path: Path) -> None:
+    run_pass(setup.stub, [chunk])
+    uri = f"file://{tmp_path}/export/20261101-1"
+    reply = setup.stub.ExportDense(worker_pb2.ExportDenseRequest(uri=uri), timeout=60)
+    assert [Path(f).name for f in reply.files] == ["dense.pt", "dense.json"]
+    module, meta = load_dense(uri)
+    assert meta["inputs"][0]["shape"] == [-1, 39, 3 + 8]
+    assert meta["output"]["activation"] == "sigmoid"
+    trainer = setup.servicer.trainer
+    with PassReader([chunk], setup.config.data, 64) as reader:
+        batch = next(iter(reader))
+    pooled = Lookup(prepare(batch, setup.ps, "embedding", 8), cvm=True, requires_grad=False).pooled
+    model = trainer.model.eval()
+    with torch.no_grad():
+        expected = torch.sigmoid(model(pooled))
+        torch.testing.assert_close(module(pooled), expected, rtol=0, atol=0)
+    assert not np.allclose(expected.numpy(), expected.numpy()[0])  # a real, varying model
+
+
+class GatedPS:
+    """A PSLike that holds every sparse pull until ``gate`` opens (delegates the rest)."""
+
+    def __init__(self, ps: RemotePS) -> None:
+        self.ps = ps
+        self.gate = threading.Event()
+        self.waiting = threading.Event()
+
+    def pull_sparse(self, table: str, keys: np.ndarray) -> np.ndarray:
+        self.waiting.set()
+        assert self.gate.wait(timeout=60), "test never opened the gate"
+        return self.ps.pull_sparse(table, keys)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.ps, name)
+
+
+def test_a_second_concurrent_pass_is_rejected(setup: Setup, chunk: str) -> None:
+    gated = GatedPS(setup.ps)
+    servicer = WorkerServicer(setup.config, gated)  # type: ignore[arg-type]
+    server = WorkerServer(servicer)
+    server.start()
+    try:
+        with grpc.insecure_channel(server.address) as channel, ThreadPoolExecutor(1) as pool:
+            stub = worker_pb2_grpc.WorkerStub(channel)
+            first: Future[worker_pb2.PassResult] = pool.submit(run_pass, stub, [chunk])
+            assert gated.waiting.wait(timeout=30)  # the first pass is inside its first pull
+            with pytest.raises(grpc.RpcError) as err:
+                run_pass(stub, [chunk])
+            assert err.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+            assert "busy" in (err.value.details() or "")
+            gated.gate.set()
+            assert first.result(timeout=60).examples == 1000
+            assert run_pass(stub, [chunk]).examples == 1000  # free again
+    finally:
+        server.close(grace=0)
+
+
+def test_stale_generation_and_bad_data_are_clear_errors(
+    setup: Setup, chunk: str, tmp_path: Path
+) -> None:
+    run_pass(setup.stub, [chunk], generation=5)
+    with pytest.raises(grpc.RpcError) as err:
+        run_pass(setup.stub, [chunk], generation=4)
+    assert err.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert "stale generation 4" in (err.value.details() or "")
+    bad = tmp_path / "bad-part"
+    good = Path(chunk).read_text().splitlines(keepends=True)[:100]
+    bad.write_text("".join(good) + "not\ta\tcriteo\tline\n" * 5)
+    with pytest.raises(grpc.RpcError) as err:
+        run_pass(setup.stub, [str(bad)], generation=5)
+    assert err.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert str(bad) in (err.value.details() or "")
+    with pytest.raises(grpc.RpcError) as err:
+        run_pass(setup.stub, [str(tmp_path / "missing")], generation=5)
+    assert err.value.code() is grpc.StatusCode.NOT_FOUND
+
+
+def test_a_gone_ps_is_reported_as_unavailable(setup: Setup, chunk: str) -> None:
+    run_pass(setup.stub, [chunk])
+    setup.ps_server.close(grace=0)
+    started = time.monotonic()
+    with pytest.raises(grpc.RpcError) as err:
+        run_pass(setup.stub, [chunk])
+    assert err.value.code() is grpc.StatusCode.UNAVAILABLE
+    assert setup.ps_server.address in (err.value.details() or "")
+    assert time.monotonic() - started < 30
+    health = health_pb2_grpc.HealthStub(setup.channel)  # the worker itself stays up
+    reply = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_main_prints_its_port_and_stops_on_sigterm(tmp_path: Path) -> None:
+    config = tmp_path / "worker.json"
+    config.write_text(json.dumps({**CONFIG, "ps": {**CONFIG["ps"], "endpoints": ["127.0.0.1:1"]}}))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamtrain_worker", "--port", "0", "--config", str(config)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("listening on 127.0.0.1:"), line + (
+            proc.stderr.read() if proc.stderr else ""
+        )
+        address = line.split()[-1]
+        with grpc.insecure_channel(address) as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=10
+            )
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_bad_config_fails_fast(tmp_path: Path) -> None:
+    config = tmp_path / "worker.json"
+    config.write_text(json.dumps({**CONFIG, "model": {"type": "nope"}}))
+    done = subprocess.run(
+        [sys.executable, "-m", "streamtrain_worker", "--port", "0", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "worker.model.type" in done.stderr

@@ -1,0 +1,103 @@
+"""``python -m streamtrain_worker``: run one worker's control server until SIGTERM.
+
+Prints ``listening on HOST:PORT`` (flushed) once the server accepts RPCs, so a launcher that
+passes ``--port 0`` reads the bound port from the first line of output. The PS servers are
+reached through ``RemotePS`` at ``ps.endpoints`` of the config; a PS that is down at start
+is not an error (the first RunPass waits for it within ``ps.maxRetrySeconds``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+import torch
+from prometheus_client import CollectorRegistry, start_http_server
+
+from streamtrain_ps.config import ConfigError
+from streamtrain_ps.remote import RemotePS, RetryPolicy
+from streamtrain_worker.config import WorkerConfig
+from streamtrain_worker.control import WorkerServer, WorkerServicer
+from streamtrain_worker.monitoring import WorkerMetrics
+
+log = logging.getLogger("streamtrain_worker")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m streamtrain_worker", description=__doc__)
+    p.add_argument("--port", type=int, required=True, help="gRPC port; 0 picks a free one")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 in a pod)")
+    p.add_argument("--config", type=Path, required=True, help="worker config JSON")
+    p.add_argument("--worker-index", type=int, default=0, help="for logs only")
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    p.add_argument("--grace", type=float, default=30.0, help="seconds to finish a pass on SIGTERM")
+    p.add_argument("--log-level", default="INFO")
+    return p.parse_args(argv)
+
+
+def retry_policy(config: WorkerConfig) -> RetryPolicy:
+    """Retries bounded by time (``ps.maxRetrySeconds``), not by a count."""
+    return RetryPolicy(
+        max_attempts=1_000_000,
+        total_seconds=config.ps.maxRetrySeconds,
+        rpc_timeout=config.ps.timeoutSeconds,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        config = WorkerConfig.from_json(args.config.read_text())
+    except (OSError, ConfigError) as exc:
+        print(f"error: --config {args.config}: {exc}", file=sys.stderr)
+        return 2
+    if not config.ps.endpoints:
+        print(f"error: --config {args.config}: worker.ps.endpoints: required", file=sys.stderr)
+        return 2
+    torch.set_num_threads(config.runtime.numThreads)
+    torch.set_num_interop_threads(1)
+    ps = RemotePS(config.ps.endpoints, config.ps.config, retry=retry_policy(config))
+    registry = CollectorRegistry()
+    servicer = WorkerServicer(
+        config, ps, worker_index=args.worker_index, monitoring=WorkerMetrics(registry)
+    )
+    server = WorkerServer(servicer, host=args.host, port=args.port)
+    try:
+        server.start()
+    except OSError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    http = None
+    if args.metrics_port is not None:
+        http, _ = start_http_server(args.metrics_port, addr=args.host, registry=registry)
+        log.info("metrics on http://%s:%d/metrics", args.host, http.server_port)
+    print(f"listening on {server.address}", flush=True)
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("received %s, stopping within %.1fs", signal.Signals(signum).name, args.grace)
+        stop.set()  # only set an event: grpc shutdown must not run inside the handler
+
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, on_signal)
+    try:
+        stop.wait()
+        server.close(args.grace)
+    finally:
+        ps.close()
+        if http is not None:
+            http.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

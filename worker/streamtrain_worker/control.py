@@ -1,0 +1,243 @@
+"""The worker control service the pass scheduler calls: RunPass, ExportDense, Reset, Health.
+
+``WorkerServicer`` is thin: it turns a request into a ``PassReader`` + ``Trainer.run_pass``
+call (or an export) and maps failures to gRPC status codes in one place (``_status``):
+
+- a second concurrent RunPass/ExportDense/Reset -> ``FAILED_PRECONDITION`` (one at a time:
+  a worker trains one pass; overlapping passes would double-count and race the model);
+- a request from an older generation than one already seen -> ``FAILED_PRECONDITION``;
+- PS unreachable after the client's retries (``PSUnavailableError``) -> ``UNAVAILABLE``;
+- too many bad lines -> ``FAILED_PRECONDITION``; corrupt/missing data -> ``DATA_LOSS`` /
+  ``NOT_FOUND``; anything else -> ``INTERNAL``. Every status carries a message naming the
+  cause (file, endpoint, field).
+
+The trainer (and with it ``init_dense`` on the PS) is built lazily on the first call, so a
+worker that starts before its PS comes up still starts, serves health, and trains once the
+PS answers. ``WorkerServer`` wires the servicer and the standard health service into a
+``grpc.server``; ``stop(grace)`` flips health to NOT_SERVING first (graceful SIGTERM).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from contextlib import contextmanager
+from typing import Any, NoReturn
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from streamtrain_ps.api import PSLike
+from streamtrain_ps.errors import PSError, PSUnavailableError
+from streamtrain_worker.config import WorkerConfig
+from streamtrain_worker.data.errors import BadDataError, CorruptFileError, DataError
+from streamtrain_worker.data.reader import PassReader
+from streamtrain_worker.export import export_dense
+from streamtrain_worker.monitoring import WorkerMetrics
+from streamtrain_worker.proto import worker_pb2, worker_pb2_grpc
+from streamtrain_worker.train import Trainer
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME: str = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
+#: PassResults carry two histograms of ``numBuckets`` uint64s; leave room for large ones.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+def _status(exc: BaseException) -> grpc.StatusCode:
+    """The one mapping from worker-side failures to gRPC status codes."""
+    if isinstance(exc, PSUnavailableError):
+        return grpc.StatusCode.UNAVAILABLE
+    if isinstance(exc, BadDataError):
+        return grpc.StatusCode.FAILED_PRECONDITION
+    if isinstance(exc, CorruptFileError | DataError):
+        return grpc.StatusCode.DATA_LOSS
+    if isinstance(exc, FileNotFoundError):
+        return grpc.StatusCode.NOT_FOUND
+    if isinstance(exc, PSError | ValueError):
+        return grpc.StatusCode.FAILED_PRECONDITION
+    return grpc.StatusCode.INTERNAL
+
+
+class WorkerServicer(worker_pb2_grpc.WorkerServicer):
+    """Runs one pass at a time for the scheduler."""
+
+    def __init__(
+        self,
+        config: WorkerConfig,
+        ps: PSLike,
+        *,
+        worker_index: int = 0,
+        monitoring: WorkerMetrics | None = None,
+    ) -> None:
+        self.config = config
+        self.ps = ps
+        self.worker_index = worker_index
+        self.monitoring = monitoring
+        self._busy = threading.Lock()
+        self._trainer: Trainer | None = None
+        self._generation = 0
+
+    @property
+    def trainer(self) -> Trainer:
+        """The trainer, built (and the dense table initialised) on first use."""
+        if self._trainer is None:
+            self._trainer = Trainer(
+                self.config,
+                self.ps,
+                num_slots=self.config.data.num_slots,
+                sequence_slot=self.config.data.sequenceSlot,
+                monitoring=self.monitoring,
+            )
+        return self._trainer
+
+    @contextmanager
+    def _exclusive(self, what: str, context: grpc.ServicerContext) -> Iterator[None]:
+        if not self._busy.acquire(blocking=False):
+            _abort(
+                context,
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"{what}: worker is busy with another call",
+            )
+        try:
+            yield
+        finally:
+            self._busy.release()
+
+    def _guarded(self, what: str, context: grpc.ServicerContext, fn: Callable[[], Any]) -> Any:
+        with self._exclusive(what, context):
+            try:
+                return fn()
+            except Exception as exc:
+                code = _status(exc)
+                log.exception("worker %d: %s failed", self.worker_index, what)
+                _abort(context, code, f"{what}: {type(exc).__name__}: {exc}")
+
+    def RunPass(  # noqa: N802 - gRPC method name
+        self, request: Any, context: grpc.ServicerContext
+    ) -> Any:
+        what = f"RunPass(day={request.day}, pass={request.pass_index}, gen={request.generation})"
+
+        def run() -> Any:
+            if request.generation < self._generation:
+                raise ValueError(
+                    f"stale generation {request.generation}: already at {self._generation}"
+                )
+            self._generation = request.generation
+            reader = PassReader(list(request.files), self.config.data, self.config.model.batchSize)
+            with reader:
+                metrics = self.trainer.run_pass(reader, train=request.train)
+                stats = reader.stats
+            metrics.bad_lines = stats.bad_lines
+            metrics.files_read = stats.files
+            if self.monitoring is not None:
+                self.monitoring.bad_lines.inc(stats.bad_lines)
+            log.info(
+                "worker %d: %s: %d examples, auc %.4f, loss %.4f in %.1fs",
+                self.worker_index,
+                what,
+                metrics.examples,
+                metrics.auc,
+                metrics.loss,
+                metrics.seconds,
+            )
+            return metrics.to_proto(request.day, request.pass_index, request.generation)
+
+        return self._guarded(what, context, run)
+
+    def ExportDense(  # noqa: N802 - gRPC method name
+        self, request: Any, context: grpc.ServicerContext
+    ) -> Any:
+        def run() -> Any:
+            trainer = self.trainer
+            trainer.sync_dense()  # export what the PS holds, not a stale local copy
+            files = export_dense(trainer.model, self.config.model.type, request.uri)
+            return worker_pb2.ExportDenseResponse(files=files)
+
+        return self._guarded(f"ExportDense({request.uri})", context, run)
+
+    def Reset(  # noqa: N802 - gRPC method name
+        self, request: Any, context: grpc.ServicerContext
+    ) -> Any:
+        def run() -> Any:
+            self.trainer.sync_dense()
+            return worker_pb2.ResetResponse()
+
+        return self._guarded("Reset", context, run)
+
+    def close(self) -> None:
+        if self._trainer is not None:
+            self._trainer.close()
+
+
+def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
+    context.abort(code, message)
+    raise AssertionError("context.abort returned")  # grpc raises; this line is unreachable
+
+
+class WorkerServer:
+    """The control service and health on a ``grpc.server``; ``start()`` returns the port."""
+
+    def __init__(
+        self,
+        servicer: WorkerServicer,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_workers: int = 4,
+    ) -> None:
+        self.servicer = servicer
+        self.host = host
+        self._requested_port = port
+        self._pool = futures.ThreadPoolExecutor(
+            max_workers=max_workers, thread_name_prefix="worker-rpc"
+        )
+        self._server = grpc.server(
+            self._pool,
+            options=[
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        worker_pb2_grpc.add_WorkerServicer_to_server(servicer, self._server)
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        self._port: int | None = None
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise RuntimeError("WorkerServer.start() has not been called")
+        return self._port
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def start(self) -> int:
+        target = f"{self.host}:{self._requested_port}"
+        try:
+            port = self._server.add_insecure_port(target)
+        except RuntimeError as exc:
+            raise OSError(f"cannot bind worker server to {target}: {exc}") from exc
+        if port == 0:
+            raise OSError(f"cannot bind worker server to {target}")
+        self._port = port
+        self._server.start()
+        for service in ("", SERVICE_NAME):
+            self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        return port
+
+    def stop(self, grace: float | None = 5.0) -> threading.Event:
+        """NOT_SERVING first, then let an in-flight pass finish within ``grace``."""
+        self.health.enter_graceful_shutdown()
+        done: threading.Event = self._server.stop(grace)
+        return done
+
+    def close(self, grace: float | None = 5.0) -> None:
+        self.stop(grace).wait()
+        self._pool.shutdown(wait=True)
+        self.servicer.close()
