@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from streamtrain_worker.data.config import AVAZU_CATEGORICAL, AVAZU_SLOTS, DataConfig
 from streamtrain_worker.data.errors import CorruptFileError, DataConfigError
@@ -310,3 +312,47 @@ def test_long_lines_grow_the_key_buffer() -> None:
     parsed = parse(fmt, text)
     assert parsed.batch.size == 4
     assert bags(parsed, 0)[2] == [feature_sign(2, i) for i in range(5000)]
+
+
+def test_malformed_field_map_names_the_field(tmp_path: Path) -> None:
+    bad = tmp_path / "featindex.txt"
+    bad.write_text("weekday:2\t1\nhour:3\tnot-a-number\n")
+    cfg = DataConfig.from_dict({"format": "libsvm", "fieldMap": str(bad)})
+    with pytest.raises(DataConfigError, match=r"data\.fieldMap: .*featindex\.txt"):
+        make_format(cfg)
+
+
+ALPHABET = b"0123456789:: \t,,;|.-xc\r\n\n"
+FUZZ_CONFIGS = {
+    "criteo": {"format": "criteo"},
+    "slot": {"format": "slot", "slots": ["1", "2", "c"], "labelSlot": "0"},
+    "libsvm": {"format": "libsvm", "numSlots": 3},
+    "csv": {
+        "format": "csv",
+        "header": False,
+        "columns": {
+            "0": "label",
+            "1": "a",
+            "2": {"slot": "b", "kind": "multi"},
+            "3": {"slot": "c", "kind": "bucket"},
+        },
+    },
+}
+
+
+@settings(deadline=None, max_examples=60)
+@given(
+    name=st.sampled_from(sorted(FUZZ_CONFIGS)),
+    text=st.lists(st.sampled_from(list(ALPHABET)), max_size=400).map(bytes),
+)
+def test_arbitrary_bytes_never_break_a_parser(name: str, text: bytes) -> None:
+    # Numba does not bounds-check: this guards the scratch and output sizing of every kernel.
+    parsed = parse(make_format(DataConfig.from_dict(FUZZ_CONFIGS[name])), text)
+    batch = parsed.batch
+    assert parsed.lines == batch.size + parsed.bad_lines.shape[0]
+    assert np.all(np.diff(batch.offsets) >= 0)
+    assert set(batch.labels.tolist()) <= {0.0, 1.0}
+    assert np.all(np.diff(parsed.bad_lines) > 0)
+    assert parsed.physical_lines == text.count(b"\n") + (
+        0 if text.endswith(b"\n") or not text else 1
+    )
