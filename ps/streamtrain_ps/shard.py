@@ -28,7 +28,8 @@ from streamtrain_ps.errors import (
     RequestTooLargeError,
     UnknownTableError,
 )
-from streamtrain_ps.table import BAD_CLICK, BAD_GRAD, BAD_SHOW, NOT_OWNED, SparseTable, merge_push
+from streamtrain_ps.kernels import BAD_CLICK, BAD_GRAD, BAD_SHOW, NOT_OWNED, merge_push
+from streamtrain_ps.table import SparseTable
 
 
 @dataclass(frozen=True)
