@@ -123,7 +123,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(
         f"phase:          {progress.phase}" + (f" ({progress.message})" if progress.message else "")
     )
-    print(f"generation:     {progress.generation}")
+    print(f"generation:      {progress.generation}")
     for label, key in (
         ("current", "current"),
         ("last completed", "lastCompleted"),
@@ -133,8 +133,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         value = d[key]
         if value:
             where = f"{value['day']}/{value['pass']} {value['step']}"
-            print(f"{label + ':':<16}{where}" + (f" -> {value['uri']}" if "uri" in value else ""))
-    print(f"passes trained: {len(progress.history)}; shrunk days: {len(progress.shrunk_days)}")
+            print(f"{label + ':':<17}{where}" + (f" -> {value['uri']}" if "uri" in value else ""))
+    print(f"passes trained:  {len(progress.history)}; shrunk days: {len(progress.shrunk_days)}")
     for record in progress.history[-5:]:
         print("  " + format_pass(record, passes_per_day or record.pass_index))
     for cond in progress.conditions:

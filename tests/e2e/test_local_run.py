@@ -1,0 +1,146 @@
+"""``streamtrain run`` end to end: real PS and worker processes on a small synthetic stream."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from streamtrain_operator.export import read_donefile, verify_model
+from streamtrain_operator.plan import PassPlan
+from streamtrain_operator.progress import Phase, Progress
+from streamtrain_operator.spec import load_job
+
+from .conftest import streamtrain
+
+STATE = Path("ckpt/_state/e2e.json")
+
+
+def load_state(root: Path) -> Progress:
+    return Progress.from_dict(json.loads((root / STATE).read_text()))
+
+
+def test_two_days_auc_rises_exports_are_complete_and_shrink_runs_once_a_day(
+    job_file: Callable[..., Path],
+) -> None:
+    job = job_file(days=2)
+    root = job.parent
+    run = streamtrain("run", str(job), cwd=root)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "Succeeded" in run.stdout
+    assert "day 20261102 pass  4/4" in run.stdout
+
+    progress = load_state(root)
+    assert progress.phase == Phase.SUCCEEDED
+    passes = [(r.day, r.pass_index) for r in progress.history]
+    assert passes == [(d, p) for d in ("20261101", "20261102") for p in (1, 2, 3, 4)]
+    aucs = [r.metrics["auc"] for r in progress.history]
+    assert sum(aucs[-4:]) / 4 > aucs[0] + 0.05, aucs
+    assert all(r.metrics["examples"] == 150 for r in progress.history)
+    assert progress.shrunk_days == ("20261101", "20261102")
+
+    lines = read_donefile(str(root / "export"))
+    keys = [d.key for d in lines]
+    assert len(keys) == len(set(keys)) == 8 + 2 + 2
+    assert [k for k in keys if k.endswith("base")] == ["20261102/base", "20261103/base"]
+    for line in lines:
+        manifest = verify_model(str(root / "export"), line.key)
+        assert manifest["kind"] == line.kind
+        assert any(f["path"] == "dense/dense.pt" for f in manifest["files"])
+    deltas_day2 = [d for d in lines if d.kind == "delta" and d.day == "20261102"]
+    assert {d.base for d in deltas_day2} == {"20261102/base"}
+
+    # A delta loads as its base plus the day's deltas up to it, and scores.
+    parts = [str(p) for p in sorted((root / "data" / "20261102" / "1800").glob("part-*"))]
+    predicted = streamtrain(
+        "predict", "--export", "export", "--model", "20261102/delta-4", "--json", *parts, cwd=root
+    )
+    assert predicted.returncode == 0, predicted.stderr
+    result = json.loads(predicted.stdout.strip().splitlines()[-1])
+    assert result["chain"] == ["20261102/base"] + [f"20261102/delta-{p}" for p in (1, 2, 3, 4)]
+    assert result["examples"] == 150 and 0.5 < result["auc"] <= 1.0
+
+    status = streamtrain("status", str(job), cwd=root)
+    assert status.returncode == 0
+    assert "Succeeded" in status.stdout and "shrunk days: 2" in status.stdout
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(c) for c in path.read_text().split()] if path.exists() else []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)  # polling interval, not synchronisation
+
+
+@pytest.mark.timeout(300)
+def test_sigkilled_run_resumes_without_repeating_a_pass(job_file: Callable[..., Path]) -> None:
+    job = job_file(days=2)
+    root = job.parent
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamtrain_operator.cli", "run", str(job)],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+
+        def third_pass_done() -> bool:
+            return (root / STATE).exists() and len(load_state(root).history) >= 3
+
+        _wait_for(third_pass_done, 180, "three passes")
+        children = _children(proc.pid)
+        assert len(children) == 3  # 1 PS + 2 workers
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        assert proc.stdout is not None
+        first_output = proc.stdout.read()
+        proc.stdout.close()
+    # Its PS and workers die with it (PR_SET_PDEATHSIG): nothing is left running.
+    _wait_for(lambda: not any(_alive(c) for c in children), 30, "orphaned children to exit")
+    before = load_state(root)
+    done_before = len(before.history)
+
+    rerun = streamtrain("run", str(job), cwd=root)
+    assert rerun.returncode == 0, first_output + rerun.stdout + rerun.stderr
+    after = load_state(root)
+    passes = [(r.day, r.pass_index) for r in after.history]
+    assert passes == [(d, p) for d in ("20261101", "20261102") for p in (1, 2, 3, 4)]
+    assert after.generation == 2
+    # The PS restarts from the last checkpoint; only the steps completed after it are
+    # replayed (model state only: no metrics, no second publication), then the run goes on.
+    plan = PassPlan.from_spec(load_job(job).spec)
+    assert before.checkpoint is not None
+    expected = plan.steps_between(before.checkpoint.key, before.completed)
+    assert after.replayed_steps == len(expected) <= 2
+    assert f"resuming from checkpoint {before.checkpoint.uri}" in rerun.stdout
+    trained_again = [line for line in rerun.stdout.splitlines() if line.startswith("day ")]
+    assert len(trained_again) == 8 - done_before
+    keys = [d.key for d in read_donefile(str(root / "export"))]
+    assert len(keys) == len(set(keys)) == 12
+    assert after.shrunk_days == ("20261101", "20261102")
