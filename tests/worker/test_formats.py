@@ -156,9 +156,9 @@ def test_ipinyou_libsvm_with_the_featindex_field_map() -> None:
     tokens = raw.split(b"\n", 1)[0].split()[1:]
     expected: list[list[int]] = [[] for _ in order]
     for token in tokens:
-        index = int(token.split(b":")[0])
-        slot = order.index(fields[index])
-        expected[slot].append(feature_sign(slot, index))
+        feature = int(token.split(b":")[0])
+        slot = order.index(fields[feature])
+        expected[slot].append(feature_sign(slot, feature))
     assert bags(parsed, 0) == expected
 
 

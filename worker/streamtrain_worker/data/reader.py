@@ -234,6 +234,8 @@ class PassReader:
                     self._record(report, parsed)
                     if not self._put(parsed.batch):
                         return
+                if self._stop.is_set():
+                    return
                 with self._lock:
                     self._stats = _bump(self._stats, files=1)
             error = self._check_bad_lines()
