@@ -26,7 +26,6 @@ from streamtrain_worker.data.formats.kernel import (
     ParsedBlock,
     bucket,
     commit_line,
-    max_line_length,
     parse_int,
     parse_label,
     run_kernel,
@@ -215,9 +214,9 @@ def _kernel(  # noqa: PLR0917 -- numba kernels take arrays positionally
     stats: npt.NDArray[np.int64],
 ) -> None:
     n = data.shape[0]
-    scratch = max_line_length(data) + 2
-    line_slots = np.empty(scratch, dtype=np.int32)
-    line_keys = np.empty(scratch, dtype=np.uint64)
+    # Per-line scratch; a line emits at most (its bytes + 2) keys, so grow it before a long one.
+    line_slots = np.empty(256, dtype=np.int32)
+    line_keys = np.empty(256, dtype=np.uint64)
     counts = np.empty(num_slots, dtype=np.int64)
     pos = 0
     ne = 0
@@ -233,6 +232,9 @@ def _kernel(  # noqa: PLR0917 -- numba kernels take arrays positionally
         if stop > pos and data[stop - 1] == 13:
             stop -= 1
         nxt = end + 1 if end < n else n
+        if stop - pos + 2 > line_slots.shape[0]:
+            line_slots = np.empty(2 * (stop - pos + 2), dtype=np.int32)
+            line_keys = np.empty(2 * (stop - pos + 2), dtype=np.uint64)
         if stop == pos:
             pos = nxt
             phys += 1
