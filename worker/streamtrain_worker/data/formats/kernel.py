@@ -86,7 +86,7 @@ class Format(Protocol):
 
 @numba.njit(inline="always", cache=True)
 def max_line_length(data: U8) -> int:
-    """Longest line in bytes: sizes the per-line scratch buffers exactly."""
+    """Longest line in bytes (one line never emits more than its bytes + 2 keys)."""
     best = 0
     start = 0
     for i in range(data.shape[0]):
