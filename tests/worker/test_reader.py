@@ -164,6 +164,9 @@ def test_bench_parse_measures_every_format() -> None:
     rates = bench_parse.measure_all(DATA, min_seconds=0.0)
     assert set(rates) == {"criteo", "avazu", "libsvm", "csv", "slot"}
     assert all(rate > 0 for rate in rates.values())
+    assert bench_parse.measure("criteo", CRITEO, min_seconds=0.0, data_dir=DATA) > 0
+    with pytest.raises(ValueError, match="no sample config for format 'slot'"):
+        bench_parse.measure("slot", CRITEO, data_dir=DATA)
 
 
 def test_dropping_the_iterator_stops_the_thread(tmp_path: Path) -> None:

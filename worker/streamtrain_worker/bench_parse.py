@@ -53,8 +53,25 @@ def sample_configs(data_dir: Path) -> dict[str, tuple[DataConfig, Path]]:
     }
 
 
-def measure(config: DataConfig, path: Path | str, *, min_seconds: float = 0.5) -> float:
-    """Lines per second of reading ``path`` with ``config`` through ``iter_batches``."""
+def measure(
+    config: DataConfig | str,
+    path: Path | str,
+    *,
+    min_seconds: float = 0.5,
+    data_dir: Path = DEFAULT_DATA,
+) -> float:
+    """Lines per second of reading ``path`` through ``iter_batches``.
+
+    ``config`` is a ``DataConfig`` or the name of a format with a real sample (its sample
+    config from ``sample_configs(data_dir)``; the libSVM one needs iPinYou's field map there).
+    """
+    if isinstance(config, str):
+        samples = sample_configs(data_dir)
+        if config not in samples:
+            raise ValueError(
+                f"no sample config for format {config!r}; use one of {sorted(samples)}"
+            )
+        config = samples[config][0]
     files = [str(path)]
     fmt = make_format(config)  # built once, as a worker does across passes (field maps load once)
     for _ in iter_batches(
