@@ -240,6 +240,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--server-workers", type=int, default=16, help="server RPC threads")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-rpc", action="store_true", help="in-process only")
+    p.add_argument("--skip-local", action="store_true", help="gRPC only")
     p.add_argument("--json", action="store_true", help="end with one JSON line (always printed)")
     return p.parse_args(argv)
 
@@ -256,28 +257,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{args.threads} caller threads, {os.cpu_count()} cores",
         flush=True,
     )
-    local = bench_in_process(config, keys, batches, args)
+    local = {} if args.skip_local else bench_in_process(config, keys, batches, args)
     gc.collect()
     remote = {} if args.skip_rpc else bench_rpc(config, keys, batches, args)
     t = args.threads
+
+    def best(res: dict[str, float], op: str) -> int:
+        return round(max(res.get(f"{op}_t1", 0.0), res.get(f"{op}_t{t}", 0.0)))
+
     rows = [
-        ("grow to table size (s)", local["grow_s"], remote.get("grow_s")),
-        ("pull keys/s, 1 thread", local["pull_t1"], remote.get("pull_t1")),
-        (f"pull keys/s, {t} threads", local[f"pull_t{t}"], remote.get(f"pull_t{t}")),
-        ("push keys/s, 1 thread", local["push_t1"], remote.get("push_t1")),
-        (f"push keys/s, {t} threads", local[f"push_t{t}"], remote.get(f"push_t{t}")),
-        ("RSS bytes per expanded key", local["bytes_per_key"], remote.get("server_bytes_per_key")),
-        ("table memory_bytes per key", local["table_memory_bytes_per_key"], None),
+        ("grow to table size (s)", "grow_s", "grow_s"),
+        ("pull keys/s, 1 thread", "pull_t1", "pull_t1"),
+        (f"pull keys/s, {t} threads", f"pull_t{t}", f"pull_t{t}"),
+        ("push keys/s, 1 thread", "push_t1", "push_t1"),
+        (f"push keys/s, {t} threads", f"push_t{t}", f"push_t{t}"),
+        ("RSS bytes per expanded key", "bytes_per_key", "server_bytes_per_key"),
+        ("table memory_bytes per key", "table_memory_bytes_per_key", ""),
     ]
     print(f"{'':32} {'in-process':>14} {'gRPC 127.0.0.1':>16}")
     for name, a, b in rows:
-        print(f"{name:32} {a:>14,.1f} {'-' if b is None else f'{b:,.1f}':>16}")
+        cells = [f"{r[k]:,.1f}" if k in r else "-" for r, k in ((local, a), (remote, b))]
+        print(f"{name:32} {cells[0]:>14} {cells[1]:>16}")
     result = {
-        "pull_keys_per_s": round(max(local["pull_t1"], local[f"pull_t{t}"])),
-        "push_keys_per_s": round(max(local["push_t1"], local[f"push_t{t}"])),
-        "rpc_pull_keys_per_s": round(max(remote.get("pull_t1", 0), remote.get(f"pull_t{t}", 0))),
-        "rpc_push_keys_per_s": round(max(remote.get("push_t1", 0), remote.get(f"push_t{t}", 0))),
-        "bytes_per_key": round(local["bytes_per_key"], 1),
+        "pull_keys_per_s": best(local, "pull"),
+        "push_keys_per_s": best(local, "push"),
+        "rpc_pull_keys_per_s": best(remote, "pull"),
+        "rpc_push_keys_per_s": best(remote, "push"),
+        "bytes_per_key": round(local.get("bytes_per_key", 0.0), 1),
+        "server_bytes_per_key": round(remote.get("server_bytes_per_key", 0.0), 1),
         "keys": args.keys,
         "batch": args.batch,
         "threads": t,
