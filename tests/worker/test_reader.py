@@ -181,3 +181,22 @@ def test_dropping_the_iterator_stops_the_thread(tmp_path: Path) -> None:
     while reader.running and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not reader.running
+
+
+def test_reads_any_fsspec_url() -> None:
+    import fsspec
+
+    from streamtrain_worker.data import layout
+
+    fs = fsspec.filesystem("memory")
+    raw = CRITEO.read_bytes()
+    fs.pipe(
+        {"/ctr/20261101/0000/part-0.gz": gzip.compress(raw), "/ctr/20261101/0000/_SUCCESS": b""}
+    )
+    try:
+        folder = "memory://ctr/20261101/0000"
+        assert layout.folder_ready(folder)
+        files = [path for path, _ in layout.list_part_files(folder)]
+        assert sum(b.size for b in iter_batches(files, CRITEO_CFG, 4096)) == 7200
+    finally:
+        fs.rm("/ctr", recursive=True)
