@@ -6,9 +6,11 @@ import gzip
 import time
 from pathlib import Path
 
+import fsspec
 import numpy as np
 import pytest
 
+from streamtrain_worker.data import layout
 from streamtrain_worker.data.batch import Batch, concat_batches
 from streamtrain_worker.data.config import DataConfig
 from streamtrain_worker.data.errors import BadDataError, CorruptFileError
@@ -184,10 +186,6 @@ def test_dropping_the_iterator_stops_the_thread(tmp_path: Path) -> None:
 
 
 def test_reads_any_fsspec_url() -> None:
-    import fsspec
-
-    from streamtrain_worker.data import layout
-
     fs = fsspec.filesystem("memory")
     raw = CRITEO.read_bytes()
     fs.pipe(
