@@ -10,6 +10,7 @@ import fsspec
 import numpy as np
 import pytest
 
+from streamtrain_worker import bench_parse
 from streamtrain_worker.data import layout
 from streamtrain_worker.data.batch import Batch, concat_batches
 from streamtrain_worker.data.config import DataConfig
@@ -161,8 +162,6 @@ def test_close_mid_file_with_a_full_queue(tmp_path: Path) -> None:
 
 
 def test_bench_parse_measures_every_format() -> None:
-    from streamtrain_worker import bench_parse
-
     rates = bench_parse.measure_all(DATA, min_seconds=0.0)
     assert set(rates) == {"criteo", "avazu", "libsvm", "csv", "slot"}
     assert all(rate > 0 for rate in rates.values())
