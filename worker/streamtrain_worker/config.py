@@ -17,7 +17,8 @@ Example::
      "ps": {"endpoints": ["ps-0.ps:7000", "ps-1.ps:7000"], "timeoutSeconds": 60,
             "maxRetrySeconds": 30, "config": {...}},          # streamtrain_ps.config
      "metrics": {"numBuckets": 65536},
-     "runtime": {"numThreads": 1, "prefetchBatches": 2, "pushQueueDepth": 4}}
+     "runtime": {"numThreads": 1, "prefetchBatches": 2, "pushQueueDepth": 4,
+                 "maxMergedPushes": 4}}
 """
 
 # ruff: noqa: N815  -- field names are the camelCase JSON/CRD names, on purpose
@@ -134,11 +135,15 @@ class RuntimeConfig:
     prefetchBatches: int = 2
     #: Pushes in flight before training blocks (bounded async queue).
     pushQueueDepth: int = 4
+    #: When pushes queue up faster than the PS applies them, up to this many are merged
+    #: into one (sparse rows concatenated, dense gradients averaged). 1 disables merging.
+    maxMergedPushes: int = 4
 
     def _validate(self, path: str) -> None:
         _require(self.numThreads >= 1, path, "numThreads", "must be >= 1")
         _require(self.prefetchBatches >= 1, path, "prefetchBatches", "must be >= 1")
         _require(self.pushQueueDepth >= 1, path, "pushQueueDepth", "must be >= 1")
+        _require(self.maxMergedPushes >= 1, path, "maxMergedPushes", "must be >= 1")
 
 
 @dataclass(frozen=True)

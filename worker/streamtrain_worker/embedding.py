@@ -168,5 +168,16 @@ class SparsePush:
     clicks: npt.NDArray[np.float32]
     slots: npt.NDArray[np.uint32]
 
+    @classmethod
+    def concat(cls, parts: list[SparsePush]) -> SparsePush:
+        """One push carrying every part's rows (keys may repeat; the PS sums them)."""
+        return cls(
+            np.concatenate([p.keys for p in parts]),
+            np.concatenate([p.grads for p in parts]),
+            np.concatenate([p.shows for p in parts]),
+            np.concatenate([p.clicks for p in parts]),
+            np.concatenate([p.slots for p in parts]),
+        )
+
     def send(self, ps: PSLike, table: str) -> None:
         ps.push_sparse(table, self.keys, self.grads, self.shows, self.clicks, self.slots)

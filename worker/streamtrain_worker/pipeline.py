@@ -3,9 +3,11 @@
 - ``Prefetcher`` runs a function (read + parse + dedup + pull) over an iterator in one
   background thread, at most ``depth`` results ahead of the consumer, so the next batch's
   pull happens while the current batch computes.
-- ``AsyncPusher`` runs submitted calls (sparse and dense pushes) in order in one background
-  thread through a bounded queue: training blocks only when ``depth`` pushes are in flight.
-  ``flush`` waits until every submitted push is done, so a pass result reflects them all.
+- ``AsyncPusher`` hands submitted items (a batch's sparse and dense gradients) in order to a
+  handler in one background thread through a bounded queue: training blocks only when
+  ``depth`` pushes are waiting; items that queued up while the handler was busy arrive
+  together, so it can merge them. ``flush`` waits until every submitted item is handled, so
+  a pass result reflects every push.
 
 Both surface a background failure in the caller's thread (at the next ``next``/``submit``/
 ``flush``) instead of dying silently; both threads are daemons that end when closed.
@@ -91,13 +93,21 @@ class Prefetcher(Generic[T, R], Iterator[R]):
         self.close()
 
 
-class AsyncPusher:
-    """Run submitted calls in order in one background thread, at most ``depth`` queued."""
+class AsyncPusher(Generic[T]):
+    """Hand submitted items, in order, to ``handle`` in one background thread.
 
-    def __init__(self, depth: int) -> None:
-        if depth < 1:
-            raise ValueError(f"depth must be >= 1, got {depth}")
-        self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue(maxsize=depth)
+    At most ``depth`` items wait in the queue (``submit`` blocks beyond that: back-pressure
+    instead of unbounded memory). When the consumer falls behind, it takes every waiting
+    item — up to ``max_merge`` — in one ``handle`` call, so the handler can merge them
+    (as Paddle's async communicator merges queued gradients of one variable).
+    """
+
+    def __init__(self, handle: Callable[[list[T]], None], depth: int, max_merge: int = 1) -> None:
+        if depth < 1 or max_merge < 1:
+            raise ValueError(f"depth and max_merge must be >= 1, got {depth}, {max_merge}")
+        self._handle = handle
+        self._max_merge = max_merge
+        self._queue: queue.Queue[object] = queue.Queue(maxsize=depth)
         self._lock = threading.Lock()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="push", daemon=True)
@@ -105,19 +115,27 @@ class AsyncPusher:
 
     def _run(self) -> None:
         while True:
-            call = self._queue.get()
+            items = [self._queue.get()]
+            while len(items) < self._max_merge and items[-1] is not _END:
+                try:
+                    items.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            stop = items[-1] is _END
+            work = [i for i in items if i is not _END]
             try:
-                if call is None:
-                    return
                 with self._lock:
                     failed = self._error is not None
-                if not failed:  # after a failure, drop the rest: the pass fails anyway
-                    call()
+                if work and not failed:  # after a failure, drop the rest: the pass fails
+                    self._handle(work)  # type: ignore[arg-type]
             except BaseException as exc:
                 with self._lock:
                     self._error = exc
             finally:
-                self._queue.task_done()
+                for _ in items:
+                    self._queue.task_done()
+            if stop:
+                return
 
     def _raise_if_failed(self) -> None:
         with self._lock:
@@ -125,16 +143,16 @@ class AsyncPusher:
         if error is not None:
             raise error
 
-    def submit(self, call: Callable[[], None]) -> None:
-        """Queue ``call``; blocks while ``depth`` calls are pending; raises an earlier failure."""
+    def submit(self, item: T) -> None:
+        """Queue ``item``; blocks while ``depth`` items wait; raises an earlier failure."""
         self._raise_if_failed()
-        self._queue.put(call)
+        self._queue.put(item)
 
     def flush(self) -> None:
-        """Wait until every submitted call ran; raise the first failure among them."""
+        """Wait until every submitted item was handled; raise the first failure among them."""
         self._queue.join()
         self._raise_if_failed()
 
     def close(self) -> None:
-        self._queue.put(None)
+        self._queue.put(_END)
         self._thread.join()

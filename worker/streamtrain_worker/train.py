@@ -44,6 +44,14 @@ from streamtrain_worker.pipeline import AsyncPusher, Prefetcher
 
 
 @dataclass(frozen=True)
+class Pending:
+    """One trained batch's gradients, waiting in the push queue."""
+
+    sparse: SparsePush
+    dense: npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True)
 class StepOutput:
     """One batch's prediction and loss (before the update)."""
 
@@ -68,41 +76,34 @@ class Trainer:
         self.spec = ModelSpec.from_config(config.model, num_slots, sequence_slot)
         self.model: DenseModel = build_model(config.model.type, self.spec, seed=config.seed)
         self._params = list(self.model.parameters())
-        self._pusher = AsyncPusher(config.runtime.pushQueueDepth)
+        self._flat_params, self._flat_grads = _flatten(self._params)
+        self._pusher: AsyncPusher[Pending] = AsyncPusher(
+            self._push, config.runtime.pushQueueDepth, config.runtime.maxMergedPushes
+        )
         self.dense_version = 0  # dense pulls so far (for tests and logs)
         self.init_dense()
 
     # --- dense parameters ------------------------------------------------------------
 
-    def _flat_params(self) -> npt.NDArray[np.float32]:
-        with torch.no_grad():
-            return torch.nn.utils.parameters_to_vector(self._params).numpy().copy()
-
     def _load_params(self, values: npt.NDArray[np.float32]) -> None:
-        expected = sum(p.numel() for p in self._params)
+        expected = self._flat_params.numel()
         if values.shape != (expected,):
             raise ValueError(
                 f"PS dense vector {self.config.dense_name!r} has {values.shape[0]} values, "
                 f"the {self.config.model.type} model has {expected} (config mismatch?)"
             )
         with torch.no_grad():
-            torch.nn.utils.vector_to_parameters(torch.from_numpy(values.copy()), self._params)
+            self._flat_params.copy_(torch.from_numpy(values))
         self.dense_version += 1
 
     def init_dense(self) -> None:
         """Offer this worker's initial parameters; adopt whatever the PS holds."""
-        self._load_params(self.ps.init_dense(self.config.dense_name, self._flat_params()))
+        offered = self._flat_params.numpy().copy()
+        self._load_params(self.ps.init_dense(self.config.dense_name, offered))
 
     def sync_dense(self) -> None:
         """Replace the local dense parameters by the PS's current ones."""
         self._load_params(self.ps.pull_dense(self.config.dense_name))
-
-    def _flat_grad(self, scale: float) -> npt.NDArray[np.float32]:
-        grads = [
-            p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel())
-            for p in self._params
-        ]
-        return (torch.cat(grads) * scale).numpy()
 
     # --- one batch -------------------------------------------------------------------
 
@@ -129,16 +130,25 @@ class Trainer:
             preds=torch.sigmoid(logits.detach()).numpy(), losses=losses.detach().numpy()
         )
         if train:
-            for p in self._params:
-                p.grad = None
+            self._flat_grads.zero_()
             losses.sum().backward()
-            sparse = lookup.sparse_push()
-            dense = self._flat_grad(1.0 / max(prepared.batch.size, 1))
-            self._pusher.submit(lambda: self._push(sparse, dense))
+            dense = self._flat_grads.numpy() * np.float32(1.0 / max(prepared.batch.size, 1))
+            self._pusher.submit(Pending(lookup.sparse_push(), dense))
         return out
 
-    def _push(self, sparse: SparsePush, dense: npt.NDArray[np.float32]) -> None:
+    def _push(self, pending: list[Pending]) -> None:
+        """Push thread: one sparse and one dense push for all batches that queued up.
+
+        Merging only happens when pushes queue up faster than the PS applies them: the
+        sparse pushes are concatenated (the PS sums a key's rows within a request), the
+        dense gradients averaged into one optimizer step — the larger-batch equivalent.
+        """
         started = time.perf_counter()
+        if len(pending) == 1:
+            sparse, dense = pending[0].sparse, pending[0].dense
+        else:
+            sparse = SparsePush.concat([p.sparse for p in pending])
+            dense = np.mean([p.dense for p in pending], axis=0, dtype=np.float32)
         sparse.send(self.ps, self.config.table)
         self.ps.push_dense(self.config.dense_name, dense)
         if self.monitoring is not None:
@@ -189,3 +199,24 @@ class Trainer:
             self._pusher.flush()
         finally:
             self._pusher.close()
+
+
+def _flatten(params: list[torch.nn.Parameter]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Re-home every parameter and its gradient as views of two flat vectors.
+
+    The PS holds the dense network as one flat vector: with the parameters living in one
+    buffer, a dense pull is a single copy and the pushed gradient needs no concatenation.
+    Gradients accumulate in place into the views (they are never set to None).
+    """
+    total = sum(p.numel() for p in params)
+    flat_params = torch.empty(total)
+    flat_grads = torch.zeros(total)
+    offset = 0
+    with torch.no_grad():
+        for p in params:
+            n = p.numel()
+            flat_params[offset : offset + n].copy_(p.reshape(-1))
+            p.data = flat_params[offset : offset + n].view_as(p)
+            p.grad = flat_grads[offset : offset + n].view_as(p)
+            offset += n
+    return flat_params, flat_grads
