@@ -28,7 +28,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -199,7 +199,7 @@ class RemotePS:
 
     def pull_sparse(self, table: str, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]:
         t = self._table(table)
-        k = _as_keys(keys)
+        k = _require(keys, "keys", np.uint64, None)
         uniq, inverse = unique_inverse(k)
         out = np.empty((uniq.size, t.pull_dim), dtype=np.float32)
         per_key = 4 * t.pull_dim  # the response dominates
@@ -232,18 +232,12 @@ class RemotePS:
         slots: npt.NDArray[np.uint32] | None = None,
     ) -> None:
         t = self._table(table)
-        k = _as_keys(keys)
-        g = np.asarray(grads, dtype=np.float32)
-        s = np.asarray(shows, dtype=np.float32)
-        c = np.asarray(clicks, dtype=np.float32)
-        sl = None if slots is None else np.asarray(slots)
-        if g.ndim != 2 or g.shape != (k.size, t.push_dim):
-            raise InvalidRequestError(
-                "grads", f"must have shape ({k.size}, {t.push_dim}), got {g.shape}"
-            )
-        for name, arr in (("shows", s), ("clicks", c), ("slots", sl)):
-            if arr is not None and arr.shape != (k.size,):
-                raise InvalidRequestError(name, f"must have shape ({k.size},), got {arr.shape}")
+        k = _require(keys, "keys", np.uint64, None)
+        n = k.size
+        g = _require(grads, "grads", np.float32, (n, t.push_dim))
+        s = _require(shows, "shows", np.float32, (n,))
+        c = _require(clicks, "clicks", np.float32, (n,))
+        sl = None if slots is None else _require(slots, "slots", np.uint32, (n,))
         k, g, s, c, sl = merge_duplicates(k, g, s, c, sl)
         per_key = 8 + 4 * t.push_dim + 12
         calls: list[tuple[int, ps_pb2.PushSparseRequest]] = []
@@ -271,7 +265,8 @@ class RemotePS:
     # -- dense ----------------------------------------------------------------------------
 
     def init_dense(self, name: str, values: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
-        req = ps_pb2.InitDenseRequest(name=name, values=wire.encode_floats(values))
+        v = _require(values, "values", np.float32, None)
+        req = ps_pb2.InitDenseRequest(name=name, values=wire.encode_floats(v))
         (resp,) = self._call_all("InitDense", [(self._dense_server(name), req)])
         return wire.decode_floats(resp.values, "values").copy()
 
@@ -281,13 +276,21 @@ class RemotePS:
         return wire.decode_floats(resp.values, "values").copy()
 
     def push_dense(self, name: str, grads: npt.NDArray[np.float32]) -> None:
-        req = ps_pb2.PushDenseRequest(name=name, grads=wire.encode_floats(grads, "grads"))
+        g = _require(grads, "grads", np.float32, None)
+        req = ps_pb2.PushDenseRequest(name=name, grads=wire.encode_floats(g, "grads"))
         self._call_all("PushDense", [(self._dense_server(name), req)])
 
     # -- control plane --------------------------------------------------------------------
 
-    def save(self, uri: str, mode: api.SaveMode, table: str | None = None) -> api.SaveResult:
-        """Save on every server in parallel, then publish the manifest (all or nothing)."""
+    def save(
+        self,
+        uri: str,
+        mode: api.SaveMode,
+        meta: Mapping[str, Any] | None = None,
+        table: str | None = None,
+    ) -> api.SaveResult:
+        """Save on every server in parallel, then publish the manifest (all or nothing).
+        ``meta`` (e.g. day and pass) is recorded in the manifest next to the server count."""
         start = time.perf_counter()
         mode = api.SaveMode(mode)
         req = ps_pb2.SaveRequest(uri=uri, mode=int(mode), table=table or "")
@@ -295,7 +298,9 @@ class RemotePS:
             "Save", [(i, req) for i in range(self.num_servers)], control=True
         )
         results = [save_result(uri, mode, r) for r in responses]
-        checkpoint.publish(uri, results, self._manifest_meta(mode), config=self._config)
+        checkpoint.publish(
+            uri, results, {**self._manifest_meta(mode), **(meta or {})}, config=self._config
+        )
         return api.SaveResult(
             uri=uri,
             mode=mode,
@@ -464,10 +469,20 @@ def _text(value: str | bytes) -> str:
     return value.decode("utf-8", "surrogatepass") if isinstance(value, bytes) else value
 
 
-def _as_keys(keys: npt.ArrayLike) -> npt.NDArray[np.uint64]:
-    arr = np.asarray(keys)
-    if arr.dtype.kind not in "iu":
-        raise InvalidRequestError("keys", f"keys must be integers, got dtype {arr.dtype}")
-    if arr.ndim != 1:
-        raise InvalidRequestError("keys", f"keys must be 1-D, got shape {arr.shape}")
-    return arr.astype(np.uint64, copy=False)
+def _require(
+    value: object, field: str, dtype: type[np.generic], shape: tuple[int, ...] | None
+) -> npt.NDArray[Any]:
+    """The same argument checks (and messages) as ``Shard``, so ``LocalPS`` and ``RemotePS``
+    reject the same calls with the same field; ``shape=None`` means any 1-D length."""
+    if not isinstance(value, np.ndarray):
+        raise InvalidRequestError(field, f"must be a numpy array, got {type(value).__name__}")
+    if value.dtype != dtype:
+        raise InvalidRequestError(
+            field, f"must have dtype {np.dtype(dtype).name}, got {value.dtype}"
+        )
+    if shape is None:
+        if value.ndim != 1:
+            raise InvalidRequestError(field, f"must be 1-D, got shape {value.shape}")
+    elif value.shape != shape:
+        raise InvalidRequestError(field, f"must have shape {shape}, got {value.shape}")
+    return value

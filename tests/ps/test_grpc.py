@@ -18,10 +18,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from streamtrain_ps import api, sharding
 from streamtrain_ps.errors import (
     InvalidRequestError,
+    PSError,
     PSUnavailableError,
     RequestTooLargeError,
     UnknownTableError,
 )
+from streamtrain_ps.local import LocalPS
 from streamtrain_ps.proto import ps_pb2, ps_pb2_grpc
 from streamtrain_ps.remote import RemotePS, RetryPolicy
 from streamtrain_ps.server import SERVICE_NAME, PSServer
@@ -284,3 +286,72 @@ def test_subprocess_server_stops_gracefully_on_sigterm(spawn_ps: Callable[..., S
     spawned.process.send_signal(signal.SIGTERM)
     assert spawned.process.wait(timeout=30) == 0
     assert any("stopped" in line for line in spawned.lines_until("stopped", timeout=10))
+
+
+def test_remote_and_local_ps_agree(ps_cluster: Callable[..., Cluster], tmp_path: Path) -> None:
+    """The same calls on LocalPS(2 shards) and RemotePS(2 servers): same values, same errors."""
+    cluster = ps_cluster(2)
+    remote = cluster.client()
+    local = LocalPS(cluster.config, num_shards=2)
+    assert isinstance(remote, api.PSLike)
+    rng = np.random.default_rng(7)
+    try:
+        for _ in range(3):
+            keys = rng.integers(1, 300, 400).astype(np.uint64)  # many repeats
+            grads = rng.standard_normal((400, DIM + 1)).astype(np.float32)
+            shows = rng.integers(0, 3, 400).astype(np.float32)
+            clicks = np.minimum(shows, rng.integers(0, 2, 400)).astype(np.float32)
+            slots = (keys % 7).astype(np.uint32)
+            for ps in (local, remote):
+                ps.push_sparse("embedding", keys, grads, shows, clicks, slots)
+        probe = np.arange(0, 320, dtype=np.uint64)
+        np.testing.assert_allclose(
+            remote.pull_sparse("embedding", probe),
+            local.pull_sparse("embedding", probe),
+            rtol=1e-6,
+            atol=1e-7,
+        )
+        for ps in (local, remote):
+            ps.init_dense("w", np.arange(4, dtype=np.float32))
+            ps.push_dense("w", np.ones(4, np.float32))
+        np.testing.assert_array_equal(remote.pull_dense("w"), local.pull_dense("w"))
+        assert remote.shrink() == local.shrink()
+        assert remote.stats() == local.stats()
+        bad_calls = [
+            lambda ps: ps.pull_sparse("embedding", np.arange(3, dtype=np.int64)),
+            lambda ps: ps.push_sparse(
+                "embedding",
+                np.arange(2, dtype=np.uint64),
+                np.zeros((2, DIM + 1), np.float64),
+                np.ones(2, np.float32),
+                np.zeros(2, np.float32),
+            ),
+            lambda ps: ps.push_dense("w", np.ones(5, np.float32)),
+            lambda ps: ps.pull_dense("nope"),
+            lambda ps: ps.pull_sparse("nope", np.arange(3, dtype=np.uint64)),
+        ]
+        for bad in bad_calls:
+            with pytest.raises(PSError) as from_local:
+                bad(local)
+            with pytest.raises(PSError) as from_remote:
+                bad(remote)
+            assert type(from_remote.value) is type(from_local.value)
+            if isinstance(from_local.value, InvalidRequestError):
+                assert from_remote.value.field == from_local.value.field  # type: ignore[attr-defined]
+            else:
+                assert str(from_remote.value) == str(from_local.value)
+        local_ckpt, remote_ckpt = (tmp_path / "l").as_uri(), (tmp_path / "r").as_uri()
+        saved_local = local.save(local_ckpt, api.SaveMode.CHECKPOINT)
+        saved_remote = remote.save(remote_ckpt, api.SaveMode.CHECKPOINT, {"day": "20261121"})
+        assert saved_remote.keys_saved == saved_local.keys_saved
+        assert sorted(f.rows for f in saved_remote.files) == sorted(
+            f.rows for f in saved_local.files
+        )
+        fresh = LocalPS(cluster.config, num_shards=3)
+        assert fresh.load(remote_ckpt) == saved_remote.keys_saved
+        np.testing.assert_array_equal(
+            fresh.pull_sparse("embedding", probe), remote.pull_sparse("embedding", probe)
+        )
+        fresh.close()
+    finally:
+        local.close()
