@@ -181,6 +181,25 @@ def test_health_reports_serving(ps_cluster: Callable[..., Cluster]) -> None:
         assert info.value.code() is grpc.StatusCode.NOT_FOUND
 
 
+def test_graceful_stop_reports_not_serving_to_watchers() -> None:
+    cfg = small_config()
+    server = PSServer(Shard(cfg), cfg)
+    server.start()
+    channel = grpc.insecure_channel(server.address)
+    try:
+        watch = health_pb2_grpc.HealthStub(channel).Watch(
+            health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=30
+        )
+        assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+        stopped = server.stop(grace=5)
+        assert next(watch).status == health_pb2.HealthCheckResponse.NOT_SERVING
+        watch.cancel()  # the last in-flight RPC: the server stops before the grace ends
+        assert stopped.wait(timeout=30)
+    finally:
+        channel.close()
+        server.close(grace=0)
+
+
 def test_errors_map_back_to_the_local_exception_classes(ps_cluster: Callable[..., Cluster]) -> None:
     cluster = ps_cluster(1, small_config(maxKeysPerRequest=10))
     ps = cluster.client()
