@@ -19,6 +19,7 @@ the header names each array with dtype, shape and offset and repeats what the pa
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -135,16 +136,25 @@ def _fs(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
 
 
 def _write(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
-    """Write ``data`` to ``path``: temp file + rename on local disks, one PUT elsewhere."""
+    """Write ``data`` to ``path``: temp file + rename on local disks, one PUT elsewhere.
+
+    A failed local write (disk full, failing rename) removes its temp file: next to the
+    manifest nothing else would ever collect it (garbage collection only knows ``data-*``).
+    """
     parent = path.rsplit("/", 1)[0]
     fs.makedirs(parent, exist_ok=True)
     if isinstance(fs, LocalFileSystem):
         tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
     else:
         fs.pipe_file(path, data)
 
