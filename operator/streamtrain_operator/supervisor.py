@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -308,10 +308,12 @@ class JobSupervisor:
                 self.rt.clock,
                 observed_generation=self.body["metadata"].get("generation"),
             )
+            # Restarts count from the moment every pod answered.
+            baseline = await asyncio.to_thread(self._pods, job, "ps")
+            workers = await asyncio.to_thread(self._pods, job, "worker")
             self.driver = self._make_driver(job, conn, store)
-            baseline = await asyncio.to_thread(self._pods, job)
             run = asyncio.create_task(self.driver.run())
-            watch = asyncio.create_task(self._watch_ps(job, baseline))
+            watch = asyncio.create_task(self._watch_ps(job, baseline, workers))
             stop = asyncio.create_task(stopped.wait())
             tasks = [run, watch, stop]
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -350,7 +352,7 @@ class JobSupervisor:
         waiting = False
         while not stopped.is_set():
             try:
-                await conn.wait_ready(self.rt.ready_timeout)
+                await self._unless_stopped(conn.wait_ready(self.rt.ready_timeout), stopped)
             except Exception as exc:  # not ready yet: say so in the status, keep waiting
                 if not waiting:
                     message = f"waiting for {self.scale} pods of {job.name}: {exc}"
@@ -365,6 +367,21 @@ class JobSupervisor:
             return True
         return False
 
+    @staticmethod
+    async def _unless_stopped(work: Awaitable[None], stopped: StopSignal) -> None:
+        """Await ``work``, but give up as soon as kopf stops the daemon (deletion)."""
+        task = asyncio.ensure_future(work)
+        stop = asyncio.ensure_future(stopped.wait())
+        try:
+            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (task, stop):
+                t.cancel()
+            await asyncio.gather(task, stop, return_exceptions=True)
+        if stopped.is_set():
+            return
+        task.result()
+
     def _merge_conditions(self, patch: Mapping[str, Any]) -> None:
         status = self._status()
         conditions: Sequence[Mapping[str, Any]] = status.get("conditions", ())
@@ -374,24 +391,24 @@ class JobSupervisor:
 
     # ------------------------------------------------------------------ restarts
 
-    def _pods(self, job: Job) -> dict[str, tuple[str, int]]:
-        return self.rt.kube.pods(job.namespace, resources.selector_labels(job, "ps"))
+    def _pods(self, job: Job, role: str) -> dict[str, tuple[str, int]]:
+        return self.rt.kube.pods(job.namespace, resources.selector_labels(job, role))
 
-    async def _watch_ps(self, job: Job, baseline: Mapping[str, tuple[str, int]]) -> list[str]:
+    async def _watch_ps(
+        self,
+        job: Job,
+        baseline: Mapping[str, tuple[str, int]],
+        workers: Mapping[str, tuple[str, int]],
+    ) -> list[str]:
         """Return the PS pods that restarted (or were recreated) since ``baseline``; worker
         restarts are counted on the way."""
-        workers = await asyncio.to_thread(
-            self.rt.kube.pods, job.namespace, resources.selector_labels(job, "worker")
-        )
         while True:
             await asyncio.sleep(self.rt.restart_poll_seconds)
-            now = await asyncio.to_thread(self._pods, job)
+            now = await asyncio.to_thread(self._pods, job, "ps")
             restarted = sorted(n for n, s in now.items() if n in baseline and s != baseline[n])
             if restarted:
                 return restarted
-            current = await asyncio.to_thread(
-                self.rt.kube.pods, job.namespace, resources.selector_labels(job, "worker")
-            )
+            current = await asyncio.to_thread(self._pods, job, "worker")
             changed = [n for n, s in current.items() if n in workers and s != workers[n]]
             if changed:
                 self.rt.metrics.restarted(job.namespace, job.name, "worker", len(changed))
