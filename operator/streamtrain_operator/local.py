@@ -187,7 +187,7 @@ class RunOptions:
     start_timeout: float = 120.0
 
 
-async def _connect(
+async def connect(
     cluster: LocalCluster, job: Job, timeout: float
 ) -> tuple[RemotePS, list[GrpcWorker]]:
     ps = RemotePS(cluster.ps_endpoints, render.ps_config(job.spec))
@@ -230,7 +230,7 @@ async def run_job(job: Job, options: RunOptions) -> Progress:
             f"{job.spec.workers.replicas} worker(s) (logs in {options.workdir / 'logs'})"
         )
         cluster.start()
-        ps, workers = await _connect(cluster, job, options.start_timeout)
+        ps, workers = await connect(cluster, job, options.start_timeout)
         driver = Driver(
             job.spec,
             ps,

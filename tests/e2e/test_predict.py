@@ -1,0 +1,66 @@
+"""The reference predictor scores exactly like training on the same model state."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from streamtrain_operator.driver import Driver
+from streamtrain_operator.local import LocalCluster, connect
+from streamtrain_operator.progress import Phase
+from streamtrain_operator.spec import load_job
+from streamtrain_operator.state import MemoryStateStore
+from streamtrain_worker.metrics import PassMetrics
+
+from .conftest import streamtrain
+
+
+@pytest.mark.timeout(240)
+def test_predictor_auc_equals_evaluate_only_run_pass(job_file: Callable[..., Path]) -> None:
+    # Shrink keeps everything (no decay, no deletion) and exports keep every key, so the
+    # day's delta chain, the next day's base and the PS after the job are one model state.
+    path = job_file(
+        days=1,
+        rows_per_folder=200,
+        sparse={"showClickDecayRate": 1.0, "deleteThreshold": 0.0},
+    )
+    root = path.parent
+    job = load_job(path)
+    files = [str(p) for p in sorted((root / "data" / "20261101" / "1200").glob("part-*"))]
+    cluster = LocalCluster(job, root / "work")
+
+    async def train_then_evaluate() -> PassMetrics:
+        ps, workers = await connect(cluster, job, 60)
+        try:
+            progress = await Driver(job.spec, ps, workers, MemoryStateStore()).run()
+            assert progress.phase == Phase.SUCCEEDED, progress.message
+            # Worker 0 exported the dense network (with its input-norm running statistics).
+            result = await workers[0].run_pass("20261101", 3, files, progress.generation, False)
+            return PassMetrics.from_proto(result)
+        finally:
+            for w in workers:
+                await w.close()
+            ps.close()
+
+    try:
+        cluster.start()
+        evaluated = asyncio.run(train_then_evaluate())
+    finally:
+        cluster.stop()
+    assert evaluated.examples == 200
+
+    for model, chain_length in (("20261101/delta-4", 4), ("20261102/base", 1)):
+        run = streamtrain(
+            "predict", "--export", "export", "--model", model, "--json", *files, cwd=root
+        )
+        assert run.returncode == 0, run.stderr
+        predicted = json.loads(run.stdout.strip().splitlines()[-1])
+        assert len(predicted["chain"]) == chain_length
+        assert predicted["examples"] == evaluated.examples
+        assert predicted["auc"] == pytest.approx(evaluated.auc, abs=1e-4), model
+        assert predicted["loss"] == pytest.approx(evaluated.loss, abs=1e-4), model
+        assert predicted["copc"] == pytest.approx(evaluated.copc, abs=1e-4), model
