@@ -59,7 +59,7 @@ _S32 = np.uint64(32)
 
 
 #: How many keys ahead the batch kernels prefetch (slots at 2x, keys/rows at 1x).
-PREFETCH = 12
+PREFETCH = 16
 
 
 @intrinsic
@@ -322,7 +322,7 @@ def grown_slots(
     cap = needed_capacity(count)
     if cap <= slots.size:
         return slots
-    new = np.full(cap, EMPTY, dtype=np.int32)
+    new = full_aligned(cap, EMPTY, np.int32)
     rehash(slots, keys, new)
     return new
 
@@ -339,6 +339,14 @@ def grown_rows(arr: npt.NDArray[Any], used: int, need: int) -> npt.NDArray[Any]:
     new = zeros_aligned((cap, *arr.shape[1:]), arr.dtype)
     new[:used] = arr[:used]
     return new
+
+
+def full_aligned(n: int, value: int, dtype: npt.DTypeLike) -> npt.NDArray[Any]:
+    """``np.full`` through ``zeros_aligned`` (large ``np.zeros`` get transparent huge pages,
+    which matters for the randomly probed slot array: fewer TLB misses)."""
+    arr = zeros_aligned((n,), dtype)
+    arr.fill(value)
+    return arr
 
 
 def zeros_aligned(

@@ -81,7 +81,7 @@ def merge_push(  # noqa: PLR0917 - kernels take their arrays positionally
     while cap < 2 * n:
         cap *= 2
     mask = cap - 1
-    table = np.full(cap, -1, dtype=np.int64)
+    table = np.full(cap, -1, dtype=np.int32)
     uk = np.empty(n, dtype=np.uint64)
     ug = np.empty((n, dim), dtype=np.float32)
     us = np.empty(n, dtype=np.float32)
@@ -108,7 +108,7 @@ def merge_push(  # noqa: PLR0917 - kernels take their arrays positionally
         while True:
             t = table[h]
             if t < 0:
-                table[h] = u
+                table[h] = np.int32(u)
                 uk[u] = key
                 for j in range(dim):
                     ug[u, j] = grads[i, j]

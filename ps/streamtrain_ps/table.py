@@ -291,7 +291,7 @@ def table_seed(seed: int, name: str) -> np.uint64:
 def _empty_arrays(capacity: int, width: int) -> _Arrays:
     rows = max(capacity, 1024)
     return _Arrays(
-        np.full(ix.needed_capacity(capacity), ix.EMPTY, dtype=np.int32),
+        ix.full_aligned(ix.needed_capacity(capacity), ix.EMPTY, np.int32),
         ix.zeros_aligned((rows,), np.uint64),
         ix.zeros_aligned((rows, width), np.float32),
     )
