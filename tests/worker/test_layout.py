@@ -119,3 +119,15 @@ def test_listing_through_an_fsspec_url_keeps_the_protocol() -> None:
     with fsspec.open(files[1][0], "rb") as f:
         assert f.read() == b"abc"
     fs.rm("/bucket", recursive=True)
+
+
+def test_an_injected_filesystem_is_used() -> None:
+    fs = fsspec.filesystem("memory")
+    fs.pipe({"/inj/20261101/0000/part-0": b"abc", "/inj/20261101/0000/_SUCCESS": b""})
+    try:
+        assert layout.folder_ready("/inj/20261101/0000", fs=fs)
+        assert layout.list_part_files("/inj/20261101/0000", fs=fs) == [
+            ("/inj/20261101/0000/part-0", 3)
+        ]
+    finally:
+        fs.rm("/inj", recursive=True)

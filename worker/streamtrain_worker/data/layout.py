@@ -159,7 +159,7 @@ def iter_passes(
 
 def _resolve(url: str, fs: AbstractFileSystem | None) -> tuple[AbstractFileSystem, str]:
     if fs is not None:
-        return fs, fs._strip_protocol(url)
+        return fs, url  # fsspec filesystems accept their own URLs as paths
     resolved, path = fsspec.core.url_to_fs(url)
     return resolved, path
 
