@@ -168,7 +168,9 @@ class RemotePS:
     # -- lifecycle ------------------------------------------------------------------------
 
     def wait_ready(self, timeout: float = 10.0) -> None:
-        """Block until every channel is connected, or raise ``PSUnavailableError``."""
+        """Block until every channel is connected, then check that endpoint ``i`` serves
+        shard ``i`` of ``len(endpoints)`` (a misordered list would misroute every key).
+        Raises ``PSUnavailableError`` on timeout, ``PSError`` on a mismatch."""
         deadline = time.monotonic() + timeout
         for ep, chans in zip(self.endpoints, self._channels, strict=True):
             for ch in chans:
@@ -178,6 +180,14 @@ class RemotePS:
                     )
                 except grpc.FutureTimeoutError:
                     raise PSUnavailableError(f"{ep}: not ready after {timeout}s") from None
+        req = ps_pb2.StatsRequest()
+        stats = self._call_all("Stats", [(i, req) for i in range(self.num_servers)])
+        for i, (ep, st) in enumerate(zip(self.endpoints, stats, strict=True)):
+            if (st.shard_index, st.num_shards) != (i, self.num_servers):
+                raise PSError(
+                    f"{ep} serves shard {st.shard_index} of {st.num_shards}, but is endpoint "
+                    f"{i} of {self.num_servers} here: the endpoint list must be in shard order"
+                )
 
     def close(self) -> None:
         self._closed.set()

@@ -15,7 +15,7 @@ import numpy.typing as npt
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from streamtrain_ps import api, sharding
+from streamtrain_ps import api, sharding, wire
 from streamtrain_ps.errors import (
     InvalidRequestError,
     PSError,
@@ -169,6 +169,22 @@ def test_save_publish_load_into_a_different_server_count(
     assert sum(s.stats().tables[0].keys for s in three.shards) == keys.size
 
 
+def test_wait_ready_rejects_endpoints_out_of_shard_order(
+    ps_cluster: Callable[..., Cluster],
+) -> None:
+    cluster = ps_cluster(2)
+    with (
+        RemotePS(cluster.endpoints[::-1], cluster.config) as ps,
+        pytest.raises(PSError, match="serves shard 1 of 2, but is endpoint 0 of 2"),
+    ):
+        ps.wait_ready(timeout=10)
+    with (
+        RemotePS(cluster.endpoints[:1], cluster.config) as ps,
+        pytest.raises(PSError, match="serves shard 0 of 2, but is endpoint 0 of 1"),
+    ):
+        ps.wait_ready(timeout=10)
+
+
 def test_health_reports_serving(ps_cluster: Callable[..., Cluster]) -> None:
     cluster = ps_cluster(1)
     with grpc.insecure_channel(cluster.endpoints[0]) as channel:
@@ -294,14 +310,33 @@ def test_unavailable_after_the_retry_budget_raises_ps_unavailable() -> None:
 
 
 def test_subprocess_server_stops_gracefully_on_sigterm(spawn_ps: Callable[..., SpawnedPS]) -> None:
-    spawned = spawn_ps(small_config(), "--shard-index", "1", "--num-shards", "2")
     cfg = small_config()
-    with RemotePS([spawned.address], cfg) as ps:
-        ps.wait_ready(timeout=20)
+    spawned = spawn_ps(cfg, "--shard-index", "1", "--num-shards", "2")
+    with grpc.insecure_channel(spawned.address) as channel:
+        stub = ps_pb2_grpc.ParameterServerStub(channel)
+        stats = stub.Stats(ps_pb2.StatsRequest(), timeout=20)
+        assert (stats.shard_index, stats.num_shards) == (1, 2)
         keys = np.arange(1, 40, dtype=np.uint64)
         keys = keys[sharding.server_of_key(keys, cfg.logicalShards, 2) == 1]  # shard 1's keys
-        _push(ps, keys)
-        assert ps.pull_sparse("embedding", keys)[:, 0].tolist() == [1.0] * keys.size
+        n = keys.size
+        enc = wire.encode_push(
+            keys,
+            np.zeros((n, DIM + 1), np.float32),
+            np.ones(n, np.float32),
+            np.zeros(n, np.float32),
+        )
+        pushed = stub.PushSparse(
+            ps_pb2.PushSparseRequest(
+                table="embedding",
+                keys=enc.keys,
+                grads=enc.grads,
+                dim=enc.dim,
+                shows=enc.shows,
+                clicks=enc.clicks,
+            ),
+            timeout=20,
+        )
+        assert pushed.keys_updated == n
     spawned.process.send_signal(signal.SIGTERM)
     assert spawned.process.wait(timeout=30) == 0
     assert any("stopped" in line for line in spawned.lines_until("stopped", timeout=10))
