@@ -269,7 +269,7 @@ class PassReader:
             while not self._stop.is_set():
                 chunk = self._read_chunk(stream, path, is_gzip)
                 eof = not chunk
-                data = carry + chunk
+                data = carry + chunk if carry else chunk
                 carry = b""
                 with self._lock:
                     self._stats = _bump(self._stats, bytes_read=len(chunk))

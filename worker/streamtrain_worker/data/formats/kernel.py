@@ -242,7 +242,8 @@ def run_kernel(
         cap = int(np.count_nonzero(sub == 10)) + 1
         labels = np.empty(cap, dtype=np.float32)
         keys = np.empty(key_cap, dtype=np.uint64)
-        offsets = np.zeros(cap * num_slots + 1, dtype=np.int64)
+        offsets = np.empty(cap * num_slots + 1, dtype=np.int64)
+        offsets[0] = 0  # the kernel writes every later boundary of the examples it commits
         bad_lines = np.empty(cap, dtype=np.int64)
         bad_reasons = np.empty(cap, dtype=np.int8)
         stats = np.zeros(6, dtype=np.int64)
