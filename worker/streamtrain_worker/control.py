@@ -8,7 +8,8 @@ call (or an export) and maps failures to gRPC status codes in one place (``_stat
 - a request from an older generation than one already seen -> ``FAILED_PRECONDITION``;
 - PS unreachable after the client's retries (``PSUnavailableError``) -> ``UNAVAILABLE``;
 - too many bad lines -> ``FAILED_PRECONDITION``; corrupt/missing data -> ``DATA_LOSS`` /
-  ``NOT_FOUND``; anything else -> ``INTERNAL``. Every status carries a message naming the
+  ``NOT_FOUND``; a listed path that is a directory or unreadable -> ``FAILED_PRECONDITION``;
+  anything else -> ``INTERNAL``. Every status carries a message naming the
   cause (file, endpoint, field).
 
 The trainer (and with it ``init_dense`` on the PS) is built lazily on the first call, so a
@@ -54,8 +55,10 @@ def _status(exc: BaseException) -> grpc.StatusCode:
         return grpc.StatusCode.FAILED_PRECONDITION
     if isinstance(exc, CorruptFileError | DataError):
         return grpc.StatusCode.DATA_LOSS
-    if isinstance(exc, FileNotFoundError):
+    if isinstance(exc, FileNotFoundError | NotADirectoryError):
         return grpc.StatusCode.NOT_FOUND
+    if isinstance(exc, IsADirectoryError | PermissionError):  # a path the request named
+        return grpc.StatusCode.FAILED_PRECONDITION
     if isinstance(exc, PSError | ValueError):
         return grpc.StatusCode.FAILED_PRECONDITION
     return grpc.StatusCode.INTERNAL

@@ -102,7 +102,12 @@ def describe(model: DenseModel, model_type: str) -> dict[str, Any]:
 
 
 def export_dense(model: DenseModel, model_type: str, uri: str) -> list[str]:
-    """Write ``dense.pt`` then ``dense.json`` under ``uri``; returns the written URLs."""
+    """Write ``dense.pt`` then ``dense.json`` under ``uri``; returns the written URLs.
+
+    An empty URI (or ``/``) is refused: it would put the files at the filesystem root.
+    """
+    if not uri.strip().strip("/"):
+        raise ValueError(f"uri: must name an export directory, got {uri!r}")
     was_training = model.training
     model.eval()
     try:
