@@ -247,3 +247,32 @@ def test_bad_config_fails_fast(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert "worker.model.type" in done.stderr
+
+
+def test_a_briefly_unavailable_ps_is_waited_for(chunk: str) -> None:
+    """The worker starts before its PS; the first pass retries until the PS comes up."""
+    config = WorkerConfig.from_dict(CONFIG)
+    shard = Shard(config.ps.config)
+    first = PSServer(shard, config.ps.config)
+    port = first.start()
+    first.close(grace=0)  # a known port with nothing listening
+    retried = threading.Event()
+    policy = RetryPolicy(
+        max_attempts=1000, initial_backoff=0.01, max_backoff=0.05, total_seconds=60
+    )
+    ps = RemotePS(
+        [f"127.0.0.1:{port}"], config.ps.config, retry=policy, on_retry=lambda *_: retried.set()
+    )
+    server = WorkerServer(WorkerServicer(config, ps))
+    server.start()
+    ps_server = PSServer(shard, config.ps.config, port=port)
+    try:
+        with grpc.insecure_channel(server.address) as channel, ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(run_pass, worker_pb2_grpc.WorkerStub(channel), [chunk])
+            assert retried.wait(timeout=30)  # the pass is retrying against the absent PS
+            ps_server.start()
+            assert pending.result(timeout=60).examples == 1000
+    finally:
+        server.close(grace=0)
+        ps.close()
+        ps_server.close(grace=0)
