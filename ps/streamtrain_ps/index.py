@@ -257,8 +257,16 @@ def insert_many(  # noqa: PLR0917 - kernels take their arrays positionally
     out: npt.NDArray[np.int64],
     created: npt.NDArray[np.bool_],
 ) -> None:
-    for i in range(query.size):
-        out[i], created[i] = find_or_insert(slots, keys, meta, query[i])
+    homes = homes_of(slots, query)
+    n = query.size
+    for i in range(n):
+        if i + 2 * PREFETCH < n:  # see lookup_many
+            prefetch(slots, homes[i + 2 * PREFETCH])
+        if i + PREFETCH < n:
+            r = slots[homes[i + PREFETCH]]
+            if r >= 0:
+                prefetch(keys, r)
+        out[i], created[i] = find_or_insert_at(slots, keys, meta, query[i], homes[i])
 
 
 @njit(nogil=True, cache=True)

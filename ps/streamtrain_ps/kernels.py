@@ -130,12 +130,13 @@ def merge_push(  # noqa: PLR0917 - kernels take their arrays positionally
 
 
 @njit(nogil=True, cache=True)
-def push_kernel(  # noqa: PLR0917 - kernels take their arrays positionally
-    arr_slots: npt.NDArray[np.int32],
-    arr_keys: npt.NDArray[np.uint64],
-    meta: npt.NDArray[np.int64],
+def update_rows(  # noqa: PLR0917 - kernels take their arrays positionally
     slab: npt.NDArray[np.float32],
     slab_u32: npt.NDArray[np.uint32],
+    rows: npt.NDArray[np.int64],
+    created: npt.NDArray[np.bool_],
+    start: Int,
+    stop: Int,
     keys: npt.NDArray[np.uint64],
     grads: npt.NDArray[np.float32],
     shows: npt.NDArray[np.float32],
@@ -146,7 +147,12 @@ def push_kernel(  # noqa: PLR0917 - kernels take their arrays positionally
     ap: npt.NDArray[np.float64],
     fp: npt.NDArray[np.float64],
     seed: np.uint64,
-) -> None:
+) -> Int:
+    """Apply merged pushes ``start:stop`` to their (distinct) rows; returns admissions.
+
+    The rows were found or created by ``index.insert_many`` first, so two threads may run
+    disjoint ranges of one push at once: they never touch the same row or the index.
+    """
     dim = ip[IP_DIM]
     kind = ip[IP_KIND]
     xw = ip[IP_XW]
@@ -154,19 +160,12 @@ def push_kernel(  # noqa: PLR0917 - kernels take their arrays positionally
     xflag = ip[IP_XFLAG]
     threshold = ap[AP_EMBEDX_THRESHOLD]
     admitted = 0
-    homes = ix.homes_of(arr_slots, keys)
-    n = keys.size
-    for i in range(n):
-        if i + 2 * PF < n:  # see index.lookup_many
-            ix.prefetch(arr_slots, homes[i + 2 * PF])
-        if i + PF < n:
-            ahead = arr_slots[homes[i + PF]]
-            if ahead >= 0:
-                ix.prefetch(arr_keys, ahead)
-                ix.prefetch(slab, ahead)
+    for i in range(start, stop):
+        if i + PF < stop:
+            ix.prefetch(slab, rows[i + PF])
+        row = rows[i]
         key = keys[i]
-        row, created = ix.find_or_insert_at(arr_slots, arr_keys, meta, key, homes[i])
-        if created:  # the row is all zeros: embed part, then mark embedx "not admitted"
+        if created[i]:  # the row is all zeros: embed part, then mark embedx "not admitted"
             init_part(slab, row, EMBED_W, EMBED_STATE, 1, kind, kind == ADAM, seed, key, fp)
             slab[row, xflag] = -1.0
         show = np.float64(shows[i])
@@ -185,8 +184,7 @@ def push_kernel(  # noqa: PLR0917 - kernels take their arrays positionally
             # Admission: this push's embedx gradient was computed against zeros; drop it.
             init_part(slab, row, xw, xs, dim, kind, True, seed, key, fp)
             admitted += 1
-    meta[EXPANDED] += admitted
-    meta[ADMISSIONS] += admitted
+    return admitted
 
 
 @njit(nogil=True, cache=True)

@@ -169,6 +169,8 @@ class LocalPS:
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+        for shard in self.shards:
+            shard.close()
 
     def _pull_dim(self, table: str) -> int:
         try:

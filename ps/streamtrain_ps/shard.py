@@ -9,7 +9,9 @@ shrinks see of each other.
 
 from __future__ import annotations
 
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
@@ -66,7 +68,13 @@ class Shard:
         self.shard_index = shard_index
         self.num_shards = num_shards
         self.owned = sharding.owned_logical_shards(shard_index, num_shards, config.logicalShards)
-        self._tables = {t.name: SparseTable(t, seed=config.seed) for t in config.tables}
+        cores = os.cpu_count() or 1
+        self._helpers = (
+            ThreadPoolExecutor(cores - 1, f"shard{shard_index}-kernel") if cores > 1 else None
+        )
+        self._tables = {
+            t.name: SparseTable(t, seed=config.seed, helpers=self._helpers) for t in config.tables
+        }
         self._dense = DenseStore(config.dense.optimizer)
         self._last_save = 0.0
         self._last_load = 0.0
@@ -306,6 +314,11 @@ class Shard:
             last_save_seconds=self._last_save,
             last_load_seconds=self._last_load,
         )
+
+    def close(self) -> None:
+        """Stop the helper threads (idle ones cost nothing; this is for tidy shutdowns)."""
+        if self._helpers is not None:
+            self._helpers.shutdown(wait=True)
 
     def table(self, name: str) -> SparseTable:
         """The engine table behind ``name`` (tools and tests that need full rows)."""

@@ -22,9 +22,10 @@ Consistency (``TableLock``):
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor
 from contextlib import contextmanager
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -35,6 +36,9 @@ from streamtrain_ps.accessor import RowLayout, accessor_params
 from streamtrain_ps.config import TableConfig
 from streamtrain_ps.kernels import ADMISSIONS, EVICTIONS, EXPANDED
 from streamtrain_ps.optim import params_vector
+
+#: Pulls and pushes of at least this many keys are split over two threads.
+SPLIT_MIN_KEYS = 32_768
 
 
 class TableLock:
@@ -90,8 +94,17 @@ class _Arrays(NamedTuple):
 class SparseTable:
     """One table: values of the keys a shard owns, updated by the table's optimizer."""
 
-    def __init__(self, config: TableConfig, seed: int = 0, capacity: int = 0) -> None:
+    def __init__(
+        self,
+        config: TableConfig,
+        seed: int = 0,
+        capacity: int = 0,
+        helpers: Executor | None = None,
+    ) -> None:
+        """``helpers``: threads that may run half of a large pull or push (nogil kernels),
+        so one caller can use two cores; None runs everything on the caller's thread."""
         self.config = config
+        self._helpers = helpers
         self.name = config.name
         self.layout = RowLayout.of(config)
         self.lock = TableLock()
@@ -119,9 +132,13 @@ class SparseTable:
 
     def pull(self, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]:
         out = np.empty((keys.size, self.layout.pull_dim), dtype=np.float32)
+        xw = self.layout.embedx_w
         with self.lock.read():
             a = self._arrays
-            kn.pull_kernel(a.slots, a.keys, a.slab, keys, out, self.layout.embedx_w)
+            self._split(
+                keys.size,
+                lambda lo, hi: kn.pull_kernel(a.slots, a.keys, a.slab, keys[lo:hi], out[lo:hi], xw),
+            )
         return out
 
     def rows_of(self, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
@@ -140,27 +157,55 @@ class SparseTable:
         clicks: npt.NDArray[np.float32],
         slots: npt.NDArray[np.uint32] | None,
     ) -> None:
-        """Apply a push whose keys are unique (see ``merge_push``)."""
+        """Apply a push whose keys are unique (see ``kernels.merge_push``).
+
+        Index first (serial: it may create keys), then the row updates, split over two
+        threads for large pushes — the rows are distinct, so the halves never collide.
+        """
+        n = keys.size
         slot_arr = slots if slots is not None else np.empty(0, dtype=np.uint32)
+        rows = np.empty(n, dtype=np.int64)
+        created = np.zeros(n, dtype=np.bool_)
         with self.lock.write():
-            a = self._reserve(keys.size)
-            kn.push_kernel(
-                a.slots,
-                a.keys,
-                self._meta,
-                a.slab,
-                a.slab.view(np.uint32),
-                keys,
-                grads,
-                shows,
-                clicks,
-                slot_arr,
-                slots is not None,
-                self._ip,
-                self._ap,
-                self._fp,
-                self._seed,
+            a = self._reserve(n)
+            ix.insert_many(a.slots, a.keys, self._meta, keys, rows, created)
+            slab_u32 = a.slab.view(np.uint32)
+            admitted = self._split(
+                n,
+                lambda lo, hi: kn.update_rows(
+                    a.slab,
+                    slab_u32,
+                    rows,
+                    created,
+                    lo,
+                    hi,
+                    keys,
+                    grads,
+                    shows,
+                    clicks,
+                    slot_arr,
+                    slots is not None,
+                    self._ip,
+                    self._ap,
+                    self._fp,
+                    self._seed,
+                ),
             )
+            self._meta[EXPANDED] += admitted
+            self._meta[ADMISSIONS] += admitted
+
+    def _split(self, n: int, work: Callable[[int, int], Any]) -> int:
+        """Run ``work(lo, hi)`` over ``range(n)``: in two halves on two threads when the
+        batch is large and a helper thread is available, else in one go. Returns the sum of
+        the halves' results (ints) or 0."""
+        if self._helpers is None or n < SPLIT_MIN_KEYS:
+            return int(work(0, n) or 0)
+        mid = n // 2
+        other = self._helpers.submit(work, mid, n)
+        first = int(work(0, mid) or 0)
+        if other.cancel():  # the helper was busy elsewhere: do it ourselves
+            return first + int(work(mid, n) or 0)
+        return first + int(other.result() or 0)
 
     def _reserve(self, extra: int) -> _Arrays:
         """Arrays with room for ``extra`` new keys; call with the writer lock held."""

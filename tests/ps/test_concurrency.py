@@ -7,8 +7,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from streamtrain_ps import checkpoint
+from streamtrain_ps import table as table_module
 from streamtrain_ps.api import SaveMode
 from streamtrain_ps.config import PSConfig, TableConfig
 from streamtrain_ps.shard import Shard
@@ -121,3 +123,32 @@ def test_pulls_during_growth_saves_and_shrinks_see_consistent_rows(tmp_path: Pat
     _run([grower, reader, reader, maintenance])
     np.testing.assert_array_equal(shard.pull_sparse(T, hot)[:, 0], grow_rounds + 1)
     assert shard.stats().tables[0].keys == hot.size + grow_rounds * 10_000
+
+
+def test_pushes_and_pulls_split_over_two_threads_equal_single_threaded_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cfg = PSConfig(tables=(TableConfig(embedxDim=D, embedxThreshold=2.0),), logicalShards=8)
+    rng = np.random.default_rng(4)
+    keys = rng.integers(0, 2**64 - 1, 20_000, dtype=np.uint64, endpoint=True)
+    batches = []
+    for _ in range(4):
+        k = rng.choice(keys, 30_000)
+        batches.append(
+            (
+                k,
+                rng.normal(size=(k.size, D + 1)).astype(np.float32),
+                rng.integers(0, 3, k.size).astype(np.float32),
+                (rng.random(k.size) < 0.3).astype(np.float32),
+            )
+        )
+    results = []
+    for split_at in (10**9, 1):  # never split / always split (when a helper thread exists)
+        monkeypatch.setattr(table_module, "SPLIT_MIN_KEYS", split_at)
+        shard = Shard(cfg)
+        for b in batches:
+            shard.push_sparse(T, *b)
+        results.append((shard.pull_sparse(T, keys), shard.stats().tables[0]))
+        shard.close()
+    np.testing.assert_array_equal(results[0][0], results[1][0])
+    assert results[0][1].expanded_keys == results[1][1].expanded_keys > 0
