@@ -211,25 +211,26 @@ class RemotePS:
         t = self._table(table)
         k = _require(keys, "keys", np.uint64, None)
         uniq, inverse = unique_inverse(k)
-        out = np.empty((uniq.size, t.pull_dim), dtype=np.float32)
         per_key = 4 * t.pull_dim  # the response dominates
         calls: list[tuple[int, ps_pb2.PullSparseRequest]] = []
         spans: list[npt.NDArray[np.intp] | slice] = []
         for server, idx in self._route(uniq):
             for span in self._chunks(idx, per_key):
-                calls.append(
-                    (
-                        server,
-                        ps_pb2.PullSparseRequest(table=t.name, keys=wire.encode_keys(uniq[span])),
-                    )
-                )
+                request = ps_pb2.PullSparseRequest(table=t.name, keys=wire.encode_keys(uniq[span]))
+                calls.append((server, request))
                 spans.append(span)
         responses = self._call_all("PullSparse", calls)
-        for span, (_, req), resp in zip(spans, calls, responses, strict=True):
-            n = len(req.keys) // 8
-            out[span] = wire.decode_matrix(
-                resp.values, resp.dim, "values", n=n, expected_dim=t.pull_dim
+        parts = [
+            wire.decode_matrix(
+                r.values, r.dim, "values", n=len(c.keys) // 8, expected_dim=t.pull_dim
             )
+            for (_, c), r in zip(calls, responses, strict=True)
+        ]
+        if len(parts) == 1:  # one request: gather straight from the response buffer
+            return parts[0][inverse]
+        out = np.empty((uniq.size, t.pull_dim), dtype=np.float32)
+        for span, rows in zip(spans, parts, strict=True):
+            out[span] = rows
         return out[inverse]
 
     def push_sparse(  # noqa: PLR0917 - the PSLike signature
