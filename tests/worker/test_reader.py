@@ -197,3 +197,10 @@ def test_reads_any_fsspec_url() -> None:
         assert sum(b.size for b in iter_batches(files, CRITEO_CFG, 4096)) == 7200
     finally:
         fs.rm("/ctr", recursive=True)
+
+
+def test_a_gz_name_without_gzip_content_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "part-3.gz"
+    path.write_bytes(CRITEO.read_bytes()[:1000])
+    with pytest.raises(CorruptFileError, match=r"part-3\.gz: truncated or corrupt gzip"):
+        list(iter_batches([str(path)], CRITEO_CFG, 16))
