@@ -19,7 +19,7 @@ Slots are identified by position ``0..num_slots-1`` everywhere downstream (``Bat
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -174,7 +174,7 @@ class DataConfig:
         if self.sequenceSlot is not None and not 0 <= self.sequenceSlot < len(names):
             raise fail("sequenceSlot", f"must be in 0..{len(names) - 1}, got {self.sequenceSlot}")
 
-    def _validate_csv(self, fail: Any) -> None:
+    def _validate_csv(self, fail: Callable[[str, str], DataConfigError]) -> None:
         cols = self.csv_columns()
         labels = [c for c in cols if c.slot == LABEL]
         if len(labels) != 1:
