@@ -62,8 +62,8 @@ bench-e2e: $(STAMP) ## Criteo sample as 24 hourly passes, end to end
 bench-load: $(STAMP) ## Concurrent clients against 2 PS shards
 	$(PY) -m streamtrain_ps.bench_load --json
 
-demo: $(STAMP) ## Run the demo job on the embedded default (local processes)
-	$(PY) -m streamtrain_ps.demo
+demo: $(STAMP) ## Two days of a synthetic stream through PS + workers on this machine (demo-run/)
+	$(PY) -m streamtrain_operator.demo
 
 crds: $(STAMP) ## Regenerate the CRD, the chart's copy and docs/crd-reference.md from spec.py
 	$(PY) -m streamtrain_operator.crdgen

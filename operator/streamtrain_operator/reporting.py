@@ -11,9 +11,17 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from streamtrain_operator.plan import PassPlan, StepKind
+from streamtrain_operator.plan import PassPlan, StepKey, StepKind
 from streamtrain_operator.progress import PassRecord, Progress
-from streamtrain_operator.scheduler import Action, CheckData, LoadCheckpoint, RunPass, Save, Shrink
+from streamtrain_operator.scheduler import (
+    Action,
+    CheckData,
+    LoadCheckpoint,
+    RunPass,
+    Save,
+    Shrink,
+    Sleep,
+)
 from streamtrain_operator.spec import Job, parse_day
 
 BAR_WIDTH = 20
@@ -48,7 +56,9 @@ class ProgressPrinter:
         self.plan = PassPlan.from_spec(job.spec)
         self._seen = -1
         self._status = ""
-        self._waiting_since: float | None = None
+        self._waiting_for: StepKey | None = None
+        self._waiting_since = 0.0
+        self._wait_reported = False
         end = job.spec.data.end_date
         days = None if end is None else (end - parse_day(self.plan.start_day, "day")).days + 1
         self.total = None if days is None else days * self.plan.passes_per_day
@@ -70,20 +80,24 @@ class ProgressPrinter:
 
     def on_action(self, action: Action, progress: Progress) -> None:
         if isinstance(action, CheckData):
-            if self._waiting_since is None:
-                self._waiting_since = self.clock()
+            if self._waiting_for != action.key:
+                self._waiting_for, self._waiting_since = action.key, self.clock()
+                return  # the first look: most of the time the data is already there
             waited = self.clock() - self._waiting_since
-            text = f"waiting for data of {action.key.day}/{action.key.pass_index} ({waited:.0f}s)"
+            text = f"waiting for the donefiles of {action.key.day}/{action.key.pass_index}"
             if self.tty:
-                self.status(text)
-            elif waited == 0:
-                self.line(f"  {text}")
+                self.status(f"{text} ({waited:.0f}s)")
+            elif not self._wait_reported:
+                self._wait_reported = True
+                self.line(f"  {text} ...")
             return
-        if self._waiting_since is not None:
+        if isinstance(action, Sleep):
+            return
+        if self._waiting_for is not None:
             waited = self.clock() - self._waiting_since
-            self._waiting_since = None
-            if waited >= 1 and not self.tty:
-                self.line(f"  data arrived after {waited:.0f}s")
+            if self._wait_reported or (self.tty and waited >= 1):
+                self.line(f"  data arrived after {waited:.1f}s")
+            self._waiting_for, self._wait_reported = None, False
         if isinstance(action, RunPass):
             what = "replaying" if action.replay else "training"
             self.status(f"{what} {action.key.day}/{action.key.pass_index}")
