@@ -201,7 +201,10 @@ class SparseTable:
         if self._helpers is None or n < SPLIT_MIN_KEYS:
             return int(work(0, n) or 0)
         mid = n // 2
-        other = self._helpers.submit(work, mid, n)
+        try:
+            other = self._helpers.submit(work, mid, n)
+        except RuntimeError:  # helpers shut down (Shard.close): run on this thread
+            return int(work(0, n) or 0)
         first = int(work(0, mid) or 0)
         if other.cancel():  # the helper was busy elsewhere: do it ourselves
             return first + int(work(mid, n) or 0)
