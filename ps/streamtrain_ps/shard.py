@@ -22,7 +22,7 @@ import numpy.typing as npt
 from streamtrain_ps import api, checkpoint, sharding
 from streamtrain_ps.accessor import DELTA, save_filter
 from streamtrain_ps.config import PSConfig
-from streamtrain_ps.dense import DenseStore
+from streamtrain_ps.dense import DenseState, DenseStore
 from streamtrain_ps.errors import (
     CheckpointError,
     InvalidRequestError,
@@ -314,6 +314,10 @@ class Shard:
             last_save_seconds=self._last_save,
             last_load_seconds=self._last_load,
         )
+
+    def dense_snapshot(self) -> dict[str, DenseState]:
+        """Copies of every dense vector with its optimizer state (tools and tests)."""
+        return self._dense.snapshot()
 
     def close(self) -> None:
         """Stop the helper threads (idle ones cost nothing; this is for tidy shutdowns)."""

@@ -93,7 +93,7 @@ def test_checkpoint_round_trip_is_bit_identical(tmp_path: Path) -> None:
         )
     assert dst.table("embedding").rows_of(np.array([123], np.uint64))[0] == -1, "load replaces"
     for name in ("dnn", "bias"):
-        a, b = src._dense.get(name).snapshot(), dst._dense.get(name).snapshot()
+        a, b = src.dense_snapshot()[name], dst.dense_snapshot()[name]
         for field in ("values", "m", "v"):
             np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
         assert (a.step, a.version) == (b.step, b.version)
