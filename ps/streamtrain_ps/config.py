@@ -181,7 +181,9 @@ def _parse_sparse_optimizer(data: Any, path: str) -> SparseOptimizerConfig:
         or not all(isinstance(b, int | float) and not isinstance(b, bool) for b in bounds)
         or not bounds[0] < bounds[1]
     ):
-        raise ConfigError(f"{path}.weightBounds: must be [low, high] with low < high, got {bounds!r}")
+        raise ConfigError(
+            f"{path}.weightBounds: must be [low, high] with low < high, got {bounds!r}"
+        )
     beta1 = _number(d, "beta1", base.beta1, path)
     beta2 = _number(d, "beta2", base.beta2, path)
     for key, beta in (("beta1", beta1), ("beta2", beta2)):
@@ -189,8 +191,12 @@ def _parse_sparse_optimizer(data: Any, path: str) -> SparseOptimizerConfig:
             raise ConfigError(f"{path}.{key}: must be in [0, 1), got {beta}")
     return SparseOptimizerConfig(
         type=kind,
-        learningRate=_positive(_number(d, "learningRate", base.learningRate, path), "learningRate", path),
-        initialG2sum=_positive(_number(d, "initialG2sum", base.initialG2sum, path), "initialG2sum", path),
+        learningRate=_positive(
+            _number(d, "learningRate", base.learningRate, path), "learningRate", path
+        ),
+        initialG2sum=_positive(
+            _number(d, "initialG2sum", base.initialG2sum, path), "initialG2sum", path
+        ),
         initialRange=_number(d, "initialRange", base.initialRange, path),
         weightBounds=(float(bounds[0]), float(bounds[1])),
         beta1=beta1,
@@ -216,7 +222,9 @@ def _parse_table(data: Any, path: str) -> TableConfig:
         clickCoeff=_number(d, "clickCoeff", base.clickCoeff, path),
         showClickDecayRate=decay,
         deleteThreshold=_number(d, "deleteThreshold", base.deleteThreshold, path),
-        deleteAfterUnseenDays=_integer(d, "deleteAfterUnseenDays", base.deleteAfterUnseenDays, path),
+        deleteAfterUnseenDays=_integer(
+            d, "deleteAfterUnseenDays", base.deleteAfterUnseenDays, path
+        ),
         baseThreshold=_number(d, "baseThreshold", base.baseThreshold, path),
         deltaThreshold=_number(d, "deltaThreshold", base.deltaThreshold, path),
         deltaKeepDays=_integer(d, "deltaKeepDays", base.deltaKeepDays, path),

@@ -39,7 +39,9 @@ def logical_shard(keys: npt.NDArray[np.uint64], logical_shards: int) -> npt.NDAr
     return (mix64(keys) % np.uint64(logical_shards)).astype(np.int64)
 
 
-def server_of_logical(shards: npt.NDArray[np.int64] | int, num_servers: int) -> npt.NDArray[np.int64]:
+def server_of_logical(
+    shards: npt.NDArray[np.int64] | int, num_servers: int
+) -> npt.NDArray[np.int64]:
     """Server that owns each logical shard when ``num_servers`` servers run."""
     if num_servers <= 0:
         raise ValueError(f"num_servers must be positive, got {num_servers}")

@@ -23,11 +23,12 @@ class Batch:
 
     def __post_init__(self) -> None:
         if self.offsets.shape != (self.size * self.num_slots + 1,):
-            raise ValueError(
-                f"offsets has shape {self.offsets.shape}, expected ({self.size * self.num_slots + 1},)"
-            )
+            expected = self.size * self.num_slots + 1
+            raise ValueError(f"offsets has shape {self.offsets.shape}, expected ({expected},)")
         if int(self.offsets[-1]) != self.keys.shape[0]:
-            raise ValueError(f"offsets end at {int(self.offsets[-1])} but there are {self.keys.shape[0]} keys")
+            raise ValueError(
+                f"offsets end at {int(self.offsets[-1])} but there are {self.keys.shape[0]} keys"
+            )
 
     @property
     def size(self) -> int:
