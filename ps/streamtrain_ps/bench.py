@@ -111,13 +111,15 @@ def grow(push: Callable[..., object], keys: npt.NDArray[np.uint64], dim: int) ->
 
 
 def warm_up(config: PSConfig, dim: int) -> None:
-    """Compile (or load) every numba kernel on a throwaway shard, so the JIT's own memory is
-    not counted as table memory."""
+    """Compile (or load) every numba kernel on a throwaway shard — including the ones only a
+    growing table runs (resize, rehash) — so the JIT's own memory is not counted as table
+    memory."""
     shard = Shard(config)
-    keys = all_keys(1000)
-    data = PushData(keys.size, dim, 0)
-    shard.push_sparse(TABLE, keys, data.grads, data.shows, data.clicks)
-    shard.pull_sparse(TABLE, keys)
+    keys = all_keys(200_000)
+    for chunk in np.array_split(keys, 4):
+        data = PushData(chunk.size, dim, 0)
+        shard.push_sparse(TABLE, chunk, data.grads, data.shows, data.clicks)
+        shard.pull_sparse(TABLE, chunk)
 
 
 def throughput(
@@ -254,7 +256,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"PS shard bench: {args.keys:,} keys, embedxDim 8 (all expanded), SparseAdaGrad, "
         f"batches of {args.batch:,} Zipf-like keys ({unique:.0%} unique), "
-        f"{args.threads} caller threads, {os.cpu_count()} cores",
+        f"{args.threads} caller threads, {os.cpu_count()} cores, "
+        f"load average {os.getloadavg()[0]:.1f}",
         flush=True,
     )
     local = {} if args.skip_local else bench_in_process(config, keys, batches, args)
