@@ -12,7 +12,9 @@ Per job (``<job>`` is ``metadata.name``):
   still loading;
 - ``StatefulSet <job>-worker`` + headless ``Service <job>-worker`` — the same for workers;
 - ``NetworkPolicy <job>-ps`` (optional) — only this job's pods and the operator reach the PS
-  port.
+  port;
+- ``NetworkPolicy <job>-worker`` (optional) — only the operator reaches the worker control
+  port (RunPass/ExportDense write models with the job's credentials and fence generations).
 
 Every object carries an owner reference to the job (deleting the job deletes them), the
 same label set (selectable by job, role and restart generation) and no secret material:
@@ -112,6 +114,10 @@ def service_name(job: Job, role: str) -> str:
 
 def network_policy_name(job: Job) -> str:
     return f"{job.name}-ps"
+
+
+def worker_network_policy_name(job: Job) -> str:
+    return f"{job.name}-worker"
 
 
 def pod_dns_name(job: Job, role: str, index: int, options: Options) -> str:
@@ -366,18 +372,27 @@ def statefulset(
     }
 
 
-def network_policy(job: Job, generation: int, owner: Owner, options: Options) -> dict[str, Any]:
-    """Only this job's pods and the operator reach the PS gRPC port; metrics stay open
-    (or open to ``options.metrics_from``)."""
-    operator_peer = {
+def _operator_peer(options: Options) -> dict[str, Any]:
+    return {
         "namespaceSelector": {
             "matchLabels": {"kubernetes.io/metadata.name": options.operator_namespace}
         },
         "podSelector": {"matchLabels": dict(options.operator_labels)},
     }
-    metrics_rule: dict[str, Any] = {"ports": [{"port": options.metrics_port, "protocol": "TCP"}]}
+
+
+def _metrics_rule(options: Options) -> dict[str, Any]:
+    rule: dict[str, Any] = {"ports": [{"port": options.metrics_port, "protocol": "TCP"}]}
     if options.metrics_from:
-        metrics_rule["from"] = [dict(peer) for peer in options.metrics_from]
+        rule["from"] = [dict(peer) for peer in options.metrics_from]
+    return rule
+
+
+def network_policy(job: Job, generation: int, owner: Owner, options: Options) -> dict[str, Any]:
+    """Only this job's pods and the operator reach the PS gRPC port; metrics stay open
+    (or open to ``options.metrics_from``)."""
+    operator_peer = _operator_peer(options)
+    metrics_rule = _metrics_rule(options)
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -391,6 +406,31 @@ def network_policy(job: Job, generation: int, owner: Owner, options: Options) ->
                     "from": [{"podSelector": {"matchLabels": selector_labels(job)}}, operator_peer],
                 },
                 metrics_rule,
+            ],
+        },
+    }
+
+
+def worker_network_policy(
+    job: Job, generation: int, owner: Owner, options: Options
+) -> dict[str, Any]:
+    """Only the operator (the job's scheduler) reaches the worker control port: workers
+    never call each other, and RunPass/ExportDense/Reset are control-plane calls — anyone
+    else could export with the job's storage credentials or fence out the real scheduler
+    with a high generation. Metrics as for the PS."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(job, worker_network_policy_name(job), "worker", generation, owner),
+        "spec": {
+            "podSelector": {"matchLabels": selector_labels(job, "worker")},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {
+                    "ports": [{"port": options.worker_port, "protocol": "TCP"}],
+                    "from": [_operator_peer(options)],
+                },
+                _metrics_rule(options),
             ],
         },
     }
@@ -410,6 +450,7 @@ def build(
     objects = [config_map(job, configs, generation, owner)]
     if options.network_policy:
         objects.append(network_policy(job, generation, owner, options))
+        objects.append(worker_network_policy(job, generation, owner, options))
     for role, replicas in (("ps", scale.ps), ("worker", scale.workers)):
         objects.append(headless_service(job, role, generation, owner, options))
         objects.append(
@@ -437,6 +478,7 @@ def child_names(job: Job, options: Options) -> Sequence[tuple[str, str]]:
     out = [("ConfigMap", config_map_name(job))]
     if options.network_policy:
         out.append(("NetworkPolicy", network_policy_name(job)))
+        out.append(("NetworkPolicy", worker_network_policy_name(job)))
     for role in ROLES:
         out += [("Service", service_name(job, role)), ("StatefulSet", statefulset_name(job, role))]
     return out

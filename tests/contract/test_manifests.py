@@ -92,6 +92,6 @@ def test_operator_rendered_objects_are_valid(example: Path, network_policy: bool
             metrics_from=({"namespaceSelector": {"matchLabels": {"name": "monitoring"}}},),
         ),
     )
-    assert len(objects) == (6 if network_policy else 5)
+    assert len(objects) == (7 if network_policy else 5)
     for obj in objects:
         _validate(obj)

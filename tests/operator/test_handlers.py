@@ -213,7 +213,8 @@ def test_create_parses_applies_children_and_reports_a_valid_spec() -> None:
     memo = Memo(runtime=_runtime(kube, Script([])))
     asyncio.run(_reconcile(body, memo))
     assert sorted(kind for kind, _ in kube.objects) == [
-        "ConfigMap", "NetworkPolicy", "Service", "Service", "StatefulSet", "StatefulSet"
+        "ConfigMap", "NetworkPolicy", "NetworkPolicy", "Service", "Service", "StatefulSet",
+        "StatefulSet",
     ]  # fmt: skip
     assert kube.replicas("ps") == 2 and kube.replicas("worker") == 4
     assert body["status"]["phase"] == "Pending"

@@ -42,6 +42,7 @@ def test_names_are_deterministic_and_apply_order_puts_config_first(job: Job) -> 
     assert [f"{o['kind']}/{o['metadata']['name']}" for o in objs] == [
         "ConfigMap/ctr-online-config",
         "NetworkPolicy/ctr-online-ps",
+        "NetworkPolicy/ctr-online-worker",
         "Service/ctr-online-ps",
         "StatefulSet/ctr-online-ps",
         "Service/ctr-online-worker",
