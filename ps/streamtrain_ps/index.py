@@ -249,7 +249,7 @@ def homes_of(slots: npt.NDArray[np.int32], query: npt.NDArray[np.uint64]) -> npt
 
 
 @njit(nogil=True, cache=True)
-def insert_many(  # noqa: PLR0917 - kernels take their arrays positionally
+def insert_many(
     slots: npt.NDArray[np.int32],
     keys: npt.NDArray[np.uint64],
     meta: npt.NDArray[np.int64],

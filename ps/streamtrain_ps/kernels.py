@@ -52,7 +52,7 @@ NOT_OWNED = 4
 
 
 @njit(nogil=True, cache=True)
-def merge_push(  # noqa: PLR0917 - kernels take their arrays positionally
+def merge_push(
     keys: npt.NDArray[np.uint64],
     grads: npt.NDArray[np.float32],
     shows: npt.NDArray[np.float32],
@@ -130,7 +130,7 @@ def merge_push(  # noqa: PLR0917 - kernels take their arrays positionally
 
 
 @njit(nogil=True, cache=True)
-def update_rows(  # noqa: PLR0917 - kernels take their arrays positionally
+def update_rows(
     slab: npt.NDArray[np.float32],
     slab_u32: npt.NDArray[np.uint32],
     rows: npt.NDArray[np.int64],
@@ -188,7 +188,7 @@ def update_rows(  # noqa: PLR0917 - kernels take their arrays positionally
 
 
 @njit(nogil=True, cache=True)
-def pull_kernel(  # noqa: PLR0917 - kernels take their arrays positionally
+def pull_kernel(
     arr_slots: npt.NDArray[np.int32],
     arr_keys: npt.NDArray[np.uint64],
     slab: npt.NDArray[np.float32],
@@ -220,7 +220,7 @@ def pull_kernel(  # noqa: PLR0917 - kernels take their arrays positionally
 
 
 @njit(nogil=True, cache=True)
-def shrink_kernel(  # noqa: PLR0917 - kernels take their arrays positionally
+def shrink_kernel(
     arr_slots: npt.NDArray[np.int32],
     arr_keys: npt.NDArray[np.uint64],
     meta: npt.NDArray[np.int64],
@@ -247,7 +247,7 @@ def shrink_kernel(  # noqa: PLR0917 - kernels take their arrays positionally
 
 
 @njit(nogil=True, cache=True)
-def group_rows(  # noqa: PLR0917 - kernels take their arrays positionally
+def group_rows(
     arr_slots: npt.NDArray[np.int32],
     arr_keys: npt.NDArray[np.uint64],
     count: Int,

@@ -73,7 +73,7 @@ class LocalPS:
         self._each(pull)
         return out
 
-    def push_sparse(  # noqa: PLR0917 - the PSLike signature
+    def push_sparse(
         self,
         table: str,
         keys: npt.NDArray[np.uint64],

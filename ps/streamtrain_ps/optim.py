@@ -82,7 +82,7 @@ def uniform_init(seed: np.uint64, key: np.uint64, column: Int, init_range: Float
 
 
 @njit(nogil=True, cache=True, inline="always")
-def init_part(  # noqa: PLR0917 - kernels take their arrays positionally
+def init_part(
     slab: npt.NDArray[np.float32],
     row: Int,
     wcol: Int,
@@ -109,7 +109,7 @@ def init_part(  # noqa: PLR0917 - kernels take their arrays positionally
 
 
 @njit(nogil=True, cache=True, inline="always")
-def update_part(  # noqa: PLR0917 - kernels take their arrays positionally
+def update_part(
     slab: npt.NDArray[np.float32],
     row: Int,
     wcol: Int,
@@ -163,7 +163,7 @@ def update_part(  # noqa: PLR0917 - kernels take their arrays positionally
         slab[row, scol + 2 * dim + 1] = p2
 
 
-def params_vector(  # noqa: PLR0917 - kernels take their arrays positionally
+def params_vector(
     learning_rate: float,
     initial_g2sum: float,
     initial_range: float,

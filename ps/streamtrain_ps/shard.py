@@ -31,7 +31,7 @@ from streamtrain_ps.errors import (
     UnknownTableError,
 )
 from streamtrain_ps.kernels import BAD_CLICK, BAD_GRAD, BAD_SHOW, NOT_OWNED, merge_push
-from streamtrain_ps.table import SparseTable
+from streamtrain_ps.table import SparseTable, release_scratch_memory
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,8 @@ class ShardStats:
 
 
 _NO_SLOTS = np.empty(0, dtype=np.uint32)
+#: Pushes at least this large (bulk loads) give their scratch memory back to the OS.
+BULK_PUSH_KEYS = 500_000
 
 
 class Shard:
@@ -86,7 +88,7 @@ class Shard:
         t = self._table(table)
         return t.pull(self._keys(keys))
 
-    def push_sparse(  # noqa: PLR0917 - the agreed Shard signature
+    def push_sparse(
         self,
         table: str,
         keys: npt.NDArray[np.uint64],
@@ -106,6 +108,7 @@ class Shard:
         code, at, uk, ug, us, uc, usl = merge_push(
             k, g, s, c, sl, self.config.logicalShards, self.num_shards, self.shard_index
         )
+        n_unique = at
         if code == BAD_GRAD:
             raise InvalidRequestError("grads", f"row {at} is not finite")
         if code == BAD_SHOW:
@@ -120,7 +123,10 @@ class Shard:
                 f"{logical % self.num_shards} of {self.num_shards}, not {self.shard_index}",
             )
         t.push_merged(uk, ug, us, uc, None if slots is None else usl)
-        return int(uk.size)
+        if n >= BULK_PUSH_KEYS:
+            del uk, ug, us, uc, usl
+            release_scratch_memory()
+        return int(n_unique)
 
     # -- dense ------------------------------------------------------------------------------
 

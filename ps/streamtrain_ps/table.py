@@ -21,10 +21,13 @@ Consistency (``TableLock``):
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from contextlib import contextmanager
+from functools import partial
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -39,6 +42,10 @@ from streamtrain_ps.optim import params_vector
 
 #: Pulls and pushes of at least this many keys are split over two threads.
 SPLIT_MIN_KEYS = 32_768
+#: Large pushes (bulk loads) are applied in chunks of merged keys, so the per-push scratch
+#: arrays stay small: big short-lived allocations linger in the malloc heap and would show
+#: up as resident memory per key.
+APPLY_CHUNK = 131_072
 
 
 class TableLock:
@@ -159,40 +166,34 @@ class SparseTable:
     ) -> None:
         """Apply a push whose keys are unique (see ``kernels.merge_push``).
 
-        Index first (serial: it may create keys), then the row updates, split over two
-        threads for large pushes — the rows are distinct, so the halves never collide.
+        Per chunk: index first (serial: it may create keys), then the row updates, split
+        over two threads for large chunks — the rows are distinct, so halves never collide.
         """
         n = keys.size
+        has_slots = slots is not None
         slot_arr = slots if slots is not None else np.empty(0, dtype=np.uint32)
-        rows = np.empty(n, dtype=np.int64)
-        created = np.zeros(n, dtype=np.bool_)
+        chunk = min(n, APPLY_CHUNK)
+        rows = np.empty(chunk, dtype=np.int64)
+        created = np.empty(chunk, dtype=np.bool_)
         with self.lock.write():
             a = self._reserve(n)
-            ix.insert_many(a.slots, a.keys, self._meta, keys, rows, created)
             slab_u32 = a.slab.view(np.uint32)
-            admitted = self._split(
-                n,
-                lambda lo, hi: kn.update_rows(
-                    a.slab,
-                    slab_u32,
-                    rows,
-                    created,
-                    lo,
-                    hi,
-                    keys,
-                    grads,
-                    shows,
-                    clicks,
-                    slot_arr,
-                    slots is not None,
-                    self._ip,
-                    self._ap,
-                    self._fp,
-                    self._seed,
-                ),
-            )
-            self._meta[EXPANDED] += admitted
-            self._meta[ADMISSIONS] += admitted
+            for c0 in range(0, n, APPLY_CHUNK):
+                c1 = min(n, c0 + APPLY_CHUNK)
+                k, g, s, c = keys[c0:c1], grads[c0:c1], shows[c0:c1], clicks[c0:c1]
+                sl = slot_arr[c0:c1] if has_slots else slot_arr
+                r, cr = rows[: c1 - c0], created[: c1 - c0]
+                ix.insert_many(a.slots, a.keys, self._meta, k, r, cr)
+                admitted = self._split(
+                    c1 - c0,
+                    partial(
+                        _update,
+                        (a.slab, slab_u32, r, cr),
+                        (k, g, s, c, sl, has_slots, self._ip, self._ap, self._fp, self._seed),
+                    ),
+                )
+                self._meta[EXPANDED] += admitted
+                self._meta[ADMISSIONS] += admitted
 
     def _split(self, n: int, work: Callable[[int, int], Any]) -> int:
         """Run ``work(lo, hi)`` over ``range(n)``: in two halves on two threads when the
@@ -326,6 +327,26 @@ class SparseTable:
         a = self._arrays
         high = int(self._meta[ix.NEXT_ROW])
         return int(a.slots.nbytes + high * (a.keys.itemsize + a.slab.shape[1] * 4))
+
+
+def _update(head: tuple[Any, ...], tail: tuple[Any, ...], lo: int, hi: int) -> int:
+    """``kernels.update_rows`` over ``lo:hi`` (the arguments around the range bound once)."""
+    kernel: Any = kn.update_rows  # numba's Dispatcher stub does not model *args
+    return int(kernel(*head, lo, hi, *tail))
+
+
+def release_scratch_memory() -> None:
+    """Give freed heap pages back to the OS (glibc ``malloc_trim``; a no-op elsewhere).
+
+    A bulk push of a million keys allocates ~100 MB of short-lived scratch (the merge of
+    duplicates); glibc keeps much of it mapped after ``free``, where it would count as
+    resident memory of the table until reused. Called after such pushes only.
+    """
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        return
 
 
 def table_seed(seed: int, name: str) -> np.uint64:

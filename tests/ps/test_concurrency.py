@@ -125,7 +125,7 @@ def test_pulls_during_growth_saves_and_shrinks_see_consistent_rows(tmp_path: Pat
     assert shard.stats().tables[0].keys == hot.size + grow_rounds * 10_000
 
 
-def test_pushes_and_pulls_split_over_two_threads_equal_single_threaded_ones(
+def test_chunked_and_two_thread_pushes_and_pulls_equal_single_threaded_ones(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     cfg = PSConfig(tables=(TableConfig(embedxDim=D, embedxThreshold=2.0),), logicalShards=8)
@@ -143,8 +143,10 @@ def test_pushes_and_pulls_split_over_two_threads_equal_single_threaded_ones(
             )
         )
     results = []
-    for split_at in (10**9, 1):  # never split / always split (when a helper thread exists)
+    # One go on one thread / chunks of 3000 merged keys, each split over two threads.
+    for split_at, chunk in ((10**9, 10**9), (1, 3000)):
         monkeypatch.setattr(table_module, "SPLIT_MIN_KEYS", split_at)
+        monkeypatch.setattr(table_module, "APPLY_CHUNK", chunk)
         shard = Shard(cfg)
         for b in batches:
             shard.push_sparse(T, *b)
