@@ -77,6 +77,8 @@ class OperatorConfig:
     metrics_from: tuple[Mapping[str, Any], ...] = ()
     watch_timeout_seconds: int = 300
     request_timeout_seconds: int = 60
+    #: One attempt of waiting for a job's pods to answer gRPC health.
+    ready_timeout_seconds: int = 10
     #: API server URL for an operator outside the cluster without a kubeconfig (tests).
     kube_server: str | None = None
     #: ``host:port`` rewrites for gRPC endpoints (see ``GrpcConnector``).
@@ -113,6 +115,9 @@ class OperatorConfig:
             ),
             request_timeout_seconds=_int(
                 env, "STREAMTRAIN_REQUEST_TIMEOUT_SECONDS", base.request_timeout_seconds, 1
+            ),
+            ready_timeout_seconds=_int(
+                env, "STREAMTRAIN_READY_TIMEOUT_SECONDS", base.ready_timeout_seconds, 1
             ),
             kube_server=env.get("STREAMTRAIN_KUBE_SERVER") or None,
             endpoint_map={str(k): str(v) for k, v in endpoint_map.items()},
@@ -166,6 +171,7 @@ def build_runtime(cfg: OperatorConfig, registry: CollectorRegistry) -> Runtime:
         metrics=OperatorMetrics(registry),
         options=cfg.options(),
         connector=GrpcConnector(cfg.endpoint_map),
+        ready_timeout=cfg.ready_timeout_seconds,
     )
 
 

@@ -78,12 +78,21 @@ class GrpcConnection:
 
     ps: RemotePS
     workers: list[GrpcWorker]
+    #: The blocking PS readiness wait runs in a thread that cancelling cannot stop; close()
+    #: lets it finish before closing the channels under it.
+    _pending: asyncio.Future[None] | None = None
 
     async def wait_ready(self, timeout: float) -> None:
-        await asyncio.to_thread(self.ps.wait_ready, timeout)
+        self._pending = asyncio.get_running_loop().run_in_executor(
+            None, self.ps.wait_ready, timeout
+        )
+        await asyncio.shield(self._pending)
         await asyncio.gather(*(w.wait_ready(timeout) for w in self.workers))
 
     async def close(self) -> None:
+        if self._pending is not None:
+            with contextlib.suppress(Exception):
+                await self._pending
         for w in self.workers:
             with contextlib.suppress(Exception):
                 await w.close()

@@ -106,6 +106,7 @@ def cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Cluster, client.A
         monkeypatch.setenv("STREAMTRAIN_KUBE_SERVER", c.url)
         monkeypatch.setenv("STREAMTRAIN_METRICS_PORT", "0")
         monkeypatch.setenv("POD_NAMESPACE", "streamtrain-system")
+        monkeypatch.setenv("STREAMTRAIN_READY_TIMEOUT_SECONDS", "1")
         configuration = client.Configuration()
         configuration.host = c.url
         api = client.ApiClient(configuration)
