@@ -35,7 +35,7 @@ class RecordingTable:
                 out[i] = self.rows[self.index[k]]
         return out
 
-    def push_sparse(self, table, keys, grads, shows, clicks, slots=None):  # type: ignore[no-untyped-def]  # noqa: PLR0917
+    def push_sparse(self, table, keys, grads, shows, clicks, slots=None):  # type: ignore[no-untyped-def]
         self.pushed.append((keys, grads, shows, clicks, slots))
 
 

@@ -201,3 +201,21 @@ def test_sequence_and_wide_models_train_through_the_ps(model: str) -> None:
     # the behaviour-sequence keys were pushed: shows grew and their weights moved
     assert (after[:, 0] > before[:, 0]).all()
     assert not np.array_equal(after[:, 2:], before[:, 2:])
+
+
+def test_without_overlap_runs_are_bitwise_reproducible(chunks: list[str]) -> None:
+    cfg = WorkerConfig.from_dict({**worker_config().to_dict(), "runtime": {"overlap": False}})
+    results = []
+    for _ in range(2):
+        ps = LocalPS(cfg.ps.config)
+        trainer = Trainer(cfg, ps, cfg.data.num_slots)
+        try:
+            metrics = [run(trainer, [f]) for f in chunks[:2]]
+        finally:
+            trainer.close()
+        results.append((metrics, ps.pull_dense(cfg.dense_name)))
+    (first, dense_a), (second, dense_b) = results
+    for a, b in zip(first, second, strict=True):
+        assert np.array_equal(a.pos, b.pos) and np.array_equal(a.neg, b.neg)
+        assert a.loss_sum == b.loss_sum and a.pred_sum == b.pred_sum
+    assert np.array_equal(dense_a, dense_b)

@@ -17,11 +17,9 @@ Example::
      "ps": {"endpoints": ["ps-0.ps:7000", "ps-1.ps:7000"], "timeoutSeconds": 60,
             "maxRetrySeconds": 30, "config": {...}},          # streamtrain_ps.config
      "metrics": {"numBuckets": 65536},
-     "runtime": {"numThreads": 1, "prefetchBatches": 2, "pushQueueDepth": 4,
+     "runtime": {"numThreads": 1, "overlap": true, "prefetchBatches": 2, "pushQueueDepth": 4,
                  "maxMergedPushes": 4}}
 """
-
-# ruff: noqa: N815  -- field names are the camelCase JSON/CRD names, on purpose
 
 from __future__ import annotations
 
@@ -131,6 +129,9 @@ class RuntimeConfig:
     #: torch intra-op threads. Small by default: pods are sized by CPU requests and the
     #: prefetch and push threads need cores too.
     numThreads: int = 1
+    #: Overlap PS traffic with compute (prefetch and push threads). Off: every pull and push
+    #: happens in order in the training thread — slower, but bitwise reproducible.
+    overlap: bool = True
     #: Batches read, parsed and pulled ahead of the one training.
     prefetchBatches: int = 2
     #: Pushes in flight before training blocks (bounded async queue).

@@ -20,12 +20,15 @@ the next ``prefetchBatches`` batches run in a background thread while the curren
 computes; pushes go through a bounded queue in another thread and are flushed at pass end.
 A prefetched batch may therefore miss the updates of the pushes still in flight: the
 same staleness every asynchronous PS has; it also makes runs not bitwise reproducible.
+``runtime.overlap: false`` runs every pull and push in order in the training thread: with
+the same seeds and data, two runs then give bitwise identical results.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -133,7 +136,11 @@ class Trainer:
             self._flat_grads.zero_()
             losses.sum().backward()
             dense = self._flat_grads.numpy() * np.float32(1.0 / max(prepared.batch.size, 1))
-            self._pusher.submit(Pending(lookup.sparse_push(), dense))
+            pending = Pending(lookup.sparse_push(), dense)
+            if self.config.runtime.overlap:
+                self._pusher.submit(pending)
+            else:
+                self._push([pending])
         return out
 
     def _push(self, pending: list[Pending]) -> None:
@@ -168,7 +175,14 @@ class Trainer:
         compute = 0.0
         self.model.train(train)
         self.sync_dense()
-        with Prefetcher(batches, self.prepare, self.config.runtime.prefetchBatches) as ready:
+        depth = self.config.runtime.prefetchBatches
+        with contextlib.ExitStack() as stack:
+            if self.config.runtime.overlap:
+                ready: Iterator[PreparedBatch] = stack.enter_context(
+                    Prefetcher(batches, self.prepare, depth)
+                )
+            else:
+                ready = map(self.prepare, batches)
             for step, prepared in enumerate(ready, start=1):
                 t0 = time.perf_counter()
                 if prepared.batch.size == 0:
