@@ -480,6 +480,25 @@ class JobSpec:
     )
     seed: int = _f(0, "Seeds every random initialisation; same seed, same model.", minimum=0)
 
+    def _validate(self, path: str) -> None:
+        # A URL's user:password@ would be copied into the rendered ConfigMap, the status,
+        # events and logs; credentials belong in the Secret of storageSecretRef.
+        for name, url in (
+            ("data.path", self.data.path),
+            ("checkpoint.path", self.checkpoint.path),
+            ("export.path", self.export.path),
+        ):
+            if _URL_PASSWORD.match(url):
+                raise SpecError(
+                    f"{path}.{name}",
+                    "must not embed credentials (user:password@host); put them in the "
+                    "Secret named by storageSecretRef",
+                )
+
+
+#: scheme://user:password@ — a URL carrying a secret in its userinfo.
+_URL_PASSWORD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/@?#]*:[^/@?#]*@")
+
 
 @dataclass(frozen=True)
 class Job:
