@@ -276,3 +276,16 @@ def test_a_briefly_unavailable_ps_is_waited_for(chunk: str) -> None:
         server.close(grace=0)
         ps.close()
         ps_server.close(grace=0)
+
+
+def test_reset_adopts_the_ps_dense_values(setup: Setup, chunk: str) -> None:
+    run_pass(setup.stub, [chunk])
+    name = setup.config.dense_name
+    values = setup.ps.pull_dense(name)
+    setup.ps.push_dense(name, np.ones_like(values))  # e.g. the PS reloaded other values
+    changed = setup.ps.pull_dense(name)
+    assert not np.array_equal(changed, values)
+    setup.stub.Reset(worker_pb2.ResetRequest(), timeout=30)
+    model = setup.servicer.trainer.model
+    local = np.concatenate([p.detach().numpy().ravel() for p in model.parameters()])
+    assert np.array_equal(local, changed)
