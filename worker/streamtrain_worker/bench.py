@@ -117,6 +117,8 @@ def run(
     data_dir: Path, repeats: int, rounds: int, threads: int, parse_seconds: float
 ) -> dict[str, Any]:
     torch.set_num_threads(threads)
+    # Plain PyTorch as people run it: no per-step sparse invariant checks in Adagrad.
+    torch.sparse.check_sparse_tensor_invariants.disable()
     config = bench_config(threads)
     batches = load_batches(data_dir / "criteo_kaggle_sample_train.txt", config)
     stream = batches * repeats
