@@ -49,6 +49,7 @@ BAD_GRAD = 1
 BAD_SHOW = 2
 BAD_CLICK = 3
 NOT_OWNED = 4
+OVERFLOW = 5
 
 
 @njit(nogil=True, cache=True)
@@ -126,6 +127,12 @@ def merge_push(
                     usl[t] = slots[i]
                 break
             h = int((h + 1) & mask)
+    for t in range(u):  # finite inputs can still sum to inf (float32 overflow)
+        if not (np.isfinite(us[t]) and np.isfinite(uc[t])):
+            return OVERFLOW, t, uk, ug, us, uc, usl
+        for j in range(dim):
+            if not np.isfinite(ug[t, j]):
+                return OVERFLOW, t, uk, ug, us, uc, usl
     return OK, u, uk[:u], ug[:u], us[:u], uc[:u], usl[:u]
 
 

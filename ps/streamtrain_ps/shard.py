@@ -30,7 +30,7 @@ from streamtrain_ps.errors import (
     RequestTooLargeError,
     UnknownTableError,
 )
-from streamtrain_ps.kernels import BAD_CLICK, BAD_GRAD, BAD_SHOW, NOT_OWNED, merge_push
+from streamtrain_ps.kernels import BAD_CLICK, BAD_GRAD, BAD_SHOW, NOT_OWNED, OVERFLOW, merge_push
 from streamtrain_ps.table import SparseTable, release_scratch_memory
 
 
@@ -115,6 +115,10 @@ class Shard:
             raise InvalidRequestError("shows", f"entry {at} must be finite and >= 0, got {s[at]}")
         if code == BAD_CLICK:
             raise InvalidRequestError("clicks", f"entry {at} must be finite and >= 0, got {c[at]}")
+        if code == OVERFLOW:
+            raise InvalidRequestError(
+                "grads", f"the repeated rows of key {int(uk[at])} sum to a non-finite value"
+            )
         if code == NOT_OWNED:
             logical = int(sharding.logical_shard(k[at : at + 1], self.config.logicalShards)[0])
             raise InvalidRequestError(

@@ -130,6 +130,15 @@ def test_bad_push_is_rejected_naming_the_field_and_changes_nothing(field: str, b
     assert shard.stats().tables[0].keys == 0
 
 
+def test_duplicates_that_overflow_when_summed_are_rejected() -> None:
+    shard = _shard()
+    g = np.full((2, D + 1), 3e38, np.float32)
+    with pytest.raises(InvalidRequestError, match="sum to a non-finite") as err:
+        _push(shard, [5, 5], [1, 1], [0, 0], g)
+    assert err.value.field == "grads"
+    assert shard.stats().tables[0].keys == 0
+
+
 def test_unknown_table_too_many_keys_and_bad_pull() -> None:
     shard = _shard()
     with pytest.raises(UnknownTableError):
