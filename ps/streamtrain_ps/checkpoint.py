@@ -249,7 +249,12 @@ def publish(
     for name, t in tables.items():
         first = min(t["parts"])
         if config is not None:
-            tc = config.table(name)
+            try:
+                tc = config.table(name)
+            except KeyError:
+                raise CheckpointError(
+                    f"{uri}: parts of table {name!r}, not in the config"
+                ) from None
             info = {"embedxDim": tc.embedxDim, "optimizer": tc.optimizer.type}
         else:
             header, _ = decode_part(_read(fs, f"{root}/{t['parts'][first]}", name), name)
