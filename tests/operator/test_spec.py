@@ -173,3 +173,12 @@ def test_spec_is_frozen() -> None:
     spec = S.parse_job(MINIMAL).spec
     with pytest.raises(dataclasses.FrozenInstanceError):
         spec.suspend = True  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("name", ["criteo", "avazu", "synthetic"])
+def test_example_manifests_parse(name: str) -> None:
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    job = S.load_job(examples / f"{name}.yaml")
+    assert job.name == name
+    assert job.spec.data.path.endswith(f"examples-run/{name}")
+    assert job.spec.data.passes_per_day in (4, 12, 24)
