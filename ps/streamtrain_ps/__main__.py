@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from streamtrain_ps.config import ConfigError, PSConfig
 from streamtrain_ps.server import DEFAULT_WORKERS, PSServer, serve_until_signal
 from streamtrain_ps.shard import Shard
+from streamtrain_ps.tls import TLSConfigError, TLSFiles
 
 log = logging.getLogger("streamtrain_ps")
 
@@ -45,6 +46,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=DEFAULT_WORKERS, help="RPC thread pool size")
     p.add_argument("--grace", type=float, default=10.0, help="seconds to drain RPCs on SIGTERM")
     p.add_argument("--log-level", default="INFO")
+    p.add_argument("--tls-cert", type=Path, help="PEM certificate chain: serve TLS")
+    p.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
+    p.add_argument("--tls-ca", type=Path, help="PEM CA: require client certificates it signed")
     args = p.parse_args(argv)
     if args.shard_index_from_hostname:
         try:
@@ -68,6 +72,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, ConfigError) as exc:
         print(f"error: --config {args.config}: {exc}", file=sys.stderr)
         return 2
+    tls = None
+    if args.tls_cert or args.tls_key or args.tls_ca:
+        try:
+            tls = TLSFiles(cert=args.tls_cert, key=args.tls_key, ca=args.tls_ca)
+            tls.server_credentials()  # read and check the files before building the shard
+        except TLSConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     shard = Shard(config, shard_index=args.shard_index, num_shards=args.num_shards)
     registry = CollectorRegistry()
     server = PSServer(
@@ -78,6 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_workers=args.workers,
         registry=registry,
         shard_index=args.shard_index,
+        tls=tls,
     )
     try:
         server.start()

@@ -50,6 +50,7 @@ from streamtrain_ps.errors import (
 from streamtrain_ps.proto import ps_pb2, ps_pb2_grpc
 from streamtrain_ps.server import SERVICE_NAME, channel_options
 from streamtrain_ps.servicer import FIELD_KEY, KIND_KEY, NAME_KEY
+from streamtrain_ps.tls import TLSFiles
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +135,7 @@ class RemotePS:
         channels_per_server: int = 2,
         request_keys: int = 65_536,
         on_retry: RetryHook | None = None,
+        tls: TLSFiles | None = None,
     ) -> None:
         if not endpoints:
             raise ValueError("RemotePS needs at least one endpoint")
@@ -156,8 +158,12 @@ class RemotePS:
             # Separate TCP connections per channel, so big messages do not queue on one.
             ("grpc.use_local_subchannel_pool", 1),
         ]
+        credentials = None
+        if tls is not None:  # streamtrain_ps.tls: server verification, optional client cert
+            credentials = tls.channel_credentials()
+            options += tls.channel_options()
         self._channels = [
-            [grpc.insecure_channel(ep, options=options) for _ in range(channels_per_server)]
+            [_channel(ep, options, credentials) for _ in range(channels_per_server)]
             for ep in self.endpoints
         ]
         self._stubs = [
@@ -474,6 +480,14 @@ def save_result(uri: str, mode: api.SaveMode, resp: ps_pb2.SaveResponse) -> api.
         tombstones=resp.tombstones,
         seconds=resp.seconds,
     )
+
+
+def _channel(
+    endpoint: str, options: list[tuple[str, Any]], credentials: grpc.ChannelCredentials | None
+) -> grpc.Channel:
+    if credentials is None:
+        return grpc.insecure_channel(endpoint, options=options)
+    return grpc.secure_channel(endpoint, credentials, options=options)
 
 
 def _text(value: str | bytes) -> str:

@@ -25,6 +25,7 @@ from streamtrain_ps.config import PSConfig
 from streamtrain_ps.metrics import PSMetrics
 from streamtrain_ps.proto import ps_pb2, ps_pb2_grpc
 from streamtrain_ps.servicer import PSServicer, ShardLike
+from streamtrain_ps.tls import TLSFiles
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +54,11 @@ class PSServer:
         max_workers: int = DEFAULT_WORKERS,
         registry: CollectorRegistry | None = None,
         shard_index: int = 0,
+        tls: TLSFiles | None = None,
     ) -> None:
         self.host = host
+        # Credentials are built now, so a bad TLS file fails before anything binds.
+        self._credentials = tls.server_credentials() if tls is not None else None
         self._requested_port = port
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = PSMetrics(self.registry, shard_index, stats=shard.stats)
@@ -88,7 +92,10 @@ class PSServer:
         """Bind, start serving and report SERVING; returns the bound port."""
         target = f"{self.host}:{self._requested_port}"
         try:
-            port = self._server.add_insecure_port(target)
+            if self._credentials is None:
+                port = self._server.add_insecure_port(target)
+            else:
+                port = self._server.add_secure_port(target, self._credentials)
         except RuntimeError as exc:  # grpc raises when the address cannot be bound
             raise OSError(f"cannot bind PS server to {target}: {exc}") from exc
         if port == 0:
