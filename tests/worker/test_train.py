@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
+from streamtrain_ps.errors import PSUnavailableError
 from streamtrain_ps.local import LocalPS
 from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.data.batch import Batch
@@ -219,3 +221,45 @@ def test_without_overlap_runs_are_bitwise_reproducible(chunks: list[str]) -> Non
         assert np.array_equal(a.pos, b.pos) and np.array_equal(a.neg, b.neg)
         assert a.loss_sum == b.loss_sum and a.pred_sum == b.pred_sum
     assert np.array_equal(dense_a, dense_b)
+
+
+class FlakyPS:
+    """LocalPS whose sparse calls fail with PSUnavailableError while ``down`` is set: the
+    second pull fails, and a push fails once that pull has failed — so a push is still
+    queued, and fails, after the pass has already failed on the pull."""
+
+    def __init__(self, ps: LocalPS) -> None:
+        self.ps = ps
+        self.down = False
+        self.pulls = 0
+        self.pull_failed = threading.Event()
+
+    def pull_sparse(self, table: str, keys: np.ndarray) -> np.ndarray:
+        self.pulls += 1
+        if self.down and self.pulls >= 2:
+            self.pull_failed.set()
+            raise PSUnavailableError("pull_sparse on ps-0:7000: UNAVAILABLE")
+        return self.ps.pull_sparse(table, keys)
+
+    def push_sparse(self, table, keys, grads, shows, clicks, slots=None):  # type: ignore[no-untyped-def]
+        if self.down:
+            assert self.pull_failed.wait(timeout=30)
+            raise PSUnavailableError("push_sparse on ps-0:7000: UNAVAILABLE")
+        self.ps.push_sparse(table, keys, grads, shows, clicks, slots)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.ps, name)
+
+
+def test_a_failed_pass_does_not_poison_the_next(chunks: list[str]) -> None:
+    cfg = WorkerConfig.from_dict({**worker_config().to_dict(), "runtime": {"prefetchBatches": 1}})
+    flaky = FlakyPS(LocalPS(cfg.ps.config))
+    trainer = Trainer(cfg, flaky, cfg.data.num_slots)  # type: ignore[arg-type]
+    try:
+        flaky.down = True
+        with pytest.raises(PSUnavailableError, match="pull_sparse"):
+            run(trainer, chunks[:1])
+        flaky.down = False  # the PS is back: the next pass is clean
+        assert run(trainer, chunks[1:2]).examples == 1200
+    finally:
+        trainer.close()

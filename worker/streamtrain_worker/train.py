@@ -171,10 +171,31 @@ class Trainer:
         """
         started = time.perf_counter()
         metrics = PassMetrics(num_buckets=self.config.metrics.numBuckets)
-        sync_every = self.config.model.denseSyncSteps
-        compute = 0.0
         self.model.train(train)
         self.sync_dense()
+        try:
+            compute = self._run_batches(batches, train, metrics)
+        except BaseException:
+            # Pushes queued before the failure must not fail the *next* pass: wait for them
+            # and drop their errors (the pass is failing with the primary error anyway).
+            with contextlib.suppress(Exception):
+                self._pusher.flush()
+            raise
+        self._pusher.flush()
+        metrics.seconds = time.perf_counter() - started
+        metrics.train_seconds = compute
+        if self.monitoring is not None:
+            self.monitoring.passes.inc()
+            self.monitoring.loss.set(metrics.loss)
+            self.monitoring.auc.set(metrics.auc)
+            if metrics.seconds > 0:
+                self.monitoring.examples_per_second.set(metrics.examples / metrics.seconds)
+        return metrics
+
+    def _run_batches(self, batches: Iterable[Batch], train: bool, metrics: PassMetrics) -> float:
+        """The batch loop of ``run_pass``; returns the seconds spent computing."""
+        sync_every = self.config.model.denseSyncSteps
+        compute = 0.0
         depth = self.config.runtime.prefetchBatches
         with contextlib.ExitStack() as stack:
             if self.config.runtime.overlap:
@@ -196,16 +217,7 @@ class Trainer:
                     self.monitoring.pull_seconds.observe(prepared.pull_seconds)
                     self.monitoring.examples.inc(prepared.batch.size)
                     self.monitoring.batches.inc()
-        self._pusher.flush()
-        metrics.seconds = time.perf_counter() - started
-        metrics.train_seconds = compute
-        if self.monitoring is not None:
-            self.monitoring.passes.inc()
-            self.monitoring.loss.set(metrics.loss)
-            self.monitoring.auc.set(metrics.auc)
-            if metrics.seconds > 0:
-                self.monitoring.examples_per_second.set(metrics.examples / metrics.seconds)
-        return metrics
+        return compute
 
     def close(self) -> None:
         """Flush outstanding pushes and stop the push thread."""
