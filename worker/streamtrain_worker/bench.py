@@ -13,7 +13,8 @@ hidden units 512-256-128, batch 512, on the Criteo sample repeated to get stable
     show/click, dense push and periodic dense pull, with the prefetch and push threads.
 
 Both run with the same torch thread count; the rounds alternate (a, b, a, b, ...) so load
-from other processes on the machine hits both alike, and the best round of each is kept.
+from other processes on the machine hits both alike. ``ratio`` compares the best round of
+each; ``ratio_paired_median`` is the median over rounds of b/a for back-to-back runs.
 Parse throughput per format comes from ``bench_parse.measure_all``.
 
 ``python -m streamtrain_worker.bench --json``: the last line is one JSON object with
@@ -142,6 +143,10 @@ def run(
         "torch_ex_per_s": round(torch_best, 1),
         "ps_ex_per_s": round(ps_best, 1),
         "ratio": round(ps_best / torch_best, 3),
+        # per round (a then b, back to back): robust to load that comes and goes
+        "ratio_paired_median": round(
+            float(np.median([p / t for p, t in zip(ps_rates, torch_rates, strict=True)])), 3
+        ),
         "parse_lines_per_s": {k: round(v, 1) for k, v in parse.items()},
         "torch_rounds": [round(r, 1) for r in torch_rates],
         "ps_rounds": [round(r, 1) for r in ps_rates],
