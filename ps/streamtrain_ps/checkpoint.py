@@ -402,7 +402,7 @@ def read_dense(uri: str) -> dict[str, npt.NDArray[np.float32]]:
 
 @dataclass(frozen=True)
 class Payload:
-    """What one shard loads, fully parsed and verified before anything is swapped in.
+    """What one shard loads, read and verified before anything is swapped in.
 
     ``tables`` maps each table to (keys, full rows, pending tombstones); ``dense`` is None
     when the save has no dense vectors (modes 1-3), i.e. the shard keeps its own.
@@ -461,13 +461,10 @@ def load_payload(uri: str, config: PSConfig, shard_index: int, num_shards: int) 
             else:
                 r = rows_from_inference(arrays["values"].reshape(k.size, layout.pull_dim), tc)
             keys.append(k)
-            rows.append(r.astype(np.float32))
+            rows.append(r)
             tombs.append(arrays["tombstones"])
-        all_keys = np.concatenate(keys) if keys else np.empty(0, dtype=np.uint64)
-        if np.unique(all_keys).size != all_keys.size:
-            raise CheckpointError(f"{uri}: table {tc.name!r} lists a key twice")
         tables[tc.name] = (
-            all_keys,
+            np.concatenate(keys) if keys else np.empty(0, dtype=np.uint64),
             np.concatenate(rows) if rows else np.empty((0, layout.width), dtype=np.float32),
             np.concatenate(tombs) if tombs else np.empty(0, dtype=np.uint64),
         )

@@ -138,9 +138,9 @@ class LocalPS:
     def load(self, uri: str) -> int:
         """Read and verify every shard's part first; swap in only if all of them are good."""
         payloads = self._each(lambda s: s.read_save(uri))
-        for shard, payload in zip(self.shards, payloads, strict=True):
-            shard.install(payload)
-        return sum(int(t[0].size) for p in payloads for t in p.tables.values())
+        return sum(
+            shard.install(payload) for shard, payload in zip(self.shards, payloads, strict=True)
+        )
 
     def shrink(self) -> api.ShrinkResult:
         results = self._each(lambda s: s.shrink())

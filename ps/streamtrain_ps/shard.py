@@ -31,7 +31,7 @@ from streamtrain_ps.errors import (
     UnknownTableError,
 )
 from streamtrain_ps.kernels import BAD_CLICK, BAD_GRAD, BAD_SHOW, NOT_OWNED, OVERFLOW, merge_push
-from streamtrain_ps.table import SparseTable, release_scratch_memory
+from streamtrain_ps.table import SparseTable, TableContent, release_scratch_memory
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,15 @@ class ShardStats:
     dense_names: tuple[str, ...]
     last_save_seconds: float
     last_load_seconds: float
+
+
+@dataclass(frozen=True)
+class PreparedLoad:
+    """A verified, fully built load waiting to be swapped in (``Shard.read_save``)."""
+
+    tables: dict[str, TableContent]
+    dense: dict[str, DenseState] | None
+    keys: int
 
 
 _NO_SLOTS = np.empty(0, dtype=np.uint32)
@@ -280,29 +289,37 @@ class Shard:
         self._last_load = time.perf_counter() - start
         return keys
 
-    def read_save(self, uri: str) -> checkpoint.Payload:
-        """First half of ``load``: read and verify this shard's part of a save (no change)."""
+    def read_save(self, uri: str) -> PreparedLoad:
+        """First half of ``load``: read, verify and build this shard's part of a save
+        (tables fully indexed, nothing swapped in yet)."""
         if not isinstance(uri, str) or not uri:
             raise InvalidRequestError("uri", "must be a non-empty fsspec URL")
         try:
-            return checkpoint.load_payload(uri, self.config, self.shard_index, self.num_shards)
+            payload = checkpoint.load_payload(uri, self.config, self.shard_index, self.num_shards)
         except PSError:
             raise
         except Exception as exc:  # storage errors of any fsspec backend
             raise CheckpointError(f"load from {uri} failed: {type(exc).__name__}: {exc}") from exc
+        tables = {}
+        for name, (keys, rows, tombs) in payload.tables.items():
+            try:
+                tables[name] = self._tables[name].build(keys, rows, tombs)
+            except ValueError as exc:
+                raise CheckpointError(f"{uri}: table {name!r}: {exc}") from exc
+        keys_total = sum(int(v[0].size) for v in payload.tables.values())
+        return PreparedLoad(tables, payload.dense, keys_total)
 
-    def install(self, payload: checkpoint.Payload) -> int:
-        """Second half of ``load``: swap a verified payload in; returns keys installed."""
+    def install(self, prepared: PreparedLoad) -> int:
+        """Second half of ``load``: swap a prepared load in; returns keys installed."""
         tables = list(self._tables.values())
         with ExitStack() as stack:
             for t in tables:
                 stack.enter_context(t.lock.maintenance)
             for t in tables:
-                keys, rows, tombs = payload.tables[t.name]
-                t.replace(keys, rows, tombs)
-            if payload.dense is not None:
-                self._dense.replace(payload.dense)
-        return sum(int(v[0].size) for v in payload.tables.values())
+                t.install(prepared.tables[t.name])
+            if prepared.dense is not None:
+                self._dense.replace(prepared.dense)
+        return prepared.keys
 
     def stats(self) -> ShardStats:
         tables = tuple(

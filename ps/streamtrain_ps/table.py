@@ -98,6 +98,14 @@ class _Arrays(NamedTuple):
     slab: npt.NDArray[np.float32]
 
 
+class TableContent(NamedTuple):
+    """A table's whole state, built by ``SparseTable.build`` for a load."""
+
+    arrays: _Arrays
+    meta: npt.NDArray[np.int64]
+    tombstones: npt.NDArray[np.uint64]
+
+
 class SparseTable:
     """One table: values of the keys a shard owns, updated by the table's optimizer."""
 
@@ -280,13 +288,16 @@ class SparseTable:
     def clear_tombstones(self) -> None:
         self._tombstones = []
 
-    def replace(
+    def build(
         self,
         keys: npt.NDArray[np.uint64],
         rows: npt.NDArray[np.float32],
         tombstones: npt.NDArray[np.uint64],
-    ) -> None:
-        """Swap in a whole new content (load). Built outside the lock, swapped exclusively."""
+    ) -> TableContent:
+        """A complete new content for this table (load), built without touching the table.
+
+        Raises ``ValueError`` naming a key listed twice.
+        """
         lay = self.layout
         meta = ix.new_meta()
         a = _empty_arrays(keys.size, lay.width)
@@ -294,15 +305,19 @@ class SparseTable:
         created = np.zeros(keys.size, dtype=np.bool_)
         ix.insert_many(a.slots, a.keys, meta, keys, out, created)
         if not created.all():
-            raise ValueError("duplicate keys")
-        a.slab[out] = rows
+            raise ValueError(f"key {int(keys[np.argmin(created)])} is listed twice")
+        a.slab[: keys.size] = rows  # a fresh index hands out rows 0, 1, 2, ... in order
         meta[EXPANDED] = int(np.count_nonzero(rows[:, lay.xflag] >= 0))
+        return TableContent(a, meta, tombstones.copy())
+
+    def install(self, content: TableContent) -> None:
+        """Swap in a content from ``build`` (waits for readers; counters carry over)."""
         with self.lock.exclusive():
-            meta[ADMISSIONS] = self._meta[ADMISSIONS]
-            meta[EVICTIONS] = self._meta[EVICTIONS]
-            self._meta = meta
-            self._arrays = a
-            self._tombstones = [tombstones.copy()] if tombstones.size else []
+            content.meta[ADMISSIONS] = self._meta[ADMISSIONS]
+            content.meta[EVICTIONS] = self._meta[EVICTIONS]
+            self._meta = content.meta
+            self._arrays = content.arrays
+            self._tombstones = [content.tombstones] if content.tombstones.size else []
 
     # -- introspection --------------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -301,3 +302,25 @@ def test_object_store_save_and_load_through_s3(monkeypatch: pytest.MonkeyPatch) 
         three.close()
     finally:
         server.stop()
+
+
+def test_a_part_listing_a_key_twice_is_refused_before_anything_changes(tmp_path: Path) -> None:
+    cfg = _config()
+    ps = LocalPS(cfg, 1)
+    keys = _train(ps, rounds=1)
+    uri = tmp_path / "ck"
+    ps.save(str(uri), SaveMode.CHECKPOINT)
+    manifest = json.loads((uri / "MANIFEST.json").read_text())
+    entry = next(f for f in manifest["files"] if f["kind"] == "sparse" and f["rows"] > 0)
+    header, arrays = checkpoint.decode_part((uri / entry["path"]).read_bytes(), "part")
+    header.pop("arrays")
+    arrays["keys"] = np.concatenate([arrays["keys"], arrays["keys"][:1]])
+    arrays["values"] = np.concatenate([arrays["values"], arrays["values"][:1]])
+    data = checkpoint.encode_part(header, arrays)
+    (uri / entry["path"]).write_bytes(data)
+    entry.update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+    (uri / "MANIFEST.json").write_text(json.dumps(manifest))
+    before = ps.pull_sparse("embedding", keys)
+    with pytest.raises(CheckpointError, match="listed twice"):
+        ps.load(str(uri))
+    np.testing.assert_array_equal(ps.pull_sparse("embedding", keys), before)
