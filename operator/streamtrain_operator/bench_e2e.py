@@ -38,7 +38,7 @@ from streamtrain_operator.spec import load_job
 DAY = "20261101"
 
 
-def manifest(batch_size: int, workers: int, lr: float) -> dict[str, Any]:
+def manifest(batch_size: int, workers: int, lr: float, dense_lr: float = 0.0005) -> dict[str, Any]:
     return {
         "apiVersion": "streamtrain.io/v1alpha1",
         "kind": "StreamingTrainingJob",
@@ -60,6 +60,7 @@ def manifest(batch_size: int, workers: int, lr: float) -> dict[str, Any]:
             },
             # Every key gets its 1 + 8 weights from its first show, as in plain PyTorch.
             "sparse": {"embedxThreshold": 0, "optimizer": {"learningRate": lr}},
+            "dense": {"optimizer": {"type": "adam", "learningRate": dense_lr}},
             "ps": {"replicas": 1},
             "workers": {"replicas": workers},
             "checkpoint": {"path": "checkpoints", "everyPasses": 6},
@@ -114,7 +115,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("  progressive AUC per pass: " + " ".join(f"{a:.3f}" for a in aucs))
         print(f"  mean AUC of passes 13-24: {auc_mean:.4f} (target >= 0.727)")
         speed, wall = run(
-            Path(tmp) / "speed", args.repeat, args.batch_size, args.workers, args.lr, log
+            Path(tmp) / "speed",
+            repeat=args.repeat,
+            batch_size=args.batch_size,
+            workers=args.workers,
+            lr=args.lr,
+            log=log,
         )
         examples = sum(r.metrics["examples"] for r in speed.history)
         train_seconds = sum(r.metrics["seconds"] for r in speed.history)
