@@ -6,7 +6,8 @@ Two kinds of series:
   (histogram), ``streamtrain_ps_rpc_errors_total{method,code}``, and the durations of saves
   and loads (``streamtrain_ps_save_duration_seconds``, ``streamtrain_ps_load_duration_seconds``);
 - read from ``shard.stats()`` at scrape time by a custom collector (keys, expanded keys and
-  memory per table, admissions and evictions), so the hot path never touches a gauge.
+  memory per table, admissions and evictions, the latest save and load durations), so the
+  hot path never touches a gauge.
 
 Every series carries the ``shard`` label (the shard index) so a PromQL sum over shards needs
 no relabelling. Nothing here touches prometheus-client's global default registry: tests and
@@ -65,6 +66,10 @@ class TableStatsLike(Protocol):
 class ShardStatsLike(Protocol):
     @property
     def tables(self) -> Sequence[TableStatsLike]: ...
+    @property
+    def last_save_seconds(self) -> float: ...
+    @property
+    def last_load_seconds(self) -> float: ...
 
 
 class ShardCollector(Collector):
@@ -77,19 +82,39 @@ class ShardCollector(Collector):
     def describe(self) -> Iterable[Metric]:
         # Declaring the families without reading the shard keeps registration cheap and
         # lets the registry detect duplicate names.
-        return list(self._families())
+        return [*self._families(), *self._last_families()]
 
     def collect(self) -> Iterable[Metric]:
         families = self._families()
         keys, expanded, memory, admissions, evictions = families
-        for t in self._stats().tables:
+        stats = self._stats()
+        for t in stats.tables:
             labels = [t.name, self._shard]
             keys.add_metric(labels, t.keys)
             expanded.add_metric(labels, t.expanded_keys)
             memory.add_metric(labels, t.memory_bytes)
             admissions.add_metric(labels, t.admissions_total)
             evictions.add_metric(labels, t.evictions_total)
-        return families
+        last_save, last_load = self._last_families()
+        last_save.add_metric([self._shard], stats.last_save_seconds)
+        last_load.add_metric([self._shard], stats.last_load_seconds)
+        return [*families, last_save, last_load]
+
+    @staticmethod
+    def _last_families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+        """The shard's own timing of its latest save and load (0 before the first one)."""
+        return (
+            GaugeMetricFamily(
+                "streamtrain_ps_last_save_duration_seconds",
+                "Duration of this shard's latest save.",
+                labels=["shard"],
+            ),
+            GaugeMetricFamily(
+                "streamtrain_ps_last_load_duration_seconds",
+                "Duration of this shard's latest load.",
+                labels=["shard"],
+            ),
+        )
 
     @staticmethod
     def _families() -> tuple[

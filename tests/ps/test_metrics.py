@@ -64,6 +64,9 @@ def test_collector_reads_the_shard_at_scrape_time() -> None:
     memory = registry.get_sample_value("streamtrain_ps_memory_bytes", labels)
     assert memory is not None and memory > 10 * 4 * (7 + 5)
     assert registry.get_sample_value("streamtrain_ps_keys", {"table": "other", "shard": "0"}) == 0
+    assert (
+        registry.get_sample_value("streamtrain_ps_last_save_duration_seconds", {"shard": "0"}) == 0
+    )
     text = generate_latest(registry).decode()
     assert "# TYPE streamtrain_ps_admissions_total counter" in text
     assert "# TYPE streamtrain_ps_memory_bytes gauge" in text

@@ -15,9 +15,11 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from streamtrain_ps import wire
+from streamtrain_ps import checkpoint, wire
+from streamtrain_ps.api import SaveMode
 from streamtrain_ps.metrics import PSMetrics
 from streamtrain_ps.proto import ps_pb2
+from streamtrain_ps.remote import save_result
 from streamtrain_ps.servicer import FIELD_KEY, KIND_KEY, NAME_KEY, PSServicer
 from streamtrain_ps.shard import Shard
 
@@ -187,6 +189,13 @@ def test_save_and_load_validation_and_failed_precondition(tmp_path: Path) -> Non
             "streamtrain_ps_save_duration_seconds_count", {"mode": "checkpoint", "shard": "0"}
         )
         == 1
+    )
+    ctx = call(servicer.Load, ps_pb2.LoadRequest(uri=uri))  # parts written, not yet published
+    assert ctx.code is grpc.StatusCode.FAILED_PRECONDITION
+    checkpoint.publish(uri, [save_result(uri, SaveMode.CHECKPOINT, saved)], config=small_config())
+    assert servicer.Load(ps_pb2.LoadRequest(uri=uri), FakeContext()).keys_loaded == 3
+    assert (
+        registry.get_sample_value("streamtrain_ps_load_duration_seconds_count", {"shard": "0"}) == 1
     )
 
 
