@@ -37,7 +37,7 @@ _E = TypeVar("_E")
 
 @dataclass(frozen=True)
 class Policy:
-    """The spec's scheduling knobs (``Policy.from_spec`` in ``driver.py`` keeps this pure)."""
+    """The spec's scheduling knobs (built by ``driver.policy_from_spec``: this module is pure)."""
 
     num_workers: int
     poll_seconds: float = 60.0
