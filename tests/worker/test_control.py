@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -209,7 +210,17 @@ def test_main_prints_its_port_and_stops_on_sigterm(tmp_path: Path) -> None:
     config = tmp_path / "worker.json"
     config.write_text(json.dumps({**CONFIG, "ps": {**CONFIG["ps"], "endpoints": ["127.0.0.1:1"]}}))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "streamtrain_worker", "--port", "0", "--config", str(config)],
+        [
+            sys.executable,
+            "-m",
+            "streamtrain_worker",
+            "--port",
+            "0",
+            "--metrics-port",
+            "0",
+            "--config",
+            str(config),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -227,6 +238,12 @@ def test_main_prints_its_port_and_stops_on_sigterm(tmp_path: Path) -> None:
                 health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=10
             )
             assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        metrics_line = proc.stdout.readline()
+        assert metrics_line.startswith("metrics on http://127.0.0.1:"), metrics_line
+        with urllib.request.urlopen(metrics_line.split()[-1], timeout=10) as response:
+            exposition = response.read().decode()
+        assert "streamtrain_worker_examples_total 0.0" in exposition
+        assert "streamtrain_worker_ps_pull_seconds_bucket" in exposition
         proc.terminate()
         assert proc.wait(timeout=30) == 0
     finally:

@@ -1,9 +1,11 @@
 """``python -m streamtrain_worker``: run one worker's control server until SIGTERM.
 
 Prints ``listening on HOST:PORT`` (flushed) once the server accepts RPCs, so a launcher that
-passes ``--port 0`` reads the bound port from the first line of output. The PS servers are
-reached through ``RemotePS`` at ``ps.endpoints`` of the config; a PS that is down at start
-is not an error (the first RunPass waits for it within ``ps.maxRetrySeconds``).
+passes ``--port 0`` reads the bound port from the first line of output; with
+``--metrics-port`` (0 picks a free one) the next line is
+``metrics on http://HOST:PORT/metrics``. The PS servers are reached through ``RemotePS`` at
+``ps.endpoints`` of the config; a PS that is down at start is not an error (the first
+RunPass waits for it within ``ps.maxRetrySeconds``).
 """
 
 from __future__ import annotations
@@ -79,8 +81,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     http = None
     if args.metrics_port is not None:
         http, _ = start_http_server(args.metrics_port, addr=args.host, registry=registry)
-        log.info("metrics on http://%s:%d/metrics", args.host, http.server_port)
     print(f"listening on {server.address}", flush=True)
+    if http is not None:  # second line, after the one launchers wait for
+        print(f"metrics on http://{args.host}:{http.server_port}/metrics", flush=True)
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
