@@ -32,7 +32,8 @@ from streamtrain_operator.reporting import ProgressPrinter
 from streamtrain_operator.spec import Job
 from streamtrain_operator.state import LocalStateFile
 from streamtrain_operator.worker_client import GrpcWorker
-from streamtrain_ps.remote import PSUnavailableError, RemotePS
+from streamtrain_ps.errors import PSUnavailableError
+from streamtrain_ps.remote import RemotePS
 
 LISTENING = re.compile(r"listening on (\S+:\d+)")
 PR_SET_PDEATHSIG = 1
