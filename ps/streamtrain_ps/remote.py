@@ -8,119 +8,31 @@ parallel), and scatters the answers back into the caller's order. A push first m
 of the same key (sums of gradients, shows and clicks — what the server would do anyway, for
 fewer bytes), then routes and fans out the same way.
 
-Retries, in two layers:
-
-- a gRPC service-config ``retryPolicy`` (``UNAVAILABLE``, 3 attempts, 20–200 ms) hides
-  blips such as a reconnect, transparently inside the channel;
-- an explicit loop (``RetryPolicy``) retries ``UNAVAILABLE`` — and ``DEADLINE_EXCEEDED`` for
-  idempotent methods only — with exponential backoff, bounded by attempts and total time,
-  then raises ``PSUnavailableError``. A push or a shrink that timed out may have been applied,
-  so it is never retried on ``DEADLINE_EXCEEDED``.
-
-Status codes map back to the ``streamtrain_ps.errors`` classes (the servicer sends the field
-and table names as trailing metadata), so local and remote PS raise alike.
+Retries and the status -> exception mapping live in ``streamtrain_ps.rpc`` (re-exported
+here: ``RetryPolicy``, ``RetryHook``, ``error_from_rpc``), so local and remote PS raise alike.
 """
 
 from __future__ import annotations
 
-import itertools
-import json
-import logging
-import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, cast
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-import grpc
 import numpy as np
 import numpy.typing as npt
 
 from streamtrain_ps import api, checkpoint, sharding, wire
 from streamtrain_ps.config import PSConfig, TableConfig
 from streamtrain_ps.dedup import merge_duplicates, unique_inverse
-from streamtrain_ps.errors import (
-    CheckpointError,
-    InvalidRequestError,
-    PSError,
-    PSUnavailableError,
-    RequestTooLargeError,
-    UnknownTableError,
-)
-from streamtrain_ps.proto import ps_pb2, ps_pb2_grpc
-from streamtrain_ps.server import SERVICE_NAME, channel_options
-from streamtrain_ps.servicer import FIELD_KEY, KIND_KEY, NAME_KEY
+from streamtrain_ps.errors import InvalidRequestError, PSError, UnknownTableError
+from streamtrain_ps.proto import ps_pb2
+from streamtrain_ps.rpc import FanOut, RetryHook, RetryPolicy, error_from_rpc
 from streamtrain_ps.tls import TLSFiles
 
-log = logging.getLogger(__name__)
+__all__ = ["RemotePS", "RetryHook", "RetryPolicy", "error_from_rpc", "save_result"]
 
-#: Called before each explicit retry: (method, endpoint, attempt, code).
-RetryHook = Callable[[str, str, int, grpc.StatusCode], None]
-
-_IDEMPOTENT = frozenset({"PullSparse", "PullDense", "InitDense", "Stats", "Save", "Load"})
 #: Headroom below maxMessageBytes for the non-payload fields of a message.
 _MESSAGE_OVERHEAD = 4096
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Explicit client retries; ``total_seconds`` bounds the time spent retrying."""
-
-    max_attempts: int = 10
-    initial_backoff: float = 0.05
-    max_backoff: float = 2.0
-    multiplier: float = 2.0
-    total_seconds: float = 30.0
-    #: Deadline of one attempt of a data-plane RPC (pull, push, dense, stats).
-    rpc_timeout: float = 60.0
-    #: Deadline of one attempt of Save / Load / Shrink (big tables take minutes).
-    control_timeout: float = 3600.0
-
-    def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
-        if not 0 < self.initial_backoff <= self.max_backoff:
-            raise ValueError("need 0 < initial_backoff <= max_backoff")
-
-
-def service_config() -> str:
-    """The gRPC service config declaring transparent UNAVAILABLE retries for every method."""
-    return json.dumps(
-        {
-            "methodConfig": [
-                {
-                    "name": [{"service": SERVICE_NAME}],
-                    "retryPolicy": {
-                        "maxAttempts": 3,
-                        "initialBackoff": "0.02s",
-                        "maxBackoff": "0.2s",
-                        "backoffMultiplier": 2,
-                        "retryableStatusCodes": ["UNAVAILABLE"],
-                    },
-                }
-            ]
-        }
-    )
-
-
-def error_from_rpc(err: grpc.RpcError, method: str, endpoint: str) -> PSError:
-    """The ``streamtrain_ps.errors`` exception a local shard would have raised."""
-    call = cast(grpc.Call, err)
-    code = call.code()
-    details = call.details() or ""
-    meta = {m.key: _text(m.value) for m in (call.trailing_metadata() or ())}
-    if code is grpc.StatusCode.INVALID_ARGUMENT:
-        field = meta.get(FIELD_KEY, "request")
-        return InvalidRequestError(field, details.removeprefix(f"{field}: "))
-    if code is grpc.StatusCode.NOT_FOUND and KIND_KEY in meta:
-        return UnknownTableError(meta[KIND_KEY], meta.get(NAME_KEY, ""))
-    if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return RequestTooLargeError(f"{method} on {endpoint}: {details}")
-    if code is grpc.StatusCode.FAILED_PRECONDITION:
-        return CheckpointError(details)
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-        return PSUnavailableError(f"{method} on {endpoint}: {code.name}: {details}")
-    return PSError(f"{method} on {endpoint}: {code.name}: {details}")
 
 
 class RemotePS:
@@ -137,39 +49,20 @@ class RemotePS:
         on_retry: RetryHook | None = None,
         tls: TLSFiles | None = None,
     ) -> None:
-        if not endpoints:
-            raise ValueError("RemotePS needs at least one endpoint")
-        if channels_per_server < 1 or request_keys < 1:
-            raise ValueError("channels_per_server and request_keys must be >= 1")
+        if request_keys < 1:
+            raise ValueError(f"request_keys must be >= 1, got {request_keys}")
         self.endpoints = tuple(endpoints)
         self._config = config
-        self._retry = retry or RetryPolicy()
-        self._on_retry = on_retry
         self._request_keys = min(request_keys, config.maxKeysPerRequest)
-        self._closed = threading.Event()
-        options: list[tuple[str, Any]] = [
-            *channel_options(config),
-            ("grpc.service_config", service_config()),
-            ("grpc.enable_retries", 1),
-            # A restarted server should be found within ~1 s, not grpc's default 120 s cap.
-            ("grpc.initial_reconnect_backoff_ms", 100),
-            ("grpc.min_reconnect_backoff_ms", 100),
-            ("grpc.max_reconnect_backoff_ms", 1000),
-            # Separate TCP connections per channel, so big messages do not queue on one.
-            ("grpc.use_local_subchannel_pool", 1),
-        ]
-        credentials = None
-        if tls is not None:  # streamtrain_ps.tls: server verification, optional client cert
-            credentials = tls.channel_credentials()
-            options += tls.channel_options()
-        self._channels = [
-            [_channel(ep, options, credentials) for _ in range(channels_per_server)]
-            for ep in self.endpoints
-        ]
-        self._stubs = [
-            [ps_pb2_grpc.ParameterServerStub(c) for c in chans] for chans in self._channels
-        ]
-        self._next = itertools.count()
+        self._fanout = FanOut(
+            endpoints,
+            config,
+            retry=retry,
+            channels_per_server=channels_per_server,
+            on_retry=on_retry,
+            tls=tls,
+        )
+        self._call_all = self._fanout.call_all
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -177,15 +70,7 @@ class RemotePS:
         """Block until every channel is connected, then check that endpoint ``i`` serves
         shard ``i`` of ``len(endpoints)`` (a misordered list would misroute every key).
         Raises ``PSUnavailableError`` on timeout, ``PSError`` on a mismatch."""
-        deadline = time.monotonic() + timeout
-        for ep, chans in zip(self.endpoints, self._channels, strict=True):
-            for ch in chans:
-                try:
-                    grpc.channel_ready_future(ch).result(
-                        timeout=max(0.0, deadline - time.monotonic())
-                    )
-                except grpc.FutureTimeoutError:
-                    raise PSUnavailableError(f"{ep}: not ready after {timeout}s") from None
+        self._fanout.wait_connected(timeout)
         req = ps_pb2.StatsRequest()
         stats = self._call_all("Stats", [(i, req) for i in range(self.num_servers)])
         for i, (ep, st) in enumerate(zip(self.endpoints, stats, strict=True)):
@@ -196,10 +81,7 @@ class RemotePS:
                 )
 
     def close(self) -> None:
-        self._closed.set()
-        for chans in self._channels:
-            for ch in chans:
-                ch.close()
+        self._fanout.close()
 
     def __enter__(self) -> RemotePS:
         return self
@@ -239,7 +121,7 @@ class RemotePS:
             out[span] = rows
         return out[inverse]
 
-    def push_sparse(  # noqa: PLR0917 - the PSLike signature
+    def push_sparse(
         self,
         table: str,
         keys: npt.NDArray[np.uint64],
@@ -406,69 +288,6 @@ class RemotePS:
             return [slice(i, min(i + size, stop)) for i in range(start, stop, size)]
         return [idx[i : i + size] for i in range(0, idx.size, size)]
 
-    def _stub(self, server: int) -> ps_pb2_grpc.ParameterServerStub:
-        stubs = self._stubs[server]
-        return stubs[next(self._next) % len(stubs)]
-
-    def _call_all(
-        self, method: str, calls: Sequence[tuple[int, Any]], *, control: bool = False
-    ) -> list[Any]:
-        """Send every (server, request) at once; retry the failed ones; answers in order."""
-        if self._closed.is_set():
-            raise PSError("RemotePS is closed")
-        policy = self._retry
-        timeout = policy.control_timeout if control else policy.rpc_timeout
-        retryable = {grpc.StatusCode.UNAVAILABLE}
-        if method in _IDEMPOTENT:
-            retryable.add(grpc.StatusCode.DEADLINE_EXCEEDED)
-        deadline = time.monotonic() + policy.total_seconds
-        results: list[Any] = [None] * len(calls)
-        pending = list(range(len(calls)))
-        backoff = policy.initial_backoff
-        for attempt in itertools.count(1):
-            futures = [
-                (i, getattr(self._stub(calls[i][0]), method).future(calls[i][1], timeout=timeout))
-                for i in pending
-            ]
-            failed: list[int] = []
-            last: tuple[grpc.RpcError, int] | None = None
-            for n, (i, fut) in enumerate(futures):
-                try:
-                    results[i] = fut.result()
-                except grpc.RpcError as err:
-                    code = cast(grpc.Call, err).code()
-                    if code not in retryable:
-                        for _, other in futures[n + 1 :]:
-                            other.cancel()
-                        raise error_from_rpc(err, method, self.endpoints[calls[i][0]]) from None
-                    failed.append(i)
-                    last = (err, calls[i][0])
-            if not failed:
-                return results
-            assert last is not None
-            last_err, server = last
-            call = cast(grpc.Call, last_err)
-            code = call.code()
-            endpoint = self.endpoints[server]
-            if (
-                attempt >= policy.max_attempts
-                or time.monotonic() + backoff > deadline
-                or self._closed.is_set()
-            ):
-                raise PSUnavailableError(
-                    f"{method} on {endpoint}: {code.name} after {attempt} attempts: "
-                    f"{call.details()}"
-                ) from None
-            log.warning(
-                "%s on %s: %s, retry %d in %.2fs", method, endpoint, code.name, attempt, backoff
-            )
-            if self._on_retry is not None:
-                self._on_retry(method, endpoint, attempt, code)
-            self._closed.wait(backoff)
-            backoff = min(backoff * policy.multiplier, policy.max_backoff)
-            pending = failed
-        raise AssertionError("unreachable")  # pragma: no cover
-
 
 def save_result(uri: str, mode: api.SaveMode, resp: ps_pb2.SaveResponse) -> api.SaveResult:
     """Proto -> ``SaveResult`` (``servicer.save_response`` is the inverse)."""
@@ -480,18 +299,6 @@ def save_result(uri: str, mode: api.SaveMode, resp: ps_pb2.SaveResponse) -> api.
         tombstones=resp.tombstones,
         seconds=resp.seconds,
     )
-
-
-def _channel(
-    endpoint: str, options: list[tuple[str, Any]], credentials: grpc.ChannelCredentials | None
-) -> grpc.Channel:
-    if credentials is None:
-        return grpc.insecure_channel(endpoint, options=options)
-    return grpc.secure_channel(endpoint, credentials, options=options)
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode("utf-8", "surrogatepass") if isinstance(value, bytes) else value
 
 
 def _require(

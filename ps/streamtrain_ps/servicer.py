@@ -30,7 +30,7 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
-from streamtrain_ps import api, wire
+from streamtrain_ps import api, metrics, wire
 from streamtrain_ps.config import PSConfig, TableConfig
 from streamtrain_ps.errors import (
     CheckpointError,
@@ -38,7 +38,7 @@ from streamtrain_ps.errors import (
     RequestTooLargeError,
     UnknownTableError,
 )
-from streamtrain_ps.metrics import PSMetrics, TableStatsLike
+from streamtrain_ps.metrics import PSMetrics
 from streamtrain_ps.proto import ps_pb2, ps_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -52,9 +52,9 @@ KIND_KEY = "streamtrain-kind-bin"
 NAME_KEY = "streamtrain-name-bin"
 
 
-class ShardStatsLike(Protocol):
-    @property
-    def tables(self) -> Sequence[TableStatsLike]: ...
+class ShardStatsLike(metrics.ShardStatsLike, Protocol):
+    """What ``Stats`` and the metrics collector read of ``Shard.stats()``."""
+
     @property
     def dense_names(self) -> Sequence[str]: ...
     @property
@@ -68,7 +68,7 @@ class ShardLike(Protocol):
 
     def pull_sparse(self, table: str, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]: ...
 
-    def push_sparse(  # noqa: PLR0917 - the agreed Shard signature
+    def push_sparse(
         self,
         table: str,
         keys: npt.NDArray[np.uint64],
