@@ -263,3 +263,30 @@ def test_a_failed_pass_does_not_poison_the_next(chunks: list[str]) -> None:
         assert run(trainer, chunks[1:2]).examples == 1200
     finally:
         trainer.close()
+
+
+class RestartablePS:
+    """A PSLike whose server can be replaced by a fresh, empty one (a restart)."""
+
+    def __init__(self, ps: LocalPS) -> None:
+        self.ps = ps
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.ps, name)
+
+
+def test_a_ps_restarted_empty_gets_the_dense_vector_again(chunks: list[str]) -> None:
+    cfg = worker_config()
+    ps = RestartablePS(LocalPS(cfg.ps.config))
+    trainer = Trainer(cfg, ps, cfg.data.num_slots)  # type: ignore[arg-type]
+    try:
+        run(trainer, chunks[:1])
+        trainer.sync_dense()
+        trained = trainer._flat_params.numpy().copy()
+        ps.ps = LocalPS(cfg.ps.config)  # restarted without a checkpoint to load
+        trainer.sync_dense()
+        # the worker offered what it had; the PS did not start from a new initialisation
+        assert np.array_equal(ps.ps.pull_dense(cfg.dense_name), trained)
+        assert run(trainer, chunks[1:2]).examples == 1200
+    finally:
+        trainer.close()

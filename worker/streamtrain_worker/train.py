@@ -37,6 +37,7 @@ import torch
 from torch.nn import functional as nnf
 
 from streamtrain_ps.api import PSLike
+from streamtrain_ps.errors import UnknownTableError
 from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.data.batch import Batch
 from streamtrain_worker.embedding import Lookup, PreparedBatch, SparsePush, prepare
@@ -105,8 +106,17 @@ class Trainer:
         self._load_params(self.ps.init_dense(self.config.dense_name, offered))
 
     def sync_dense(self) -> None:
-        """Replace the local dense parameters by the PS's current ones."""
-        self._load_params(self.ps.pull_dense(self.config.dense_name))
+        """Replace the local dense parameters by the PS's current ones.
+
+        A PS that lost the vector (restarted empty, before any checkpoint held it) gets this
+        worker's current parameters offered again instead of failing every pass from now on.
+        """
+        try:
+            values = self.ps.pull_dense(self.config.dense_name)
+        except UnknownTableError:
+            offered = self._flat_params.numpy().copy()
+            values = self.ps.init_dense(self.config.dense_name, offered)
+        self._load_params(values)
 
     # --- one batch -------------------------------------------------------------------
 
