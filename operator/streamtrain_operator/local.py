@@ -154,7 +154,7 @@ class LocalCluster:
         child.address = found[0]
         return child.address
 
-    def stop(self, grace: float = 10.0) -> None:
+    def stop(self, grace: float = 5.0) -> None:
         """SIGTERM every child, wait up to ``grace`` seconds, SIGKILL what is left."""
         for child in self.children:
             if child.process.poll() is None:
