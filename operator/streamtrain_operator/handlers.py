@@ -85,8 +85,11 @@ async def reconcile(
     scale = running or initial_scale(job, existing)
     progress = st.progress_from_status(existing)
     labels_generation = 0 if progress is None else progress.generation
+    # A job that reached endDay has had its pods removed: do not bring the StatefulSets back.
+    finished = existing.get("phase") == Phase.SUCCEEDED
     for obj in desired(job, meta.get("uid", ""), scale, labels_generation, rt.options):
-        await _api(rt.kube.apply, obj)
+        if not (finished and obj["kind"] == "StatefulSet"):
+            await _api(rt.kube.apply, obj)
     if supervisor is not None and running is not None:
         supervisor.request_restart(f"spec generation {generation} applied")
 

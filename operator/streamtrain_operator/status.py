@@ -32,6 +32,7 @@ PODS_READY = "PodsReady"
 READY = "Ready"
 #: Metrics shown in ``status.metrics`` (decimal strings, as ARCHITECTURE.md §1 shows them).
 SHOWN_METRICS = ("auc", "loss", "copc", "examples", "examplesPerSecond", "seconds")
+COUNTS = frozenset({"examples"})
 
 Patch = Callable[[dict[str, Any]], None]
 
@@ -90,6 +91,13 @@ def _step(key: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return {k: key[k] for k in ("day", "pass", "step", "kind", "uri") if k in key}
 
 
+def _decimal(name: str, value: float) -> str:
+    """Counts as integers (``1843200``, not ``1.8432e+06``); ratios to 6 significant digits."""
+    if name in COUNTS and value == int(value):
+        return str(int(value))
+    return f"{value:.6g}"
+
+
 def _ready(progress: Progress) -> tuple[bool, str, str]:
     phase = progress.phase
     if phase in (Phase.TRAINING, Phase.SAVING, Phase.SHRINKING, Phase.WAITING):
@@ -137,7 +145,7 @@ def status_from_progress(
     metrics = (
         {}
         if last is None
-        else {k: f"{last.metrics[k]:.6g}" for k in SHOWN_METRICS if k in last.metrics}
+        else {k: _decimal(k, last.metrics[k]) for k in SHOWN_METRICS if k in last.metrics}
     )
     out: dict[str, Any] = {
         "phase": progress.phase,

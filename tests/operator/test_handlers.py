@@ -257,6 +257,16 @@ def test_api_outages_are_temporary_and_rejections_permanent() -> None:
         asyncio.run(_reconcile(body, memo))
 
 
+def test_a_finished_job_does_not_get_its_pods_back_on_resume() -> None:
+    body = _body()
+    body["status"] = {"phase": "Succeeded", "message": "endDay reached"}
+    kube = FakeKube(body)
+    asyncio.run(_reconcile(body, Memo(runtime=_runtime(kube, Script([])))))
+    assert "StatefulSet" not in {kind for kind, _ in kube.objects}
+    assert ("ConfigMap", "ctr-online-config") in kube.objects
+    assert body["status"]["phase"] == "Succeeded"
+
+
 def test_a_suspended_job_is_created_at_zero() -> None:
     body = _body(suspend=True)
     kube = FakeKube(body)

@@ -87,7 +87,7 @@ def test_printer_fields_metrics_and_trimmed_history() -> None:
         "auc": "0.793123",
         "loss": "0.4412",
         "copc": "1.01",
-        "examples": "1.8432e+06",
+        "examples": "1843200",
     }
     assert status["observedGeneration"] == 4
     assert len(status["scheduler"]["history"]) == st.STATUS_HISTORY
