@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +43,8 @@ from streamtrain_operator.state import StateStore
 from streamtrain_operator.worker_client import GrpcWorker
 from streamtrain_ps.api import PSLike
 from streamtrain_ps.remote import RemotePS
+
+log = logging.getLogger(__name__)
 
 
 class Connection(Protocol):
@@ -222,7 +225,11 @@ class JobSupervisor:
         self.rt.kube.patch_status(self.ref["namespace"], self.ref["name"], body)
 
     def _event(self, reason: str, message: str, warning: bool = False) -> None:
-        self.rt.kube.event(self.ref, "Warning" if warning else "Normal", reason, message)
+        """Events are best effort: an unreachable API never fails a pass for one."""
+        try:
+            self.rt.kube.event(self.ref, "Warning" if warning else "Normal", reason, message)
+        except Exception:
+            log.warning("event %s of %s not posted", reason, self.ref["name"], exc_info=True)
 
     # ------------------------------------------------------------------ control
 
@@ -413,11 +420,15 @@ class JobSupervisor:
         restarts are counted on the way."""
         while True:
             await asyncio.sleep(self.rt.restart_poll_seconds)
-            now = await asyncio.to_thread(self._pods, job, "ps")
+            try:
+                now = await asyncio.to_thread(self._pods, job, "ps")
+                current = await asyncio.to_thread(self._pods, job, "worker")
+            except Exception:  # a failed poll is not a restart: the driver keeps running
+                log.warning("listing the pods of %s failed", job.name, exc_info=True)
+                continue
             restarted = sorted(n for n, s in now.items() if n in baseline and s != baseline[n])
             if restarted:
                 return restarted
-            current = await asyncio.to_thread(self._pods, job, "worker")
             changed = [n for n, s in current.items() if n in workers and s != workers[n]]
             if changed:
                 self.rt.metrics.restarted(job.namespace, job.name, "worker", len(changed))

@@ -441,7 +441,7 @@ def test_deletion_forgets_the_jobs_series() -> None:
     assert names == set()
 
 
-async def _until(condition: Any, timeout: float = 10.0) -> None:
+async def _until(condition: Any, timeout: float = 30.0) -> None:
     """Poll (never sleep blindly) until ``condition()`` holds."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
