@@ -14,6 +14,7 @@ from typing import TypeVar
 
 import torch
 from torch import nn
+from torch.nn import functional as nnf
 
 from streamtrain_worker.config import ModelConfig
 
@@ -64,6 +65,25 @@ def mlp(in_features: int, hidden: Sequence[int], out_features: int = 1) -> nn.Se
         width = units
     layers.append(nn.Linear(width, out_features))
     return nn.Sequential(*layers)
+
+
+class InputNorm(nn.BatchNorm1d):
+    """Batch norm that uses its running statistics for a batch of one example (where batch
+    statistics are undefined), so a pass may end with a single-example batch."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        batch_stats = self.training and input.shape[0] > 1
+        momentum = 0.1 if self.momentum is None else self.momentum
+        return nnf.batch_norm(
+            input,
+            self.running_mean,
+            self.running_var,
+            self.weight,
+            self.bias,
+            batch_stats,
+            momentum,
+            self.eps,
+        )
 
 
 class DenseModel(nn.Module):

@@ -5,14 +5,15 @@ sequence is the unpooled per-key embeddings of the data's ``sequenceSlot``. An a
 MLP scores every behaviour ``k`` against the target ``q`` from ``[q, k, q - k, q * k]``;
 the user interest is the score-weighted sum of behaviours (unnormalised, as in the DIN
 paper, so the interest's magnitude reflects how much matching history there is; padding
-is masked out). The interest vector is concatenated to all pooled slots for the MLP.
+is masked out). The interest vector is concatenated to all pooled slots, batch-normalised
+(``InputNorm``, as in ``slot_dnn``), and fed to the MLP.
 """
 
 from __future__ import annotations
 
 import torch
 
-from streamtrain_worker.models.base import DenseModel, ModelSpec, mlp, register
+from streamtrain_worker.models.base import DenseModel, InputNorm, ModelSpec, mlp, register
 
 
 @register("din")
@@ -32,7 +33,9 @@ class DIN(DenseModel):
         self.embed_col = spec.embed_offset
         item = 1 + spec.embedding_dim
         self.attention = mlp(4 * item, spec.attention_units)
-        self.mlp = mlp(spec.num_slots * spec.slot_width + item, spec.hidden_units)
+        width = spec.num_slots * spec.slot_width + item
+        self.norm = InputNorm(width)  # see slot_dnn: CVM log counts vs near-0 embeddings
+        self.mlp = mlp(width, spec.hidden_units)
 
     def forward(
         self,
@@ -47,4 +50,5 @@ class DIN(DenseModel):
         scores = self.attention(torch.cat([q, seq, q - seq, q * seq], dim=2)).squeeze(2)
         scores = scores * seq_mask.to(scores.dtype)
         interest = torch.bmm(scores.unsqueeze(1), seq).squeeze(1)  # (B, E)
-        return self.mlp(torch.cat([pooled.flatten(1), interest], dim=1)).squeeze(1)
+        features = torch.cat([pooled.flatten(1), interest], dim=1)
+        return self.mlp(self.norm(features)).squeeze(1)
