@@ -20,7 +20,7 @@ CHART = ROOT / "charts" / "streamtrain"
 KUBE_VERSION = "1.31.0"
 #: Prometheus Operator kinds: not built into Kubernetes, so not in the bundled schemas
 #: (tests/contract/test_chart.py checks their shape).
-NOT_BUILT_IN = {"ServiceMonitor", "PodMonitor"}
+NOT_BUILT_IN = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
 VALUE_SETS: dict[str, dict[str, Any]] = {
     "defaults": {},
     "namespaced": {
@@ -34,6 +34,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "metrics": {
             "serviceMonitor": {"enabled": True, "labels": {"release": "kps"}},
             "podMonitor": {"enabled": True, "namespaces": ["ads"]},
+            "prometheusRule": {"enabled": True},
         },
         "dashboards": {"namespace": "monitoring", "labels": {"grafana_dashboard": "1"}},
         "image": {"tag": "0.1.1", "pullPolicy": "Always"},
