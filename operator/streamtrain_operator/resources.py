@@ -32,14 +32,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamtrain_operator.spec import API_VERSION, KIND, Job, SpecError
+from streamtrain_ps.proto import ps_pb2
+from streamtrain_worker.proto import worker_pb2
 
 #: Pods of every image run as this uid/gid (the images create it; see docs/images.md).
 RUN_AS_UID = 65532
 CONFIG_DIR = "/etc/streamtrain"
 PS_CONFIG_FILE = "ps.json"
 WORKER_CONFIG_FILE = "worker.json"
-#: The fully qualified gRPC service the PS health check reports on (readiness probe).
-PS_HEALTH_SERVICE = "streamtrain.ps.ParameterServer"
+#: The fully qualified gRPC services whose health the readiness probes ask for (from the
+#: protos, so a package rename cannot leave every pod unready).
+PS_HEALTH_SERVICE: str = ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"].full_name
+WORKER_HEALTH_SERVICE: str = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
 MANAGED_BY = "streamtrain-operator"
 LABEL_JOB = "streamtrain.io/job"
 LABEL_ROLE = "streamtrain.io/role"
@@ -298,7 +302,9 @@ def pod_template(
         ],
         # Readiness asks the PS service itself (NOT_SERVING while draining); liveness only
         # asks whether the process answers at all.
-        "readinessProbe": _grpc_probe(port, PS_HEALTH_SERVICE if is_ps else None, 10, 3),
+        "readinessProbe": _grpc_probe(
+            port, PS_HEALTH_SERVICE if is_ps else WORKER_HEALTH_SERVICE, 10, 3
+        ),
         "livenessProbe": _grpc_probe(port, None, 20, 6),
         "startupProbe": _grpc_probe(port, None, 5, 60),
         "resources": _resources(res.requests, res.limits),

@@ -2,7 +2,9 @@
 applies its objects to a fake API whose "kubelet" starts every pod of every StatefulSet as
 a local process — the container's command, args and env exactly as rendered, the
 ConfigMap's files where the volume is mounted, the Secret through ``envFrom`` — and the
-real driver trains the job's pass against them, through the real status store.
+real driver trains the job's pass against them, through the real status store. Each
+rendered gRPC probe (startup, liveness, readiness) is executed against its pod as the
+kubelet would.
 
 Only what Kubernetes itself would provide is emulated, each substitution explicit:
 - cluster DNS: ``<job>-ps-0.<job>-ps.<ns>.svc:50051`` -> ``127.0.0.1:<port>`` (the pods
@@ -29,6 +31,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
 from streamtrain_operator import resources as r
@@ -152,6 +156,7 @@ class LocalCluster:
         self.dns: dict[str, str] = {}  # filled as pods start; the connector reads it
         self.events: list[tuple[str, str]] = []
         self.statuses: list[dict[str, Any]] = []
+        self.probes_passed: list[tuple[str, str]] = []
 
     # -- the KubeAPI protocol ------------------------------------------------------------
     def apply(self, obj: Mapping[str, Any]) -> str:
@@ -195,11 +200,26 @@ class LocalCluster:
         config = self.objects[("ConfigMap", "ctr-online-config")]["data"]
         service = sts["spec"]["serviceName"]
         port = sts["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"]
+        (container,) = sts["spec"]["template"]["spec"]["containers"]
         for i in range(want):
             name = f"{sts_name}-{i}"
             pod = LocalPod(name, i, sts["spec"]["template"], config, self.root, self.dns)
             running.append(pod)
-            self.dns[f"{name}.{service}.ads.svc:{port}"] = pod.address()
+            address = pod.address()
+            self.dns[f"{name}.{service}.ads.svc:{port}"] = address
+            for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
+                self._probe(address, container[kind], port)
+                self.probes_passed.append((name, kind))
+
+    @staticmethod
+    def _probe(address: str, probe: Mapping[str, Any], container_port: int) -> None:
+        """What the kubelet's ``grpc:`` probe does: Health/Check on the probed port."""
+        assert probe["grpc"]["port"] == container_port
+        with grpc.insecure_channel(address) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            request = health_pb2.HealthCheckRequest(service=probe["grpc"].get("service", ""))
+            answer = stub.Check(request, timeout=probe["timeoutSeconds"] * 4)
+        assert answer.status == health_pb2.HealthCheckResponse.SERVING, probe
 
     def _stop(self, sts_name: str) -> None:
         for pod in self.running.pop(sts_name, []):
@@ -286,6 +306,8 @@ def test_rendered_pods_train_the_job_as_local_processes(tmp_path: Path) -> None:
     # Succeeded: the StatefulSets are gone (pods stopped), the models stay.
     assert started == {"ctr-online-ps": None, "ctr-online-worker": None}
     assert cluster.running == {}
+    # Every rendered gRPC probe (startup, liveness, readiness) answered SERVING on every pod.
+    assert len(cluster.probes_passed) == 3 * 4
     ready = next(c for c in status["conditions"] if c["type"] == "PodsReady")
     assert ready["status"] == "True"
     assert r.PS_CONFIG_FILE in cluster.objects[("ConfigMap", "ctr-online-config")]["data"]

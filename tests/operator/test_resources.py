@@ -130,7 +130,10 @@ def test_commands_probes_and_resources(job: Job) -> None:
     assert ps["args"][ps["args"].index("--num-shards") + 1] == "2"
     assert "--shard-index-from-hostname" in ps["args"]
     assert ps["args"][ps["args"].index("--config") + 1] == "/etc/streamtrain/ps.json"
-    assert ps["readinessProbe"]["grpc"] == {"port": 50051, "service": r.PS_HEALTH_SERVICE}
+    assert ps["readinessProbe"]["grpc"] == {
+        "port": 50051,
+        "service": "streamtrain.ps.v1.ParameterServer",
+    }
     assert ps["livenessProbe"]["grpc"] == {"port": 50051}
     assert ps["resources"] == {"requests": {"cpu": "4", "memory": "32Gi"}}
     worker = _build(job)["StatefulSet/ctr-online-worker"]["spec"]["template"]["spec"]["containers"][
@@ -140,6 +143,7 @@ def test_commands_probes_and_resources(job: Job) -> None:
     assert worker["command"] == ["python", "-m", "streamtrain_worker"]
     assert worker["resources"] == {"requests": {"cpu": "8", "memory": "16Gi"}}
     assert {"name": "OMP_NUM_THREADS", "value": "1"} in worker["env"]
+    assert worker["readinessProbe"]["grpc"]["service"] == "streamtrain.worker.v1.Worker"
 
 
 def test_scale_is_the_schedulers_but_the_shard_count_is_the_specs(job: Job) -> None:
