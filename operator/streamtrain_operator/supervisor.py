@@ -206,6 +206,8 @@ class JobSupervisor:
         self.driver: Driver | None = None
         self.scale: resources.Scale | None = None
         self._previous: Progress | None = None
+        #: Set by the update handler; read at every waiting point of a cycle.
+        self._restart = False
 
     # ------------------------------------------------------------------ identity
 
@@ -235,7 +237,9 @@ class JobSupervisor:
 
     def request_restart(self, reason: str) -> None:
         """Called by the update handler: stop after the current step, then re-read the
-        spec (suspend, new worker count, new images...)."""
+        spec (suspend, new worker count, new images...). Also ends a wait for pods that
+        may never come (a bad image is fixed by a spec change)."""
+        self._restart = True
         if self.driver is not None:
             self.driver.stop(Phase.STOPPED, reason)
 
@@ -310,6 +314,7 @@ class JobSupervisor:
             self._event("Failed", progress.message or "the job failed", warning=True)
 
     async def _run_driver(self, job: Job, progress: Progress | None, stopped: StopSignal) -> bool:
+        self._restart = False
         scale = resources.Scale(job.spec.ps.replicas, job.spec.workers.replicas)
         generation = 1 + (0 if progress is None else progress.generation)
         await asyncio.to_thread(self._apply, job, scale, generation)
@@ -328,6 +333,8 @@ class JobSupervisor:
             baseline = await asyncio.to_thread(self._pods, job, "ps")
             workers = await asyncio.to_thread(self._pods, job, "worker")
             self.driver = self._make_driver(job, conn, store)
+            if self._restart:  # the spec changed while the pods came up
+                self.driver.stop(Phase.STOPPED, "spec changed")
             run = asyncio.create_task(self.driver.run())
             watch = asyncio.create_task(self._watch_ps(job, baseline, workers))
             stop = asyncio.create_task(stopped.wait())
@@ -366,7 +373,7 @@ class JobSupervisor:
 
     async def _wait_ready(self, conn: Connection, job: Job, stopped: StopSignal) -> bool:
         waiting = False
-        while not stopped.is_set():
+        while not stopped.is_set() and not self._restart:
             try:
                 await self._unless_stopped(conn.wait_ready(self.rt.ready_timeout), stopped)
             except Exception as exc:  # not ready yet: say so in the status, keep waiting

@@ -376,6 +376,28 @@ def test_a_worker_count_change_waits_for_the_next_step() -> None:
     asyncio.run(scenario())
 
 
+def test_a_spec_change_ends_a_wait_for_pods_that_never_come() -> None:
+    async def scenario() -> FakeKube:
+        body = _body()
+        kube = FakeKube(body)
+        conn = FakeConnection(ready_after=10**9)  # e.g. an image that cannot be pulled
+        memo = Memo(runtime=_runtime(kube, Script([]), conn))
+        stop = Stop()
+        daemon = asyncio.create_task(handlers.run_job(body=body, memo=memo, stopped=stop))
+        await _until(lambda: conn.attempts >= 2)
+        body["spec"]["suspend"] = True
+        await _reconcile(body, memo)
+        await _until(lambda: body["status"].get("phase") == "Suspended")
+        assert kube.replicas("ps") == 0 and kube.replicas("worker") == 0
+        stop.event.set()
+        await daemon
+        return kube
+
+    kube = asyncio.run(scenario())
+    waiting = [p for p in kube.patches if "conditions" in p and len(p) == 1]
+    assert waiting and waiting[0]["conditions"][0]["reason"] == "WaitingForPods"
+
+
 def test_a_ps_restart_cancels_the_driver_and_recovers() -> None:
     async def scenario() -> tuple[FakeKube, Script, Runtime]:
         body = _body()
