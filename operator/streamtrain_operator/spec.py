@@ -1,4 +1,4 @@
-# ruff: noqa: N815, RUF009  -- camelCase names are the custom resource's; _f() is a field() wrapper.
+# ruff: noqa: RUF009  -- _f() is a dataclasses.field() wrapper carrying doc and bounds.
 """The ``StreamingTrainingJob`` manifest, parsed once into frozen, typed dataclasses.
 
 This module is the single source of truth for the job's fields and their defaults: the CRD
