@@ -109,6 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if http is not None:
             http.shutdown()
+        shard.close()
     return 0
 
 

@@ -120,6 +120,7 @@ def warm_up(config: PSConfig, dim: int) -> None:
         data = PushData(chunk.size, dim, 0)
         shard.push_sparse(TABLE, chunk, data.grads, data.shows, data.clicks)
         shard.pull_sparse(TABLE, chunk)
+    shard.close()
 
 
 def throughput(
@@ -186,6 +187,7 @@ def bench_in_process(
             threads,
             args.seconds,
         )
+    shard.close()
     return res
 
 

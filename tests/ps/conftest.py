@@ -72,6 +72,8 @@ class Cluster:
             c.close()
         for s in self.servers:
             s.close(grace=0)
+        for shard in self.shards:
+            shard.close()
 
 
 @pytest.fixture
