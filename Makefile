@@ -82,9 +82,10 @@ images: ## Build the ps, operator and worker images (docker, else buildah)
 	$$B -f Dockerfile.ps --target operator -t $(IMAGE_PREFIX)-operator:$(IMAGE_TAG) . && \
 	$$B -f Dockerfile.worker -t $(IMAGE_PREFIX)-worker:$(IMAGE_TAG) .
 
-lint-manifests: $(STAMP) ## hadolint the Dockerfiles; lint the chart and validate every rendered manifest
+lint-manifests: $(STAMP) ## hadolint, chart lint/render, kubernetes-validate, promtool on the alerts
 	$(VENV)/bin/hadolint Dockerfile.ps Dockerfile.worker
-	$(PY) -m pytest -q tests/contract/test_chart.py tests/contract/test_manifests.py
+	$(PY) -m pytest -q tests/contract/test_chart.py tests/contract/test_manifests.py \
+	  tests/contract/test_images.py tests/contract/test_alerts.py
 
 clean: ## Remove caches and demo output (keeps .venv)
 	rm -rf .pytest_cache .mypy_cache .ruff_cache demo-run
