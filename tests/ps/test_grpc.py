@@ -77,7 +77,15 @@ class SpyShard(Shard):
         self.pulled.append(int(keys.size))
         return super().pull_sparse(table, keys)
 
-    def push_sparse(self, table, keys, grads, shows, clicks, slots=None):  # type: ignore[no-untyped-def]  # noqa: PLR0917
+    def push_sparse(
+        self,
+        table: str,
+        keys: npt.NDArray[np.uint64],
+        grads: npt.NDArray[np.float32],
+        shows: npt.NDArray[np.float32],
+        clicks: npt.NDArray[np.float32],
+        slots: npt.NDArray[np.uint32] | None = None,
+    ) -> int:
         self.pushed.append((np.array(keys), np.array(shows)))
         return super().push_sparse(table, keys, grads, shows, clicks, slots)
 
