@@ -107,6 +107,9 @@ def test_sigkilled_run_resumes_without_repeating_a_pass(job_file: Callable[..., 
     try:
 
         def third_pass_done() -> bool:
+            if proc.poll() is not None:
+                assert proc.stdout is not None
+                raise AssertionError(f"run exited early ({proc.returncode}):\n{proc.stdout.read()}")
             return (root / STATE).exists() and len(load_state(root).history) >= 3
 
         _wait_for(third_pass_done, 180, "three passes")
