@@ -1,4 +1,4 @@
-# ruff: noqa: N815  -- field names are the camelCase JSON/CRD names, on purpose
+
 """The ``data`` section of a job, parsed once into a frozen dataclass.
 
 The operator renders ``spec.data`` nearly verbatim (camelCase names), so this class accepts

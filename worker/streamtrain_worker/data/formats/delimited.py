@@ -91,7 +91,7 @@ def _weekday(year: int, month: int, day: int) -> int:
 
 
 @numba.njit(inline="always", cache=True)
-def _hour(  # noqa: PLR0917 -- numba helper, positional by design
+def _hour(
     data: U8,
     a: int,
     b: int,
@@ -119,7 +119,7 @@ def _hour(  # noqa: PLR0917 -- numba helper, positional by design
 
 
 @numba.njit(nogil=True, cache=True)
-def _tokenize(  # noqa: PLR0917 -- numba kernels take arrays positionally
+def _tokenize(
     data: U8,
     a: int,
     b: int,
@@ -195,7 +195,7 @@ def _tokenize(  # noqa: PLR0917 -- numba kernels take arrays positionally
 
 
 @numba.njit(nogil=True, cache=True)
-def _kernel(  # noqa: PLR0917 -- numba kernels take arrays positionally
+def _kernel(
     data: U8,
     first_line: int,
     delimiter: int,

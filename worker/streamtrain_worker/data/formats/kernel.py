@@ -197,7 +197,7 @@ def find_sorted(table: npt.NDArray[np.uint64], key: np.uint64) -> int:
 
 
 @numba.njit(inline="always", cache=True)
-def commit_line(  # noqa: PLR0917 -- numba helper, positional by design
+def commit_line(
     line_slots: npt.NDArray[np.int32],
     line_keys: npt.NDArray[np.uint64],
     m: int,

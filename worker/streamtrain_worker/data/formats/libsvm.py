@@ -112,7 +112,7 @@ class LibsvmFormat:
 
 
 @numba.njit(nogil=True, cache=True)
-def _tokenize(  # noqa: PLR0917 -- numba kernels take arrays positionally
+def _tokenize(
     data: U8,
     a: int,
     b: int,
@@ -188,7 +188,7 @@ def _tokenize(  # noqa: PLR0917 -- numba kernels take arrays positionally
 
 
 @numba.njit(nogil=True, cache=True)
-def _kernel(  # noqa: PLR0917 -- numba kernels take arrays positionally
+def _kernel(
     data: U8,
     first_line: int,
     map_keys: npt.NDArray[np.uint64],

@@ -69,7 +69,7 @@ def _is_blank(c: np.uint8) -> bool:
 
 
 @numba.njit(nogil=True, cache=True)
-def _tokenize(  # noqa: PLR0917 -- numba kernels take arrays positionally
+def _tokenize(
     data: U8,
     a: int,
     b: int,
@@ -123,7 +123,7 @@ def _tokenize(  # noqa: PLR0917 -- numba kernels take arrays positionally
 
 
 @numba.njit(nogil=True, cache=True)
-def _kernel(  # noqa: PLR0917 -- numba kernels take arrays positionally
+def _kernel(
     data: U8,
     first_line: int,
     label_hash: np.uint64,
