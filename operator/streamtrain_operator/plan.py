@@ -36,6 +36,16 @@ class StepKind(StrEnum):
     BATCH = "batch"
 
 
+#: Order of the kinds within a pass (see ``PassPlan.position``).
+_RANK = {
+    StepKind.TRAIN: 0,
+    StepKind.DELTA: 1,
+    StepKind.CHECKPOINT: 2,
+    StepKind.SHRINK: 3,
+    StepKind.BASE: 4,
+    StepKind.BATCH: 5,
+}
+
 #: Steps that publish an inference model (save modes 1, 2, 3).
 EXPORT_KINDS = frozenset({StepKind.DELTA, StepKind.BASE, StepKind.BATCH})
 
@@ -121,12 +131,17 @@ class PassPlan:
     def in_range(self, day: str) -> bool:
         return day >= self.start_day and (self.end_day is None or day <= self.end_day)
 
-    def position(self, key: StepKey) -> tuple[str, int]:
-        """Sort key of a step (days compare as YYYYMMDD strings)."""
-        try:
-            return key.day, self.day_steps(key.day).index(key)
-        except ValueError:
-            raise ValueError(f"step {key} is not part of this job's plan") from None
+    def position(self, key: StepKey) -> tuple[str, int, int]:
+        """Sort key of any step, in this plan or not: ``(day, pass, rank of the kind)``.
+
+        Ranks follow the order of ``day_steps`` (a checkpoint of the last pass ranks after
+        the day-end steps), so a step recorded under another version of the spec (say
+        ``deltaEveryPasses`` changed between two runs) still has a well-defined place and
+        the job resumes right after it.
+        """
+        day_end = key.pass_index >= self.passes_per_day
+        rank = 6 if key.kind == StepKind.CHECKPOINT and day_end else _RANK[key.kind]
+        return key.day, key.pass_index, rank
 
     def first_step(self) -> StepKey:
         return self.day_steps(self.start_day)[0]
@@ -135,11 +150,11 @@ class PassPlan:
         """The step after ``key`` (the first step for ``None``); ``None`` past ``endDay``."""
         if key is None:
             return self.first_step()
-        day, i = self.position(key)
-        steps = self.day_steps(day)
-        if i + 1 < len(steps):
-            return steps[i + 1]
-        following = next_day(day)
+        here = self.position(key)
+        for step in self.day_steps(key.day):
+            if self.position(step) > here:
+                return step
+        following = next_day(key.day)
         return self.day_steps(following)[0] if self.in_range(following) else None
 
     def steps_between(self, after: StepKey | None, upto: StepKey | None) -> list[StepKey]:

@@ -374,3 +374,17 @@ def test_forever_job_keeps_planning_days() -> None:
     assert "20270101/1/train" in keys
     assert "20261231/2/shrink" in keys
     assert not any("delta" in k or "base" in k for k in keys)
+
+
+def test_a_step_of_an_older_spec_still_has_its_place() -> None:
+    """deltaEveryPasses changed between two runs: resume right after the recorded step."""
+    no_deltas = PassPlan("20261101", "20261102", 3, 0, 2, True, True, "/exp", "/ckpt")
+    done = StepKey("20261101", 2, StepKind.DELTA)  # recorded under PLAN (a delta every pass)
+    assert no_deltas.next_step(done) == StepKey("20261101", 2, StepKind.CHECKPOINT)
+    assert no_deltas.next_step(StepKey("20261101", 3, StepKind.DELTA)) == StepKey(
+        "20261101", 3, StepKind.SHRINK
+    )
+    assert no_deltas.steps_between(None, done) == [
+        StepKey("20261101", 1, StepKind.TRAIN),
+        StepKey("20261101", 2, StepKind.TRAIN),
+    ]
