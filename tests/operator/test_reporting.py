@@ -1,0 +1,92 @@
+"""Progress output: one line per pass with a bar; waits shown; terminal-aware."""
+
+from __future__ import annotations
+
+import copy
+import io
+from dataclasses import replace
+from typing import Any
+
+from streamtrain_operator.plan import StepKey, StepKind
+from streamtrain_operator.progress import Condition, PassRecord, Progress
+from streamtrain_operator.reporting import ProgressPrinter, progress_bar
+from streamtrain_operator.scheduler import CheckData, RunPass, Save, Sleep
+from streamtrain_operator.spec import parse_job
+
+MINIMAL: dict[str, Any] = {
+    "apiVersion": "streamtrain.io/v1alpha1",
+    "kind": "StreamingTrainingJob",
+    "metadata": {"name": "r"},
+    "spec": {
+        "data": {"path": "/d", "startDay": "20261101", "format": "criteo"},
+        "checkpoint": {"path": "/c"},
+        "export": {"path": "/e"},
+    },
+}
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def printer(out: io.StringIO, clock: list[float]) -> ProgressPrinter:
+    manifest = copy.deepcopy(MINIMAL)
+    manifest["spec"]["data"]["endDay"] = "20261102"
+    job = parse_job(manifest)
+    return ProgressPrinter(job, out, clock=lambda: clock[0])
+
+
+def record(p: int) -> PassRecord:
+    return PassRecord("20261101", p, 1, {"auc": 0.75, "loss": 0.45, "examples": 1000.0}, 3.0)
+
+
+def test_progress_bar() -> None:
+    assert progress_bar(12, 48) == "[#####...............] 12/48"
+    assert progress_bar(3, None) == "3 passes"
+
+
+def test_plain_output_has_pass_lines_waits_and_conditions() -> None:
+    out, clock = io.StringIO(), [0.0]
+    pr = printer(out, clock)
+    key = StepKey("20261101", 1, StepKind.TRAIN)
+    pr.on_progress(Progress())
+    pr.on_action(CheckData(key), Progress())
+    pr.on_action(Sleep(1.0), Progress())
+    clock[0] = 7.0
+    pr.on_action(CheckData(key), Progress())
+    late = Condition("DataMissing", "True", "DonefileLate", "no donefile in /d/0000", 7.0)
+    pr.on_progress(Progress().with_condition(late))
+    pr.on_action(RunPass(key, (0,), 1, 1), Progress())
+    pr.on_progress(replace(Progress(), history=(record(1),)))
+    pr.on_action(
+        Save(StepKey("20261101", 1, StepKind.DELTA), "/exp/20261101/delta-1", 1), Progress()
+    )
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "  waiting for the donefiles of 20261101/1 ..."
+    assert lines[1] == "  condition DataMissing: no donefile in /d/0000"
+    assert lines[2] == "  data arrived after 7.0s"
+    assert lines[3].startswith("day 20261101 pass  1/24  auc 0.7500  loss 0.4500")
+    assert lines[3].endswith("wait 3s  [....................] 1/48")
+    assert lines[4] == "  export delta -> /exp/20261101/delta-1"
+    assert "\r" not in out.getvalue()
+
+
+def test_terminal_output_rewrites_a_status_line() -> None:
+    out, clock = Terminal(), [0.0]
+    pr = printer(out, clock)
+    key = StepKey("20261101", 1, StepKind.TRAIN)
+    pr.on_action(CheckData(key), Progress())
+    clock[0] = 2.0
+    pr.on_action(CheckData(key), Progress())
+    assert out.getvalue().endswith("\r\033[Kwaiting for the donefiles of 20261101/1 (2s)")
+    pr.on_action(RunPass(key, (0, 1), 1, 1), Progress())
+    assert out.getvalue().endswith("\r\033[Ktraining 20261101/1")
+
+
+def test_minimal_job_prints_passes_without_a_total() -> None:
+    out = io.StringIO()
+    pr = ProgressPrinter(parse_job(MINIMAL), out)
+    pr.on_progress(Progress())
+    pr.on_progress(replace(Progress(), history=(record(1), record(2))))
+    assert out.getvalue().splitlines()[-1].endswith("2 passes")
