@@ -51,6 +51,8 @@ BAD_CLICK = 3
 NOT_OWNED = 4
 OVERFLOW = 5
 
+_S24 = np.uint64(24)
+
 
 @njit(nogil=True, cache=True)
 def merge_push(
@@ -62,6 +64,8 @@ def merge_push(
     logical_shards: Int,
     num_shards: Int,
     shard_index: Int,
+    part: Int,
+    parts: Int,
 ) -> tuple[
     Int,
     Int,
@@ -73,6 +77,8 @@ def merge_push(
 ]:
     """Validate a push and sum repeated keys (a small local hash table; no lock needed).
 
+    Only keys of ``part`` of ``parts`` (a power of two; by bits 24.. of the key's mix, so all
+    copies of a key are in one part) are looked at: two threads can merge one request.
     Returns ``(error code, index of the offending entry or number of unique keys, keys,
     grads, shows, clicks, slots)``; slots of a repeated key: the last one wins.
     """
@@ -90,8 +96,12 @@ def merge_push(
     usl = np.empty(n, dtype=np.uint32)
     has_slots = slots.size == n
     u = 0
+    pmask = np.uint64(parts - 1)
+    want = np.uint64(part)
     for i in range(n):
         key = keys[i]
+        if parts > 1 and (ix.mix64(key) >> _S24) & pmask != want:
+            continue
         s = shows[i]
         c = clicks[i]
         if not (s >= 0.0 and np.isfinite(s)):

@@ -30,8 +30,8 @@ from streamtrain_ps.errors import (
     RequestTooLargeError,
     UnknownTableError,
 )
-from streamtrain_ps.kernels import BAD_CLICK, BAD_GRAD, BAD_SHOW, NOT_OWNED, OVERFLOW, merge_push
-from streamtrain_ps.table import SparseTable, TableContent, release_scratch_memory
+from streamtrain_ps.kernels import BAD_CLICK, BAD_GRAD, BAD_SHOW, NOT_OWNED, OVERFLOW
+from streamtrain_ps.table import Merged, SparseTable, TableContent, release_scratch_memory
 
 
 @dataclass(frozen=True)
@@ -114,32 +114,55 @@ class Shard:
         s = _array(shows, "shows", np.float32, (n,))
         c = _array(clicks, "clicks", np.float32, (n,))
         sl = _NO_SLOTS if slots is None else _array(slots, "slots", np.uint32, (n,))
-        code, at, uk, ug, us, uc, usl = merge_push(
-            k, g, s, c, sl, self.config.logicalShards, self.num_shards, self.shard_index
-        )
-        n_unique = at
-        if code == BAD_GRAD:
+        route = (self.config.logicalShards, self.num_shards, self.shard_index)
+        parts = t.merge(k, g, s, c, sl, route)
+        self._raise_push_errors(parts, k, s, c)
+        t.push_merged(parts, has_slots=slots is not None)
+        unique = sum(int(part.n) for part in parts)
+        if n >= BULK_PUSH_KEYS:
+            del parts  # the last reference to the scratch arrays
+            release_scratch_memory()
+        return unique
+
+    def _raise_push_errors(
+        self,
+        parts: list[Merged],
+        keys: npt.NDArray[np.uint64],
+        shows: npt.NDArray[np.float32],
+        clicks: npt.NDArray[np.float32],
+    ) -> None:
+        for p in parts:
+            self._raise_push_error(p, keys, shows, clicks)
+
+    def _raise_push_error(
+        self,
+        p: Merged,
+        keys: npt.NDArray[np.uint64],
+        shows: npt.NDArray[np.float32],
+        clicks: npt.NDArray[np.float32],
+    ) -> None:
+        at = int(p.n)
+        if p.code == BAD_GRAD:
             raise InvalidRequestError("grads", f"row {at} is not finite")
-        if code == BAD_SHOW:
-            raise InvalidRequestError("shows", f"entry {at} must be finite and >= 0, got {s[at]}")
-        if code == BAD_CLICK:
-            raise InvalidRequestError("clicks", f"entry {at} must be finite and >= 0, got {c[at]}")
-        if code == OVERFLOW:
+        if p.code == BAD_SHOW:
             raise InvalidRequestError(
-                "grads", f"the repeated rows of key {int(uk[at])} sum to a non-finite value"
+                "shows", f"entry {at} must be finite and >= 0, got {shows[at]}"
             )
-        if code == NOT_OWNED:
-            logical = int(sharding.logical_shard(k[at : at + 1], self.config.logicalShards)[0])
+        if p.code == BAD_CLICK:
+            raise InvalidRequestError(
+                "clicks", f"entry {at} must be finite and >= 0, got {clicks[at]}"
+            )
+        if p.code == OVERFLOW:
+            raise InvalidRequestError(
+                "grads", f"the repeated rows of key {int(p.keys[at])} sum to a non-finite value"
+            )
+        if p.code == NOT_OWNED:
+            logical = int(sharding.logical_shard(keys[at : at + 1], self.config.logicalShards)[0])
             raise InvalidRequestError(
                 "keys",
-                f"key {int(k[at])} (logical shard {logical}) belongs to server "
+                f"key {int(keys[at])} (logical shard {logical}) belongs to server "
                 f"{logical % self.num_shards} of {self.num_shards}, not {self.shard_index}",
             )
-        t.push_merged(uk, ug, us, uc, None if slots is None else usl)
-        if n >= BULK_PUSH_KEYS:
-            del uk, ug, us, uc, usl
-            release_scratch_memory()
-        return int(n_unique)
 
     # -- dense ------------------------------------------------------------------------------
 

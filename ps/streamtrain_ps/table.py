@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from contextlib import contextmanager
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -42,6 +42,9 @@ from streamtrain_ps.optim import params_vector
 
 #: Pulls and pushes of at least this many keys are split over two threads.
 SPLIT_MIN_KEYS = 32_768
+#: Merging in two parts doubles the merge's scratch memory; bulk pushes beyond this many
+#: keys merge on one thread (they are rare, and their scratch would linger as RSS).
+MERGE_SPLIT_MAX_KEYS = 262_144
 #: Large pushes (bulk loads) are applied in chunks of merged keys, so the per-push scratch
 #: arrays stay small: big short-lived allocations linger in the malloc heap and would show
 #: up as resident memory per key.
@@ -96,6 +99,18 @@ class _Arrays(NamedTuple):
     slots: npt.NDArray[np.int32]
     keys: npt.NDArray[np.uint64]
     slab: npt.NDArray[np.float32]
+
+
+class Merged(NamedTuple):
+    """One part of a merged push, as ``kernels.merge_push`` returns it."""
+
+    code: int
+    n: int  # unique keys, or the offending index when code != OK
+    keys: npt.NDArray[np.uint64]
+    grads: npt.NDArray[np.float32]
+    shows: npt.NDArray[np.float32]
+    clicks: npt.NDArray[np.float32]
+    slots: npt.NDArray[np.uint32]
 
 
 class TableContent(NamedTuple):
@@ -164,44 +179,67 @@ class SparseTable:
             ix.lookup_many(a.slots, a.keys, keys, out)
         return out
 
-    def push_merged(
+    def merge(
         self,
         keys: npt.NDArray[np.uint64],
         grads: npt.NDArray[np.float32],
         shows: npt.NDArray[np.float32],
         clicks: npt.NDArray[np.float32],
-        slots: npt.NDArray[np.uint32] | None,
-    ) -> None:
-        """Apply a push whose keys are unique (see ``kernels.merge_push``).
+        slots: npt.NDArray[np.uint32],
+        route: tuple[int, int, int],
+    ) -> list[Merged]:
+        """Validate and merge a push (``kernels.merge_push``) without any lock: in two parts
+        on two threads for large pushes. ``route`` = (logicalShards, num_shards, shard_index).
+        """
+        args = (keys, grads, shows, clicks, slots, *route)
+        kernel = cast(Callable[..., Any], kn.merge_push)  # the Dispatcher stub lacks *args
+        if self._helpers is None or not SPLIT_MIN_KEYS <= keys.size <= MERGE_SPLIT_MAX_KEYS:
+            return [Merged(*kernel(*args, 0, 1))]
+        try:
+            other = self._helpers.submit(kernel, *args, 1, 2)
+        except RuntimeError:  # helpers shut down (Shard.close)
+            return [Merged(*kernel(*args, 0, 1))]
+        first = Merged(*kernel(*args, 0, 2))
+        second = Merged(*(kernel(*args, 1, 2) if other.cancel() else other.result()))
+        return [first, second]
+
+    def push_merged(self, parts: list[Merged], has_slots: bool) -> None:
+        """Apply merged pushes (keys unique across all ``parts``, error code OK).
 
         Per chunk: index first (serial: it may create keys), then the row updates, split
         over two threads for large chunks — the rows are distinct, so halves never collide.
         """
-        n = keys.size
-        has_slots = slots is not None
-        slot_arr = slots if slots is not None else np.empty(0, dtype=np.uint32)
-        chunk = min(n, APPLY_CHUNK)
+        total = sum(int(p.n) for p in parts)
+        chunk = min(max(total, 1), APPLY_CHUNK)
         rows = np.empty(chunk, dtype=np.int64)
         created = np.empty(chunk, dtype=np.bool_)
         with self.lock.write():
-            a = self._reserve(n)
+            a = self._reserve(total)
             slab_u32 = a.slab.view(np.uint32)
-            for c0 in range(0, n, APPLY_CHUNK):
-                c1 = min(n, c0 + APPLY_CHUNK)
-                k, g, s, c = keys[c0:c1], grads[c0:c1], shows[c0:c1], clicks[c0:c1]
-                sl = slot_arr[c0:c1] if has_slots else slot_arr
-                r, cr = rows[: c1 - c0], created[: c1 - c0]
-                ix.insert_many(a.slots, a.keys, self._meta, k, r, cr)
-                admitted = self._split(
-                    c1 - c0,
-                    partial(
-                        _update,
-                        (a.slab, slab_u32, r, cr),
-                        (k, g, s, c, sl, has_slots, self._ip, self._ap, self._fp, self._seed),
-                    ),
-                )
-                self._meta[EXPANDED] += admitted
-                self._meta[ADMISSIONS] += admitted
+            for p in parts:
+                n = int(p.n)
+                for c0 in range(0, n, APPLY_CHUNK):
+                    c1 = min(n, c0 + APPLY_CHUNK)
+                    k = p.keys[c0:c1]
+                    r, cr = rows[: c1 - c0], created[: c1 - c0]
+                    ix.insert_many(a.slots, a.keys, self._meta, k, r, cr)
+                    tail = (
+                        k,
+                        p.grads[c0:c1],
+                        p.shows[c0:c1],
+                        p.clicks[c0:c1],
+                        p.slots[c0:c1],
+                        has_slots,
+                        self._ip,
+                        self._ap,
+                        self._fp,
+                        self._seed,
+                    )
+                    admitted = self._split(
+                        c1 - c0, partial(_update, (a.slab, slab_u32, r, cr), tail)
+                    )
+                    self._meta[EXPANDED] += admitted
+                    self._meta[ADMISSIONS] += admitted
 
     def _split(self, n: int, work: Callable[[int, int], Any]) -> int:
         """Run ``work(lo, hi)`` over ``range(n)``: in two halves on two threads when the

@@ -13,6 +13,7 @@ from streamtrain_ps import checkpoint
 from streamtrain_ps import table as table_module
 from streamtrain_ps.api import SaveMode
 from streamtrain_ps.config import PSConfig, TableConfig
+from streamtrain_ps.errors import InvalidRequestError
 from streamtrain_ps.shard import Shard
 
 D = 4
@@ -154,3 +155,19 @@ def test_chunked_and_two_thread_pushes_and_pulls_equal_single_threaded_ones(
         shard.close()
     np.testing.assert_array_equal(results[0][0], results[1][0])
     assert results[0][1].expanded_keys == results[1][1].expanded_keys > 0
+
+
+def test_a_bad_row_seen_by_either_merge_thread_rejects_the_whole_push(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(table_module, "SPLIT_MIN_KEYS", 1)
+    shard = Shard(PSConfig(tables=(TableConfig(embedxDim=D),), logicalShards=8))
+    n = 1000
+    keys = np.arange(n, dtype=np.uint64)
+    for bad in (0, n // 2, n - 1):
+        grads = np.zeros((n, D + 1), np.float32)
+        grads[bad, 2] = np.inf
+        with pytest.raises(InvalidRequestError, match=f"row {bad} "):
+            shard.push_sparse(T, keys, grads, np.ones(n, np.float32), np.zeros(n, np.float32))
+    assert shard.stats().tables[0].keys == 0
+    shard.close()
