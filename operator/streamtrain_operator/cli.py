@@ -121,7 +121,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
     d = progress.to_dict()
     print(
-        f"phase:          {progress.phase}" + (f" ({progress.message})" if progress.message else "")
+        f"phase:           {progress.phase}"
+        + (f" ({progress.message})" if progress.message else "")
     )
     print(f"generation:      {progress.generation}")
     for label, key in (
