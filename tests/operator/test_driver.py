@@ -1,0 +1,212 @@
+"""The driver against the real in-process PS (LocalPS) and scripted workers: no network."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from streamtrain_operator import render
+from streamtrain_operator.driver import Driver
+from streamtrain_operator.export import read_donefile, verify_model
+from streamtrain_operator.progress import Phase
+from streamtrain_operator.spec import Job, parse_job
+from streamtrain_operator.state import MemoryStateStore
+from streamtrain_ps.local import LocalPS
+from streamtrain_worker.metrics import PassMetrics
+
+MANIFEST: dict[str, Any] = {
+    "apiVersion": "streamtrain.io/v1alpha1",
+    "kind": "StreamingTrainingJob",
+    "metadata": {"name": "d"},
+    "spec": {
+        "data": {
+            "path": "data",
+            "format": "criteo",
+            "startDay": "20261101",
+            "endDay": "20261101",
+            "splitIntervalMinutes": 720,
+            "pollSeconds": 5,
+            "missingDeadlineSeconds": 10,
+        },
+        "model": {"embeddingDim": 2},
+        "sparse": {"baseThreshold": 0, "deltaThreshold": 0},
+        "ps": {"logicalShards": 4},
+        "workers": {"replicas": 2, "passRetries": 1},
+        "checkpoint": {"path": "ckpt", "everyPasses": 1, "keep": 2},
+        "export": {"path": "export", "retries": 0},
+    },
+}
+
+
+def make_job(root: Path, keep: int = 2, **data: Any) -> Job:
+    m = copy.deepcopy(MANIFEST)
+    m["spec"]["data"].update(data)
+    m["spec"]["checkpoint"]["keep"] = keep
+    for section in ("data", "checkpoint", "export"):
+        path = m["spec"][section]["path"]
+        m["spec"][section]["path"] = str(root / path)
+    return parse_job(m)
+
+
+def write_folder(root: Path, day: str, hhmm: str, done: bool = True) -> None:
+    folder = root / "data" / day / hhmm
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(3):
+        (folder / f"part-{i:05d}").write_text("x" * (10 + i))
+    if done:
+        (folder / "_SUCCESS").touch()
+
+
+class FakeWorker:
+    """Trains by pushing one key per file to the PS; answers like a real worker."""
+
+    def __init__(self, ps: LocalPS, index: int, errors: list[str] | None = None) -> None:
+        self.ps = ps
+        self.name = f"worker-{index}"
+        self.index = index
+        self.errors = errors or []
+        self.calls: list[tuple[str, int, tuple[str, ...], int]] = []
+        self.stale = False
+
+    async def run_pass(
+        self, day: str, pass_index: int, files: Sequence[str], generation: int, train: bool
+    ) -> Any:
+        self.calls.append((day, pass_index, tuple(files), generation))
+        if self.errors:
+            raise ConnectionError(self.errors.pop(0))
+        keys = np.array([hash(f) % 1000 for f in files], dtype=np.uint64)
+        if train and keys.size:
+            grads = np.zeros((keys.size, 3), dtype=np.float32)
+            ones = np.ones(keys.size, dtype=np.float32)
+            self.ps.push_sparse("embedding", keys, grads, ones, ones * 0)
+        m = PassMetrics(num_buckets=100)
+        m.add(np.full(len(files), 0.3), np.arange(len(files)) % 2, np.full(len(files), 0.6))
+        m.seconds = 0.5
+        gen = generation - 1 if self.stale else generation
+        return m.to_proto(day, pass_index, gen)
+
+    async def export_dense(self, uri: str) -> list[str]:
+        Path(uri).mkdir(parents=True, exist_ok=True)
+        (Path(uri) / "dense.pt").write_bytes(b"scripted")
+        return [f"{uri}/dense.pt"]
+
+    async def reset(self) -> None:
+        return None
+
+
+async def _no_sleep(seconds: float) -> None:
+    return None
+
+
+def run(job: Job, workers: Sequence[FakeWorker], ps: LocalPS, store: MemoryStateStore) -> Any:
+    clock = iter(range(10_000))
+    driver = Driver(job.spec, ps, workers, store, clock=lambda: float(next(clock)), sleep=_no_sleep)
+    return asyncio.run(driver.run())
+
+
+def test_a_day_runs_assigns_every_file_once_and_publishes_everything(tmp_path: Path) -> None:
+    job = make_job(tmp_path, keep=1)
+    for hhmm in ("0000", "1200"):
+        write_folder(tmp_path, "20261101", hhmm)
+    ps = LocalPS(render.ps_config(job.spec))
+    workers = [FakeWorker(ps, 0), FakeWorker(ps, 1)]
+    progress = run(job, workers, ps, MemoryStateStore())
+    assert progress.phase == Phase.SUCCEEDED
+    for p, hhmm in ((1, "0000"), (2, "1200")):
+        shares = [c[2] for w in workers for c in w.calls if c[1] == p]
+        files = sorted(f for share in shares for f in share)
+        assert files == sorted(str(f) for f in (tmp_path / "data/20261101" / hhmm).glob("part-*"))
+    record = progress.history[0]
+    assert record.metrics["examples"] == 3.0  # merged over both workers' histograms
+    assert [d.key for d in read_donefile(str(tmp_path / "export"))] == [
+        "20261101/delta-1",
+        "20261101/delta-2",
+        "20261102/base",
+        "20261101/batch",
+    ]
+    manifest = verify_model(str(tmp_path / "export"), "20261101/delta-2")
+    assert manifest["data"]["format"] == "criteo" and manifest["table"] == "embedding"
+    # keep: 1 — the older checkpoint was pruned, the newest is the one recorded.
+    kept = sorted(p.parent.name for p in (tmp_path / "ckpt").glob("*/*/MANIFEST.json"))
+    assert kept == ["pass-2-g1"]
+    assert progress.checkpoint is not None
+    assert Path(progress.checkpoint.uri, "MANIFEST.json").exists()
+
+
+def test_stale_generation_results_are_refused_and_the_share_retried(tmp_path: Path) -> None:
+    job = make_job(tmp_path)
+    for hhmm in ("0000", "1200"):
+        write_folder(tmp_path, "20261101", hhmm)
+    ps = LocalPS(render.ps_config(job.spec))
+    stale = FakeWorker(ps, 1)
+    stale.stale = True
+    progress = run(job, [FakeWorker(ps, 0), stale], ps, MemoryStateStore())
+    assert progress.phase == Phase.FAILED
+    assert "worker 1 failed pass 20261101/1 after 2 attempts" in progress.message
+    assert "generation 0, expected 1" in progress.message
+    assert len(stale.calls) == 2
+
+
+def test_a_worker_error_is_retried_once_then_the_pass_completes(tmp_path: Path) -> None:
+    job = make_job(tmp_path)
+    for hhmm in ("0000", "1200"):
+        write_folder(tmp_path, "20261101", hhmm)
+    ps = LocalPS(render.ps_config(job.spec))
+    flaky = FakeWorker(ps, 1, errors=["socket closed"])
+    steady = FakeWorker(ps, 0)
+    progress = run(job, [steady, flaky], ps, MemoryStateStore())
+    assert progress.phase == Phase.SUCCEEDED
+    assert [c[1] for c in flaky.calls] == [1, 1, 2]
+    assert [c[1] for c in steady.calls] == [1, 2]
+    assert progress.history[0].attempts == 2
+
+
+def test_missing_donefile_past_the_deadline_fails_naming_the_folder(tmp_path: Path) -> None:
+    job = make_job(tmp_path, onMissing="fail")
+    write_folder(tmp_path, "20261101", "0000")
+    write_folder(tmp_path, "20261101", "1200", done=False)
+    ps = LocalPS(render.ps_config(job.spec))
+    progress = run(job, [FakeWorker(ps, 0), FakeWorker(ps, 1)], ps, MemoryStateStore())
+    assert progress.phase == Phase.FAILED
+    assert str(tmp_path / "data/20261101/1200") in progress.message
+
+
+def test_restart_reloads_the_checkpoint_and_replays_a_published_export(tmp_path: Path) -> None:
+    job = make_job(tmp_path)
+    for hhmm in ("0000", "1200"):
+        write_folder(tmp_path, "20261101", hhmm)
+    ps = LocalPS(render.ps_config(job.spec))
+    store = MemoryStateStore()
+    run(job, [FakeWorker(ps, 0), FakeWorker(ps, 1)], ps, store)
+    # The crash came while recording the delta of pass 2, after it was published.
+    crashed = next(
+        p for p in store.saved if p.current is not None and str(p.current) == "20261101/2/delta"
+    )
+    fresh_ps = LocalPS(render.ps_config(job.spec))
+    workers = [FakeWorker(fresh_ps, 0), FakeWorker(fresh_ps, 1)]
+    second = MemoryStateStore(crashed)
+    progress = run(job, workers, fresh_ps, second)
+    assert progress.phase == Phase.SUCCEEDED
+    assert progress.generation == 2
+    assert any(p.phase == Phase.RESTORING for p in second.saved)
+    assert progress.replayed_steps == 1  # train of pass 2, after the checkpoint of pass 1
+    assert [c[1] for c in workers[0].calls] == [2]  # pass 2 replayed once, nothing else
+    keys = [d.key for d in read_donefile(str(tmp_path / "export"))]
+    assert len(keys) == len(set(keys)) == 4  # the delta was not published twice
+    assert not (tmp_path / "ckpt" / "_scratch").exists() or not any(
+        (tmp_path / "ckpt" / "_scratch").iterdir()
+    )
+
+
+@pytest.mark.parametrize("replicas", [1, 3])
+def test_worker_count_must_match_the_spec(tmp_path: Path, replicas: int) -> None:
+    job = make_job(tmp_path)
+    ps = LocalPS(render.ps_config(job.spec))
+    with pytest.raises(ValueError, match=r"spec\.workers\.replicas=2"):
+        Driver(job.spec, ps, [FakeWorker(ps, i) for i in range(replicas)], MemoryStateStore())
