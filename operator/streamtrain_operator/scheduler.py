@@ -191,6 +191,25 @@ class Scheduler:
         """Stop before the next step (Ctrl-C, SIGTERM, ``suspend``); progress stays valid."""
         self._stop = (phase, message)
 
+    def restore(self, reason: str, now: float) -> None:
+        """The PS lost its state (a shard restarted): start over from the last checkpoint.
+
+        Whatever action is pending is abandoned (its outcome is unknown or was computed
+        against a PS that lost state); the next action bumps the generation, reloads the
+        checkpoint and replays the completed steps after it, exactly as after a scheduler
+        restart. The step in progress is then redone from scratch.
+        """
+        if self.progress.phase in Phase.TERMINAL:
+            return
+        self._pending = None
+        self._pass = None
+        self._sleep = None
+        self._queue = []
+        self._started = False
+        self.progress = self.progress.with_condition(
+            Condition("Restored", "True", "PSRestarted", reason, now)
+        )
+
     @property
     def generation(self) -> int:
         return self.progress.generation

@@ -388,3 +388,30 @@ def test_a_step_of_an_older_spec_still_has_its_place() -> None:
         StepKey("20261101", 1, StepKind.TRAIN),
         StepKey("20261101", 2, StepKind.TRAIN),
     ]
+
+
+def test_ps_loss_mid_pass_reloads_the_checkpoint_and_replays_then_redoes_the_pass() -> None:
+    world = World()
+    machine = fresh()
+    while True:  # run until pass 3 of day 1 is being trained
+        action = machine.next_action(world.now)
+        if isinstance(action, RunPass) and action.key == StepKey("20261101", 3, StepKind.TRAIN):
+            break
+        machine.handle(world.answer(action), world.now)
+    machine.restore("ps-0 exited with code -9", world.now)
+    cond = machine.progress.condition("Restored")
+    assert cond is not None and cond.message == "ps-0 exited with code -9"
+    assert world.run(machine).phase == Phase.SUCCEEDED
+    assert steps(world.log)[:4] == [
+        "load /ckpt/20261101/pass-2-g1",
+        "reset",
+        "train 20261101/3",
+        "delta /exp/20261101/delta-3",
+    ]
+    first_run = [a for a in world.log if isinstance(a, RunPass)]
+    assert first_run[0].generation == 2
+    assert [(r.day, r.pass_index) for r in machine.progress.history][:3] == [
+        ("20261101", 1),
+        ("20261101", 2),
+        ("20261101", 3),
+    ]
