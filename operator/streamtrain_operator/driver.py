@@ -92,12 +92,26 @@ def policy_from_spec(spec: JobSpec) -> Policy:
     )
 
 
+class Supervisor(Protocol):
+    """Restarts dead PS or worker processes (local mode: ``LocalCluster``)."""
+
+    #: How many PS shard restarts so far: each one lost that shard's model state.
+    ps_restarts: int
+    #: What the last PS restart was (for the condition's message).
+    last_ps_restart: str
+
+    async def heal(self) -> list[str]:
+        """Restart whatever died (same address); returns what was restarted."""
+        ...
+
+
 @dataclass(frozen=True)
 class Observer:
     """Hooks for progress output; every hook is optional."""
 
     on_action: Callable[[Action, Progress], None] | None = None
     on_progress: Callable[[Progress], None] | None = None
+    on_restart: Callable[[str], None] | None = None
 
 
 class Driver:
@@ -113,6 +127,7 @@ class Driver:
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         observer: Observer | None = None,
+        supervisor: Supervisor | None = None,
         retry_on: tuple[type[BaseException], ...] = (OSError, CheckpointError, PSUnavailableError),
     ) -> None:
         if len(workers) != spec.workers.replicas:
@@ -127,6 +142,7 @@ class Driver:
         self.clock = clock
         self.sleep = sleep
         self.observer = observer or Observer()
+        self.supervisor = supervisor
         self.retry = export.RetryPolicy(
             retries=spec.export.retries,
             backoff_seconds=spec.export.retryBackoffSeconds,
@@ -151,7 +167,19 @@ class Driver:
                 return self.machine.progress
             if self.observer.on_action is not None:
                 self.observer.on_action(action, self.machine.progress)
+            restarts = 0 if self.supervisor is None else self.supervisor.ps_restarts
             event = await self.execute(action)
+            if self.supervisor is not None:
+                healed = await self.supervisor.heal()
+                for what in healed:
+                    if self.observer.on_restart is not None:
+                        self.observer.on_restart(what)
+                if self.supervisor.ps_restarts != restarts:
+                    # A PS shard came back empty: the outcome of this action is void.
+                    reason = self.supervisor.last_ps_restart or "a PS shard restarted"
+                    self.machine.restore(reason, self.clock())
+                    self._save()
+                    continue
             self.machine.handle(event, self.clock())
             self._save()
 

@@ -5,15 +5,21 @@ first output line (``listening on HOST:PORT``); everything else it prints goes t
 ``<workdir>/logs/<name>.log``. Children are tied to this process three ways, so none
 outlives it: a normal exit stops them (SIGTERM, then SIGKILL after a grace period), a signal
 or an exception runs the same ``finally``, and on Linux each child has ``PR_SET_PDEATHSIG``
-so even a SIGKILLed ``streamtrain run`` takes its children with it.
+so even a SIGKILLed ``streamtrain run`` takes its children with it. The death signal is set
+by a two-line prelude in the child's own fresh interpreter, which then ``exec``s the real
+command (the setting survives ``execve``): no ``preexec_fn``, which is unsafe to run after
+``fork`` in a process with gRPC threads.
+
+A child that dies while the job runs is restarted on its old port (``heal``), so clients
+reconnect by address; a PS restart comes back empty, which the driver turns into a reload of
+the last checkpoint and a replay (``Scheduler.restore``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import ctypes.util
+import os
 import re
 import signal
 import subprocess
@@ -43,18 +49,26 @@ class LaunchError(RuntimeError):
     """A child process did not start (its log file is named in the message)."""
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    libc_name = ctypes.util.find_library("c")
-    if libc_name:
-        ctypes.CDLL(libc_name, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+#: Run by ``python -c`` in the child: die with the parent, then become the real command.
+_PRELUDE = (
+    "import ctypes, ctypes.util, os, sys\n"
+    "libc = ctypes.util.find_library('c')\n"
+    f"if libc: ctypes.CDLL(libc).prctl({PR_SET_PDEATHSIG}, {int(signal.SIGKILL)})\n"
+    "if os.getppid() != int(sys.argv[1]): sys.exit(1)  # the parent died before prctl\n"
+    "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])\n"
+)
 
 
 @dataclass
 class Child:
     name: str
+    role: str  # "ps" | "worker"
+    args: tuple[str, ...]  # after the interpreter; "--port 0" until the first start
     process: subprocess.Popen[str]
     log_path: Path
     address: str = ""
+    #: The port it listens on (kept across restarts: clients know the address).
+    port: str = "0"
     _drain: threading.Thread | None = field(default=None, repr=False)
 
 
@@ -73,6 +87,11 @@ class LocalCluster:
         self.python = python
         self.start_timeout = start_timeout
         self.children: list[Child] = []
+        #: Restarts so far; a PS restart means lost model state (the driver restores).
+        self.ps_restarts = 0
+        self.last_ps_restart = ""
+        self.worker_restarts = 0
+        self._healing = asyncio.Lock()
         self.ps_endpoints: list[str] = []
         self.worker_endpoints: list[str] = []
 
@@ -88,6 +107,7 @@ class LocalCluster:
         shards = [
             self._spawn(
                 f"ps-{i}",
+                "ps",
                 [
                     *("-m", "streamtrain_ps", "--port", "0", "--config", str(ps_json)),
                     *("--shard-index", str(i), "--num-shards", str(n)),
@@ -101,6 +121,7 @@ class LocalCluster:
         workers = [
             self._spawn(
                 f"worker-{i}",
+                "worker",
                 [
                     *("-m", "streamtrain_worker", "--port", "0", "--config", str(worker_json)),
                     *("--worker-index", str(i)),
@@ -110,21 +131,54 @@ class LocalCluster:
         ]
         self.worker_endpoints = [self._await_listening(c) for c in workers]
 
-    def _spawn(self, name: str, args: Sequence[str]) -> Child:
+    def _spawn(self, name: str, role: str, args: Sequence[str]) -> Child:
         log_path = self.workdir / "logs" / f"{name}.log"
         log_file = log_path.open("a")
+        command = [self.python, *args]
+        if sys.platform == "linux":
+            command = [self.python, "-c", _PRELUDE, str(os.getpid()), *args]
         process = subprocess.Popen(
-            [self.python, *args],
+            command,
             stdout=subprocess.PIPE,
             stderr=log_file,
             stdin=subprocess.DEVNULL,
             text=True,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,  # noqa: PLW1509
         )
         log_file.close()
-        child = Child(name, process, log_path)
+        child = Child(name, role, tuple(args), process, log_path)
         self.children.append(child)
         return child
+
+    async def heal(self) -> list[str]:
+        """Restart every child that exited, on its old port (clients reconnect by address).
+
+        Returns what was restarted. Spawning happens on the calling (event loop) thread:
+        ``PR_SET_PDEATHSIG`` ties a child to the thread that forked it.
+        """
+        async with self._healing:
+            healed = []
+            for old in [c for c in self.children if c.process.poll() is not None]:
+                args = list(old.args)
+                args[args.index("--port") + 1] = old.port
+                self.children.remove(old)
+                new = self._spawn(old.name, old.role, args)
+                new.port = old.port
+                try:
+                    await asyncio.to_thread(self._await_listening, new)
+                except LaunchError as exc:  # tried again at the next heal
+                    healed.append(f"{old.name} could not be restarted: {exc}")
+                    continue
+                what = (
+                    f"{old.name} exited with code {old.process.returncode}; "
+                    f"restarted on {new.address}"
+                )
+                if old.role == "ps":
+                    self.ps_restarts += 1
+                    self.last_ps_restart = what
+                else:
+                    self.worker_restarts += 1
+                healed.append(what)
+            return healed
 
     def _await_listening(self, child: Child) -> str:
         """Read the child's first lines until ``listening on``; then drain the rest to its log."""
@@ -152,6 +206,7 @@ class LocalCluster:
                 f"{child.name} did not start (exit code {code}); see {child.log_path}:\n{tail}"
             )
         child.address = found[0]
+        child.port = child.address.rsplit(":", 1)[1]
         return child.address
 
     def stop(self, grace: float = 5.0) -> None:
@@ -202,6 +257,14 @@ async def connect(
     return ps, workers
 
 
+async def _monitor(cluster: LocalCluster, printer: ProgressPrinter, every: float = 1.0) -> None:
+    """Restart dead children promptly, so clients retrying against them find them back."""
+    while True:
+        await asyncio.sleep(every)
+        for what in await cluster.heal():
+            printer.line(f"  {what}")
+
+
 async def run_job(job: Job, options: RunOptions) -> Progress:
     """Start the processes, run the scheduler to the end (or a signal), stop everything."""
     out = options.out
@@ -237,9 +300,18 @@ async def run_job(job: Job, options: RunOptions) -> Progress:
             ps,
             workers,
             store,
-            observer=Observer(on_action=printer.on_action, on_progress=printer.on_progress),
+            observer=Observer(
+                on_action=printer.on_action,
+                on_progress=printer.on_progress,
+                on_restart=lambda what: printer.line(f"  {what}"),
+            ),
+            supervisor=cluster,
         )
-        progress = await driver.run()
+        monitor = asyncio.create_task(_monitor(cluster, printer))
+        try:
+            progress = await driver.run()
+        finally:
+            monitor.cancel()
         printer.finish(progress)
         return progress
     except asyncio.CancelledError:

@@ -8,6 +8,7 @@ applied by the driver); the control calls get ``control_timeout``.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,28 +23,38 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 class GrpcWorker:
     """``WorkerClient`` over one worker's control endpoint (``host:port``)."""
 
-    def __init__(self, endpoint: str, name: str = "", control_timeout: float = 600.0) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        name: str = "",
+        control_timeout: float = 600.0,
+        connect_timeout: float = 60.0,
+    ) -> None:
         self.endpoint = endpoint
         self.name = name or endpoint
         self.control_timeout = control_timeout
+        self.connect_timeout = connect_timeout
         self._channel = grpc.aio.insecure_channel(
             endpoint,
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                # A restarted worker (same address) is found within ~1 s, not grpc's 120 s.
+                ("grpc.initial_reconnect_backoff_ms", 100),
+                ("grpc.min_reconnect_backoff_ms", 100),
+                ("grpc.max_reconnect_backoff_ms", 1000),
             ],
         )
         self._stub = worker_pb2_grpc.WorkerStub(self._channel)
 
     async def wait_ready(self, timeout: float) -> None:
         """Wait until the channel connects (raises ``TimeoutError``)."""
-        import asyncio
-
         await asyncio.wait_for(self._channel.channel_ready(), timeout)
 
     async def run_pass(
         self, day: str, pass_index: int, files: Sequence[str], generation: int, train: bool
     ) -> Any:
+        await self.wait_ready(self.connect_timeout)  # e.g. a worker that just restarted
         request = worker_pb2.RunPassRequest(
             day=day, pass_index=pass_index, files=list(files), generation=generation, train=train
         )

@@ -147,3 +147,70 @@ def test_sigkilled_run_resumes_without_repeating_a_pass(job_file: Callable[..., 
     keys = [d.key for d in read_donefile(str(root / "export"))]
     assert len(keys) == len(set(keys)) == 12
     assert after.shrunk_days == ("20261101", "20261102")
+
+
+@pytest.mark.timeout(300)
+def test_killed_worker_and_ps_are_restarted_and_the_job_completes_exactly_once(
+    job_file: Callable[..., Path],
+) -> None:
+    job = job_file(days=2, checkpoint={"path": "ckpt", "everyPasses": 2})
+    root = job.parent
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamtrain_operator.cli", "run", str(job)],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+
+        def passes_done(n: int) -> Callable[[], bool]:
+            def check() -> bool:
+                if proc.poll() is not None:
+                    return True  # reported below with the output
+                return (root / STATE).exists() and len(load_state(root).history) >= n
+
+            return check
+
+        _wait_for(passes_done(2), 180, "two passes")
+        worker, ps = (
+            _role_pids(proc.pid, "streamtrain_worker"),
+            _role_pids(proc.pid, "streamtrain_ps"),
+        )
+        os.kill(worker[1], signal.SIGKILL)
+        _wait_for(passes_done(5), 180, "five passes")
+        os.kill(_role_pids(proc.pid, "streamtrain_ps")[0], signal.SIGKILL)
+        output, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, output
+    assert ps, output
+    assert "worker-1 exited with code -9; restarted on" in output
+    assert "ps-0 exited with code -9; restarted on" in output
+    assert "resuming from checkpoint" in output
+    progress = load_state(root)
+    assert progress.phase == Phase.SUCCEEDED
+    # Every pass is recorded once; the PS loss cost a reload and a replay, not a repetition.
+    passes = [(r.day, r.pass_index) for r in progress.history]
+    assert passes == [(d, p) for d in ("20261101", "20261102") for p in (1, 2, 3, 4)]
+    assert progress.generation >= 2
+    restored = progress.condition("Restored")
+    assert restored is not None and "ps-0 exited" in restored.message
+    keys = [d.key for d in read_donefile(str(root / "export"))]
+    assert len(keys) == len(set(keys)) == 12
+    assert progress.shrunk_days == ("20261101", "20261102")
+
+
+def _role_pids(parent: int, module: str) -> list[int]:
+    """Children of ``parent`` running ``python -m module``, in start order."""
+    pids = []
+    for child in _children(parent):
+        try:
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+        except FileNotFoundError:
+            continue
+        if module.encode() in cmdline:
+            pids.append(child)
+    return pids
