@@ -271,7 +271,8 @@ async def run_job(job: Job, options: RunOptions) -> Progress:
     store = LocalStateFile(options.state_path)
     printer = ProgressPrinter(job, out)
     previous = store.load()
-    if previous is not None and previous.phase in Phase.TERMINAL:
+    finished = previous is not None and previous.phase == Phase.SUCCEEDED
+    if previous is not None and finished and printer.plan.next_step(previous.completed) is None:
         printer.line(f"{job.name}: already {previous.phase} ({previous.message})")
         return previous
     cluster = LocalCluster(job, options.workdir, start_timeout=options.start_timeout)

@@ -257,10 +257,15 @@ class Scheduler:
     # ------------------------------------------------------------------ deciding
 
     def _decide(self, now: float) -> Action:
+        if not self._started:
+            p = self.progress
+            if p.phase == Phase.SUCCEEDED and self.plan.next_step(p.completed) is None:
+                return Terminal(p.phase, p.message)
+            # A new run: a failed job is retried from its last checkpoint, a succeeded one
+            # continues when endDay was moved later.
+            self._start(now)
         if self.progress.phase in Phase.TERMINAL:
             return Terminal(self.progress.phase, self.progress.message)
-        if not self._started:
-            self._start()
         if self._queue:
             return self._queue[0]
         if self._stop is not None:
@@ -271,7 +276,7 @@ class Scheduler:
             return Sleep(self._sleep)
         return self._next_step_action(now)
 
-    def _start(self) -> None:
+    def _start(self, now: float) -> None:
         """Bump the generation; queue the checkpoint load and the replay of later steps."""
         self._started = True
         p = self.progress
@@ -296,7 +301,7 @@ class Scheduler:
             phase=Phase.RESTORING if queue else Phase.PENDING,
             message="",
             replayed_steps=p.replayed_steps + len(replay),
-        )
+        ).clear_condition("Failed", now, "Resumed")
 
     def _next_step_action(self, now: float) -> Action:
         key = self.plan.next_step(self.progress.completed)

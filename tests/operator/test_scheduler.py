@@ -415,3 +415,30 @@ def test_ps_loss_mid_pass_reloads_the_checkpoint_and_replays_then_redoes_the_pas
         ("20261101", 2),
         ("20261101", 3),
     ]
+
+
+def test_a_failed_job_run_again_resumes_from_its_checkpoint() -> None:
+    world = World(worker_errors={("20261101", 3, 0): ["boom"] * 3})
+    machine = fresh()
+    assert world.run(machine).phase == Phase.FAILED
+    again = World()
+    machine = restart(machine.progress)
+    assert again.run(machine).phase == Phase.SUCCEEDED
+    assert steps(again.log)[:3] == ["load /ckpt/20261101/pass-2-g1", "reset", "train 20261101/3"]
+    failed = machine.progress.condition("Failed")
+    assert failed is not None and (failed.status, failed.reason) == ("False", "Resumed")
+
+
+def test_a_succeeded_job_stays_done_unless_end_day_moves() -> None:
+    world = World()
+    machine = fresh()
+    world.run(machine)
+    done = machine.progress
+    end = restart(done).next_action(0.0)
+    assert isinstance(end, Terminal) and end.phase == Phase.SUCCEEDED
+    longer = PassPlan(**{**PLAN.__dict__, "end_day": "20261103"})
+    machine = Scheduler(longer, policy(), done)
+    later = World()
+    assert later.run(machine).phase == Phase.SUCCEEDED
+    trained = [a.key.day for a in later.log if isinstance(a, RunPass)]
+    assert trained == ["20261103"] * 3
