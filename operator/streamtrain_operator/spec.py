@@ -418,7 +418,9 @@ class WorkersSpec:
 class CheckpointSpec:
     """Checkpoints (save mode 0: all keys, all state, dense parameters)."""
 
-    path: str = _f(doc="Checkpoint root (fsspec URL); <path>/<day>/<pass>/.", minLength=1)
+    path: str = _f(
+        doc="Checkpoint root (fsspec URL): <path>/<day>/pass-<pass>-g<generation>/.", minLength=1
+    )
     everyPasses: int = _f(
         6,
         "Checkpoint after every N-th pass of a day (and always at day "
