@@ -10,6 +10,7 @@ the checkpoint before any shard swaps its content in.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -43,6 +44,17 @@ class LocalPS:
         if self._pool is None:
             return [fn(s) for s in self.shards]
         return list(self._pool.map(fn, self.shards))
+
+    def _settled(self, fn: Callable[[Shard], R]) -> list[R]:
+        """``_each`` that lets every shard finish before raising the first failure (so an
+        abort that follows finds every shard's staged state in place)."""
+        outcomes: list[tuple[R | None, BaseException | None]] = self._each(
+            lambda s: _outcome(fn, s)
+        )
+        for _, exc in outcomes:
+            if exc is not None:
+                raise exc
+        return [r for r, _ in outcomes]  # type: ignore[misc]
 
     def _route(self, keys: npt.NDArray[np.uint64]) -> list[npt.NDArray[np.int64]]:
         """Positions of ``keys`` per shard."""
@@ -122,10 +134,19 @@ class LocalPS:
     def save(
         self, uri: str, mode: api.SaveMode, meta: Mapping[str, Any] | None = None
     ) -> api.SaveResult:
-        """Every shard writes its parts (in parallel), then the manifest is published."""
+        """Every shard writes its parts (in parallel) and stages its side effects, the
+        manifest is published, then the effects are committed on every shard — or dropped on
+        every shard if any part or the manifest failed (two-phase, like ``RemotePS``)."""
         start = time.perf_counter()
-        results = self._each(lambda s: s.save(uri, mode))
-        checkpoint.publish(uri, results, meta, config=self.config)
+        save_id = uuid.uuid4().hex
+        try:
+            staged = self._settled(lambda s: s.stage_save(uri, mode, save_id=save_id))
+            results = [r for r, _ in staged]
+            checkpoint.publish(uri, results, meta, config=self.config)
+        except BaseException:
+            self._each(lambda s: s.finish_save(save_id, commit=False))
+            raise
+        self._each(lambda s: s.finish_save(save_id, commit=True))
         return api.SaveResult(
             uri=uri,
             mode=api.SaveMode(mode),
@@ -177,3 +198,10 @@ class LocalPS:
             return self.config.table(table).pull_dim
         except KeyError:
             raise UnknownTableError("table", table) from None
+
+
+def _outcome(fn: Callable[[Shard], R], shard: Shard) -> tuple[R | None, BaseException | None]:
+    try:
+        return fn(shard), None
+    except BaseException as exc:  # re-raised by LocalPS._settled once every shard finished
+        return None, exc

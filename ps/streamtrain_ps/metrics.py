@@ -184,6 +184,12 @@ class PSMetrics:
             registry=registry,
             buckets=IO_BUCKETS,
         )
+        self._duplicates = Counter(
+            "streamtrain_ps_duplicate_pushes_total",
+            "Retried pushes recognised by their request id and not applied again.",
+            ["method", "shard"],
+            registry=registry,
+        )
         if stats is not None:
             registry.register(ShardCollector(stats, self.shard))
 
@@ -195,6 +201,9 @@ class PSMetrics:
 
     def observe_save(self, mode: str, seconds: float) -> None:
         self._save.labels(mode=mode, shard=self.shard).observe(seconds)
+
+    def observe_duplicate(self, method: str) -> None:
+        self._duplicates.labels(method=method, shard=self.shard).inc()
 
     def observe_load(self, seconds: float) -> None:
         self._load.labels(shard=self.shard).observe(seconds)

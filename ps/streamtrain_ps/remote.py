@@ -10,12 +10,24 @@ fewer bytes), then routes and fans out the same way.
 
 Retries and the status -> exception mapping live in ``streamtrain_ps.rpc`` (re-exported
 here: ``RetryPolicy``, ``RetryHook``, ``error_from_rpc``), so local and remote PS raise alike.
+
+Exactly-once across failures: every push carries a request id (random client id, sequence
+number) so a retry of a push whose answer was lost is not applied again; saves are two-phase
+(servers stage their side effects, which are committed only after the manifest is
+published); loads are two-phase (every server verifies its parts into memory before any
+swaps them in).
 """
 
 from __future__ import annotations
 
+import itertools
+import logging
+import os
+import threading
 import time
-from collections.abc import Mapping, Sequence
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -30,6 +42,8 @@ from streamtrain_ps.rpc import FanOut, RetryHook, RetryPolicy, error_from_rpc
 from streamtrain_ps.tls import TLSFiles
 
 __all__ = ["RemotePS", "RetryHook", "RetryPolicy", "error_from_rpc", "save_result"]
+
+log = logging.getLogger(__name__)
 
 #: Headroom below maxMessageBytes for the non-payload fields of a message.
 _MESSAGE_OVERHEAD = 4096
@@ -63,6 +77,11 @@ class RemotePS:
             tls=tls,
         )
         self._call_all = self._fanout.call_all
+        # Request ids of pushes (see the module docstring).
+        self._client_id = os.urandom(16)
+        self._seq = itertools.count(1)
+        self._inflight: set[int] = set()
+        self._ids_lock = threading.Lock()
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -159,7 +178,10 @@ class RemotePS:
                         ),
                     )
                 )
-        self._call_all("PushSparse", calls)
+        with self._request_ids(len(calls)) as ids:
+            for (_, request), rid in zip(calls, ids, strict=True):
+                request.id.CopyFrom(rid)
+            self._call_all("PushSparse", calls)
 
     # -- dense ----------------------------------------------------------------------------
 
@@ -177,7 +199,9 @@ class RemotePS:
     def push_dense(self, name: str, grads: npt.NDArray[np.float32]) -> None:
         g = _require(grads, "grads", np.float32, None)
         req = ps_pb2.PushDenseRequest(name=name, grads=wire.encode_floats(g, "grads"))
-        self._call_all("PushDense", [(self._dense_server(name), req)])
+        with self._request_ids(1) as (rid,):
+            req.id.CopyFrom(rid)
+            self._call_all("PushDense", [(self._dense_server(name), req)])
 
     # -- control plane --------------------------------------------------------------------
 
@@ -189,17 +213,32 @@ class RemotePS:
         table: str | None = None,
     ) -> api.SaveResult:
         """Save on every server in parallel, then publish the manifest (all or nothing).
-        ``meta`` (e.g. day and pass) is recorded in the manifest next to the server count."""
+        ``meta`` (e.g. day and pass) is recorded in the manifest next to the server count.
+
+        Two-phase: servers write their parts and *stage* the side effects (delta_score,
+        tombstones, unseen_days); after the manifest is published every server commits
+        them; if any server or the publish failed, every server drops them, so a retried
+        delta contains every changed key. A commit that fails after publishing is logged,
+        not raised: the manifest is complete, and the server that missed the commit only
+        puts a superset of keys into its next delta.
+        """
         start = time.perf_counter()
         mode = api.SaveMode(mode)
-        req = ps_pb2.SaveRequest(uri=uri, mode=int(mode), table=table or "")
-        responses = self._call_all(
-            "Save", [(i, req) for i in range(self.num_servers)], control=True
+        save_id = uuid.uuid4().hex
+        req = ps_pb2.SaveRequest(
+            uri=uri, mode=int(mode), table=table or "", stage=True, save_id=save_id
         )
-        results = [save_result(uri, mode, r) for r in responses]
-        checkpoint.publish(
-            uri, results, {**self._manifest_meta(mode), **(meta or {})}, config=self._config
-        )
+        everyone = range(self.num_servers)
+        try:
+            responses = self._call_all("Save", [(i, req) for i in everyone], control=True)
+            results = [save_result(uri, mode, r) for r in responses]
+            checkpoint.publish(
+                uri, results, {**self._manifest_meta(mode), **(meta or {})}, config=self._config
+            )
+        except BaseException:
+            self._finish_save(uri, save_id, commit=False)
+            raise
+        self._finish_save(uri, save_id, commit=True)
         return api.SaveResult(
             uri=uri,
             mode=mode,
@@ -209,12 +248,38 @@ class RemotePS:
             seconds=time.perf_counter() - start,
         )
 
+    def _finish_save(self, uri: str, save_id: str, commit: bool) -> None:
+        """Commit or abort a staged save on every server; failures are logged (see
+        ``save``: neither a lost commit nor a lost abort can make a published save wrong)."""
+        req = ps_pb2.FinishSaveRequest(uri=uri, save_id=save_id, commit=commit)
+        try:
+            self._call_all("FinishSave", [(i, req) for i in range(self.num_servers)])
+        except PSError as exc:
+            what = "commit" if commit else "abort"
+            log.warning("%s of staged save %s of %s failed: %s", what, save_id, uri, exc)
+
     def load(self, uri: str) -> int:
-        req = ps_pb2.LoadRequest(uri=uri)
-        responses = self._call_all(
-            "Load", [(i, req) for i in range(self.num_servers)], control=True
-        )
-        return sum(int(r.keys_loaded) for r in responses)
+        """Load a published save on every server, all or nothing across servers: every
+        server first reads and verifies its parts into memory (PREPARE); only if all
+        succeeded do they swap in (COMMIT), otherwise all drop them (ABORT) and the
+        ``CheckpointError`` (or ``PSUnavailableError``) is raised with every server still
+        serving its previous state."""
+        everyone = range(self.num_servers)
+
+        def phase(p: int) -> list[Any]:
+            req = ps_pb2.LoadRequest(uri=uri, phase=p)  # type: ignore[arg-type]
+            return self._call_all("Load", [(i, req) for i in everyone], control=True)
+
+        try:
+            prepared = phase(ps_pb2.LOAD_PREPARE)
+        except BaseException:
+            try:
+                phase(ps_pb2.LOAD_ABORT)
+            except PSError as exc:  # a newer prepare or a restart drops it anyway
+                log.warning("abort of prepared load %s failed: %s", uri, exc)
+            raise
+        phase(ps_pb2.LOAD_COMMIT)
+        return sum(int(r.keys_loaded) for r in prepared)
 
     def shrink(self, table: str | None = None) -> api.ShrinkResult:
         req = ps_pb2.ShrinkRequest(table=table or "")
@@ -244,6 +309,22 @@ class RemotePS:
         )
 
     # -- plumbing -------------------------------------------------------------------------
+
+    @contextmanager
+    def _request_ids(self, n: int) -> Iterator[list[ps_pb2.RequestId]]:
+        """``n`` fresh request ids, in flight until the block exits; ``acked_below`` tells
+        the server which older ids it may forget (none of them will be sent again)."""
+        with self._ids_lock:
+            seqs = [next(self._seq) for _ in range(n)]
+            self._inflight.update(seqs)
+            floor = min(self._inflight, default=0)
+        try:
+            yield [
+                ps_pb2.RequestId(client_id=self._client_id, seq=s, acked_below=floor) for s in seqs
+            ]
+        finally:
+            with self._ids_lock:
+                self._inflight.difference_update(seqs)
 
     def _table(self, name: str) -> TableConfig:
         try:

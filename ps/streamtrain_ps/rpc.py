@@ -7,8 +7,9 @@ Retries, in two layers:
   blips such as a reconnect, transparently inside the channel;
 - ``FanOut.call_all`` retries ``UNAVAILABLE`` — and ``DEADLINE_EXCEEDED`` for idempotent
   methods only — with exponential backoff, bounded by attempts and total time
-  (``RetryPolicy``), then raises ``PSUnavailableError``. A push or a shrink that timed out
-  may have been applied, so it is never retried on ``DEADLINE_EXCEEDED``.
+  (``RetryPolicy``), then raises ``PSUnavailableError``. A shrink that timed out may have
+  been applied, so it is never retried on ``DEADLINE_EXCEEDED``; pushes are, because each
+  carries a request id the server deduplicates (a repeat is acknowledged, not re-applied).
 
 ``error_from_rpc`` is the inverse of ``servicer.status_of``: the servicer sends the field and
 table names as trailing metadata, so local and remote PS raise the same classes.
@@ -46,7 +47,21 @@ log = logging.getLogger(__name__)
 #: Called before each explicit retry: (method, endpoint, attempt, code).
 RetryHook = Callable[[str, str, int, grpc.StatusCode], None]
 
-_IDEMPOTENT = frozenset({"PullSparse", "PullDense", "InitDense", "Stats", "Save", "Load"})
+#: Safe to resend after DEADLINE_EXCEEDED. Pushes are, because ``RemotePS`` tags each with a
+#: request id the server deduplicates (``streamtrain_ps.idempotency``); Shrink is not.
+_IDEMPOTENT = frozenset(
+    {
+        "PullSparse",
+        "PullDense",
+        "InitDense",
+        "Stats",
+        "Save",
+        "FinishSave",
+        "Load",
+        "PushSparse",
+        "PushDense",
+    }
+)
 
 
 @dataclass(frozen=True)

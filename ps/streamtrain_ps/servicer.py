@@ -38,6 +38,7 @@ from streamtrain_ps.errors import (
     RequestTooLargeError,
     UnknownTableError,
 )
+from streamtrain_ps.idempotency import RecentRequests
 from streamtrain_ps.metrics import PSMetrics
 from streamtrain_ps.proto import ps_pb2, ps_pb2_grpc
 
@@ -88,7 +89,21 @@ class ShardLike(Protocol):
 
     def save(self, uri: str, mode: api.SaveMode, table: str | None = None) -> api.SaveResult: ...
 
+    def stage_save(
+        self,
+        uri: str,
+        mode: api.SaveMode,
+        table: str | None = None,
+        save_id: str | None = None,
+    ) -> tuple[api.SaveResult, str]: ...
+
+    def finish_save(self, save_id: str, commit: bool) -> bool: ...
+
     def load(self, uri: str) -> int: ...
+
+    def prepare_load(self, uri: str) -> int: ...
+
+    def finish_load(self, uri: str, commit: bool) -> int: ...
 
     def shrink(self, table: str | None = None) -> api.ShrinkResult: ...
 
@@ -117,10 +132,27 @@ def status_of(exc: BaseException) -> tuple[grpc.StatusCode, Metadata]:
 class PSServicer(ps_pb2_grpc.ParameterServerServicer):
     """Thin adapter from ``ps.proto`` to one ``Shard``; thread-safe because the shard is."""
 
-    def __init__(self, shard: ShardLike, config: PSConfig, metrics: PSMetrics) -> None:
+    def __init__(
+        self,
+        shard: ShardLike,
+        config: PSConfig,
+        metrics: PSMetrics,
+        recent: RecentRequests | None = None,
+    ) -> None:
         self._shard = shard
         self._config = config
         self._metrics = metrics
+        #: Applied push ids, so a retried push whose answer was lost is not applied twice.
+        self.recent = recent if recent is not None else RecentRequests()
+
+    def _once(self, method: str, rid: ps_pb2.RequestId, apply: Callable[[], R]) -> tuple[R, bool]:
+        """Run a push at most once per request id (no id: always)."""
+        if not rid.client_id:
+            return apply(), False
+        result, duplicate = self.recent.run(rid.client_id, rid.seq, rid.acked_below, apply)
+        if duplicate:
+            self._metrics.observe_duplicate(method)
+        return result, duplicate
 
     # -- sparse ---------------------------------------------------------------------------
 
@@ -151,10 +183,14 @@ class PSServicer(ps_pb2_grpc.ParameterServerServicer):
                 push_dim=table.push_dim,
                 max_keys=self._config.maxKeysPerRequest,
             )
-            updated = self._shard.push_sparse(
-                table.name, batch.keys, batch.grads, batch.shows, batch.clicks, batch.slots
+            updated, duplicate = self._once(
+                "PushSparse",
+                request.id,
+                lambda: self._shard.push_sparse(
+                    table.name, batch.keys, batch.grads, batch.shows, batch.clicks, batch.slots
+                ),
             )
-            return ps_pb2.PushSparseResponse(keys_updated=updated)
+            return ps_pb2.PushSparseResponse(keys_updated=updated, duplicate=duplicate)
 
         return self._serve("PushSparse", context, run)
 
@@ -191,7 +227,10 @@ class PSServicer(ps_pb2_grpc.ParameterServerServicer):
         def run() -> ps_pb2.PushDenseResponse:
             name = _dense_name(request.name)
             grads = wire.decode_floats(request.grads, "grads")
-            return ps_pb2.PushDenseResponse(version=self._shard.push_dense(name, grads))
+            version, duplicate = self._once(
+                "PushDense", request.id, lambda: self._shard.push_dense(name, grads)
+            )
+            return ps_pb2.PushDenseResponse(version=version, duplicate=duplicate)
 
         return self._serve("PushDense", context, run)
 
@@ -210,11 +249,29 @@ class PSServicer(ps_pb2_grpc.ParameterServerServicer):
                     f"must be 0 (checkpoint), 1 (delta), 2 (base) or 3 (batch), got {request.mode}",
                 ) from None
             table = self._table(request.table).name if request.table else None
-            result = self._shard.save(uri, mode, table)
+            save_id = ""
+            if request.stage:
+                result, save_id = self._shard.stage_save(uri, mode, table, request.save_id or None)
+            else:
+                result = self._shard.save(uri, mode, table)
             self._metrics.observe_save(mode.name.lower(), result.seconds)
-            return save_response(result)
+            response = save_response(result)
+            response.save_id = save_id
+            return response
 
         return self._serve("Save", context, run)
+
+    def FinishSave(  # noqa: N802 - named by ps.proto
+        self, request: ps_pb2.FinishSaveRequest, context: grpc.ServicerContext
+    ) -> ps_pb2.FinishSaveResponse:
+        def run() -> ps_pb2.FinishSaveResponse:
+            _uri(request.uri)
+            if not request.save_id:
+                raise InvalidRequestError("save_id", "must name a staged save")
+            applied = self._shard.finish_save(request.save_id, request.commit)
+            return ps_pb2.FinishSaveResponse(applied=applied)
+
+        return self._serve("FinishSave", context, run)
 
     def Load(  # noqa: N802 - named by ps.proto
         self, request: ps_pb2.LoadRequest, context: grpc.ServicerContext
@@ -222,9 +279,18 @@ class PSServicer(ps_pb2_grpc.ParameterServerServicer):
         def run() -> ps_pb2.LoadResponse:
             uri = _uri(request.uri)
             start = time.perf_counter()
-            keys = self._shard.load(uri)
+            phase = request.phase
+            if phase == ps_pb2.LOAD_ONE_SHOT:
+                keys = self._shard.load(uri)
+            elif phase == ps_pb2.LOAD_PREPARE:
+                keys = self._shard.prepare_load(uri)
+            elif phase in (ps_pb2.LOAD_COMMIT, ps_pb2.LOAD_ABORT):
+                keys = self._shard.finish_load(uri, commit=phase == ps_pb2.LOAD_COMMIT)
+            else:
+                raise InvalidRequestError("phase", f"unknown load phase {phase}")
             seconds = time.perf_counter() - start
-            self._metrics.observe_load(seconds)
+            if phase != ps_pb2.LOAD_ABORT:
+                self._metrics.observe_load(seconds)
             return ps_pb2.LoadResponse(keys_loaded=keys, seconds=seconds)
 
         return self._serve("Load", context, run)

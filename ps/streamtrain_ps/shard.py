@@ -9,7 +9,9 @@ shrinks see of each other.
 
 from __future__ import annotations
 
+import functools
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -31,6 +33,7 @@ from streamtrain_ps.errors import (
     UnknownTableError,
 )
 from streamtrain_ps.kernels import BAD_CLICK, BAD_GRAD, BAD_SHOW, NOT_OWNED, OVERFLOW
+from streamtrain_ps.staging import Pending, SaveEffects, TableEffects
 from streamtrain_ps.table import Merged, SparseTable, TableContent, release_scratch_memory
 
 
@@ -89,6 +92,11 @@ class Shard:
         self._dense = DenseStore(config.dense.optimizer)
         self._last_save = 0.0
         self._last_load = 0.0
+        #: Staged saves and prepared loads (two-phase, see ``streamtrain_ps.staging``).
+        self._saves: Pending[SaveEffects] = Pending("staged save")
+        self._loads: Pending[PreparedLoad] = Pending("prepared load")
+        #: Orders a commit's apply against a shrink's ``forget`` (taken before table locks).
+        self._effects_lock = threading.Lock()
 
     # -- sparse -----------------------------------------------------------------------------
 
@@ -187,19 +195,64 @@ class Shard:
     def shrink(self, table: str | None = None) -> api.ShrinkResult:
         """Decay show/click and delete stale keys of one table (or all)."""
         before = deleted = 0
-        for t in self._selected(table):
-            b, d = t.shrink()
-            before += b
-            deleted += d
+        with self._effects_lock:
+            for t in self._selected(table):
+                b, gone = t.shrink_keys()
+                before += b
+                deleted += int(gone.size)
+                self._saves.update(functools.partial(_forget, table=t, gone=gone))
         return api.ShrinkResult(keys_before=before, deleted=deleted, keys_after=before - deleted)
 
     def save(self, uri: str, mode: api.SaveMode | int, table: str | None = None) -> api.SaveResult:
-        """Write this shard's parts of a save (no manifest: the caller publishes it).
+        """Write this shard's parts of a save (no manifest: the caller publishes it) and apply
+        its side effects at once.
 
         Modes 1 and 2 reset the saved keys' delta_score, mode 3 ages unseen_days, and 1/2
         clear tombstones — only after every part was written, so a failed save changes
-        nothing. Dense vectors are written by mode 0 saves of all tables.
+        nothing. Dense vectors are written by mode 0 saves of all tables. With several
+        shards use ``stage_save`` + ``finish_save`` instead: a failure on *another* shard
+        must not leave this one's effects applied.
         """
+        return self._save(uri, mode, table, stage=False)[0]
+
+    def stage_save(
+        self,
+        uri: str,
+        mode: api.SaveMode | int,
+        table: str | None = None,
+        save_id: str | None = None,
+    ) -> tuple[api.SaveResult, str]:
+        """``save`` whose side effects stay pending until ``finish_save(id, commit=True)``
+        (after the manifest is published). Returns the result and the save id (``save_id``
+        if given — the caller's, so it can abort everywhere — else the data directory). A
+        newer staged save replaces an older pending one (whose effects are dropped)."""
+        return self._save(uri, mode, table, stage=True, save_id=save_id)
+
+    def finish_save(self, save_id: str, commit: bool) -> bool:
+        """Apply (``commit``) or drop a staged save's side effects. Returns whether the
+        effects are applied (now or by an earlier call: a retried commit is a no-op).
+        Committing an id that is not pending and was not committed is ``CheckpointError``."""
+        if not isinstance(save_id, str) or not save_id:
+            raise InvalidRequestError("save_id", "must name a staged save")
+        tables = list(self._tables.values())
+        with self._effects_lock, ExitStack() as stack:
+            for t in tables:
+                stack.enter_context(t.lock.maintenance)
+            effects = self._saves.take(save_id, commit)
+            if effects is None or not commit:
+                return commit
+            for e in effects.tables:
+                e.apply_locked()
+        return True
+
+    def _save(
+        self,
+        uri: str,
+        mode: api.SaveMode | int,
+        table: str | None,
+        stage: bool,
+        save_id: str | None = None,
+    ) -> tuple[api.SaveResult, str]:
         mode = _mode(mode)
         if not isinstance(uri, str) or not uri:
             raise InvalidRequestError("uri", "must be a non-empty fsspec URL")
@@ -213,39 +266,38 @@ class Shard:
                 files, effects, saved, tombs = self._write_tables(writer, tables, mode)
                 if mode == api.SaveMode.CHECKPOINT and table is None:
                     files += self._write_dense(writer)
-                for t, rows, deltas in effects:
-                    if mode in (api.SaveMode.DELTA, api.SaveMode.BASE):
-                        t.after_save(rows, deltas, unseen_inc=False)
-                    elif mode == api.SaveMode.BATCH:
-                        t.after_save(rows, deltas, unseen_inc=True)
-                if mode in (api.SaveMode.DELTA, api.SaveMode.BASE):
-                    for t in tables:
-                        t.clear_tombstones()
+                staged = SaveEffects(save_id or writer.data_dir, uri, tuple(effects))
+                if stage:
+                    self._saves.put(staged.save_id, staged)
+                else:
+                    for e in staged.tables:
+                        e.apply_locked()
         except PSError:
             raise
         except Exception as exc:  # storage errors of any fsspec backend
             raise CheckpointError(f"save to {uri} failed: {type(exc).__name__}: {exc}") from exc
         seconds = time.perf_counter() - start
         self._last_save = seconds
-        return api.SaveResult(uri, mode, tuple(files), saved, tombs, seconds)
+        return api.SaveResult(uri, mode, tuple(files), saved, tombs, seconds), staged.save_id
 
     def _write_tables(
         self, writer: checkpoint.PartWriter, tables: list[SparseTable], mode: api.SaveMode
-    ) -> tuple[
-        list[api.SavedFile],
-        list[tuple[SparseTable, npt.NDArray[np.int64], npt.NDArray[np.float32]]],
-        int,
-        int,
-    ]:
+    ) -> tuple[list[api.SavedFile], list[TableEffects], int, int]:
         L = self.config.logicalShards
         files: list[api.SavedFile] = []
-        effects = []
+        effects: list[TableEffects] = []
         saved = tomb_total = 0
+        with_effects = mode != api.SaveMode.CHECKPOINT
         for t in tables:
             rows, offsets = t.rows_by_logical_shard(L)
             with_tombs = mode in (api.SaveMode.CHECKPOINT, api.SaveMode.DELTA)
-            pending = t.tombstones() if with_tombs else np.empty(0, dtype=np.uint64)
+            pending, mark = t.tombstones_marked()
+            if not with_tombs:
+                pending = np.empty(0, dtype=np.uint64)
             pending_ls = sharding.logical_shard(pending, L)
+            clears = mode in (api.SaveMode.DELTA, api.SaveMode.BASE)
+            parts: list[tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64], npt.NDArray[Any]]]
+            parts = []
             lay = t.layout
             for logical in self.owned:
                 part_rows = rows[offsets[logical] : offsets[logical + 1]]
@@ -276,9 +328,12 @@ class Shard:
                 )
                 path = checkpoint.sparse_path(writer.data_dir, t.name, logical)
                 files.append(writer.write(path, data, rows=int(keys.size)))
-                effects.append((t, part_rows, full[:, DELTA].copy()))
+                if with_effects:
+                    parts.append((keys, part_rows, full[:, DELTA].copy()))
                 saved += int(keys.size)
                 tomb_total += int(tomb.size)
+            if with_effects:
+                effects.append(_table_effects(t, parts, mode, mark if clears else -1))
         return files, effects, saved, tomb_total
 
     def _write_dense(self, writer: checkpoint.PartWriter) -> list[api.SavedFile]:
@@ -332,12 +387,34 @@ class Shard:
         keys_total = sum(int(v[0].size) for v in payload.tables.values())
         return PreparedLoad(tables, payload.dense, keys_total)
 
+    def prepare_load(self, uri: str) -> int:
+        """First phase of a multi-server load: ``read_save`` and keep the result pending
+        (one per shard; a newer prepare replaces an older one). Returns keys prepared."""
+        prepared = self.read_save(uri)
+        self._loads.put(uri, prepared)
+        return prepared.keys
+
+    def finish_load(self, uri: str, commit: bool) -> int:
+        """Second phase: swap the load prepared from ``uri`` in (``commit``) or drop it.
+        Returns the keys installed (0 for an abort or a repeated commit)."""
+        if not isinstance(uri, str) or not uri:
+            raise InvalidRequestError("uri", "must be a non-empty fsspec URL")
+        prepared = self._loads.take(uri, commit)
+        if prepared is None or not commit:
+            return 0
+        start = time.perf_counter()
+        keys = self.install(prepared)
+        self._last_load = time.perf_counter() - start
+        return keys
+
     def install(self, prepared: PreparedLoad) -> int:
-        """Second half of ``load``: swap a prepared load in; returns keys installed."""
+        """Second half of ``load``: swap a prepared load in; returns keys installed.
+        A staged save is dropped: its rows and tombstones belong to the replaced content."""
         tables = list(self._tables.values())
         with ExitStack() as stack:
             for t in tables:
                 stack.enter_context(t.lock.maintenance)
+            self._saves.clear("a load replaced the shard's content")
             for t in tables:
                 t.install(prepared.tables[t.name])
             if prepared.dense is not None:
@@ -400,6 +477,33 @@ class Shard:
                 f"keys: {k.size} keys exceed maxKeysPerRequest {self.config.maxKeysPerRequest}"
             )
         return k
+
+
+def _table_effects(
+    t: SparseTable,
+    parts: list[tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64], npt.NDArray[Any]]],
+    mode: api.SaveMode,
+    tombstone_mark: int,
+) -> TableEffects:
+    def cat(i: int, dtype: type[np.generic]) -> npt.NDArray[Any]:
+        return np.concatenate([p[i] for p in parts]) if parts else np.empty(0, dtype=dtype)
+
+    return TableEffects(
+        table=t,
+        keys=cat(0, np.uint64),
+        rows=cat(1, np.int64),
+        saved_delta=cat(2, np.float32),
+        unseen_inc=mode == api.SaveMode.BATCH,
+        tombstone_mark=tombstone_mark,
+    )
+
+
+def _forget(
+    effects: SaveEffects, *, table: SparseTable, gone: npt.NDArray[np.uint64]
+) -> SaveEffects:
+    """``effects`` without the keys a shrink of ``t`` deleted (their rows get reused)."""
+    tables = tuple(e.forget(gone) if e.table is table else e for e in effects.tables)
+    return SaveEffects(effects.save_id, effects.uri, tables)
 
 
 def _array(

@@ -275,6 +275,12 @@ class SparseTable:
 
     def shrink(self) -> tuple[int, int]:
         """Decay and delete (§4); deleted keys become tombstones. Returns (before, deleted)."""
+        before, deleted = self.shrink_keys()
+        return before, int(deleted.size)
+
+    def shrink_keys(self) -> tuple[int, npt.NDArray[np.uint64]]:
+        """``shrink`` returning the deleted keys (a staged save must forget them: their rows
+        are reused by later creations)."""
         with self.lock.maintenance, self.lock.exclusive():
             a = self._arrays
             before = int(self._meta[ix.COUNT])
@@ -284,9 +290,10 @@ class SparseTable:
                     a.slots, a.keys, self._meta, a.slab, self._ap, self.layout.xflag, deleted
                 )
             )
+            gone = deleted[:nd].copy()
             if nd:
-                self._tombstones.append(deleted[:nd].copy())
-        return before, nd
+                self._tombstones.append(gone)
+        return before, gone
 
     def rows_by_logical_shard(
         self, logical_shards: int
@@ -319,12 +326,20 @@ class SparseTable:
 
     def tombstones(self) -> npt.NDArray[np.uint64]:
         """Keys deleted since tombstones were last cleared (unique, sorted)."""
-        if not self._tombstones:
-            return np.empty(0, dtype=np.uint64)
-        return np.unique(np.concatenate(self._tombstones))
+        return self.tombstones_marked()[0]
 
-    def clear_tombstones(self) -> None:
-        self._tombstones = []
+    def tombstones_marked(self) -> tuple[npt.NDArray[np.uint64], int]:
+        """The pending tombstones and a mark for ``clear_tombstones(upto=mark)``: shrinks only
+        append batches, so clearing the first ``mark`` batches removes exactly these."""
+        batches = list(self._tombstones)
+        if not batches:
+            return np.empty(0, dtype=np.uint64), 0
+        return np.unique(np.concatenate(batches)), len(batches)
+
+    def clear_tombstones(self, upto: int | None = None) -> None:
+        """Drop every pending tombstone, or only the first ``upto`` batches (a staged save
+        that read them; batches appended by a later shrink stay pending)."""
+        self._tombstones = [] if upto is None else self._tombstones[upto:]
 
     def build(
         self,

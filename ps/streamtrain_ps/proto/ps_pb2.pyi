@@ -1,10 +1,22 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class LoadPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LOAD_ONE_SHOT: _ClassVar[LoadPhase]
+    LOAD_PREPARE: _ClassVar[LoadPhase]
+    LOAD_COMMIT: _ClassVar[LoadPhase]
+    LOAD_ABORT: _ClassVar[LoadPhase]
+LOAD_ONE_SHOT: LoadPhase
+LOAD_PREPARE: LoadPhase
+LOAD_COMMIT: LoadPhase
+LOAD_ABORT: LoadPhase
 
 class PullSparseRequest(_message.Message):
     __slots__ = ("table", "keys")
@@ -23,7 +35,7 @@ class PullSparseResponse(_message.Message):
     def __init__(self, values: _Optional[bytes] = ..., dim: _Optional[int] = ...) -> None: ...
 
 class PushSparseRequest(_message.Message):
-    __slots__ = ("table", "keys", "grads", "dim", "shows", "clicks", "slots")
+    __slots__ = ("table", "keys", "grads", "dim", "shows", "clicks", "slots", "id")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     GRADS_FIELD_NUMBER: _ClassVar[int]
@@ -31,6 +43,7 @@ class PushSparseRequest(_message.Message):
     SHOWS_FIELD_NUMBER: _ClassVar[int]
     CLICKS_FIELD_NUMBER: _ClassVar[int]
     SLOTS_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
     table: str
     keys: bytes
     grads: bytes
@@ -38,13 +51,26 @@ class PushSparseRequest(_message.Message):
     shows: bytes
     clicks: bytes
     slots: bytes
-    def __init__(self, table: _Optional[str] = ..., keys: _Optional[bytes] = ..., grads: _Optional[bytes] = ..., dim: _Optional[int] = ..., shows: _Optional[bytes] = ..., clicks: _Optional[bytes] = ..., slots: _Optional[bytes] = ...) -> None: ...
+    id: RequestId
+    def __init__(self, table: _Optional[str] = ..., keys: _Optional[bytes] = ..., grads: _Optional[bytes] = ..., dim: _Optional[int] = ..., shows: _Optional[bytes] = ..., clicks: _Optional[bytes] = ..., slots: _Optional[bytes] = ..., id: _Optional[_Union[RequestId, _Mapping]] = ...) -> None: ...
+
+class RequestId(_message.Message):
+    __slots__ = ("client_id", "seq", "acked_below")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    ACKED_BELOW_FIELD_NUMBER: _ClassVar[int]
+    client_id: bytes
+    seq: int
+    acked_below: int
+    def __init__(self, client_id: _Optional[bytes] = ..., seq: _Optional[int] = ..., acked_below: _Optional[int] = ...) -> None: ...
 
 class PushSparseResponse(_message.Message):
-    __slots__ = ("keys_updated",)
+    __slots__ = ("keys_updated", "duplicate")
     KEYS_UPDATED_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     keys_updated: int
-    def __init__(self, keys_updated: _Optional[int] = ...) -> None: ...
+    duplicate: bool
+    def __init__(self, keys_updated: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
 class InitDenseRequest(_message.Message):
     __slots__ = ("name", "values")
@@ -71,28 +97,36 @@ class DenseValues(_message.Message):
     def __init__(self, name: _Optional[str] = ..., values: _Optional[bytes] = ..., version: _Optional[int] = ...) -> None: ...
 
 class PushDenseRequest(_message.Message):
-    __slots__ = ("name", "grads")
+    __slots__ = ("name", "grads", "id")
     NAME_FIELD_NUMBER: _ClassVar[int]
     GRADS_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
     name: str
     grads: bytes
-    def __init__(self, name: _Optional[str] = ..., grads: _Optional[bytes] = ...) -> None: ...
+    id: RequestId
+    def __init__(self, name: _Optional[str] = ..., grads: _Optional[bytes] = ..., id: _Optional[_Union[RequestId, _Mapping]] = ...) -> None: ...
 
 class PushDenseResponse(_message.Message):
-    __slots__ = ("version",)
+    __slots__ = ("version", "duplicate")
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     version: int
-    def __init__(self, version: _Optional[int] = ...) -> None: ...
+    duplicate: bool
+    def __init__(self, version: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
 class SaveRequest(_message.Message):
-    __slots__ = ("uri", "mode", "table")
+    __slots__ = ("uri", "mode", "table", "stage", "save_id")
     URI_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     TABLE_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    SAVE_ID_FIELD_NUMBER: _ClassVar[int]
     uri: str
     mode: int
     table: str
-    def __init__(self, uri: _Optional[str] = ..., mode: _Optional[int] = ..., table: _Optional[str] = ...) -> None: ...
+    stage: bool
+    save_id: str
+    def __init__(self, uri: _Optional[str] = ..., mode: _Optional[int] = ..., table: _Optional[str] = ..., stage: _Optional[bool] = ..., save_id: _Optional[str] = ...) -> None: ...
 
 class FileEntry(_message.Message):
     __slots__ = ("path", "size", "sha256", "rows")
@@ -107,22 +141,42 @@ class FileEntry(_message.Message):
     def __init__(self, path: _Optional[str] = ..., size: _Optional[int] = ..., sha256: _Optional[str] = ..., rows: _Optional[int] = ...) -> None: ...
 
 class SaveResponse(_message.Message):
-    __slots__ = ("files", "keys_saved", "tombstones", "seconds")
+    __slots__ = ("files", "keys_saved", "tombstones", "seconds", "save_id")
     FILES_FIELD_NUMBER: _ClassVar[int]
     KEYS_SAVED_FIELD_NUMBER: _ClassVar[int]
     TOMBSTONES_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SAVE_ID_FIELD_NUMBER: _ClassVar[int]
     files: _containers.RepeatedCompositeFieldContainer[FileEntry]
     keys_saved: int
     tombstones: int
     seconds: float
-    def __init__(self, files: _Optional[_Iterable[_Union[FileEntry, _Mapping]]] = ..., keys_saved: _Optional[int] = ..., tombstones: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
+    save_id: str
+    def __init__(self, files: _Optional[_Iterable[_Union[FileEntry, _Mapping]]] = ..., keys_saved: _Optional[int] = ..., tombstones: _Optional[int] = ..., seconds: _Optional[float] = ..., save_id: _Optional[str] = ...) -> None: ...
+
+class FinishSaveRequest(_message.Message):
+    __slots__ = ("uri", "save_id", "commit")
+    URI_FIELD_NUMBER: _ClassVar[int]
+    SAVE_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
+    uri: str
+    save_id: str
+    commit: bool
+    def __init__(self, uri: _Optional[str] = ..., save_id: _Optional[str] = ..., commit: _Optional[bool] = ...) -> None: ...
+
+class FinishSaveResponse(_message.Message):
+    __slots__ = ("applied",)
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    applied: bool
+    def __init__(self, applied: _Optional[bool] = ...) -> None: ...
 
 class LoadRequest(_message.Message):
-    __slots__ = ("uri",)
+    __slots__ = ("uri", "phase")
     URI_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
     uri: str
-    def __init__(self, uri: _Optional[str] = ...) -> None: ...
+    phase: LoadPhase
+    def __init__(self, uri: _Optional[str] = ..., phase: _Optional[_Union[LoadPhase, str]] = ...) -> None: ...
 
 class LoadResponse(_message.Message):
     __slots__ = ("keys_loaded", "seconds")

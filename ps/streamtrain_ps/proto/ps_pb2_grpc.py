@@ -64,6 +64,11 @@ class ParameterServerStub:
                 request_serializer=streamtrain__ps_dot_proto_dot_ps__pb2.SaveRequest.SerializeToString,
                 response_deserializer=streamtrain__ps_dot_proto_dot_ps__pb2.SaveResponse.FromString,
                 _registered_method=True)
+        self.FinishSave = channel.unary_unary(
+                '/streamtrain.ps.v1.ParameterServer/FinishSave',
+                request_serializer=streamtrain__ps_dot_proto_dot_ps__pb2.FinishSaveRequest.SerializeToString,
+                response_deserializer=streamtrain__ps_dot_proto_dot_ps__pb2.FinishSaveResponse.FromString,
+                _registered_method=True)
         self.Load = channel.unary_unary(
                 '/streamtrain.ps.v1.ParameterServer/Load',
                 request_serializer=streamtrain__ps_dot_proto_dot_ps__pb2.LoadRequest.SerializeToString,
@@ -128,6 +133,14 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FinishSave(self, request, context):
+        """Second phase of a staged save (SaveRequest.stage): apply (commit) or drop the side effects
+        of the save `save_id` once the caller published (or gave up on) the manifest.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Load(self, request, context):
         """Load the logical shards this server owns from a published checkpoint; verifies checksums
         and loads nothing on mismatch.
@@ -137,7 +150,9 @@ class ParameterServerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Shrink(self, request, context):
-        """Daily shrink: decay show/click, delete by score and unseen days.
+        """(LoadRequest.phase: PREPARE reads and verifies into memory, COMMIT swaps the prepared
+        load in, ABORT drops it — so a multi-server load is all or nothing across servers.)
+        Daily shrink: decay show/click, delete by score and unseen days.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -181,6 +196,11 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.Save,
                     request_deserializer=streamtrain__ps_dot_proto_dot_ps__pb2.SaveRequest.FromString,
                     response_serializer=streamtrain__ps_dot_proto_dot_ps__pb2.SaveResponse.SerializeToString,
+            ),
+            'FinishSave': grpc.unary_unary_rpc_method_handler(
+                    servicer.FinishSave,
+                    request_deserializer=streamtrain__ps_dot_proto_dot_ps__pb2.FinishSaveRequest.FromString,
+                    response_serializer=streamtrain__ps_dot_proto_dot_ps__pb2.FinishSaveResponse.SerializeToString,
             ),
             'Load': grpc.unary_unary_rpc_method_handler(
                     servicer.Load,
@@ -360,6 +380,33 @@ class ParameterServer:
             '/streamtrain.ps.v1.ParameterServer/Save',
             streamtrain__ps_dot_proto_dot_ps__pb2.SaveRequest.SerializeToString,
             streamtrain__ps_dot_proto_dot_ps__pb2.SaveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FinishSave(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/streamtrain.ps.v1.ParameterServer/FinishSave',
+            streamtrain__ps_dot_proto_dot_ps__pb2.FinishSaveRequest.SerializeToString,
+            streamtrain__ps_dot_proto_dot_ps__pb2.FinishSaveResponse.FromString,
             options,
             channel_credentials,
             insecure,
