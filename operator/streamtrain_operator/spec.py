@@ -7,7 +7,8 @@ operator both parse manifests with :func:`parse_job`, and :mod:`streamtrain_oper
 renders every field explicitly into the PS and worker JSON, so no component ever falls
 back to a second, silently different default.
 
-Every field carries introspectable metadata (``dataclasses.fields(cls)[i].metadata``):
+Every field carries introspectable metadata (``dataclasses.fields(cls)[i].metadata``; the
+field helper and the generic parser it drives live in ``fields.py``):
 
 - ``doc``: what the field means and why one would change it (becomes the CRD description);
 - ``minimum`` / ``maximum`` / ``exclusiveMinimum``: numeric bounds (inclusive unless named);
@@ -29,15 +30,19 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-import types
-import typing
 from collections.abc import Mapping
-from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
+from streamtrain_operator.fields import (
+    SpecError,
+    enum_values,
+    field_hints,
+    parse_dataclass,
+)
+from streamtrain_operator.fields import spec_field as _f
 from streamtrain_ps.config import (
-    ConfigError,
     DenseConfig,
     DenseOptimizerConfig,
     SparseOptimizerConfig,
@@ -46,6 +51,20 @@ from streamtrain_ps.config import (
 from streamtrain_ps.sharding import DEFAULT_LOGICAL_SHARDS
 from streamtrain_worker.data.config import DataConfig
 from streamtrain_worker.data.errors import DataConfigError
+
+__all__ = [
+    "API_VERSION",
+    "KIND",
+    "Job",
+    "JobSpec",
+    "SpecError",
+    "enum_values",
+    "field_hints",
+    "load_job",
+    "parse_day",
+    "parse_job",
+    "parse_spec",
+]
 
 API_VERSION = "streamtrain.io/v1alpha1"
 KIND = "StreamingTrainingJob"
@@ -63,25 +82,6 @@ FolderLayout = Literal["HHMM", "HH"]
 _TABLE = TableConfig()
 _SPARSE_OPT = SparseOptimizerConfig()
 _DENSE_OPT = DenseOptimizerConfig()
-
-
-class SpecError(ConfigError):
-    """The manifest is invalid; the message starts with the offending field's path."""
-
-    def __init__(self, path: str, message: str) -> None:
-        super().__init__(f"{path}: {message}")
-        self.path = path
-
-
-def _f(default: Any = MISSING, doc: str = "", **meta: Any) -> Any:
-    """A dataclass field with its documentation and bounds in ``metadata``."""
-    metadata = {"doc": doc, **meta}
-    if isinstance(default, list | dict) or (isinstance(default, type) and is_dataclass(default)):
-        factory = default if isinstance(default, type) else (lambda d=default: type(d)(d))
-        return field(default_factory=factory, metadata=metadata)
-    if default is MISSING:
-        return field(metadata=metadata)
-    return field(default=default, metadata=metadata)
 
 
 def parse_day(value: str, path: str) -> dt.date:
@@ -516,7 +516,7 @@ class Job:
 
 def parse_spec(data: Any, path: str = "spec") -> JobSpec:
     """Parse ``spec`` of a StreamingTrainingJob (a JSON/YAML mapping)."""
-    result: JobSpec = _parse(JobSpec, data, path)
+    result: JobSpec = parse_dataclass(JobSpec, data, path)
     return result
 
 
@@ -573,121 +573,3 @@ def _resolve_paths(spec: JobSpec, base_dir: Path) -> JobSpec:
         checkpoint=replace(spec.checkpoint, path=fix(spec.checkpoint.path)),
         export=replace(spec.export, path=fix(spec.export.path)),
     )
-
-
-def enum_values(hint: Any) -> tuple[Any, ...] | None:
-    """The allowed values of a ``Literal`` type (optionally ``| None``), else ``None``."""
-    hint = _strip_optional(hint)[0]
-    if typing.get_origin(hint) is Literal:
-        return typing.get_args(hint)
-    return None
-
-
-def field_hints(cls: type[Any]) -> dict[str, Any]:
-    """Resolved type hints of a spec dataclass (for schema generators)."""
-    return typing.get_type_hints(cls)
-
-
-def _strip_optional(hint: Any) -> tuple[Any, bool]:
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        if len(args) == 1 and len(typing.get_args(hint)) == 2:
-            return args[0], True
-    return hint, False
-
-
-def _parse(cls: type[Any], data: Any, path: str) -> Any:
-    if not isinstance(data, Mapping):
-        raise SpecError(path, f"must be an object, got {type(data).__name__}")
-    known = {f.name: f for f in fields(cls)}
-    unknown = sorted(set(data) - set(known))
-    if unknown:
-        raise SpecError(
-            f"{path}.{unknown[0]}", f"unknown field (known: {', '.join(sorted(known))})"
-        )
-    hints = typing.get_type_hints(cls)
-    kwargs: dict[str, Any] = {}
-    for name, f in known.items():
-        fpath = f"{path}.{name}"
-        if name in data:
-            kwargs[name] = _value(hints[name], data[name], fpath, f.metadata)
-        elif f.default is MISSING and f.default_factory is MISSING:
-            raise SpecError(fpath, "required")
-    obj = cls(**kwargs)
-    validate = getattr(obj, "_validate", None)
-    if validate is not None:
-        validate(path)
-    return obj
-
-
-def _value(hint: Any, value: Any, path: str, meta: Mapping[str, Any]) -> Any:
-    hint, optional = _strip_optional(hint)
-    if value is None:
-        if optional:
-            return None
-        raise SpecError(path, "must not be null")
-    if isinstance(hint, type) and is_dataclass(hint):
-        return _parse(hint, value, path)
-    choices = enum_values(hint)
-    if choices is not None:
-        if value not in choices:
-            raise SpecError(path, f"must be one of {', '.join(map(str, choices))}, got {value!r}")
-        return value
-    origin = typing.get_origin(hint)
-    if origin is tuple:
-        if not isinstance(value, list | tuple):
-            raise SpecError(path, f"must be a list, got {value!r}")
-        args = typing.get_args(hint)
-        variadic = len(args) == 2 and args[1] is Ellipsis
-        if not variadic and len(value) != len(args):
-            raise SpecError(path, f"must have {len(args)} items, got {len(value)}")
-        item_meta = {"minimum": meta["itemMinimum"]} if "itemMinimum" in meta else {}
-        return tuple(
-            _value(args[0] if variadic else args[i], v, f"{path}[{i}]", item_meta)
-            for i, v in enumerate(value)
-        )
-    if origin is dict:
-        if not isinstance(value, Mapping):
-            raise SpecError(path, f"must be an object, got {value!r}")
-        if typing.get_args(hint)[1] is Any:  # free-form, judged by the owning layer
-            return {str(k): v for k, v in value.items()}
-        out: dict[str, str] = {}
-        for k, v in value.items():
-            if isinstance(v, bool) or not isinstance(v, str | int | float):
-                raise SpecError(f"{path}.{k}", f"must be a string, got {v!r}")
-            out[str(k)] = str(v)
-        return out
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise SpecError(path, f"must be true or false, got {value!r}")
-        return value
-    if hint is str:
-        if not isinstance(value, str):
-            raise SpecError(path, f"must be a string, got {value!r}")
-        if len(value) < meta.get("minLength", 0):
-            raise SpecError(path, "must not be empty")
-        if "pattern" in meta and not re.fullmatch(meta["pattern"], value):
-            raise SpecError(path, f"must match {meta['pattern']}, got {value!r}")
-        return value
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise SpecError(path, f"must be an integer, got {value!r}")
-        _check_bounds(value, path, meta)
-        return value
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise SpecError(path, f"must be a number, got {value!r}")
-        _check_bounds(float(value), path, meta)
-        return float(value)
-    raise TypeError(f"{path}: no parser for {hint!r}")  # a programming error, not bad input
-
-
-def _check_bounds(value: float, path: str, meta: Mapping[str, Any]) -> None:
-    if "minimum" in meta and value < meta["minimum"]:
-        raise SpecError(path, f"must be >= {meta['minimum']}, got {value}")
-    if "maximum" in meta and value > meta["maximum"]:
-        raise SpecError(path, f"must be <= {meta['maximum']}, got {value}")
-    if "exclusiveMinimum" in meta and not value > meta["exclusiveMinimum"]:
-        raise SpecError(path, f"must be > {meta['exclusiveMinimum']}, got {value}")
-    if "exclusiveMaximum" in meta and not value < meta["exclusiveMaximum"]:
-        raise SpecError(path, f"must be < {meta['exclusiveMaximum']}, got {value}")
