@@ -168,7 +168,11 @@ class Driver:
             if self.observer.on_action is not None:
                 self.observer.on_action(action, self.machine.progress)
             restarts = 0 if self.supervisor is None else self.supervisor.ps_restarts
-            event = await self.execute(action)
+            try:
+                event = await self.execute(action)
+            except Exception as exc:  # a bug or an unforeseen error: a condition, not a crash
+                log.exception("%s", action)
+                event = Failed("InternalError", f"{action}: {type(exc).__name__}: {exc}")
             if self.supervisor is not None:
                 healed = await self.supervisor.heal()
                 for what in healed:

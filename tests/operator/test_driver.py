@@ -210,3 +210,21 @@ def test_worker_count_must_match_the_spec(tmp_path: Path, replicas: int) -> None
     ps = LocalPS(render.ps_config(job.spec))
     with pytest.raises(ValueError, match=r"spec\.workers\.replicas=2"):
         Driver(job.spec, ps, [FakeWorker(ps, i) for i in range(replicas)], MemoryStateStore())
+
+
+def test_an_unforeseen_error_becomes_a_failed_condition_not_a_crash(tmp_path: Path) -> None:
+    job = make_job(tmp_path)
+    write_folder(tmp_path, "20261101", "0000")
+    ps = LocalPS(render.ps_config(job.spec))
+    driver = Driver(
+        job.spec, ps, [FakeWorker(ps, 0), FakeWorker(ps, 1)], MemoryStateStore(), sleep=_no_sleep
+    )
+
+    def broken(key: Any) -> Any:  # what assign_files raises for a listing with duplicates
+        raise ValueError("duplicate files in the listing")
+
+    driver._assignment = broken  # type: ignore[method-assign]
+    progress = asyncio.run(driver.run())
+    assert progress.phase == Phase.FAILED
+    assert "InternalError" in progress.message
+    assert "ValueError: duplicate files in the listing" in progress.message
