@@ -9,11 +9,13 @@ same way and adopts whatever is already on the PS).
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
+from numba import njit
 
 from streamtrain_ps.config import DenseOptimizerConfig
 from streamtrain_ps.errors import InvalidRequestError, UnknownTableError
@@ -53,22 +55,31 @@ class DenseVector:
             return self._state.values.copy(), self._state.version
 
     def push(self, grads: npt.NDArray[np.float32]) -> int:
+        """Apply one gradient in place (float32 numba kernel, GIL released): the old
+        float64 version made ~10 temporaries and took 15-27 ms per push of a 512-256-128
+        MLP on a busy box; this one makes none. The bias correction is computed in float64
+        once per push; the per-element math is float32 like the stored state."""
         c = self._config
-        g = grads.astype(np.float64)
+        g = np.ascontiguousarray(grads, dtype=np.float32)
         with self._lock:
             s = self._state
-            w = s.values.astype(np.float64)
             if c.type == "sgd":
-                w -= c.learningRate * g
+                _sgd_kernel(s.values, g, np.float32(c.learningRate))
             else:
                 s.step += 1
-                m = c.beta1 * s.m + (1.0 - c.beta1) * g
-                v = c.beta2 * s.v + (1.0 - c.beta2) * g * g
-                lr_t = c.learningRate * np.sqrt(1.0 - c.beta2**s.step) / (1.0 - c.beta1**s.step)
-                w -= lr_t * m / (np.sqrt(v) + c.epsilon)
-                s.m = m.astype(np.float32)
-                s.v = v.astype(np.float32)
-            s.values = w.astype(np.float32)
+                lr_t = c.learningRate * math.sqrt(1.0 - c.beta2**s.step) / (1.0 - c.beta1**s.step)
+                _adam_kernel(
+                    s.values,
+                    s.m,
+                    s.v,
+                    g,
+                    np.float32(lr_t),
+                    np.float32(c.beta1),
+                    np.float32(1.0 - c.beta1),  # in float64: float32(1) - float32(0.999)
+                    np.float32(c.beta2),  # is 1.3e-5 off 0.001, which v would inherit
+                    np.float32(1.0 - c.beta2),
+                    np.float32(c.epsilon),
+                )
             s.version += 1
             return s.version
 
@@ -84,6 +95,37 @@ class DenseVector:
             state.values.copy(), state.m.copy(), state.v.copy(), state.step, state.version
         )
         return vec
+
+
+@njit(nogil=True, cache=True)
+def _adam_kernel(
+    w: npt.NDArray[np.float32],
+    m: npt.NDArray[np.float32],
+    v: npt.NDArray[np.float32],
+    g: npt.NDArray[np.float32],
+    lr_t: np.float32,
+    b1: np.float32,
+    c1: np.float32,
+    b2: np.float32,
+    c2: np.float32,
+    eps: np.float32,
+) -> None:
+    """Adam with bias correction folded into ``lr_t``: ``m = b1·m + (1−b1)·g``, ``v = b2·v
+    + (1−b2)·g²``, ``w −= lr_t·m/(sqrt(v)+eps)``; every operand float32, in place
+    (``c1``, ``c2`` are ``1−b1``, ``1−b2``, rounded once from float64)."""
+    for i in range(w.size):
+        gi = g[i]
+        mi = b1 * m[i] + c1 * gi
+        vi = b2 * v[i] + c2 * gi * gi
+        m[i] = mi
+        v[i] = vi
+        w[i] -= lr_t * mi / (np.sqrt(vi) + eps)
+
+
+@njit(nogil=True, cache=True)
+def _sgd_kernel(w: npt.NDArray[np.float32], g: npt.NDArray[np.float32], lr: np.float32) -> None:
+    for i in range(w.size):
+        w[i] -= lr * g[i]
 
 
 class DenseStore:

@@ -121,7 +121,11 @@ def test_recent_requests_apply_once_and_stay_bounded() -> None:
     calls: list[int] = []
 
     def apply(n: int) -> Callable[[], int]:
-        return lambda: calls.append(n) or n
+        def run() -> int:
+            calls.append(n)
+            return n
+
+        return run
 
     assert recent.run(b"a", 1, 1, apply(1)) == (1, False)
     assert recent.run(b"a", 1, 1, apply(99)) == (1, True)  # repeat: first answer, no apply
