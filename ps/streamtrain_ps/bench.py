@@ -38,9 +38,13 @@ from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
 from streamtrain_ps.launch import shard_process
 from streamtrain_ps.remote import RemotePS
 from streamtrain_ps.shard import Shard
+from streamtrain_ps.table import release_scratch_memory
 
 TABLE = "embedding"
 GROW_CHUNK = 1_000_000
+#: Smallest table whose RSS growth is a real measurement: its slab (64 B/key, grown x1.5)
+#: exceeds glibc's largest mmap threshold (32 MiB), so it is fresh, counted memory.
+MIN_RSS_KEYS = 1_000_000
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -154,15 +158,19 @@ def throughput(
     return sum(done) / (time.perf_counter() - start)
 
 
-def bench_in_process(
-    config: PSConfig,
-    keys: npt.NDArray[np.uint64],
-    batches: list[npt.NDArray[np.uint64]],
-    args: argparse.Namespace,
-) -> dict[str, float]:
+def grow_table(config: PSConfig, keys: npt.NDArray[np.uint64]) -> tuple[Shard, dict[str, float]]:
+    """A shard grown to ``keys`` (all expanded) and what growing it cost: ``grow_s``,
+    ``bytes_per_key`` (RSS growth / keys) and ``table_memory_bytes_per_key`` (stats).
+
+    RSS growth is only meaningful from ``MIN_RSS_KEYS`` keys on: below, the slabs are under
+    glibc's mmap threshold (<= 32 MiB) and may land in heap memory the process already holds
+    resident, so growth can read as ~0 (it did, once, for 20k keys). Freed memory is handed
+    back to the OS before the baseline is taken: the bulk pushes' ``malloc_trim`` would
+    otherwise release it *during* the measurement and hide table memory."""
     dim = config.table(TABLE).push_dim
     warm_up(config, dim)
     gc.collect()
+    release_scratch_memory()
     before = rss_bytes()
     shard = Shard(config)
     t0 = time.perf_counter()
@@ -171,12 +179,22 @@ def bench_in_process(
     bytes_per_key = (rss_bytes() - before) / keys.size
     stats = shard.stats().tables[0]
     assert stats.keys == keys.size and stats.expanded_keys == keys.size, stats
-    data = PushData(args.batch, dim, args.seed)
-    res: dict[str, float] = {
+    return shard, {
         "grow_s": grow_s,
         "bytes_per_key": bytes_per_key,
         "table_memory_bytes_per_key": stats.memory_bytes / keys.size,
     }
+
+
+def bench_in_process(
+    config: PSConfig,
+    keys: npt.NDArray[np.uint64],
+    batches: list[npt.NDArray[np.uint64]],
+    args: argparse.Namespace,
+) -> dict[str, float]:
+    dim = config.table(TABLE).push_dim
+    shard, res = grow_table(config, keys)
+    data = PushData(args.batch, dim, args.seed)
     for threads in sorted({1, args.threads}):
         res[f"pull_t{threads}"] = throughput(
             lambda b: shard.pull_sparse(TABLE, b), batches, threads, args.seconds
@@ -289,6 +307,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "rpc_pull_keys_per_s": best(remote, "pull"),
         "rpc_push_keys_per_s": best(remote, "push"),
         "bytes_per_key": round(local.get("bytes_per_key", 0.0), 1),
+        # False: the table is too small for RSS growth to mean anything (see grow_table)
+        "bytes_per_key_measurable": args.keys >= MIN_RSS_KEYS,
+        "table_memory_bytes_per_key": round(local.get("table_memory_bytes_per_key", 0.0), 1),
         "server_bytes_per_key": round(remote.get("server_bytes_per_key", 0.0), 1),
         "keys": args.keys,
         "batch": args.batch,
