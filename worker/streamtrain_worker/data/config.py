@@ -1,4 +1,3 @@
-
 """The ``data`` section of a job, parsed once into a frozen dataclass.
 
 The operator renders ``spec.data`` nearly verbatim (camelCase names), so this class accepts
