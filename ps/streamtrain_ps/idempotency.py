@@ -13,7 +13,10 @@ Bounded memory, by three means:
   remembered;
 - at most ``per_client`` entries per client (the oldest go first) for clients that never
   advance ``acked_below``;
-- at most ``clients`` clients, least recently seen evicted first (workers come and go).
+- at most ``clients`` clients and ``total`` entries over all clients, least recently seen
+  clients evicted first (workers come and go; a hostile caller inventing ids cannot grow
+  the server beyond ~``total`` × 200 B). An evicted client's retries would be applied
+  again — only possible past these limits.
 
 A retry that arrives while the first copy is still being applied waits for it and returns
 its answer; if the first copy failed (nothing applied), the retry applies normally.
@@ -51,11 +54,13 @@ class _Client:
 class RecentRequests:
     """Applied request ids per client (see the module docstring). Thread-safe."""
 
-    def __init__(self, per_client: int = 8192, clients: int = 1024) -> None:
-        if per_client < 1 or clients < 1:
-            raise ValueError("per_client and clients must be >= 1")
+    def __init__(self, per_client: int = 8192, clients: int = 1024, total: int = 131_072) -> None:
+        if per_client < 1 or clients < 1 or total < per_client:
+            raise ValueError("need per_client, clients >= 1 and total >= per_client")
         self._per_client = per_client
         self._max_clients = clients
+        self._max_total = total
+        self._total = 0
         self._lock = threading.Lock()
         self._clients: OrderedDict[bytes, _Client] = OrderedDict()
 
@@ -82,6 +87,7 @@ class RecentRequests:
                     client.floor = acked_below
                     for old in [s for s in client.entries if s < acked_below]:
                         del client.entries[old]
+                        self._total -= 1
                 entry = client.entries.get(seq)
                 if entry is None:
                     if seq < client.floor:
@@ -90,8 +96,12 @@ class RecentRequests:
                         )
                     entry = _Entry()
                     client.entries[seq] = entry
+                    self._total += 1
                     while len(client.entries) > self._per_client:
                         client.entries.popitem(last=False)
+                        self._total -= 1
+                    while self._total > self._max_total and len(self._clients) > 1:
+                        self._evict_oldest_client()
                     break
             entry.done.wait()
             if entry.ok:
@@ -105,6 +115,7 @@ class RecentRequests:
                 c = self._clients.get(client_id)
                 if c is not None and c.entries.get(seq) is entry:
                     del c.entries[seq]
+                    self._total -= 1
             raise
         finally:
             entry.done.set()
@@ -116,7 +127,11 @@ class RecentRequests:
             client = _Client()
             self._clients[client_id] = client
             while len(self._clients) > self._max_clients:
-                self._clients.popitem(last=False)
+                self._evict_oldest_client()
         else:
             self._clients.move_to_end(client_id)
         return client
+
+    def _evict_oldest_client(self) -> None:
+        _, old = self._clients.popitem(last=False)
+        self._total -= len(old.entries)

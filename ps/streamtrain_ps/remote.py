@@ -265,9 +265,10 @@ class RemotePS:
         ``CheckpointError`` (or ``PSUnavailableError``) is raised with every server still
         serving its previous state."""
         everyone = range(self.num_servers)
+        load_id = uuid.uuid4().hex
 
         def phase(p: int) -> list[Any]:
-            req = ps_pb2.LoadRequest(uri=uri, phase=p)  # type: ignore[arg-type]
+            req = ps_pb2.LoadRequest(uri=uri, phase=p, load_id=load_id)  # type: ignore[arg-type]
             return self._call_all("Load", [(i, req) for i in everyone], control=True)
 
         try:

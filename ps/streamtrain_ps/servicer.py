@@ -101,9 +101,9 @@ class ShardLike(Protocol):
 
     def load(self, uri: str) -> int: ...
 
-    def prepare_load(self, uri: str) -> int: ...
+    def prepare_load(self, uri: str, load_id: str | None = None) -> int: ...
 
-    def finish_load(self, uri: str, commit: bool) -> int: ...
+    def finish_load(self, uri: str, commit: bool, load_id: str | None = None) -> int: ...
 
     def shrink(self, table: str | None = None) -> api.ShrinkResult: ...
 
@@ -283,9 +283,10 @@ class PSServicer(ps_pb2_grpc.ParameterServerServicer):
             if phase == ps_pb2.LOAD_ONE_SHOT:
                 keys = self._shard.load(uri)
             elif phase == ps_pb2.LOAD_PREPARE:
-                keys = self._shard.prepare_load(uri)
+                keys = self._shard.prepare_load(uri, request.load_id or None)
             elif phase in (ps_pb2.LOAD_COMMIT, ps_pb2.LOAD_ABORT):
-                keys = self._shard.finish_load(uri, commit=phase == ps_pb2.LOAD_COMMIT)
+                commit = phase == ps_pb2.LOAD_COMMIT
+                keys = self._shard.finish_load(uri, commit, request.load_id or None)
             else:
                 raise InvalidRequestError("phase", f"unknown load phase {phase}")
             seconds = time.perf_counter() - start

@@ -387,19 +387,20 @@ class Shard:
         keys_total = sum(int(v[0].size) for v in payload.tables.values())
         return PreparedLoad(tables, payload.dense, keys_total)
 
-    def prepare_load(self, uri: str) -> int:
-        """First phase of a multi-server load: ``read_save`` and keep the result pending
-        (one per shard; a newer prepare replaces an older one). Returns keys prepared."""
+    def prepare_load(self, uri: str, load_id: str | None = None) -> int:
+        """First phase of a multi-server load: ``read_save`` and keep the result pending as
+        ``load_id`` (default: ``uri``; one per shard, a newer prepare replaces an older
+        one). Returns keys prepared."""
         prepared = self.read_save(uri)
-        self._loads.put(uri, prepared)
+        self._loads.put(load_id or uri, prepared)
         return prepared.keys
 
-    def finish_load(self, uri: str, commit: bool) -> int:
-        """Second phase: swap the load prepared from ``uri`` in (``commit``) or drop it.
-        Returns the keys installed (0 for an abort or a repeated commit)."""
+    def finish_load(self, uri: str, commit: bool, load_id: str | None = None) -> int:
+        """Second phase: swap the prepared load in (``commit``) or drop it. Returns the keys
+        installed (0 for an abort or a repeated commit)."""
         if not isinstance(uri, str) or not uri:
             raise InvalidRequestError("uri", "must be a non-empty fsspec URL")
-        prepared = self._loads.take(uri, commit)
+        prepared = self._loads.take(load_id or uri, commit)
         if prepared is None or not commit:
             return 0
         start = time.perf_counter()

@@ -151,6 +151,14 @@ def test_recent_requests_apply_once_and_stay_bounded() -> None:
     with pytest.raises(InvalidRequestError, match="client_id"):
         recent.run(b"", 1, 1, apply(1))
 
+    # a total cap over all clients: inventing client ids cannot grow the server unboundedly
+    capped = RecentRequests(per_client=4, clients=100, total=8)
+    for client in range(10):
+        for seq in range(1, 4):
+            capped.run(bytes([client + 1]), seq, 1, apply(seq))
+        assert len(capped) <= 8
+    assert capped.run(bytes([10]), 3, 1, apply(0)) == (3, True)  # the newest is remembered
+
 
 def test_a_retry_racing_its_first_copy_waits_and_is_not_applied() -> None:
     recent = RecentRequests()

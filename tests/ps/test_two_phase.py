@@ -206,7 +206,8 @@ def test_a_corrupt_part_on_one_server_loads_nothing_anywhere(
         if p.startswith("data-s001-") and "sparse" in p
     )
     path = Path(bad) / part
-    data = bytearray(path.read_bytes())
+    original = path.read_bytes()
+    data = bytearray(original)
     data[-4:] = bytes(4 - i for i in range(4))  # same size, wrong sha256
     path.write_bytes(bytes(data))
 
@@ -218,4 +219,7 @@ def test_a_corrupt_part_on_one_server_loads_nothing_anywhere(
             shard.finish_load(bad, commit=True)
 
     assert ps.load(good) == k.size
+    np.testing.assert_array_equal(ps.pull_sparse(T, k), saved_state)
+    path.write_bytes(original)  # repaired: the same uri loads now (nothing stale remembered)
+    assert ps.load(bad) == k.size
     np.testing.assert_array_equal(ps.pull_sparse(T, k), saved_state)

@@ -171,12 +171,14 @@ class FinishSaveResponse(_message.Message):
     def __init__(self, applied: _Optional[bool] = ...) -> None: ...
 
 class LoadRequest(_message.Message):
-    __slots__ = ("uri", "phase")
+    __slots__ = ("uri", "phase", "load_id")
     URI_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
+    LOAD_ID_FIELD_NUMBER: _ClassVar[int]
     uri: str
     phase: LoadPhase
-    def __init__(self, uri: _Optional[str] = ..., phase: _Optional[_Union[LoadPhase, str]] = ...) -> None: ...
+    load_id: str
+    def __init__(self, uri: _Optional[str] = ..., phase: _Optional[_Union[LoadPhase, str]] = ..., load_id: _Optional[str] = ...) -> None: ...
 
 class LoadResponse(_message.Message):
     __slots__ = ("keys_loaded", "seconds")
