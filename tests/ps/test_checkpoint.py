@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import uuid
 from pathlib import Path
 
 import fsspec
@@ -284,17 +285,19 @@ def test_object_store_save_and_load_through_s3(monkeypatch: pytest.MonkeyPatch) 
         monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
         monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": f"http://{host}:{port}"})
         fs = fsspec.filesystem("s3", skip_instance_cache=True)
-        fs.mkdir("models")
+        # moto keeps its buckets process-wide: another test may already own "models".
+        bucket = f"models-{uuid.uuid4().hex[:12]}"
+        fs.mkdir(bucket)
         cfg = _config()
         ps = LocalPS(cfg, 2)
         keys = _train(ps, rounds=1)
-        ps.save("s3://models/ck", SaveMode.CHECKPOINT)
-        ps.save("s3://models/ck", SaveMode.CHECKPOINT)
+        ps.save(f"s3://{bucket}/ck", SaveMode.CHECKPOINT)
+        ps.save(f"s3://{bucket}/ck", SaveMode.CHECKPOINT)
         fs.invalidate_cache()
-        entries = sorted(p.rsplit("/", 1)[-1] for p in fs.ls("models/ck"))
+        entries = sorted(p.rsplit("/", 1)[-1] for p in fs.ls(f"{bucket}/ck"))
         assert entries[0] == "MANIFEST.json" and len(entries) == 3  # manifest + 2 shards' dirs
         three = LocalPS(cfg, 3)
-        three.load("s3://models/ck")
+        three.load(f"s3://{bucket}/ck")
         np.testing.assert_array_equal(
             three.pull_sparse("embedding", keys), ps.pull_sparse("embedding", keys)
         )
