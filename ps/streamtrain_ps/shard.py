@@ -21,8 +21,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from streamtrain_ps import api, checkpoint, sharding
-from streamtrain_ps.accessor import DELTA, save_filter
+from streamtrain_ps import api, checkpoint, saving, sharding
 from streamtrain_ps.config import PSConfig
 from streamtrain_ps.dense import DenseState, DenseStore
 from streamtrain_ps.errors import (
@@ -33,7 +32,7 @@ from streamtrain_ps.errors import (
     UnknownTableError,
 )
 from streamtrain_ps.kernels import BAD_CLICK, BAD_GRAD, BAD_SHOW, NOT_OWNED, OVERFLOW
-from streamtrain_ps.staging import Pending, SaveEffects, TableEffects
+from streamtrain_ps.staging import Pending, SaveEffects
 from streamtrain_ps.table import Merged, SparseTable, TableContent, release_scratch_memory
 
 
@@ -263,9 +262,11 @@ class Shard:
             with ExitStack() as stack:
                 for t in tables:
                     stack.enter_context(t.lock.maintenance)
-                files, effects, saved, tombs = self._write_tables(writer, tables, mode)
+                files, effects, saved, tombs = saving.write_tables(
+                    writer, tables, mode, self.config.logicalShards, self.owned
+                )
                 if mode == api.SaveMode.CHECKPOINT and table is None:
-                    files += self._write_dense(writer)
+                    files += saving.write_dense(writer, self._dense.snapshot())
                 staged = SaveEffects(save_id or writer.data_dir, uri, tuple(effects))
                 if stage:
                     self._saves.put(staged.save_id, staged)
@@ -279,80 +280,6 @@ class Shard:
         seconds = time.perf_counter() - start
         self._last_save = seconds
         return api.SaveResult(uri, mode, tuple(files), saved, tombs, seconds), staged.save_id
-
-    def _write_tables(
-        self, writer: checkpoint.PartWriter, tables: list[SparseTable], mode: api.SaveMode
-    ) -> tuple[list[api.SavedFile], list[TableEffects], int, int]:
-        L = self.config.logicalShards
-        files: list[api.SavedFile] = []
-        effects: list[TableEffects] = []
-        saved = tomb_total = 0
-        with_effects = mode != api.SaveMode.CHECKPOINT
-        for t in tables:
-            rows, offsets = t.rows_by_logical_shard(L)
-            with_tombs = mode in (api.SaveMode.CHECKPOINT, api.SaveMode.DELTA)
-            pending, mark = t.tombstones_marked()
-            if not with_tombs:
-                pending = np.empty(0, dtype=np.uint64)
-            pending_ls = sharding.logical_shard(pending, L)
-            clears = mode in (api.SaveMode.DELTA, api.SaveMode.BASE)
-            parts: list[tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64], npt.NDArray[Any]]]
-            parts = []
-            lay = t.layout
-            for logical in self.owned:
-                part_rows = rows[offsets[logical] : offsets[logical + 1]]
-                keys, full = t.copy_rows(part_rows)
-                keep = save_filter(full, mode, t.config)
-                keys, full, part_rows = keys[keep], full[keep], part_rows[keep]
-                tomb = pending[pending_ls == logical]
-                if mode == api.SaveMode.DELTA:
-                    tomb = np.setdiff1d(tomb, keys)
-                values = (
-                    full if mode == api.SaveMode.CHECKPOINT else full[:, lay.inference_columns()]
-                )
-                header = {
-                    "kind": "sparse",
-                    "table": t.name,
-                    "logicalShard": logical,
-                    "logicalShards": L,
-                    "mode": int(mode),
-                    "embedxDim": lay.embedx_dim,
-                    "optimizer": t.config.optimizer.type,
-                    "columns": lay.columns()
-                    if mode == api.SaveMode.CHECKPOINT
-                    else ["show", "click", "embed_w"]
-                    + [f"embedx_w{j}" for j in range(lay.embedx_dim)],
-                }
-                data = checkpoint.encode_part(
-                    header, {"keys": keys, "values": values, "tombstones": tomb}
-                )
-                path = checkpoint.sparse_path(writer.data_dir, t.name, logical)
-                files.append(writer.write(path, data, rows=int(keys.size)))
-                if with_effects:
-                    parts.append((keys, part_rows, full[:, DELTA].copy()))
-                saved += int(keys.size)
-                tomb_total += int(tomb.size)
-            if with_effects:
-                effects.append(_table_effects(t, parts, mode, mark if clears else -1))
-        return files, effects, saved, tomb_total
-
-    def _write_dense(self, writer: checkpoint.PartWriter) -> list[api.SavedFile]:
-        files = []
-        for name, st in self._dense.snapshot().items():
-            header = {
-                "kind": "dense",
-                "name": name,
-                "mode": 0,
-                "step": st.step,
-                "version": st.version,
-            }
-            data = checkpoint.encode_part(header, {"values": st.values, "m": st.m, "v": st.v})
-            files.append(
-                writer.write(
-                    checkpoint.dense_path(writer.data_dir, name), data, rows=st.values.size
-                )
-            )
-        return files
 
     def load(self, uri: str) -> int:
         """Replace this shard's content with its logical shards of a published save.
@@ -478,25 +405,6 @@ class Shard:
                 f"keys: {k.size} keys exceed maxKeysPerRequest {self.config.maxKeysPerRequest}"
             )
         return k
-
-
-def _table_effects(
-    t: SparseTable,
-    parts: list[tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64], npt.NDArray[Any]]],
-    mode: api.SaveMode,
-    tombstone_mark: int,
-) -> TableEffects:
-    def cat(i: int, dtype: type[np.generic]) -> npt.NDArray[Any]:
-        return np.concatenate([p[i] for p in parts]) if parts else np.empty(0, dtype=dtype)
-
-    return TableEffects(
-        table=t,
-        keys=cat(0, np.uint64),
-        rows=cat(1, np.int64),
-        saved_delta=cat(2, np.float32),
-        unseen_inc=mode == api.SaveMode.BATCH,
-        tombstone_mark=tombstone_mark,
-    )
 
 
 def _forget(

@@ -1,0 +1,122 @@
+"""Writing a shard's save: one part file per owned logical shard and table, plus dense
+vectors, and the side effects the save implies (``staging.TableEffects``).
+
+Split out of ``shard.py``, which orchestrates (locks, staging, errors); this module only
+turns table contents into part files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from streamtrain_ps import api, checkpoint, sharding
+from streamtrain_ps.accessor import DELTA, save_filter
+from streamtrain_ps.dense import DenseState
+from streamtrain_ps.staging import TableEffects
+from streamtrain_ps.table import SparseTable
+
+
+def write_tables(
+    writer: checkpoint.PartWriter,
+    tables: list[SparseTable],
+    mode: api.SaveMode,
+    logical_shards: int,
+    owned: Sequence[int],
+) -> tuple[list[api.SavedFile], list[TableEffects], int, int]:
+    """Write one part per owned logical shard and table; return the files, the side effects
+    the save implies (applied now or staged by the caller), keys saved and tombstones.
+
+    The caller holds every table's maintenance lock; each part's rows are copied under the
+    table's writer lock (a consistent copy per logical shard, see ps-engine.md)."""
+    L = logical_shards
+    files: list[api.SavedFile] = []
+    effects: list[TableEffects] = []
+    saved = tomb_total = 0
+    with_effects = mode != api.SaveMode.CHECKPOINT
+    for t in tables:
+        rows, offsets = t.rows_by_logical_shard(L)
+        with_tombs = mode in (api.SaveMode.CHECKPOINT, api.SaveMode.DELTA)
+        pending, mark = t.tombstones_marked()
+        if not with_tombs:
+            pending = np.empty(0, dtype=np.uint64)
+        pending_ls = sharding.logical_shard(pending, L)
+        clears = mode in (api.SaveMode.DELTA, api.SaveMode.BASE)
+        parts: list[tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64], npt.NDArray[Any]]]
+        parts = []
+        lay = t.layout
+        for logical in owned:
+            part_rows = rows[offsets[logical] : offsets[logical + 1]]
+            keys, full = t.copy_rows(part_rows)
+            keep = save_filter(full, mode, t.config)
+            keys, full, part_rows = keys[keep], full[keep], part_rows[keep]
+            tomb = pending[pending_ls == logical]
+            if mode == api.SaveMode.DELTA:
+                tomb = np.setdiff1d(tomb, keys)
+            values = full if mode == api.SaveMode.CHECKPOINT else full[:, lay.inference_columns()]
+            header = {
+                "kind": "sparse",
+                "table": t.name,
+                "logicalShard": logical,
+                "logicalShards": L,
+                "mode": int(mode),
+                "embedxDim": lay.embedx_dim,
+                "optimizer": t.config.optimizer.type,
+                "columns": lay.columns()
+                if mode == api.SaveMode.CHECKPOINT
+                else ["show", "click", "embed_w"] + [f"embedx_w{j}" for j in range(lay.embedx_dim)],
+            }
+            data = checkpoint.encode_part(
+                header, {"keys": keys, "values": values, "tombstones": tomb}
+            )
+            path = checkpoint.sparse_path(writer.data_dir, t.name, logical)
+            files.append(writer.write(path, data, rows=int(keys.size)))
+            if with_effects:
+                parts.append((keys, part_rows, full[:, DELTA].copy()))
+            saved += int(keys.size)
+            tomb_total += int(tomb.size)
+        if with_effects:
+            effects.append(_table_effects(t, parts, mode, mark if clears else -1))
+    return files, effects, saved, tomb_total
+
+
+def write_dense(
+    writer: checkpoint.PartWriter, vectors: Mapping[str, DenseState]
+) -> list[api.SavedFile]:
+    """One part per dense vector with its Adam state (mode 0 saves of every table)."""
+    files = []
+    for name, st in vectors.items():
+        header = {
+            "kind": "dense",
+            "name": name,
+            "mode": 0,
+            "step": st.step,
+            "version": st.version,
+        }
+        data = checkpoint.encode_part(header, {"values": st.values, "m": st.m, "v": st.v})
+        files.append(
+            writer.write(checkpoint.dense_path(writer.data_dir, name), data, rows=st.values.size)
+        )
+    return files
+
+
+def _table_effects(
+    t: SparseTable,
+    parts: list[tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64], npt.NDArray[Any]]],
+    mode: api.SaveMode,
+    tombstone_mark: int,
+) -> TableEffects:
+    def cat(i: int, dtype: type[np.generic]) -> npt.NDArray[Any]:
+        return np.concatenate([p[i] for p in parts]) if parts else np.empty(0, dtype=dtype)
+
+    return TableEffects(
+        table=t,
+        keys=cat(0, np.uint64),
+        rows=cat(1, np.int64),
+        saved_delta=cat(2, np.float32),
+        unseen_inc=mode == api.SaveMode.BATCH,
+        tombstone_mark=tombstone_mark,
+    )
