@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -154,6 +155,7 @@ class Driver:
         self._results: dict[int, PassMetrics] = {}
         self._results_key: StepKey | None = None
         self._pass_started = 0.0
+        self._pause = PauseHook.from_env()
 
     def stop(self, phase: str = Phase.STOPPED, message: str = "") -> None:
         """Finish the current action, then stop (progress stays resumable)."""
@@ -168,11 +170,13 @@ class Driver:
             if self.observer.on_action is not None:
                 self.observer.on_action(action, self.machine.progress)
             restarts = 0 if self.supervisor is None else self.supervisor.ps_restarts
+            await self._pause.at("before", action)
             try:
                 event = await self.execute(action)
             except Exception as exc:  # a bug or an unforeseen error: a condition, not a crash
                 log.exception("%s", action)
                 event = Failed("InternalError", f"{action}: {type(exc).__name__}: {exc}")
+            await self._pause.at("after", action)
             if self.supervisor is not None:
                 healed = await self.supervisor.heal()
                 for what in healed:
@@ -369,6 +373,59 @@ class Driver:
         for _, directory in found[: -self.spec.checkpoint.keep]:
             if directory.rstrip("/") != newest_path:
                 fs.rm(directory, recursive=True)
+
+
+@dataclass
+class PauseHook:
+    """Test-only: hold the driver at one step so a fault can be injected exactly there.
+
+    ``STREAMTRAIN_PAUSE=<before|after>:<step>[@<pass>]`` (``step``: train, delta, checkpoint,
+    shrink, base, batch; ``pass``: its index in the day, any if omitted) with
+    ``STREAMTRAIN_PAUSE_FILE=<path>``: at the first non-replay action of that step, ``before``
+    it runs (its "started" record is already saved) or ``after`` it ran (its outcome not yet
+    recorded: the widest crash window), the driver writes ``path`` with what it holds at and
+    waits until the file is removed. The fault-injection suite (``tests/faults``) uses it to
+    SIGKILL ``streamtrain run`` mid-shrink or mid-export, which is otherwise a race against a
+    step of milliseconds. Unset (always, outside tests): a no-op.
+    """
+
+    when: str = ""
+    step: str = ""
+    pass_index: int | None = None
+    path: str = ""
+    #: Holds once per process: a released run goes on normally.
+    fired: bool = False
+
+    @classmethod
+    def from_env(cls) -> PauseHook:
+        where = os.environ.get("STREAMTRAIN_PAUSE", "")
+        path = os.environ.get("STREAMTRAIN_PAUSE_FILE", "")
+        if not where or not path:
+            return cls()
+        when, _, rest = where.partition(":")
+        step, _, index = rest.partition("@")
+        if (
+            when not in ("before", "after")
+            or step not in {k.value for k in StepKind}
+            or (index and not index.isdigit())
+        ):
+            raise ValueError(f"STREAMTRAIN_PAUSE={where!r}: expected before|after:<step>[@<pass>]")
+        return cls(when, step, int(index) if index else None, path)
+
+    async def at(self, when: str, action: Action) -> None:
+        if when != self.when or self.fired or not isinstance(action, RunPass | Save | Shrink):
+            return
+        key = action.key
+        if action.replay or key.kind.value != self.step:
+            return
+        if self.pass_index is not None and key.pass_index != self.pass_index:
+            return
+        self.fired = True
+        with open(self.path, "w") as f:
+            f.write(f"{when} {key.kind.value} {key.day}/{key.pass_index}\n")
+        log.warning("paused %s %s (remove %s to go on)", when, key, self.path)
+        while os.path.exists(self.path):
+            await asyncio.sleep(0.05)  # test-only hold, released by the test
 
 
 def _remove(uri: str) -> None:

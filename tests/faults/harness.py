@@ -1,0 +1,255 @@
+"""Shared machinery of the fault-injection suite: a tiny stream, a job, ``streamtrain run``.
+
+Every case runs the real CLI as a subprocess (PS and workers are its children) on a
+synthetic stream of a few hundred rows per folder, injects one fault, and asserts the
+outcome from the state file, the export donefile, the checkpoints and the CLI output.
+Waiting is always polling with a deadline; the driver's test-only pause hook
+(``STREAMTRAIN_PAUSE``, see ``driver.PauseHook``) holds a run at an exact step when a step
+is too short to hit by polling.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from streamtrain_operator.progress import Progress
+from streamtrain_worker.synth import SynthConfig, generate
+
+START = "20261101"
+NAME = "faults"
+SLOTS = ["user", "item", "category", "device", "position", "hour", "hist"]
+
+
+def write_stream(root: Path, days: int = 1, rows_per_folder: int = 120, seed: int = 3) -> Path:
+    """A 6-hourly synthetic stream (4 passes a day) with donefiles, under ``root/data``."""
+    data = root / "data"
+    generate(
+        SynthConfig(
+            out=str(data),
+            days=days,
+            start=START,
+            split_interval_minutes=360,
+            rows_per_folder=rows_per_folder,
+            files_per_folder=2,
+            num_users=200,
+            num_items=100,
+            seed=seed,
+        )
+    )
+    return data
+
+
+def manifest(days: int = 1, **overrides: Any) -> dict[str, Any]:
+    """A tiny job (1 PS, 1 worker, small MLP) over ``data``; ``overrides`` update a section."""
+    spec: dict[str, Any] = {
+        "data": {
+            "path": "data",
+            "format": "slot",
+            "slots": SLOTS,
+            "labelSlot": "click",
+            "startDay": START,
+            "endDay": f"{int(START) + days - 1}",
+            "splitIntervalMinutes": 360,
+            "pollSeconds": 0.1,
+        },
+        "model": {"hiddenUnits": [8], "batchSize": 32, "denseSyncSteps": 1},
+        "sparse": {"embedxThreshold": 1, "baseThreshold": 0, "deltaThreshold": 0},
+        "ps": {"replicas": 1, "logicalShards": 4},
+        "workers": {"replicas": 1, "passRetries": 2},
+        "checkpoint": {"path": "ckpt", "everyPasses": 1},
+        "export": {"path": "export", "retries": 1, "retryBackoffSeconds": 0.05},
+        "seed": 7,
+    }
+    for section, values in overrides.items():
+        if isinstance(values, dict):
+            spec.setdefault(section, {}).update(values)
+        else:
+            spec[section] = values
+    return {
+        "apiVersion": "streamtrain.io/v1alpha1",
+        "kind": "StreamingTrainingJob",
+        "metadata": {"name": NAME},
+        "spec": spec,
+    }
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll ``predicate`` until true; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)  # polling interval, not synchronisation
+
+
+def children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    try:
+        return [int(c) for c in path.read_text().split()]
+    except FileNotFoundError:
+        return []
+
+
+def alive(pid: int) -> bool:
+    """Running and not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@dataclass
+class Run:
+    """One ``streamtrain run`` subprocess; its output goes to a file (a pipe could fill)."""
+
+    process: subprocess.Popen[bytes]
+    log: Path
+    seen_children: set[int] = field(default_factory=set)
+
+    @property
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def role_pids(self, module: str) -> list[int]:
+        """Live children running ``python -m module`` (PS: streamtrain_ps), in start order."""
+        pids = []
+        for child in children(self.process.pid):
+            self.seen_children.add(child)
+            try:
+                cmdline = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+            except FileNotFoundError:
+                continue
+            if module.encode() in cmdline and alive(child):
+                pids.append(child)
+        return pids
+
+    def check_running(self) -> None:
+        if self.process.poll() is not None:
+            raise AssertionError(f"run exited early ({self.process.returncode}):\n{self.output}")
+
+    def wait(self, timeout: float = 120) -> int:
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise AssertionError(f"run did not finish in {timeout}s:\n{self.output}") from exc
+
+    def kill(self) -> None:
+        """SIGKILL the scheduler; its PS and workers die with it (PR_SET_PDEATHSIG)."""
+        self.role_pids("streamtrain")  # remember the children before they go
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+        self.process.wait(30)
+
+
+class Job:
+    """A job directory: stream, manifest, state file, export and checkpoints."""
+
+    def __init__(self, root: Path, runs: list[Run]) -> None:
+        self.root = root
+        self.path = root / "job.yaml"
+        self.state_path = root / "ckpt" / "_state" / f"{NAME}.json"
+        self.pause_file = root / "paused"
+        self._runs = runs
+
+    def write(self, days: int = 1, rows_per_folder: int = 120, **overrides: Any) -> Job:
+        write_stream(self.root, days, rows_per_folder)
+        return self.configure(days, **overrides)
+
+    def configure(self, days: int = 1, **overrides: Any) -> Job:
+        self.path.write_text(yaml.safe_dump(manifest(days, **overrides)))
+        return self
+
+    def start(self, pause: str | None = None) -> Run:
+        """``streamtrain run job.yaml`` in the background (``pause``: ``before:shrink`` ...)."""
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env.pop("STREAMTRAIN_PAUSE", None)
+        if pause is not None:
+            env["STREAMTRAIN_PAUSE"] = pause
+            env["STREAMTRAIN_PAUSE_FILE"] = str(self.pause_file)
+        log = self.root / f"run-{len(self._runs)}.log"
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "streamtrain_operator.cli", "run", str(self.path)],
+                cwd=self.root,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+            )
+        run = Run(process, log)
+        self._runs.append(run)
+        return run
+
+    def run(self, timeout: float = 120) -> tuple[int, str]:
+        """Run to the end; exit code and output."""
+        run = self.start()
+        code = run.wait(timeout)
+        return code, run.output
+
+    def state(self) -> Progress | None:
+        try:
+            return Progress.from_dict(json.loads(self.state_path.read_text()))
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+
+    def wait_state(
+        self, run: Run, predicate: Callable[[Progress], bool], what: str, timeout: float = 90
+    ) -> Progress:
+        """Poll the state file until ``predicate`` holds (failing early if the run exits)."""
+        found: list[Progress] = []
+
+        def check() -> bool:
+            run.check_running()
+            run.role_pids("streamtrain")  # remembered for the orphan check at teardown
+            p = self.state()
+            if p is not None and predicate(p):
+                found.append(p)
+                return True
+            return False
+
+        wait_for(check, timeout, what)
+        return found[0]
+
+    def wait_paused(self, run: Run, timeout: float = 90) -> str:
+        """Wait for the pause hook to hold; what it holds at (``before shrink 20261101/4``)."""
+
+        def check() -> bool:
+            run.check_running()
+            run.role_pids("streamtrain")
+            return self.pause_file.exists() and self.pause_file.read_text().endswith("\n")
+
+        wait_for(check, timeout, f"the run to pause ({self.pause_file})")
+        return self.pause_file.read_text().strip()
+
+    def release(self) -> None:
+        self.pause_file.unlink()
+
+
+def reap(runs: list[Run]) -> None:
+    """Finalizer: kill every run still going and check none of its children survive."""
+    for run in runs:
+        if run.process.poll() is None:
+            run.kill()
+    survivors: list[int] = []
+
+    def all_gone() -> bool:
+        survivors[:] = [pid for run in runs for pid in run.seen_children if alive(pid)]
+        return not survivors
+
+    try:
+        wait_for(all_gone, 30, "the runs' PS and worker processes to exit")
+    finally:
+        for pid in survivors:  # never leave an orphan, even when the check fails
+            os.kill(pid, signal.SIGKILL)

@@ -1,0 +1,62 @@
+"""Case 3: SIGKILL ``streamtrain run`` mid-pass, mid-shrink and mid-export, then run again.
+
+The pause hook holds the run right *after* the step ran and before its outcome is recorded —
+the widest window: the PS already trained / shrank / the model is already published, but the
+state file still says the step is in flight. The rerun must reload the last checkpoint,
+replay, and redo that step so that every pass is recorded once, the day is shrunk once and
+every model is published once and complete.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from streamtrain_operator.export import read_donefile, verify_model
+from streamtrain_operator.progress import Phase
+
+from .harness import START, Job, alive, wait_for
+
+PASSES = [(START, p) for p in (1, 2, 3, 4)]
+MODELS = [f"{START}/delta-{p}" for p in (1, 2, 3, 4)] + ["20261102/base", f"{START}/batch"]
+
+
+@pytest.mark.faults
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize(
+    ("pause", "held_at"),
+    [
+        ("after:train@3", f"after train {START}/3"),
+        ("after:shrink", f"after shrink {START}/4"),
+        ("after:base", f"after base {START}/4"),
+    ],
+)
+def test_killed_scheduler_resumes_the_same_step_exactly_once(
+    job: Job, pause: str, held_at: str
+) -> None:
+    job.write(days=1, checkpoint={"path": "ckpt", "everyPasses": 2})
+    first = job.start(pause=pause)
+    assert job.wait_paused(first) == held_at
+    before = job.state()
+    assert before is not None and before.current is not None
+    step = pause.split(":")[1].split("@", maxsplit=1)[0]
+    assert before.current.kind.value == step  # "started" is durable, "done" is not
+    first.kill()
+    # Its PS and worker die with it (PR_SET_PDEATHSIG): nothing of the first run is left.
+    assert first.seen_children
+    wait_for(lambda: not any(alive(pid) for pid in first.seen_children), 30, "orphans to exit")
+
+    code, output = job.run()
+    assert code == 0, first.output + output
+    after = job.state()
+    assert after is not None and after.phase == Phase.SUCCEEDED
+    assert after.generation == 2 and before.checkpoint is not None
+    assert f"resuming from checkpoint {before.checkpoint.uri}" in output
+    # Every pass recorded once; the day shrunk once (on the reloaded state).
+    assert [(r.day, r.pass_index) for r in after.history] == PASSES
+    assert all(r.metrics["examples"] == 120 for r in after.history)
+    assert after.shrunk_days == (START,)
+    # Each model published exactly once, complete (manifest and checksums verify).
+    lines = read_donefile(str(job.root / "export"))
+    assert [d.key for d in lines] == MODELS
+    for line in lines:
+        assert verify_model(str(job.root / "export"), line.key)["kind"] == line.kind
