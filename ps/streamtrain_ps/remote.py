@@ -230,7 +230,9 @@ class RemotePS:
         )
         everyone = range(self.num_servers)
         try:
-            responses = self._call_all("Save", [(i, req) for i in everyone], control=True)
+            responses = self._call_all(
+                "Save", [(i, req) for i in everyone], control=True, settle=True
+            )
             results = [save_result(uri, mode, r) for r in responses]
             checkpoint.publish(
                 uri, results, {**self._manifest_meta(mode), **(meta or {})}, config=self._config
@@ -267,9 +269,9 @@ class RemotePS:
         everyone = range(self.num_servers)
         load_id = uuid.uuid4().hex
 
-        def phase(p: int) -> list[Any]:
+        def phase(p: int) -> list[Any]:  # settled: an abort must follow every prepare
             req = ps_pb2.LoadRequest(uri=uri, phase=p, load_id=load_id)  # type: ignore[arg-type]
-            return self._call_all("Load", [(i, req) for i in everyone], control=True)
+            return self._call_all("Load", [(i, req) for i in everyone], control=True, settle=True)
 
         try:
             prepared = phase(ps_pb2.LOAD_PREPARE)

@@ -195,9 +195,17 @@ class FanOut:
         return stubs[next(self._next) % len(stubs)]
 
     def call_all(
-        self, method: str, calls: Sequence[tuple[int, Any]], *, control: bool = False
+        self,
+        method: str,
+        calls: Sequence[tuple[int, Any]],
+        *,
+        control: bool = False,
+        settle: bool = False,
     ) -> list[Any]:
-        """Send every (server, request) at once; retry the failed ones; answers in order."""
+        """Send every (server, request) at once; retry the failed ones; answers in order.
+
+        On a non-retryable error the other calls are cancelled, or with ``settle`` awaited
+        first — a two-phase caller's abort must reach servers *after* their first phase."""
         if self._closed.is_set():
             raise PSError("RemotePS is closed")
         policy = self._retry
@@ -216,17 +224,23 @@ class FanOut:
             ]
             failed: list[int] = []
             last: tuple[grpc.RpcError, int] | None = None
+            fatal: PSError | None = None
             for n, (i, fut) in enumerate(futures):
                 try:
                     results[i] = fut.result()
                 except grpc.RpcError as err:
                     code = cast(grpc.Call, err).code()
                     if code not in retryable:
+                        fatal = fatal or error_from_rpc(err, method, self.endpoints[calls[i][0]])
+                        if settle:
+                            continue
                         for _, other in futures[n + 1 :]:
                             other.cancel()
-                        raise error_from_rpc(err, method, self.endpoints[calls[i][0]]) from None
+                        raise fatal from None
                     failed.append(i)
                     last = (err, calls[i][0])
+            if fatal is not None:
+                raise fatal from None
             if not failed:
                 return results
             assert last is not None

@@ -63,6 +63,12 @@ def failfs() -> Iterator[Faults]:
     faultfs.reset()
 
 
+def data_dirs(prefix: str, server: int) -> set[str]:
+    """The ``data-s<server>-*`` directories on the failfs disk (one per save attempt)."""
+    marker = f"data-s{server:03d}-"
+    return {p.split(marker, 1)[1].split("/", 1)[0] for p in faultfs.files(prefix) if marker in p}
+
+
 def manifest(uri: str) -> bytes:
     fs, root = fsspec.core.url_to_fs(uri)
     data: bytes = fs.cat_file(f"{root}/{checkpoint.MANIFEST}")
@@ -84,10 +90,13 @@ def test_retried_delta_after_a_partial_failure_holds_every_changed_key(
         push(ps, changed, show=5, click=1, seed=1)
 
         faultfs.arm(fail_paths=("data-s001-",))  # every part of server 1 fails
+        written = data_dirs("models/delta", 0)
         with pytest.raises(CheckpointError, match="No space"):
             ps.save(uri, SaveMode.DELTA)
         assert manifest(uri) == before  # the previous delta is intact
         assert faultfs.FailingFileSystem.faults.failures >= 1
+        # server 0 did write its parts in the failed attempt (its effects were staged)
+        assert len(data_dirs("models/delta", 0) - written) == 1
 
         faultfs.arm()
         result = ps.save(uri, SaveMode.DELTA)
@@ -110,6 +119,7 @@ def test_batch_save_ages_unseen_days_only_when_every_server_succeeded(
     faultfs.arm(fail_paths=("data-s000-",))
     with pytest.raises(CheckpointError):
         ps.save("failfs://models/batch", SaveMode.BATCH)
+    assert len(data_dirs("models/batch", 1)) == 1  # server 1 wrote its parts
     faultfs.arm()
     ps.save("failfs://models/batch", SaveMode.BATCH)
     unseen = []
