@@ -1,0 +1,118 @@
+"""Case 6: data that is late, broken or empty — each gives its documented outcome and a
+message naming the folder or file, in the state file and in the CLI output."""
+
+from __future__ import annotations
+
+import gzip
+
+import pytest
+
+from streamtrain_operator.export import read_donefile, verify_model
+from streamtrain_operator.progress import Phase
+
+from .harness import START, Job
+
+#: Pass 2 of the first day (6-hourly folders 0000, 0600, 1200, 1800).
+FOLDER = f"data/{START}/0600"
+
+
+@pytest.mark.faults
+@pytest.mark.timeout(120)
+def test_late_donefile_keeps_waiting_with_a_condition_naming_the_folder(job: Job) -> None:
+    job.write(days=1, data={"missingDeadlineSeconds": 0.3, "onMissing": "keepWaiting"})
+    donefile = job.root / FOLDER / "_SUCCESS"
+    donefile.unlink()
+    run = job.start()
+    waiting = job.wait_state(
+        run,
+        lambda p: (c := p.condition("DataMissing")) is not None and c.status == "True",
+        "the DataMissing condition",
+    )
+    condition = waiting.condition("DataMissing")
+    assert condition is not None and condition.reason == "DonefileLate"
+    assert f"pass {START}/2: no donefile after" in condition.message
+    assert str(job.root / FOLDER) in condition.message
+    assert waiting.phase == Phase.WAITING and len(waiting.history) == 1
+
+    donefile.touch()  # the data arrives: the condition clears and the job goes on
+    assert run.wait() == 0, run.output
+    done = job.state()
+    assert done is not None and done.phase == Phase.SUCCEEDED and len(done.history) == 4
+    cleared = done.condition("DataMissing")
+    assert cleared is not None and (cleared.status, cleared.reason) == ("False", "DataArrived")
+    assert done.history[1].wait_seconds >= 0.3
+
+
+@pytest.mark.faults
+@pytest.mark.timeout(120)
+def test_late_donefile_with_on_missing_fail_fails_naming_the_folder(job: Job) -> None:
+    job.write(days=1, data={"missingDeadlineSeconds": 0.3, "onMissing": "fail"})
+    (job.root / FOLDER / "_SUCCESS").unlink()
+    code, output = job.run()
+    assert code == 1, output
+    state = job.state()
+    assert state is not None and state.phase == Phase.FAILED and len(state.history) == 1
+    failed = state.condition("Failed")
+    assert failed is not None and failed.reason == "DataMissing"
+    assert str(job.root / FOLDER) in failed.message
+    assert f"error: DataMissing: pass {START}/2: no donefile" in output
+    assert str(job.root / FOLDER) in output
+
+
+@pytest.mark.faults
+@pytest.mark.timeout(120)
+def test_truncated_gzip_fails_the_pass_naming_the_file(job: Job) -> None:
+    job.write(days=1, workers={"passRetries": 0})
+    part = job.root / FOLDER / "part-00001"
+    packed = gzip.compress(part.read_bytes())
+    truncated = part.with_name("part-00001.gz")
+    truncated.write_bytes(packed[: len(packed) // 2])
+    part.unlink()
+    code, output = job.run()
+    assert code == 1, output
+    state = job.state()
+    assert state is not None and state.phase == Phase.FAILED and len(state.history) == 1
+    failed = state.condition("Failed")
+    assert failed is not None and failed.reason == "WorkerFailed"
+    assert f"pass {START}/2" in failed.message
+    assert f"{truncated}: truncated or corrupt gzip file" in failed.message
+    assert f"{truncated}: truncated or corrupt gzip file" in output
+
+
+@pytest.mark.faults
+@pytest.mark.timeout(120)
+def test_file_of_bad_lines_fails_the_pass_naming_the_file_and_lines(job: Job) -> None:
+    job.write(days=1, workers={"passRetries": 0})
+    bad = job.root / FOLDER / "part-00000"
+    bad.write_text("".join(f"garbage line {i}\n" for i in range(50)))
+    code, output = job.run()
+    assert code == 1, output
+    state = job.state()
+    assert state is not None and state.phase == Phase.FAILED and len(state.history) == 1
+    failed = state.condition("Failed")
+    assert failed is not None and failed.reason == "WorkerFailed"
+    assert f"{bad}: 50 bad of 50 lines, first bad lines" in failed.message
+    assert f"{bad}: 50 bad of 50 lines" in output
+
+
+@pytest.mark.faults
+@pytest.mark.timeout(120)
+def test_empty_pass_completes_with_zero_examples(job: Job) -> None:
+    job.write(days=1)
+    for part in (job.root / FOLDER).glob("part-*"):
+        part.write_bytes(b"")
+    code, output = job.run()
+    assert code == 0, output
+    state = job.state()
+    assert state is not None and state.phase == Phase.SUCCEEDED
+    examples = [r.metrics["examples"] for r in state.history]
+    assert examples == [120, 0, 120, 120]
+    empty = state.history[1].metrics
+    # Read, not skipped: both (empty) files counted, nothing bad; the rate metrics of zero
+    # examples are placeholders (auc 0.5, loss 0), documented in docs/operations.md.
+    assert (empty["files"], empty["badLines"], empty["auc"], empty["loss"]) == (2, 0, 0.5, 0)
+    assert f"day {START} pass  2/4  auc 0.5000  loss 0.0000" in output
+    # The pass's delta is still published (it changes nothing), so the chain stays whole.
+    keys = [d.key for d in read_donefile(str(job.root / "export"))]
+    assert f"{START}/delta-2" in keys
+    assert verify_model(str(job.root / "export"), f"{START}/delta-2")["pass"] == 2
