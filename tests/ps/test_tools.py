@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from streamtrain_ps import bench, demo
+from streamtrain_ps import bench, bench_dense, demo
 from streamtrain_ps.__main__ import parse_args, shard_index_from_hostname
 
 
@@ -80,3 +80,10 @@ def test_bad_hostname_and_arguments_are_rejected(capsys: pytest.CaptureFixture[s
     assert "--shard-index 2 not in [0, 2)" in capsys.readouterr().err
     args = parse_args(["--port", "0", "--shard-index", "1", "--num-shards", "2"])
     assert (args.shard_index, args.num_shards, args.host) == (1, 2, "127.0.0.1")
+
+
+def test_dense_bench_reports_an_mlp_push_time(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench_dense.main(["--layers", "32,16", "--pushes", "3"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["parameters"] == 32 * 16 + 16 + 16 * 1 + 1
+    assert 0 < result["push_ms_median"] <= result["push_ms_p90"]
