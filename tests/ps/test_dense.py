@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from streamtrain_ps.config import DenseOptimizerConfig
+from streamtrain_ps.config import DenseOptimizerConfig, DenseOptimizerType
 from streamtrain_ps.dense import DenseVector
 
 
@@ -33,7 +33,7 @@ def reference(
 
 
 @pytest.mark.parametrize("kind", ["adam", "sgd"])
-def test_dense_update_matches_the_reference_formula(kind: str) -> None:
+def test_dense_update_matches_the_reference_formula(kind: DenseOptimizerType) -> None:
     c = DenseOptimizerConfig(type=kind, learningRate=0.01)
     rng = np.random.default_rng(3)
     w0 = rng.normal(size=1000).astype(np.float32)

@@ -46,6 +46,7 @@ METHODS: dict[str, type[Any]] = {
     "PushDense": ps_pb2.PushDenseRequest,
     "Shrink": ps_pb2.ShrinkRequest,
     "Stats": ps_pb2.StatsRequest,
+    "FinishSave": ps_pb2.FinishSaveRequest,
 }
 
 
@@ -209,6 +210,57 @@ def test_random_control_plane(live: Live, mode: int, table: str, missing: str) -
     assert load is grpc.StatusCode.FAILED_PRECONDITION
     assert live.status("Shrink", ps_pb2.ShrinkRequest(table=table)) in EXPECTED
     assert not (live.tmp / "never-written").exists()
+    live.assert_alive()
+
+
+@SETTINGS
+@given(
+    save_id=st.text(max_size=20),
+    commit=st.booleans(),
+    phase=st.integers(0, 2**31 - 1),
+    load_id=st.text(max_size=12),
+    client_id=st.binary(max_size=100),
+    seq=st.integers(0, 2**64 - 1),
+    acked=st.integers(0, 2**64 - 1),
+)
+def test_random_two_phase_calls_and_request_ids(
+    live: Live,
+    *,
+    save_id: str,
+    commit: bool,
+    phase: int,
+    load_id: str,
+    client_id: bytes,
+    seq: int,
+    acked: int,
+) -> None:
+    """Finishing saves and loads that were never staged, unknown load phases and arbitrary
+    push ids: an error status (or a no-op), never a crash, never a stuck server."""
+    uri = (live.tmp / "never-staged").as_uri()
+    finish = ps_pb2.FinishSaveRequest(uri=uri, save_id=save_id, commit=commit)
+    code = live.status("FinishSave", finish)
+    if not save_id:
+        assert code is grpc.StatusCode.INVALID_ARGUMENT
+    else:
+        assert code is (grpc.StatusCode.FAILED_PRECONDITION if commit else grpc.StatusCode.OK)
+    load = ps_pb2.LoadRequest(uri=uri, load_id=load_id)
+    load.phase = phase  # type: ignore[assignment]  # proto3 enums are open: any int
+    assert live.status("Load", load) in EXPECTED
+    keys = wire.encode_keys(np.array([3], np.uint64))
+    push = ps_pb2.PushSparseRequest(
+        table="embedding",
+        keys=keys,
+        grads=bytes(5 * 4),
+        dim=5,
+        shows=bytes(4),
+        clicks=bytes(4),
+        id=ps_pb2.RequestId(client_id=client_id, seq=seq, acked_below=acked),
+    )
+    code = live.status("PushSparse", push)
+    if client_id and (len(client_id) > 64 or seq < 1):
+        assert code is grpc.StatusCode.INVALID_ARGUMENT
+    else:
+        assert code in (grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT)  # below acked
     live.assert_alive()
 
 
