@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from typing import Any, Protocol
 import fsspec
 
 from streamtrain_operator import export, render
+from streamtrain_operator.pause import PauseHook
 from streamtrain_operator.plan import PassPlan, StepKey, StepKind, join_uri
 from streamtrain_operator.progress import Phase, Progress
 from streamtrain_operator.scheduler import (
@@ -100,6 +100,9 @@ class Supervisor(Protocol):
     ps_restarts: int
     #: What the last PS restart was (for the condition's message).
     last_ps_restart: str
+    #: How many worker restarts so far: one during a pass pushed part of its share.
+    worker_restarts: int
+    last_worker_restart: str
 
     async def heal(self) -> list[str]:
         """Restart whatever died (same address); returns what was restarted."""
@@ -156,6 +159,8 @@ class Driver:
         self._results_key: StepKey | None = None
         self._pass_started = 0.0
         self._pause = PauseHook.from_env()
+        # Restores after a worker loss, by pass: bounded by passRetries, then shares retry.
+        self._worker_restores: dict[StepKey, int] = {}
 
     def stop(self, phase: str = Phase.STOPPED, message: str = "") -> None:
         """Finish the current action, then stop (progress stays resumable)."""
@@ -169,7 +174,7 @@ class Driver:
                 return self.machine.progress
             if self.observer.on_action is not None:
                 self.observer.on_action(action, self.machine.progress)
-            restarts = 0 if self.supervisor is None else self.supervisor.ps_restarts
+            restarts = self._restarts()
             await self._pause.at("before", action)
             try:
                 event = await self.execute(action)
@@ -182,14 +187,43 @@ class Driver:
                 for what in healed:
                     if self.observer.on_restart is not None:
                         self.observer.on_restart(what)
-                if self.supervisor.ps_restarts != restarts:
-                    # A PS shard came back empty: the outcome of this action is void.
-                    reason = self.supervisor.last_ps_restart or "a PS shard restarted"
-                    self.machine.restore(reason, self.clock())
+                lost = self._state_lost(action, restarts)
+                if lost is not None:
+                    self.machine.restore(lost[1], self.clock(), cause=lost[0])
                     self._save()
                     continue
             self.machine.handle(event, self.clock())
             self._save()
+
+    def _restarts(self) -> tuple[int, int]:
+        if self.supervisor is None:
+            return 0, 0
+        return self.supervisor.ps_restarts, self.supervisor.worker_restarts
+
+    def _state_lost(self, action: Action, before: tuple[int, int]) -> tuple[str, str] | None:
+        """Did a restart during ``action`` make the PS state unknown? (cause, message)
+
+        A PS restart lost that shard's state. A worker that died during a pass had pushed
+        the gradients of part of its share; retrying the share alone would apply those
+        twice, so the model is restored (reload + replay) instead — exactly-once for worker
+        loss too, at the price of replaying the passes since the last checkpoint. Bounded by
+        ``workers.passRetries`` per pass: a worker that keeps dying on a pass falls back to
+        share retries, which then fail the job naming it.
+        """
+        assert self.supervisor is not None
+        ps, workers = self._restarts()
+        if ps != before[0]:
+            # A PS shard came back empty: the outcome of this action is void.
+            return "PSRestarted", self.supervisor.last_ps_restart or "a PS shard restarted"
+        if workers == before[1] or not isinstance(action, RunPass):
+            return None
+        done = self._worker_restores.get(action.key, 0)
+        if done >= self.spec.workers.passRetries:
+            return None
+        self._worker_restores[action.key] = done + 1
+        what = self.supervisor.last_worker_restart or "a worker restarted"
+        where = f"{action.key.day}/{action.key.pass_index}"
+        return "WorkerRestarted", f"{what} during pass {where}: its pushes are discarded"
 
     def _save(self) -> None:
         self.store.save(self.machine.progress)
@@ -373,59 +407,6 @@ class Driver:
         for _, directory in found[: -self.spec.checkpoint.keep]:
             if directory.rstrip("/") != newest_path:
                 fs.rm(directory, recursive=True)
-
-
-@dataclass
-class PauseHook:
-    """Test-only: hold the driver at one step so a fault can be injected exactly there.
-
-    ``STREAMTRAIN_PAUSE=<before|after>:<step>[@<pass>]`` (``step``: train, delta, checkpoint,
-    shrink, base, batch; ``pass``: its index in the day, any if omitted) with
-    ``STREAMTRAIN_PAUSE_FILE=<path>``: at the first non-replay action of that step, ``before``
-    it runs (its "started" record is already saved) or ``after`` it ran (its outcome not yet
-    recorded: the widest crash window), the driver writes ``path`` with what it holds at and
-    waits until the file is removed. The fault-injection suite (``tests/faults``) uses it to
-    SIGKILL ``streamtrain run`` mid-shrink or mid-export, which is otherwise a race against a
-    step of milliseconds. Unset (always, outside tests): a no-op.
-    """
-
-    when: str = ""
-    step: str = ""
-    pass_index: int | None = None
-    path: str = ""
-    #: Holds once per process: a released run goes on normally.
-    fired: bool = False
-
-    @classmethod
-    def from_env(cls) -> PauseHook:
-        where = os.environ.get("STREAMTRAIN_PAUSE", "")
-        path = os.environ.get("STREAMTRAIN_PAUSE_FILE", "")
-        if not where or not path:
-            return cls()
-        when, _, rest = where.partition(":")
-        step, _, index = rest.partition("@")
-        if (
-            when not in ("before", "after")
-            or step not in {k.value for k in StepKind}
-            or (index and not index.isdigit())
-        ):
-            raise ValueError(f"STREAMTRAIN_PAUSE={where!r}: expected before|after:<step>[@<pass>]")
-        return cls(when, step, int(index) if index else None, path)
-
-    async def at(self, when: str, action: Action) -> None:
-        if when != self.when or self.fired or not isinstance(action, RunPass | Save | Shrink):
-            return
-        key = action.key
-        if action.replay or key.kind.value != self.step:
-            return
-        if self.pass_index is not None and key.pass_index != self.pass_index:
-            return
-        self.fired = True
-        with open(self.path, "w") as f:
-            f.write(f"{when} {key.kind.value} {key.day}/{key.pass_index}\n")
-        log.warning("paused %s %s (remove %s to go on)", when, key, self.path)
-        while os.path.exists(self.path):
-            await asyncio.sleep(0.05)  # test-only hold, released by the test
 
 
 def _remove(uri: str) -> None:

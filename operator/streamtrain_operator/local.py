@@ -91,6 +91,7 @@ class LocalCluster:
         self.ps_restarts = 0
         self.last_ps_restart = ""
         self.worker_restarts = 0
+        self.last_worker_restart = ""
         self._healing = asyncio.Lock()
         self.ps_endpoints: list[str] = []
         self.worker_endpoints: list[str] = []
@@ -177,6 +178,7 @@ class LocalCluster:
                     self.last_ps_restart = what
                 else:
                     self.worker_restarts += 1
+                    self.last_worker_restart = what
                 healed.append(what)
             return healed
 

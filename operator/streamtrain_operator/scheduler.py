@@ -191,8 +191,11 @@ class Scheduler:
         """Stop before the next step (Ctrl-C, SIGTERM, ``suspend``); progress stays valid."""
         self._stop = (phase, message)
 
-    def restore(self, reason: str, now: float) -> None:
-        """The PS lost its state (a shard restarted): start over from the last checkpoint.
+    def restore(self, reason: str, now: float, cause: str = "PSRestarted") -> None:
+        """The PS state is lost or unknown: start over from the last checkpoint.
+
+        ``cause`` (the condition's reason): ``PSRestarted`` (a shard came back empty) or
+        ``WorkerRestarted`` (a worker died mid-pass after pushing part of its share).
 
         Whatever action is pending is abandoned (its outcome is unknown or was computed
         against a PS that lost state); the next action bumps the generation, reloads the
@@ -207,7 +210,7 @@ class Scheduler:
         self._queue = []
         self._started = False
         self.progress = self.progress.with_condition(
-            Condition("Restored", "True", "PSRestarted", reason, now)
+            Condition("Restored", "True", cause, reason, now)
         )
 
     @property

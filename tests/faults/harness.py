@@ -21,9 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import yaml
 
 from streamtrain_operator.progress import Progress
+from streamtrain_ps import checkpoint
 from streamtrain_worker.synth import SynthConfig, generate
 
 START = "20261101"
@@ -253,3 +256,51 @@ def reap(runs: list[Run]) -> None:
     finally:
         for pid in survivors:  # never leave an orphan, even when the check fails
             os.kill(pid, signal.SIGKILL)
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """A mode 0 checkpoint read back: every sparse row by key, and the dense vectors."""
+
+    columns: tuple[str, ...]
+    keys: npt.NDArray[np.uint64]  # sorted
+    rows: npt.NDArray[np.float32]  # rows[i] belongs to keys[i]
+    dense: dict[str, npt.NDArray[np.float32]]
+
+    def column(self, name: str) -> npt.NDArray[np.float32]:
+        return self.rows[:, self.columns.index(name)]
+
+
+def read_checkpoint(uri: str | Path, table: str = "embedding") -> ModelState:
+    """All keys of ``table`` and all dense vectors of the checkpoint at ``uri`` (verified)."""
+    manifest = checkpoint.read_manifest(str(uri))
+    keys, rows, columns = [], [], ()
+    for logical in range(manifest.logical_shards):
+        header, arrays = checkpoint.read_verified(manifest, manifest.sparse_part(table, logical))
+        columns = tuple(header["columns"])
+        keys.append(arrays["keys"])
+        rows.append(arrays["values"].reshape(-1, len(columns)))
+    all_keys, all_rows = np.concatenate(keys), np.concatenate(rows)
+    order = np.argsort(all_keys, kind="stable")
+    return ModelState(columns, all_keys[order], all_rows[order], checkpoint.read_dense(str(uri)))
+
+
+def checkpoint_of(root: Path, day: str, pass_index: int) -> Path:
+    """The newest checkpoint directory of ``day``/``pass_index`` (highest generation)."""
+    found = sorted(
+        (root / "ckpt" / day).glob(f"pass-{pass_index}-g*"),
+        key=lambda p: int(p.name.rsplit("-g", 1)[1]),
+    )
+    if not found:
+        raise AssertionError(f"no checkpoint of {day}/{pass_index} under {root / 'ckpt'}")
+    return found[-1]
+
+
+def data_totals(folder: Path, label_slot: str = "click") -> tuple[int, int]:
+    """Examples and positive labels in the part files of ``folder`` (slot format)."""
+    examples = positives = 0
+    for part in sorted(folder.glob("part-*")):
+        for line in part.read_text().splitlines():
+            examples += 1
+            positives += f"1:{label_slot}" in line.split() or f"{label_slot}:1" in line.split()
+    return examples, positives
