@@ -29,13 +29,13 @@ proto-check: proto ## Fail if the committed generated code differs from a fresh 
 	  (echo "generated protobuf code is stale: run 'make proto' and commit" >&2; exit 1)
 
 lint: $(STAMP) ## ruff (style, imports) and import-linter (layers)
-	$(VENV)/bin/ruff check ps worker operator tests bench
-	$(VENV)/bin/ruff format --check ps worker operator tests bench
+	$(VENV)/bin/ruff check ps worker operator tests
+	$(VENV)/bin/ruff format --check ps worker operator tests
 	$(VENV)/bin/lint-imports
 
 fmt: $(STAMP) ## Format and autofix with ruff
-	$(VENV)/bin/ruff format ps worker operator tests bench
-	$(VENV)/bin/ruff check --fix ps worker operator tests bench
+	$(VENV)/bin/ruff format ps worker operator tests
+	$(VENV)/bin/ruff check --fix ps worker operator tests
 
 typecheck: $(STAMP) ## mypy over the three packages
 	$(VENV)/bin/mypy ps/streamtrain_ps worker/streamtrain_worker operator/streamtrain_operator
