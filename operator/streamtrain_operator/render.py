@@ -55,7 +55,7 @@ def worker_config(spec: JobSpec, ps_endpoints: Sequence[str]) -> WorkerConfig:
         ps=PSClientConfig(endpoints=tuple(ps_endpoints), config=ps_config(spec)),
         seed=spec.seed,
         metrics=MetricsConfig(),
-        runtime=RuntimeConfig(numThreads=spec.workers.numThreads),
+        runtime=RuntimeConfig(numThreads=spec.workers.numThreads, overlap=spec.workers.overlap),
     )
 
 

@@ -401,6 +401,11 @@ class WorkersSpec:
         maximum=4096,
     )
     numThreads: int = _f(1, "torch intra-op threads per worker.", minimum=1)
+    overlap: bool = _f(
+        True,
+        "Overlap PS pulls and pushes with compute (faster). false: every pull and push in "
+        "order, so the same seed and data give a bitwise identical model.",
+    )
     passRetries: int = _f(
         2,
         "Times a worker's share of a pass is retried after an error before the job fails.",

@@ -265,7 +265,9 @@ class ModelState:
     columns: tuple[str, ...]
     keys: npt.NDArray[np.uint64]  # sorted
     rows: npt.NDArray[np.float32]  # rows[i] belongs to keys[i]
-    dense: dict[str, npt.NDArray[np.float32]]
+    #: Every array of every dense vector (values and optimizer moments) by "name/array",
+    #: plus the optimizer step count as "name/step".
+    dense: dict[str, npt.NDArray[Any]]
 
     def column(self, name: str) -> npt.NDArray[np.float32]:
         return self.rows[:, self.columns.index(name)]
@@ -282,7 +284,12 @@ def read_checkpoint(uri: str | Path, table: str = "embedding") -> ModelState:
         rows.append(arrays["values"].reshape(-1, len(columns)))
     all_keys, all_rows = np.concatenate(keys), np.concatenate(rows)
     order = np.argsort(all_keys, kind="stable")
-    return ModelState(columns, all_keys[order], all_rows[order], checkpoint.read_dense(str(uri)))
+    dense: dict[str, npt.NDArray[Any]] = {}
+    for name, info in manifest.dense.items():
+        header, arrays = checkpoint.read_verified(manifest, manifest.files[info["path"]])
+        dense.update({f"{name}/{a}": v for a, v in arrays.items()})
+        dense[f"{name}/step"] = np.array([header["step"]])
+    return ModelState(columns, all_keys[order], all_rows[order], dense)
 
 
 def checkpoint_of(root: Path, day: str, pass_index: int) -> Path:
