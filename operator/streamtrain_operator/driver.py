@@ -208,7 +208,8 @@ class Driver:
         twice, so the model is restored (reload + replay) instead — exactly-once for worker
         loss too, at the price of replaying the passes since the last checkpoint. Bounded by
         ``workers.passRetries`` per pass: a worker that keeps dying on a pass falls back to
-        share retries, which then fail the job naming it.
+        share retries, which then fail the job naming it. Before the first checkpoint there
+        is nothing to reload (the PS has no reset), so the share is retried as well.
         """
         assert self.supervisor is not None
         ps, workers = self._restarts()
@@ -216,6 +217,8 @@ class Driver:
             # A PS shard came back empty: the outcome of this action is void.
             return "PSRestarted", self.supervisor.last_ps_restart or "a PS shard restarted"
         if workers == before[1] or not isinstance(action, RunPass):
+            return None
+        if self.machine.progress.checkpoint is None:
             return None
         done = self._worker_restores.get(action.key, 0)
         if done >= self.spec.workers.passRetries:

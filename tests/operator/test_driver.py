@@ -228,3 +228,72 @@ def test_an_unforeseen_error_becomes_a_failed_condition_not_a_crash(tmp_path: Pa
     assert progress.phase == Phase.FAILED
     assert "InternalError" in progress.message
     assert "ValueError: duplicate files in the listing" in progress.message
+
+
+class DyingWorker(FakeWorker):
+    """Pushes half of its share, then "dies": the supervisor restarts it (counts it)."""
+
+    def __init__(self, ps: LocalPS, index: int, supervisor: FakeSupervisor, deaths: int) -> None:
+        super().__init__(ps, index)
+        self.supervisor = supervisor
+        self.deaths = deaths
+
+    async def run_pass(
+        self, day: str, pass_index: int, files: Sequence[str], generation: int, train: bool
+    ) -> Any:
+        if pass_index == 2 and train and self.deaths > 0:
+            self.deaths -= 1
+            await super().run_pass(day, pass_index, files[: len(files) // 2 + 1], generation, train)
+            self.supervisor.worker_restarts += 1
+            self.supervisor.last_worker_restart = f"{self.name} exited with code -9"
+            raise ConnectionError("worker died")
+        return await super().run_pass(day, pass_index, files, generation, train)
+
+
+class FakeSupervisor:
+    """Counts restarts like ``LocalCluster`` (the dying worker bumps its own count)."""
+
+    def __init__(self) -> None:
+        self.ps_restarts = 0
+        self.last_ps_restart = ""
+        self.worker_restarts = 0
+        self.last_worker_restart = ""
+
+    async def heal(self) -> list[str]:
+        return []
+
+
+@pytest.mark.parametrize(("deaths", "phase"), [(1, Phase.SUCCEEDED), (3, Phase.FAILED)])
+def test_a_worker_dying_mid_pass_restores_the_checkpoint_at_most_pass_retries_times(
+    tmp_path: Path, deaths: int, phase: str
+) -> None:
+    job = make_job(tmp_path)
+    for hhmm in ("0000", "1200"):
+        write_folder(tmp_path, "20261101", hhmm)
+    ps = LocalPS(render.ps_config(job.spec))
+    supervisor = FakeSupervisor()
+    dying = DyingWorker(ps, 1, supervisor, deaths)
+    clock = iter(range(10_000))
+    driver = Driver(
+        job.spec,
+        ps,
+        [FakeWorker(ps, 0), dying],
+        MemoryStateStore(),
+        clock=lambda: float(next(clock)),
+        sleep=_no_sleep,
+        supervisor=supervisor,
+    )
+    progress = asyncio.run(driver.run())
+    assert progress.phase == phase
+    restored = progress.condition("Restored")
+    assert restored is not None and restored.reason == "WorkerRestarted"
+    assert "worker-1 exited with code -9 during pass 20261101/2" in restored.message
+    pass2 = [c for c in dying.calls if c[1] == 2]
+    if deaths == 1:
+        # One restore (generation 2: reload pass 1's checkpoint, redo pass 2), no share retry.
+        assert [c[3] for c in pass2] == [1, 2] and progress.generation == 2
+        assert progress.history[1].attempts == 1
+    else:
+        # passRetries (1) restores, then the share is retried until it fails the job.
+        assert [c[3] for c in pass2] == [1, 2, 2] and progress.generation == 2
+        assert "worker 1 failed pass 20261101/2 after 2 attempts" in progress.message
