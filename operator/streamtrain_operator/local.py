@@ -26,7 +26,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -81,8 +81,12 @@ class LocalCluster:
         workdir: Path,
         python: str = sys.executable,
         start_timeout: float = 120.0,
+        ps_route: Callable[[str], str] | None = None,
     ) -> None:
         self.job = job
+        #: Maps a PS endpoint to the address the workers dial (tests put a fault-injecting
+        #: proxy between workers and PS; the driver always dials the PS directly).
+        self.ps_route = ps_route or (lambda endpoint: endpoint)
         self.workdir = workdir
         self.python = python
         self.start_timeout = start_timeout
@@ -118,7 +122,8 @@ class LocalCluster:
         ]
         self.ps_endpoints = [self._await_listening(c) for c in shards]
         worker_json = configs / "worker.json"
-        worker_json.write_text(render.render_worker(spec, self.ps_endpoints))
+        routed = [self.ps_route(endpoint) for endpoint in self.ps_endpoints]
+        worker_json.write_text(render.render_worker(spec, routed))
         workers = [
             self._spawn(
                 f"worker-{i}",
