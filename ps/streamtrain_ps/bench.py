@@ -308,7 +308,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "rpc_push_keys_per_s": best(remote, "push"),
         "bytes_per_key": round(local.get("bytes_per_key", 0.0), 1),
         # False: the table is too small for RSS growth to mean anything (see grow_table)
-        "bytes_per_key_measurable": args.keys >= MIN_RSS_KEYS,
+        "bytes_per_key_measurable": args.keys >= MIN_RSS_KEYS and not args.skip_local,
         "table_memory_bytes_per_key": round(local.get("table_memory_bytes_per_key", 0.0), 1),
         "server_bytes_per_key": round(remote.get("server_bytes_per_key", 0.0), 1),
         "keys": args.keys,
