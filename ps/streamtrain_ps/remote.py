@@ -269,7 +269,7 @@ class RemotePS:
         everyone = range(self.num_servers)
         load_id = uuid.uuid4().hex
 
-        def phase(p: ps_pb2.LoadPhase.ValueType) -> list[Any]:  # settled: abort follows all
+        def phase(p: ps_pb2.LoadPhase) -> list[Any]:  # settled: an abort follows every prepare
             req = ps_pb2.LoadRequest(uri=uri, phase=p, load_id=load_id)
             return self._call_all("Load", [(i, req) for i in everyone], control=True, settle=True)
 
