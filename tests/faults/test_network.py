@@ -89,12 +89,12 @@ def test_dropped_and_refused_worker_ps_connections_apply_every_gradient_once(
     proxies: list[NetProxy] = []
     try:
         progress = _run(job, proxies, faults=True)
+        assert progress.phase == Phase.SUCCEEDED, progress.message
         (proxy,) = proxies
-        assert proxy.stats.dropped == 3 and proxy.stats.refused == 2
+        assert proxy.stats.dropped == 3 and proxy.stats.refused == 2, proxy.stats
     finally:
         for p in proxies:
             p.close()
-    assert progress.phase == Phase.SUCCEEDED, progress.message
     assert [r.pass_index for r in progress.history] == [1, 2, 3, 4]
     assert all(r.metrics["examples"] == 120 for r in progress.history)
 
