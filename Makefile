@@ -48,7 +48,7 @@ test: $(STAMP) proto-check lint typecheck pytest ## Everything CI checks: genera
 test-faults: $(STAMP) ## Fault-injection suite (also part of `make test`)
 	$(PY) -m pytest -q -m faults
 
-bench: bench-ps bench-worker bench-e2e ## All benchmarks (results go in docs/benchmarks.md)
+bench: bench-ps bench-worker bench-e2e bench-load ## All benchmarks (results go in docs/benchmarks.md)
 
 bench-ps: $(STAMP) ## PS shard throughput and memory per key
 	$(PY) -m streamtrain_ps.bench --json
