@@ -47,6 +47,7 @@ def worker_config(spec: JobSpec, ps_endpoints: Sequence[str]) -> WorkerConfig:
             batchSize=m.batchSize,
             cvm=m.cvm,
             denseSyncSteps=m.denseSyncSteps,
+            normalizeEmbeddings=m.normalizeEmbeddings,
             targetSlot=m.targetSlot,
             attentionUnits=m.attentionUnits,
         ),

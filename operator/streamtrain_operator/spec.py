@@ -235,6 +235,12 @@ class ModelSpec:
         True, "Add PaddlePaddle's continuous value model inputs (log show, log CTR) per slot."
     )
     denseSyncSteps: int = _f(10, "Pull dense parameters from the PS every K steps.", minimum=1)
+    normalizeEmbeddings: bool = _f(
+        True,
+        "slot_dnn only: batch-normalise the embedding columns of the MLP input too. false: "
+        "only the CVM columns (embeddings raw, as plain PyTorch): +0.01 AUC on the Criteo "
+        "bench, slower learning on tiny streams.",
+    )
     targetSlot: int = _f(0, "DIN only: the slot holding the target item.", minimum=0)
     attentionUnits: tuple[int, ...] = _f((64, 32), "DIN only: attention MLP widths.", itemMinimum=1)
 

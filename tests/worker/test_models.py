@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -95,3 +97,38 @@ def test_slot_dnn_trains_on_a_batch_of_one() -> None:
     pooled = torch.randn(1, S, spec.slot_width, requires_grad=True)
     model(pooled).sum().backward()
     assert pooled.grad is not None and pooled.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("cvm", [True, False])
+def test_slot_dnn_can_normalise_only_the_cvm_columns(cvm: bool) -> None:
+    """normalizeEmbeddings false: the CVM log counts are standardised over the batch, the
+    embeddings reach the MLP as they are (as in plain PyTorch; docs/decisions.md)."""
+    spec = dataclasses.replace(spec_for("slot_dnn", cvm=cvm), normalize_embeddings=False)
+    model = build_model("slot_dnn", spec).train()
+    g = torch.Generator().manual_seed(1)
+    pooled = torch.randn(64, S, spec.slot_width, generator=g) * 1e-3
+    if cvm:
+        pooled[:, :, :2] = torch.rand(64, S, 2, generator=g) * 10.0  # log-count scale
+    norm = model.get_submodule("norm")
+    out = norm(pooled).view(64, S, spec.slot_width)
+    col = spec.embed_offset
+    assert torch.equal(out[:, :, col:], pooled[:, :, col:])
+    if cvm:
+        counts = out[:, :, :2]
+        assert counts.mean(dim=0).abs().max() < 1e-5
+        assert (counts.var(dim=0, unbiased=False) - 1).abs().max() < 1e-3
+        assert sum(p.numel() for p in norm.parameters()) == 2 * 2 * S
+    else:
+        assert sum(p.numel() for p in norm.parameters()) == 0
+    script(model)  # still exportable
+
+
+def test_slot_dnn_normalises_the_whole_input_by_default() -> None:
+    """The default keeps the whole-input batch norm (and its parameter layout)."""
+    spec = spec_for("slot_dnn", cvm=True)
+    model = build_model("slot_dnn", spec).train()
+    pooled = torch.randn(64, S, spec.slot_width) * 1e-3
+    norm = model.get_submodule("norm")
+    out = norm(pooled)
+    assert out.mean(dim=0).abs().max() < 1e-5
+    assert sum(p.numel() for p in norm.parameters()) == 2 * S * spec.slot_width

@@ -30,6 +30,7 @@ class ModelSpec:
     sequence_slot: int | None = None
     target_slot: int = 0
     attention_units: tuple[int, ...] = (64, 32)
+    normalize_embeddings: bool = True
 
     @classmethod
     def from_config(
@@ -43,6 +44,7 @@ class ModelSpec:
             sequence_slot=sequence_slot,
             target_slot=model.targetSlot,
             attention_units=model.attentionUnits,
+            normalize_embeddings=model.normalizeEmbeddings,
         )
 
     @property
@@ -84,6 +86,39 @@ class InputNorm(nn.BatchNorm1d):
             momentum,
             self.eps,
         )
+
+
+class SlotInputNorm(nn.Module):
+    """``(B, S, W)`` pooled slots -> ``(B, S * W)``, batch-normalised as configured.
+
+    The two CVM features per slot are log counts (up to ~10) next to embeddings that start
+    near 0: fed raw, they swamp the MLP (Criteo sample: AUC ~0.55 instead of ~0.68 after two
+    passes), so they are always normalised (``InputNorm``, Paddle's ``data_norm`` role).
+    The embedding columns are normalised too only with ``embeddings``: that divides their
+    gradient by their (tiny, per-batch) standard deviation, which speeds up embeddings that
+    barely move (tiny streams, lazily admitted embedx) but costs ~0.01 progressive AUC on
+    the bench-e2e protocol against raw embeddings, for plain PyTorch as for the PS path
+    (``docs/decisions.md``). Without CVM and ``embeddings`` it is a plain flatten, like the
+    textbook ``EmbeddingBag`` + MLP. With ``embeddings`` the parameters are exactly the
+    earlier whole-input ``InputNorm``'s, so existing dense vectors still fit.
+    """
+
+    def __init__(self, num_slots: int, slot_width: int, cvm: bool, embeddings: bool) -> None:
+        super().__init__()
+        self.cvm_only = cvm and not embeddings
+        if embeddings:
+            self.norm: nn.Module = InputNorm(num_slots * slot_width)
+        elif cvm:
+            self.norm = InputNorm(2 * num_slots)
+        else:
+            self.norm = nn.Identity()
+
+    def forward(self, pooled: torch.Tensor) -> torch.Tensor:
+        if not self.cvm_only:
+            return self.norm(pooled.flatten(1))
+        b = pooled.shape[0]
+        counts = self.norm(pooled[:, :, :2].reshape(b, -1)).view(b, -1, 2)
+        return torch.cat([counts, pooled[:, :, 2:]], dim=2).flatten(1)
 
 
 class DenseModel(nn.Module):

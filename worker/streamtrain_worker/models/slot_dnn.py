@@ -1,21 +1,23 @@
 """Slot DNN (PaddleRec's ``slot_dnn``): concatenated pooled slots (+ CVM), normalised, into
 an MLP.
 
-The input is normalised per feature like Paddle's ``data_norm`` does for this model: the CVM
-features (log counts up to ~10) and the embeddings (initialised near 0) differ in scale by
-orders of magnitude, and without it the MLP learns the embeddings very slowly (on the Criteo
-sample, AUC ~0.55 instead of ~0.68 after two passes). ``InputNorm`` is a batch norm: its
-affine weights are dense parameters (on the PS like every weight); its running mean and
-variance are buffers kept by each worker and exported with the model (every worker sees the
-same distribution, so their statistics agree closely). DIN normalises its MLP input the same
-way.
+The input is normalised per feature like Paddle's ``data_norm`` does for this model
+(``SlotInputNorm``): the CVM features (log counts up to ~10) and the embeddings (initialised
+near 0) differ in scale by orders of magnitude, and without it the MLP learns the
+embeddings very slowly (on the Criteo sample, AUC ~0.55 instead of ~0.68 after two passes).
+``model.normalizeEmbeddings: false`` normalises only the CVM columns and feeds the
+embeddings raw, as plain PyTorch does: ~0.01 better progressive AUC on the bench-e2e
+Criteo protocol, much worse on tiny streams (``docs/decisions.md``). The norm's affine
+weights are dense parameters (on the PS like every weight); its running mean and variance
+are buffers kept by each worker and exported with the model (every worker sees the same
+distribution, so their statistics agree closely).
 """
 
 from __future__ import annotations
 
 import torch
 
-from streamtrain_worker.models.base import DenseModel, InputNorm, ModelSpec, mlp, register
+from streamtrain_worker.models.base import DenseModel, ModelSpec, SlotInputNorm, mlp, register
 
 
 @register("slot_dnn")
@@ -23,7 +25,9 @@ class SlotDNN(DenseModel):
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__(spec)
         width = spec.num_slots * spec.slot_width
-        self.norm = InputNorm(width)
+        self.norm = SlotInputNorm(
+            spec.num_slots, spec.slot_width, spec.cvm, spec.normalize_embeddings
+        )
         self.mlp = mlp(width, spec.hidden_units)
 
     def forward(
@@ -32,4 +36,4 @@ class SlotDNN(DenseModel):
         seq: torch.Tensor | None = None,
         seq_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        return self.mlp(self.norm(pooled.flatten(1))).squeeze(1)
+        return self.mlp(self.norm(pooled)).squeeze(1)
