@@ -4,20 +4,53 @@ The pause hook holds the run right *after* the step ran and before its outcome i
 the widest window: the PS already trained / shrank / the model is already published, but the
 state file still says the step is in flight. The rerun must reload the last checkpoint,
 replay, and redo that step so that every pass is recorded once, the day is shrunk once and
-every model is published once and complete.
+every model is published once and complete. Execution is deterministic (one worker,
+``workers.overlap: false``), so "once" is also checked on the model itself: the final
+checkpoint is bit-identical to a run without the kill (a pass trained twice or a second
+shrink — which decays every show and click — would change it).
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from streamtrain_operator.export import read_donefile, verify_model
 from streamtrain_operator.progress import Phase
 
-from .harness import START, Job, alive, wait_for
+from .harness import (
+    START,
+    Job,
+    ModelState,
+    Run,
+    alive,
+    checkpoint_of,
+    read_checkpoint,
+    reap,
+    wait_for,
+)
 
 PASSES = [(START, p) for p in (1, 2, 3, 4)]
 MODELS = [f"{START}/delta-{p}" for p in (1, 2, 3, 4)] + ["20261102/base", f"{START}/batch"]
+SPEC: dict[str, Any] = {
+    "workers": {"replicas": 1, "numThreads": 1, "overlap": False},
+    "checkpoint": {"path": "ckpt", "everyPasses": 2},
+}
+
+
+@pytest.fixture(scope="module")
+def clean_model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModelState]:
+    """The final checkpoint of the same job run without a fault (once for every case)."""
+    runs: list[Run] = []
+    try:
+        clean = Job(tmp_path_factory.mktemp("clean"), runs).write(days=1, **SPEC)
+        code, output = clean.run()
+        assert code == 0, output
+        yield read_checkpoint(checkpoint_of(clean.root, START, 4))
+    finally:
+        reap(runs)
 
 
 @pytest.mark.faults
@@ -31,9 +64,9 @@ MODELS = [f"{START}/delta-{p}" for p in (1, 2, 3, 4)] + ["20261102/base", f"{STA
     ],
 )
 def test_killed_scheduler_resumes_the_same_step_exactly_once(
-    job: Job, pause: str, held_at: str
+    job: Job, clean_model: ModelState, pause: str, held_at: str
 ) -> None:
-    job.write(days=1, checkpoint={"path": "ckpt", "everyPasses": 2})
+    job.write(days=1, **SPEC)
     first = job.start(pause=pause)
     assert job.wait_paused(first) == held_at
     before = job.state()
@@ -60,3 +93,10 @@ def test_killed_scheduler_resumes_the_same_step_exactly_once(
     assert [d.key for d in lines] == MODELS
     for line in lines:
         assert verify_model(str(job.root / "export"), line.key)["kind"] == line.kind
+    # The model saw every pass and the shrink once: bit-identical to the clean run.
+    got = read_checkpoint(checkpoint_of(job.root, START, 4))
+    assert got.keys.tobytes() == clean_model.keys.tobytes()
+    assert got.rows.tobytes() == clean_model.rows.tobytes()
+    assert {k: v.tobytes() for k, v in got.dense.items()} == {
+        k: v.tobytes() for k, v in clean_model.dense.items()
+    }
