@@ -6,6 +6,7 @@ import threading
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -333,3 +334,52 @@ def test_din_learns_the_synthetic_stream_through_the_reader(tmp_path: Path) -> N
     assert len(aucs) == len(oracle) == 6
     assert np.mean(aucs[-2:]) > aucs[0] + 0.08, aucs
     assert all(a < o + 0.02 for a, o in zip(aucs, oracle, strict=True)), (aucs, oracle)
+
+
+class GatedDensePS(LocalPS):
+    """A PS whose first dense push waits until the trainer has queued every later push, so
+    the push thread finds a backlog: what a slow or loaded PS produces, made deterministic.
+
+    The gate opens at the trainer's second ``pull_dense`` (``denseSyncSteps`` = the batch
+    count: pass start, then after the last batch was submitted).
+    """
+
+    def __init__(self, config: WorkerConfig) -> None:
+        super().__init__(config.ps.config)
+        self.gate = threading.Event()
+        self.dense_pushes = 0
+        self.dense_pulls = 0
+
+    def pull_dense(self, name: str) -> npt.NDArray[np.float32]:
+        self.dense_pulls += 1
+        if self.dense_pulls == 2:
+            self.gate.set()
+        return super().pull_dense(name)
+
+    def push_dense(self, name: str, grads: npt.NDArray[np.float32]) -> None:
+        if self.dense_pushes == 0 and not self.gate.wait(timeout=60):
+            raise AssertionError("the trainer never queued its last push")
+        self.dense_pushes += 1
+        super().push_dense(name, grads)
+
+
+@pytest.mark.parametrize(("max_merged", "steps"), [(None, 6), (4, 3)])
+def test_every_batch_is_one_dense_step_unless_merging_is_asked_for(
+    chunks: list[str], max_merged: int | None, steps: int
+) -> None:
+    """A backlog of pushes must not silently shrink the number of optimizer steps (a merged
+    push is one Adam step for several batches: a lower effective learning rate)."""
+    raw = worker_config(batchSize=200, denseSyncSteps=6).to_dict()
+    raw["runtime"]["pushQueueDepth"] = 8
+    if max_merged is not None:
+        raw["runtime"]["maxMergedPushes"] = max_merged
+    cfg = WorkerConfig.from_dict(raw)
+    ps = GatedDensePS(cfg)
+    trainer = Trainer(cfg, ps, cfg.data.num_slots)
+    try:
+        result = run(trainer, chunks[:1])  # 1,200 rows: 6 batches
+    finally:
+        trainer.close()
+    assert result.examples == 1200
+    # default: 6 batches, 6 steps; merging 4: [1], [2, 3, 4, 5], [6]
+    assert ps.dense_pushes == steps

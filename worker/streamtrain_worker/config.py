@@ -19,7 +19,7 @@ Example::
             "maxRetrySeconds": 30, "config": {...}},          # streamtrain_ps.config
      "metrics": {"numBuckets": 65536},
      "runtime": {"numThreads": 1, "overlap": true, "prefetchBatches": 2, "pushQueueDepth": 4,
-                 "maxMergedPushes": 4}}
+                 "maxMergedPushes": 1}}
 """
 
 from __future__ import annotations
@@ -143,8 +143,12 @@ class RuntimeConfig:
     #: Pushes in flight before training blocks (bounded async queue).
     pushQueueDepth: int = 4
     #: When pushes queue up faster than the PS applies them, up to this many are merged
-    #: into one (sparse rows concatenated, dense gradients averaged). 1 disables merging.
-    maxMergedPushes: int = 4
+    #: into one (sparse rows concatenated, dense gradients averaged). 1 (default) disables
+    #: merging: a merged push is ONE optimizer step for k batches, and Adam/AdaGrad steps
+    #: barely grow with a gradient's size, so merging cuts the effective learning rate by up
+    #: to k — by an amount that depends on how loaded the PS is (bench-e2e: -0.003..-0.005
+    #: AUC; docs/decisions.md). Raise it only for PS-bound jobs that accept that.
+    maxMergedPushes: int = 1
 
     def _validate(self, path: str) -> None:
         _require(self.numThreads >= 1, path, "numThreads", "must be >= 1")
