@@ -36,10 +36,11 @@ import numpy.typing as npt
 from streamtrain_ps import api, checkpoint, sharding, wire
 from streamtrain_ps.config import PSConfig, TableConfig
 from streamtrain_ps.dedup import merge_duplicates, unique_inverse
-from streamtrain_ps.errors import InvalidRequestError, PSError, UnknownTableError
+from streamtrain_ps.errors import PSError, UnknownTableError
 from streamtrain_ps.proto import ps_pb2
 from streamtrain_ps.rpc import FanOut, RetryHook, RetryPolicy, error_from_rpc
 from streamtrain_ps.tls import TLSFiles
+from streamtrain_ps.validation import require_array
 
 __all__ = ["RemotePS", "RetryHook", "RetryPolicy", "error_from_rpc", "save_result"]
 
@@ -116,7 +117,7 @@ class RemotePS:
 
     def pull_sparse(self, table: str, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]:
         t = self._table(table)
-        k = _require(keys, "keys", np.uint64, None)
+        k = require_array(keys, "keys", np.uint64, None)
         uniq, inverse = unique_inverse(k)
         per_key = 4 * t.pull_dim  # the response dominates
         calls: list[tuple[int, ps_pb2.PullSparseRequest]] = []
@@ -150,12 +151,12 @@ class RemotePS:
         slots: npt.NDArray[np.uint32] | None = None,
     ) -> None:
         t = self._table(table)
-        k = _require(keys, "keys", np.uint64, None)
+        k = require_array(keys, "keys", np.uint64, None)
         n = k.size
-        g = _require(grads, "grads", np.float32, (n, t.push_dim))
-        s = _require(shows, "shows", np.float32, (n,))
-        c = _require(clicks, "clicks", np.float32, (n,))
-        sl = None if slots is None else _require(slots, "slots", np.uint32, (n,))
+        g = require_array(grads, "grads", np.float32, (n, t.push_dim))
+        s = require_array(shows, "shows", np.float32, (n,))
+        c = require_array(clicks, "clicks", np.float32, (n,))
+        sl = None if slots is None else require_array(slots, "slots", np.uint32, (n,))
         k, g, s, c, sl = merge_duplicates(k, g, s, c, sl)
         per_key = 8 + 4 * t.push_dim + 12
         calls: list[tuple[int, ps_pb2.PushSparseRequest]] = []
@@ -186,7 +187,7 @@ class RemotePS:
     # -- dense ----------------------------------------------------------------------------
 
     def init_dense(self, name: str, values: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
-        v = _require(values, "values", np.float32, None)
+        v = require_array(values, "values", np.float32, None)
         req = ps_pb2.InitDenseRequest(name=name, values=wire.encode_floats(v))
         (resp,) = self._call_all("InitDense", [(self._dense_server(name), req)])
         return wire.decode_floats(resp.values, "values").copy()
@@ -197,7 +198,7 @@ class RemotePS:
         return wire.decode_floats(resp.values, "values").copy()
 
     def push_dense(self, name: str, grads: npt.NDArray[np.float32]) -> None:
-        g = _require(grads, "grads", np.float32, None)
+        g = require_array(grads, "grads", np.float32, None)
         req = ps_pb2.PushDenseRequest(name=name, grads=wire.encode_floats(g, "grads"))
         with self._request_ids(1) as (rid,):
             req.id.CopyFrom(rid)
@@ -383,22 +384,3 @@ def save_result(uri: str, mode: api.SaveMode, resp: ps_pb2.SaveResponse) -> api.
         tombstones=resp.tombstones,
         seconds=resp.seconds,
     )
-
-
-def _require(
-    value: object, field: str, dtype: type[np.generic], shape: tuple[int, ...] | None
-) -> npt.NDArray[Any]:
-    """The same argument checks (and messages) as ``Shard``, so ``LocalPS`` and ``RemotePS``
-    reject the same calls with the same field; ``shape=None`` means any 1-D length."""
-    if not isinstance(value, np.ndarray):
-        raise InvalidRequestError(field, f"must be a numpy array, got {type(value).__name__}")
-    if value.dtype != dtype:
-        raise InvalidRequestError(
-            field, f"must have dtype {np.dtype(dtype).name}, got {value.dtype}"
-        )
-    if shape is None:
-        if value.ndim != 1:
-            raise InvalidRequestError(field, f"must be 1-D, got shape {value.shape}")
-    elif value.shape != shape:
-        raise InvalidRequestError(field, f"must have shape {shape}, got {value.shape}")
-    return value

@@ -34,6 +34,7 @@ from streamtrain_ps.errors import (
 from streamtrain_ps.kernels import BAD_CLICK, BAD_GRAD, BAD_SHOW, NOT_OWNED, OVERFLOW
 from streamtrain_ps.staging import Pending, SaveEffects
 from streamtrain_ps.table import Merged, SparseTable, TableContent, release_scratch_memory
+from streamtrain_ps.validation import require_array
 
 
 @dataclass(frozen=True)
@@ -418,18 +419,8 @@ def _forget(
 def _array(
     value: object, field: str, dtype: type[np.generic], shape: tuple[int, ...] | None
 ) -> npt.NDArray[Any]:
-    if not isinstance(value, np.ndarray):
-        raise InvalidRequestError(field, f"must be a numpy array, got {type(value).__name__}")
-    if value.dtype != dtype:
-        raise InvalidRequestError(
-            field, f"must have dtype {np.dtype(dtype).name}, got {value.dtype}"
-        )
-    if shape is None:
-        if value.ndim != 1:
-            raise InvalidRequestError(field, f"must be 1-D, got shape {value.shape}")
-    elif value.shape != shape:
-        raise InvalidRequestError(field, f"must have shape {shape}, got {value.shape}")
-    return np.ascontiguousarray(value)
+    """``require_array`` (the checks ``RemotePS`` makes too), made contiguous for the kernels."""
+    return np.ascontiguousarray(require_array(value, field, dtype, shape))
 
 
 def _finite(values: npt.NDArray[np.float32], field: str) -> None:
