@@ -208,8 +208,10 @@ class Driver:
         twice, so the model is restored (reload + replay) instead — exactly-once for worker
         loss too, at the price of replaying the passes since the last checkpoint. Bounded by
         ``workers.passRetries`` per pass: a worker that keeps dying on a pass falls back to
-        share retries, which then fail the job naming it. Before the first checkpoint there
-        is nothing to reload (the PS has no reset), so the share is retried as well.
+        share retries, which then fail the job naming it. Every job opens with the genesis
+        checkpoint (``PassPlan.genesis``), so there is always one to reload; only a record
+        written by an operator from before the genesis, still without a checkpoint, has
+        nothing to reload (the PS has no reset), and then the share is retried as well.
         """
         assert self.supervisor is not None
         ps, workers = self._restarts()

@@ -12,6 +12,13 @@ the next day), ``batch`` (save mode 3, ages unseen_days), ``checkpoint`` (always
 never ends without a restore point, so a restart never redoes a shrink already covered by
 a checkpoint).
 
+A job opens with the *genesis checkpoint*, keyed ``(startDay, 0, checkpoint)`` and written
+to ``<checkpoint>/<startDay>/pass-0-g<generation>``: the PS state before any training (the
+workers' initial dense parameters, no sparse keys). Every later restore therefore has a
+checkpoint to reload, so the passes before the first regular checkpoint are replayed on a
+known state too (on a PS with several shards, or whose pods outlive the operator, the
+surviving state would otherwise see those passes twice).
+
 The order is total, so durable progress is one step key, and "everything after the last
 checkpoint up to the last completed step" is well defined (that is what a restart replays).
 This module has no I/O and no clock.
@@ -110,10 +117,15 @@ class PassPlan:
             checkpoint_root=spec.checkpoint.path,
         )
 
+    @property
+    def genesis(self) -> StepKey:
+        """The job's first step: the checkpoint of the untrained model (pass 0)."""
+        return StepKey(self.start_day, 0, StepKind.CHECKPOINT)
+
     def day_steps(self, day: str) -> tuple[StepKey, ...]:
-        """Every step of ``day``, in order."""
+        """Every step of ``day``, in order (the start day opens with the genesis checkpoint)."""
         last = self.passes_per_day
-        steps: list[StepKey] = []
+        steps: list[StepKey] = [self.genesis] if day == self.start_day else []
         for p in range(1, last + 1):
             steps.append(StepKey(day, p, StepKind.TRAIN))
             if self.delta_every and p % self.delta_every == 0:

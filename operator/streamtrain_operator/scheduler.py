@@ -18,6 +18,13 @@ metrics or publishing anything again. The model state therefore sees each pass a
 shrink exactly once, published outputs exist exactly once, and the step that was begun but
 not completed is then redone from scratch (exports are idempotent: same target, published
 last). Time only enters through the ``now`` arguments, so tests script it.
+
+A fresh job (nothing completed, no checkpoint) opens with ``ResetWorkers`` — every worker
+builds its trainer, which offers its initial dense parameters to the PS (``init_dense``,
+first one wins) — and then the genesis checkpoint (``PassPlan.genesis``), so the dense
+vectors are in it and every later restore, even one during the first pass, reloads a
+known state. A start that finds the genesis begun but not recorded does both again under
+the new generation (a new directory; ``init_dense`` keeps what the PS already holds).
 """
 
 from __future__ import annotations
@@ -285,10 +292,19 @@ class Scheduler:
         p = self.progress
         gen = p.generation + 1
         ckpt = p.checkpoint
-        replay = self.plan.steps_between(None if ckpt is None else ckpt.key, p.completed)
+        # Checkpoints are no replay work (only the genesis of a record written before it
+        # existed can lie between no checkpoint and the last completed step).
+        replay = [
+            key
+            for key in self.plan.steps_between(None if ckpt is None else ckpt.key, p.completed)
+            if key.kind != StepKind.CHECKPOINT
+        ]
         queue: list[Action] = []
         if ckpt is not None:
             queue += [LoadCheckpoint(ckpt.uri), ResetWorkers()]
+        elif p.completed is None:
+            # The genesis checkpoint is next: the dense vectors must be on the PS first.
+            queue.append(ResetWorkers())
         for key in replay:
             if key.kind == StepKind.TRAIN:
                 queue.append(RunPass(key, self._all_shares(), 1, gen, replay=True))
@@ -301,7 +317,7 @@ class Scheduler:
         self.progress = replace(
             p,
             generation=gen,
-            phase=Phase.RESTORING if queue else Phase.PENDING,
+            phase=Phase.RESTORING if ckpt is not None or replay else Phase.PENDING,
             message="",
             replayed_steps=p.replayed_steps + len(replay),
         ).clear_condition("Failed", now, "Resumed")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -12,12 +13,15 @@ import numpy as np
 import pytest
 
 from streamtrain_operator import render
-from streamtrain_operator.driver import Driver
+from streamtrain_operator.driver import Driver, Observer
 from streamtrain_operator.export import read_donefile, verify_model
-from streamtrain_operator.progress import Phase
+from streamtrain_operator.progress import Phase, Progress
+from streamtrain_operator.scheduler import Action, LoadCheckpoint
 from streamtrain_operator.spec import Job, parse_job
 from streamtrain_operator.state import MemoryStateStore
+from streamtrain_ps import sharding
 from streamtrain_ps.local import LocalPS
+from streamtrain_ps.shard import Shard
 from streamtrain_worker.metrics import PassMetrics
 
 MANIFEST: dict[str, Any] = {
@@ -297,3 +301,117 @@ def test_a_worker_dying_mid_pass_restores_the_checkpoint_at_most_pass_retries_ti
         # passRetries (1) restores, then the share is retried until it fails the job.
         assert [c[3] for c in pass2] == [1, 2, 2] and progress.generation == 2
         assert "worker 1 failed pass 20261101/2 after 2 attempts" in progress.message
+
+
+class DenseWorker(FakeWorker):
+    """Like a real worker for the PS: its reset offers the initial dense vector (the
+    trainer's ``init_dense``, first one wins) and a pass pushes sparse and dense gradients.
+
+    ``lose_shard`` (shard index): during pass 1 of generation 1, after this worker's pushes,
+    that PS shard "restarts" empty and the supervisor counts it — a PS loss before any
+    regular checkpoint, with the other shard keeping the pass's pushes.
+    """
+
+    DENSE = "dnn"
+
+    def __init__(
+        self,
+        ps: LocalPS,
+        index: int,
+        supervisor: FakeSupervisor,
+        lose_shard: int | None = None,
+    ) -> None:
+        super().__init__(ps, index)
+        self.supervisor = supervisor
+        self.lose_shard = lose_shard
+        self.resets = 0
+
+    async def reset(self) -> None:
+        self.resets += 1
+        self.ps.init_dense(self.DENSE, np.linspace(-1.0, 1.0, 4, dtype=np.float32))
+
+    async def run_pass(
+        self, day: str, pass_index: int, files: Sequence[str], generation: int, train: bool
+    ) -> Any:
+        self.calls.append((day, pass_index, tuple(files), generation))
+        keys = np.array(sorted({_key(f, i) for f in files for i in range(16)}), dtype=np.uint64)
+        if train and keys.size:
+            grads = np.full((keys.size, 3), 0.25 * (self.index + 1), dtype=np.float32)
+            ones = np.ones(keys.size, dtype=np.float32)
+            self.ps.push_sparse("embedding", keys, grads, ones, ones * (pass_index % 2))
+            self.ps.push_dense(self.DENSE, np.full(4, 0.5 * pass_index, dtype=np.float32))
+        if self.lose_shard is not None and pass_index == 1 and generation == 1:
+            i = self.lose_shard
+            self.ps.shards[i] = Shard(self.ps.config, i, self.ps.num_shards)
+            self.supervisor.ps_restarts += 1
+            self.supervisor.last_ps_restart = f"ps-{i} exited with code -9"
+            raise ConnectionError("PS shard restarted")
+        m = PassMetrics(num_buckets=100)
+        m.add(np.full(len(files), 0.3), np.arange(len(files)) % 2, np.full(len(files), 0.6))
+        return m.to_proto(day, pass_index, generation)
+
+
+def _key(path: str, i: int) -> int:
+    """A stable key per (file name, i) (``hash`` of a str changes between processes)."""
+    return zlib.crc32(f"{Path(path).parent.name}/{Path(path).name}/{i}".encode())
+
+
+def _two_shard_run(
+    root: Path, lose_shard: int | None
+) -> tuple[Progress, LocalPS, list[DenseWorker], list[str], list[str]]:
+    job = make_job(root)
+    for hhmm in ("0000", "1200"):
+        write_folder(root, "20261101", hhmm)
+    ps = LocalPS(render.ps_config(job.spec), num_shards=2)
+    supervisor = FakeSupervisor()
+    workers = [DenseWorker(ps, 0, supervisor), DenseWorker(ps, 1, supervisor, lose_shard)]
+    clock = iter(range(10_000))
+    loads: list[str] = []
+
+    def on_action(action: Action, progress: Progress) -> None:
+        if isinstance(action, LoadCheckpoint):
+            loads.append(action.uri)
+
+    driver = Driver(
+        job.spec,
+        ps,
+        workers,
+        MemoryStateStore(),
+        clock=lambda: float(next(clock)),
+        sleep=_no_sleep,
+        supervisor=supervisor,
+        observer=Observer(on_action=on_action),
+    )
+    files = [str(f) for f in sorted((root / "data").glob("*/*/part-*"))]
+    return asyncio.run(driver.run()), ps, workers, files, loads
+
+
+def test_a_ps_loss_before_the_first_checkpoint_reloads_the_genesis_exactly_once(
+    tmp_path: Path,
+) -> None:
+    """Two shards; the one holding the dense vector is lost during pass 1, before any
+    regular checkpoint. The other shard still holds pass 1's pushes: without the genesis
+    checkpoint the redone pass would land on top of them. The final model must equal an
+    uninterrupted run's, key by key and for the dense vector."""
+    clean, clean_ps, _, files, clean_loads = _two_shard_run(tmp_path / "clean", None)
+    lost = sharding.server_of_dense(DenseWorker.DENSE, 2)
+    progress, ps, workers, _, loads = _two_shard_run(tmp_path / "lost", lost)
+    assert clean.phase == progress.phase == Phase.SUCCEEDED
+    restored = progress.condition("Restored")
+    assert restored is not None and restored.reason == "PSRestarted"
+    assert f"ps-{lost} exited with code -9" in restored.message
+    assert clean_loads == []
+    assert loads == [str(tmp_path / "lost" / "ckpt" / "20261101" / "pass-0-g1")]
+    # Generation 1 trained pass 1 and lost it; generation 2 reloaded the genesis and redid it.
+    assert [(c[1], c[3]) for c in workers[1].calls] == [(1, 1), (1, 2), (2, 2)]
+    assert progress.generation == 2 and progress.replayed_steps == 0
+    assert workers[0].resets == 2  # the opening reset, and the one after the reload
+    # Both shards had pass-1 keys (the surviving one would have trained them twice).
+    keys = np.array(sorted({_key(f, i) for f in files for i in range(16)}), dtype=np.uint64)
+    servers = sharding.server_of_key(keys, ps.config.logicalShards, 2)
+    assert set(servers.tolist()) == {0, 1}
+    assert np.array_equal(
+        ps.pull_sparse("embedding", keys), clean_ps.pull_sparse("embedding", keys)
+    )
+    assert np.array_equal(ps.pull_dense(DenseWorker.DENSE), clean_ps.pull_dense(DenseWorker.DENSE))
+    assert ps.stats() == clean_ps.stats()

@@ -129,6 +129,8 @@ def test_two_days_in_order_with_exports_checkpoints_and_one_shrink_per_day() -> 
     end = world.run(fresh())
     assert end.phase == Phase.SUCCEEDED
     assert steps(world.log) == [
+        "reset",
+        "checkpoint /ckpt/20261101/pass-0-g1",
         "train 20261101/1",
         "delta /exp/20261101/delta-1",
         "train 20261101/2",
@@ -166,6 +168,7 @@ def test_two_days_in_order_with_exports_checkpoints_and_one_shrink_per_day() -> 
 def test_step_is_recorded_before_and_after_it_runs() -> None:
     world = World()
     machine = fresh()
+    _open(machine, world)
     action = machine.next_action(0.0)
     assert isinstance(action, CheckData)
     assert machine.progress.current == StepKey("20261101", 1, StepKind.TRAIN)
@@ -174,7 +177,7 @@ def test_step_is_recorded_before_and_after_it_runs() -> None:
     action = machine.next_action(1.0)
     assert isinstance(action, RunPass)
     assert machine.progress.phase == Phase.TRAINING
-    assert machine.progress.completed is None
+    assert machine.progress.completed == PLAN.genesis
     machine.handle(world.answer(action), 2.0)
     assert machine.progress.completed == StepKey("20261101", 1, StepKind.TRAIN)
     assert machine.progress.current is None
@@ -237,6 +240,16 @@ def test_worker_error_beyond_retries_fails_with_a_clear_condition() -> None:
     assert "worker 0 failed pass 20261101/1 after 3 attempts: boom" in end.message
     failed = world.saved[-1].condition("Failed")
     assert failed is not None and failed.reason == "WorkerFailed"
+
+
+def _open(machine: Scheduler, world: World) -> None:
+    """Answer the opening of a fresh job: the workers' reset, then the genesis checkpoint."""
+    reset = machine.next_action(world.now)
+    assert isinstance(reset, ResetWorkers)
+    machine.handle(world.answer(reset), world.now)
+    genesis = machine.next_action(world.now)
+    assert isinstance(genesis, Save) and genesis.key == PLAN.genesis
+    machine.handle(world.answer(genesis), world.now)
 
 
 def _crash_at(world: World, predicate: object) -> Progress:
@@ -348,7 +361,9 @@ def test_stop_request_ends_cleanly_and_a_restart_continues() -> None:
 def test_storage_failure_fails_the_job_with_the_reason() -> None:
     machine = fresh()
     world = World()
-    while not isinstance(action := machine.next_action(world.now), Save):
+    while not isinstance(action := machine.next_action(world.now), Save) or (
+        action.key.kind == StepKind.CHECKPOINT
+    ):
         machine.handle(world.answer(action), world.now)
     machine.handle(Failed("ExportFailed", "s3://b/x: access denied after 5 retries"), 9.0)
     end = machine.next_action(9.0)
@@ -358,6 +373,7 @@ def test_storage_failure_fails_the_job_with_the_reason() -> None:
 
 def test_wrong_event_is_a_protocol_error() -> None:
     machine = fresh()
+    _open(machine, World())
     assert isinstance(machine.next_action(0.0), CheckData)
     with pytest.raises(ProtocolError):
         machine.handle(Done(), 0.0)
@@ -365,7 +381,7 @@ def test_wrong_event_is_a_protocol_error() -> None:
 
 def test_forever_job_keeps_planning_days() -> None:
     plan = PassPlan("20261230", None, 2, 0, 1, False, False, "/e", "/c")
-    key = plan.first_step()
+    key: StepKey | None = plan.first_step()
     keys = []
     for _ in range(12):
         assert key is not None
@@ -385,6 +401,7 @@ def test_a_step_of_an_older_spec_still_has_its_place() -> None:
         "20261101", 3, StepKind.SHRINK
     )
     assert no_deltas.steps_between(None, done) == [
+        StepKey("20261101", 0, StepKind.CHECKPOINT),
         StepKey("20261101", 1, StepKind.TRAIN),
         StepKey("20261101", 2, StepKind.TRAIN),
     ]
