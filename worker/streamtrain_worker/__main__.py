@@ -12,23 +12,19 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
-import threading
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 
 import torch
 from prometheus_client import CollectorRegistry, start_http_server
 
 from streamtrain_ps.config import ConfigError
+from streamtrain_ps.grpc_serving import stop_on_signals
 from streamtrain_ps.remote import RemotePS, RetryPolicy
 from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.control import WorkerServer, WorkerServicer
 from streamtrain_worker.monitoring import WorkerMetrics
-
-log = logging.getLogger("streamtrain_worker")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -84,21 +80,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"listening on {server.address}", flush=True)
     if http is not None:  # second line, after the one launchers wait for
         print(f"metrics on http://{args.host}:{http.server_port}/metrics", flush=True)
-    stop = threading.Event()
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        log.info("received %s, stopping within %.1fs", signal.Signals(signum).name, args.grace)
-        stop.set()  # only set an event: grpc shutdown must not run inside the handler
-
-    for s in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(s, on_signal)
-    try:
-        stop.wait()
-        server.close(args.grace)
-    finally:
-        ps.close()
-        if http is not None:
-            http.shutdown()
+    with stop_on_signals(args.grace) as stop:
+        try:
+            stop.wait()
+            server.close(args.grace)
+        finally:
+            ps.close()
+            if http is not None:
+                http.shutdown()
     return 0
 
 

@@ -14,8 +14,9 @@ call (or an export) and maps failures to gRPC status codes in one place (``_stat
 
 The trainer (and with it ``init_dense`` on the PS) is built lazily on the first call, so a
 worker that starts before its PS comes up still starts, serves health, and trains once the
-PS answers. ``WorkerServer`` wires the servicer and the standard health service into a
-``grpc.server``; ``stop(grace)`` flips health to NOT_SERVING first (graceful SIGTERM).
+PS answers. ``WorkerServer`` wires the servicer into the serving skeleton it shares with the PS
+(``streamtrain_ps.grpc_serving``: health service, message limits, and ``stop(grace)`` flipping
+health to NOT_SERVING first for a graceful SIGTERM).
 """
 
 from __future__ import annotations
@@ -23,15 +24,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator
-from concurrent import futures
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from streamtrain_ps.api import PSLike
 from streamtrain_ps.errors import PSError, PSUnavailableError
+from streamtrain_ps.grpc_serving import GrpcServer
 from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.data.errors import BadDataError, CorruptFileError, DataError
 from streamtrain_worker.data.reader import PassReader
@@ -180,8 +180,12 @@ def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -
     raise AssertionError("context.abort returned")  # grpc raises; this line is unreachable
 
 
-class WorkerServer:
-    """The control service and health on a ``grpc.server``; ``start()`` returns the port."""
+class WorkerServer(GrpcServer):
+    """The control service and health on a ``grpc.server``; ``start()`` returns the port.
+
+    Binding, health, message limits and the graceful stop (NOT_SERVING first, then let an
+    in-flight pass finish within ``grace``) are ``streamtrain_ps.grpc_serving.GrpcServer``.
+    """
 
     def __init__(
         self,
@@ -192,55 +196,17 @@ class WorkerServer:
         max_workers: int = 4,
     ) -> None:
         self.servicer = servicer
-        self.host = host
-        self._requested_port = port
-        self._pool = futures.ThreadPoolExecutor(
-            max_workers=max_workers, thread_name_prefix="worker-rpc"
-        )
-        self._server = grpc.server(
-            self._pool,
-            options=[
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.so_reuseport", 0),
-            ],
+        super().__init__(
+            what="worker server",
+            service_name=SERVICE_NAME,
+            host=host,
+            port=port,
+            max_workers=max_workers,
+            thread_name_prefix="worker-rpc",
+            max_message_bytes=MAX_MESSAGE_BYTES,
         )
         worker_pb2_grpc.add_WorkerServicer_to_server(servicer, self._server)
-        self.health = health.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
-        self._port: int | None = None
-
-    @property
-    def port(self) -> int:
-        if self._port is None:
-            raise RuntimeError("WorkerServer.start() has not been called")
-        return self._port
-
-    @property
-    def address(self) -> str:
-        return f"{self.host}:{self.port}"
-
-    def start(self) -> int:
-        target = f"{self.host}:{self._requested_port}"
-        try:
-            port = self._server.add_insecure_port(target)
-        except RuntimeError as exc:
-            raise OSError(f"cannot bind worker server to {target}: {exc}") from exc
-        if port == 0:
-            raise OSError(f"cannot bind worker server to {target}")
-        self._port = port
-        self._server.start()
-        for service in ("", SERVICE_NAME):
-            self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
-        return port
-
-    def stop(self, grace: float | None = 5.0) -> threading.Event:
-        """NOT_SERVING first, then let an in-flight pass finish within ``grace``."""
-        self.health.enter_graceful_shutdown()
-        done: threading.Event = self._server.stop(grace)
-        return done
 
     def close(self, grace: float | None = 5.0) -> None:
-        self.stop(grace).wait()
-        self._pool.shutdown(wait=True)
+        super().close(grace)
         self.servicer.close()

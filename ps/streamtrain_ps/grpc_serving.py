@@ -1,0 +1,139 @@
+"""The gRPC serving skeleton shared by the PS shard server and the worker control server.
+
+Both servers need the same things around their own servicer: a named thread pool, one
+message limit for both directions, ``so_reuseport`` off (else two servers could silently
+bind the same explicit port), the standard ``grpc.health.v1`` service reporting SERVING for
+``""`` and the service's full name once bound, port 0 = a free port reported back by
+``port``, and a graceful stop that flips health to NOT_SERVING *before* refusing new RPCs so
+Kubernetes and clients stop sending first. ``GrpcServer`` is that skeleton; subclasses only
+register their servicer on ``self._server``. ``stop_on_signals`` is the SIGTERM/SIGINT
+handling both ``__main__`` modules run.
+
+It lives in ``streamtrain_ps`` because the PS is the bottom layer: the worker may import it,
+the PS may not import the worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Iterator
+from concurrent import futures
+from contextlib import contextmanager
+from types import FrameType
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+def message_options(max_message_bytes: int) -> list[tuple[str, int]]:
+    """The one message limit, in both directions, as gRPC server/channel options."""
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+    ]
+
+
+class GrpcServer:
+    """A ``grpc.server`` with health, message limits and graceful stop; ``start()`` binds.
+
+    ``what`` names the server in bind errors ("cannot bind PS server to ...").
+    """
+
+    def __init__(
+        self,
+        *,
+        what: str,
+        service_name: str,
+        host: str,
+        port: int,
+        max_workers: int,
+        thread_name_prefix: str,
+        max_message_bytes: int,
+        credentials: grpc.ServerCredentials | None = None,
+    ) -> None:
+        self.host = host
+        self._what = what
+        self._service_name = service_name
+        self._credentials = credentials
+        self._requested_port = port
+        self._pool = futures.ThreadPoolExecutor(
+            max_workers=max_workers, thread_name_prefix=thread_name_prefix
+        )
+        self._server = grpc.server(
+            self._pool,
+            options=[*message_options(max_message_bytes), ("grpc.so_reuseport", 0)],
+            maximum_concurrent_rpcs=None,
+        )
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        self._port: int | None = None
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise RuntimeError(f"{type(self).__name__}.start() has not been called")
+        return self._port
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def start(self) -> int:
+        """Bind, start serving and report SERVING; returns the bound port."""
+        target = f"{self.host}:{self._requested_port}"
+        try:
+            if self._credentials is None:
+                port = self._server.add_insecure_port(target)
+            else:
+                port = self._server.add_secure_port(target, self._credentials)
+        except RuntimeError as exc:  # grpc raises when the address cannot be bound
+            raise OSError(f"cannot bind {self._what} to {target}: {exc}") from exc
+        if port == 0:
+            raise OSError(f"cannot bind {self._what} to {target}")
+        self._port = port
+        self._server.start()
+        for service in ("", self._service_name):
+            self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        return port
+
+    def stop(self, grace: float | None = 5.0) -> threading.Event:
+        """Report NOT_SERVING, refuse new RPCs, finish in-flight ones within ``grace``.
+        The returned event is set once the server has fully stopped."""
+        self.health.enter_graceful_shutdown()
+        done: threading.Event = self._server.stop(grace)
+        return done
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the server stops (``True``) or ``timeout`` passes (``False``)."""
+        return bool(self._server.wait_for_termination(timeout))
+
+    def close(self, grace: float | None = 5.0) -> None:
+        """Stop and wait, then release the thread pool."""
+        self.stop(grace).wait()
+        self._pool.shutdown(wait=True)
+
+
+@contextmanager
+def stop_on_signals(grace: float) -> Iterator[threading.Event]:
+    """An event set on SIGTERM or SIGINT while the block runs (main thread only).
+
+    The handler only sets the event: stopping from inside a signal handler would run grpc's
+    shutdown re-entrantly on the main thread's stack. The previous handlers come back when
+    the block exits, so a second signal during the graceful stop is still just logged.
+    """
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("received %s, stopping within %.1fs", signal.Signals(signum).name, grace)
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield stop
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
