@@ -25,7 +25,8 @@ import numpy as np
 import numpy.typing as npt
 import yaml
 
-from streamtrain_operator.progress import Progress
+from streamtrain_operator.plan import StepKind
+from streamtrain_operator.progress import Phase, Progress
 from streamtrain_ps import checkpoint
 from streamtrain_worker.synth import SynthConfig, generate
 
@@ -224,6 +225,24 @@ class Job:
 
         wait_for(check, timeout, what)
         return found[0]
+
+    def wait_training(self, run: Run, pass_index: int) -> Progress:
+        """Wait until the run is training pass ``pass_index`` (a kill now lands inside it)."""
+        return self.wait_state(
+            run,
+            lambda p: (
+                p.current is not None
+                and (p.current.kind, p.current.pass_index) == (StepKind.TRAIN, pass_index)
+                and p.phase == Phase.TRAINING
+            ),
+            f"pass {pass_index} to start training",
+        )
+
+    def enlarge(self, folder: str, times: int) -> None:
+        """Repeat every part file of ``folder`` (relative to the root) ``times`` over, so
+        that pass is much longer than the others and a fault injected in it lands inside."""
+        for part in (self.root / folder).glob("part-*"):
+            part.write_text(part.read_text() * times)
 
     def wait_paused(self, run: Run, timeout: float = 90) -> str:
         """Wait for the pause hook to hold; what it holds at (``before shrink 20261101/4``)."""

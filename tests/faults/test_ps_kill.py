@@ -14,7 +14,6 @@ import signal
 import numpy as np
 import pytest
 
-from streamtrain_operator.plan import StepKind
 from streamtrain_operator.progress import Phase
 
 from .harness import START, Job, checkpoint_of, read_checkpoint
@@ -30,8 +29,7 @@ def _write(job: Job) -> None:
         workers={"replicas": 1, "numThreads": 1, "overlap": False},
         checkpoint={"path": "ckpt", "everyPasses": 2, "keep": 10},
     )
-    for part in (job.root / BIG).glob("part-*"):
-        part.write_text(part.read_text() * REPEAT)
+    job.enlarge(BIG, REPEAT)
 
 
 @pytest.mark.faults
@@ -41,15 +39,7 @@ def test_ps_killed_mid_pass_reloads_replays_and_ends_bit_identical(
 ) -> None:
     _write(job)
     run = job.start()
-    job.wait_state(
-        run,
-        lambda p: (
-            p.current is not None
-            and (p.current.kind, p.current.pass_index) == (StepKind.TRAIN, 4)
-            and p.phase == Phase.TRAINING
-        ),
-        "pass 4 to start training",
-    )
+    job.wait_training(run, 4)
     (ps,) = run.role_pids("streamtrain_ps")
     os.kill(ps, signal.SIGKILL)
     assert run.wait() == 0, run.output

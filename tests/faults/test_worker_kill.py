@@ -15,7 +15,6 @@ import signal
 import numpy as np
 import pytest
 
-from streamtrain_operator.plan import StepKind
 from streamtrain_operator.progress import Phase
 
 from .harness import START, Job, checkpoint_of, data_totals, read_checkpoint
@@ -31,8 +30,7 @@ def _write(job: Job) -> None:
         workers={"replicas": 2, "passRetries": 2},
         checkpoint={"path": "ckpt", "everyPasses": 1, "keep": 10},
     )
-    for part in (job.root / BIG).glob("part-*"):
-        part.write_text(part.read_text() * REPEAT)
+    job.enlarge(BIG, REPEAT)
 
 
 @pytest.mark.faults
@@ -42,15 +40,7 @@ def test_worker_killed_mid_pass_counts_every_example_once(
 ) -> None:
     _write(job)
     run = job.start()
-    job.wait_state(
-        run,
-        lambda p: (
-            p.current is not None
-            and (p.current.kind, p.current.pass_index) == (StepKind.TRAIN, 2)
-            and p.phase == Phase.TRAINING
-        ),
-        "pass 2 to start training",
-    )
+    job.wait_training(run, 2)
     victim = run.role_pids("streamtrain_worker")[1]
     os.kill(victim, signal.SIGKILL)
     assert run.wait() == 0, run.output
