@@ -10,10 +10,8 @@ scrape configuration the test uses.
 from __future__ import annotations
 
 import json
-import queue
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -37,6 +35,8 @@ from streamtrain_operator.spec import load_job
 from streamtrain_ps.api import SaveMode
 from streamtrain_ps.remote import RemotePS
 
+from .processes import OutputProcess
+
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = sorted((ROOT / "charts/streamtrain/dashboards").glob("*.json"))
 NAMESPACE, JOB = "ads", "ctr-test"
@@ -44,52 +44,23 @@ LISTENING = re.compile(r"listening on (\S+:\d+)")
 METRICS = re.compile(r"metrics on http://(\S+:\d+)/metrics")
 
 
-class Process:
+class Process(OutputProcess):
     """A component process; its merged output is read by a thread (no blocking reads)."""
-
-    def __init__(self, args: list[str], cwd: Path) -> None:
-        self.proc = subprocess.Popen(
-            args,
-            cwd=cwd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-        )
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.output: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put(line)
 
     def expect(self, *patterns: re.Pattern[str], timeout: float = 90.0) -> list[str]:
         """Wait for a line matching each pattern; return the first group of each."""
         found: dict[re.Pattern[str], str] = {}
         deadline = time.monotonic() + timeout
         while len(found) < len(patterns):
-            try:
-                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
+            line = self.next_line(deadline)
+            if line is None:
                 raise AssertionError(
                     "no " + ", ".join(p.pattern for p in patterns) + "\n" + "".join(self.output)
-                ) from None
-            self.output.append(line)
+                )
             for p in patterns:
                 if (m := p.search(line)) is not None:
                     found[p] = m.group(1)
         return [found[p] for p in patterns]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
 
 
 def _free_port() -> int:

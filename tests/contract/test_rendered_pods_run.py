@@ -20,12 +20,8 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-import queue
 import re
-import signal
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -40,13 +36,17 @@ from streamtrain_operator.metrics import OperatorMetrics
 from streamtrain_operator.supervisor import GrpcConnector, JobSupervisor, Runtime
 from streamtrain_worker.synth import SynthConfig, generate
 
+from .processes import OutputProcess
+
 DAY = "20261101"
 SECRET = {"AWS_ACCESS_KEY_ID": "local-test-key", "AWS_SECRET_ACCESS_KEY": "local-test-secret"}
 LISTENING = re.compile(r"listening on (\S+:\d+)")
 
 
-class LocalPod:
+class LocalPod(OutputProcess):
     """One pod of a rendered StatefulSet, run as a local process."""
+
+    grace = 30.0
 
     def __init__(
         self, name: str, ordinal: int, template: Mapping[str, Any], config: Mapping[str, str],
@@ -81,18 +81,7 @@ class LocalPod:
         command = [
             sys.executable if container["command"][0] == "python" else container["command"][0]
         ]
-        self.proc = subprocess.Popen(
-            command + container["command"][1:] + args,
-            cwd=workdir,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-        )
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.output: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
+        super().__init__(command + container["command"][1:] + args, workdir, env)
 
     @staticmethod
     def _path(value: str, mounts: Mapping[str, Path]) -> str:
@@ -117,32 +106,14 @@ class LocalPod:
                 out.append(self._path(arg, mounts))
         return out
 
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put(line)
-
     def address(self, timeout: float = 120.0) -> str:
         deadline = time.monotonic() + timeout
         while True:
-            try:
-                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                raise AssertionError(
-                    f"{self.name} did not start:\n" + "".join(self.output)
-                ) from None
-            self.output.append(line)
+            line = self.next_line(deadline)
+            if line is None:
+                raise AssertionError(f"{self.name} did not start:\n" + "".join(self.output))
             if (m := LISTENING.search(line)) is not None:
                 return m.group(1)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
 
 
 class LocalCluster:
