@@ -186,6 +186,29 @@ def grow_table(config: PSConfig, keys: npt.NDArray[np.uint64]) -> tuple[Shard, d
     }
 
 
+def pull_push_throughput(
+    ps: Shard | RemotePS,
+    batches: list[npt.NDArray[np.uint64]],
+    dim: int,
+    args: argparse.Namespace,
+) -> dict[str, float]:
+    """``pull_t<N>`` and ``push_t<N>`` keys/s of ``ps`` with 1 and ``args.threads`` threads,
+    measured the same way in-process and over gRPC so the two columns compare."""
+    res: dict[str, float] = {}
+    data = PushData(args.batch, dim, args.seed)
+    for threads in sorted({1, args.threads}):
+        res[f"pull_t{threads}"] = throughput(
+            lambda b: ps.pull_sparse(TABLE, b), batches, threads, args.seconds
+        )
+        res[f"push_t{threads}"] = throughput(
+            lambda b: ps.push_sparse(TABLE, b, data.grads, data.shows, data.clicks),
+            batches,
+            threads,
+            args.seconds,
+        )
+    return res
+
+
 def bench_in_process(
     config: PSConfig,
     keys: npt.NDArray[np.uint64],
@@ -194,17 +217,7 @@ def bench_in_process(
 ) -> dict[str, float]:
     dim = config.table(TABLE).push_dim
     shard, res = grow_table(config, keys)
-    data = PushData(args.batch, dim, args.seed)
-    for threads in sorted({1, args.threads}):
-        res[f"pull_t{threads}"] = throughput(
-            lambda b: shard.pull_sparse(TABLE, b), batches, threads, args.seconds
-        )
-        res[f"push_t{threads}"] = throughput(
-            lambda b: shard.push_sparse(TABLE, b, data.grads, data.shows, data.clicks),
-            batches,
-            threads,
-            args.seconds,
-        )
+    res.update(pull_push_throughput(shard, batches, dim, args))
     shard.close()
     return res
 
@@ -236,17 +249,7 @@ def bench_rpc(
             "grow_s": time.perf_counter() - t0,
             "server_bytes_per_key": (rss_bytes(child.process.pid) - before) / (keys.size - warm),
         }
-        data = PushData(args.batch, dim, args.seed)
-        for threads in sorted({1, args.threads}):
-            res[f"pull_t{threads}"] = throughput(
-                lambda b: ps.pull_sparse(TABLE, b), batches, threads, args.seconds
-            )
-            res[f"push_t{threads}"] = throughput(
-                lambda b: ps.push_sparse(TABLE, b, data.grads, data.shows, data.clicks),
-                batches,
-                threads,
-                args.seconds,
-            )
+        res.update(pull_push_throughput(ps, batches, dim, args))
     return res
 
 
