@@ -8,12 +8,24 @@ import gzip
 import pytest
 
 from streamtrain_operator.export import read_donefile, verify_model
-from streamtrain_operator.progress import Phase
+from streamtrain_operator.progress import Condition, Phase
 
 from .harness import START, Job
 
 #: Pass 2 of the first day (6-hourly folders 0000, 0600, 1200, 1800).
 FOLDER = f"data/{START}/0600"
+
+
+def _failed_after_pass_1(job: Job, reason: str) -> tuple[str, Condition]:
+    """Run the job, which must fail in pass 2 (one pass done) with a ``Failed`` condition of
+    ``reason``; the CLI output and that condition."""
+    code, output = job.run()
+    assert code == 1, output
+    state = job.state()
+    assert state is not None and state.phase == Phase.FAILED and len(state.history) == 1
+    failed = state.condition("Failed")
+    assert failed is not None and failed.reason == reason
+    return output, failed
 
 
 @pytest.mark.faults
@@ -48,12 +60,7 @@ def test_late_donefile_keeps_waiting_with_a_condition_naming_the_folder(job: Job
 def test_late_donefile_with_on_missing_fail_fails_naming_the_folder(job: Job) -> None:
     job.write(days=1, data={"missingDeadlineSeconds": 0.3, "onMissing": "fail"})
     (job.root / FOLDER / "_SUCCESS").unlink()
-    code, output = job.run()
-    assert code == 1, output
-    state = job.state()
-    assert state is not None and state.phase == Phase.FAILED and len(state.history) == 1
-    failed = state.condition("Failed")
-    assert failed is not None and failed.reason == "DataMissing"
+    output, failed = _failed_after_pass_1(job, "DataMissing")
     assert str(job.root / FOLDER) in failed.message
     assert f"error: DataMissing: pass {START}/2: no donefile" in output
     assert str(job.root / FOLDER) in output
@@ -68,12 +75,7 @@ def test_truncated_gzip_fails_the_pass_naming_the_file(job: Job) -> None:
     truncated = part.with_name("part-00001.gz")
     truncated.write_bytes(packed[: len(packed) // 2])
     part.unlink()
-    code, output = job.run()
-    assert code == 1, output
-    state = job.state()
-    assert state is not None and state.phase == Phase.FAILED and len(state.history) == 1
-    failed = state.condition("Failed")
-    assert failed is not None and failed.reason == "WorkerFailed"
+    output, failed = _failed_after_pass_1(job, "WorkerFailed")
     assert f"pass {START}/2" in failed.message
     assert f"{truncated}: truncated or corrupt gzip file" in failed.message
     assert f"{truncated}: truncated or corrupt gzip file" in output
@@ -85,12 +87,7 @@ def test_file_of_bad_lines_fails_the_pass_naming_the_file_and_lines(job: Job) ->
     job.write(days=1, workers={"passRetries": 0})
     bad = job.root / FOLDER / "part-00000"
     bad.write_text("".join(f"garbage line {i}\n" for i in range(50)))
-    code, output = job.run()
-    assert code == 1, output
-    state = job.state()
-    assert state is not None and state.phase == Phase.FAILED and len(state.history) == 1
-    failed = state.condition("Failed")
-    assert failed is not None and failed.reason == "WorkerFailed"
+    output, failed = _failed_after_pass_1(job, "WorkerFailed")
     assert f"{bad}: 50 bad of 50 lines, first bad lines" in failed.message
     assert f"{bad}: 50 bad of 50 lines" in output
 
