@@ -92,3 +92,15 @@ def streamtrain(*args: str, cwd: Path, timeout: float = 240) -> subprocess.Compl
         timeout=timeout,
         check=False,
     )
+
+
+def start_run(job: Path) -> subprocess.Popen[str]:
+    """``streamtrain run job`` in the background (cwd: the job's folder), output merged on a
+    pipe, for the tests that kill or interrupt it mid-run."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "streamtrain_operator.cli", "run", str(job)],
+        cwd=job.parent,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +16,7 @@ from streamtrain_operator.plan import PassPlan
 from streamtrain_operator.progress import Phase, Progress
 from streamtrain_operator.spec import load_job
 
-from .conftest import streamtrain
+from .conftest import start_run, streamtrain
 
 STATE = Path("ckpt/_state/e2e.json")
 
@@ -97,13 +95,7 @@ def _wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
 def test_sigkilled_run_resumes_without_repeating_a_pass(job_file: Callable[..., Path]) -> None:
     job = job_file(days=2)
     root = job.parent
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamtrain_operator.cli", "run", str(job)],
-        cwd=root,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = start_run(job)
     try:
 
         def third_pass_done() -> bool:
@@ -155,13 +147,7 @@ def test_killed_worker_and_ps_are_restarted_and_the_job_completes_exactly_once(
 ) -> None:
     job = job_file(days=2, checkpoint={"path": "ckpt", "everyPasses": 2})
     root = job.parent
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamtrain_operator.cli", "run", str(job)],
-        cwd=root,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = start_run(job)
     try:
 
         def passes_done(n: int) -> Callable[[], bool]:
