@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp.test_utils
+import aiohttp.web_runner
 import kmock
 import pytest
 import yaml
@@ -58,6 +60,20 @@ class StampingEmulator(kmock.KubernetesEmulator):
         return await super()._handle(request)
 
 
+class PromptTestServer(aiohttp.test_utils.RawTestServer):
+    """aiohttp's test server with a short graceful shutdown.
+
+    aiohttp waits up to 60 s for in-flight handlers when it stops; a watch stream whose
+    client (kopf) has already gone can sit there that long on a slow machine. Two seconds
+    is plenty for an emulator: anything still running after that is cancelled.
+    """
+
+    async def _make_runner(self, **kwargs: Any) -> aiohttp.web_runner.ServerRunner:
+        runner = await super()._make_runner(**kwargs)
+        runner._shutdown_timeout = 2.0  # BaseRunner's own knob; ServerRunner passes no kwarg
+        return runner
+
+
 class Cluster:
     """KMock served from its own thread and event loop (kopf runs in another)."""
 
@@ -70,7 +86,10 @@ class Cluster:
 
     async def _serve(self) -> None:
         self._stop = asyncio.Event()
-        async with StampingEmulator() as emulator, kmock.Server(emulator) as server:
+        async with (
+            StampingEmulator() as emulator,
+            kmock.Server(emulator, server_cls=PromptTestServer) as server,
+        ):
             emulator.resources[f"{GROUP}/{VERSION}/{PLURAL}"] = kmock.ResourceInfo(
                 kind="StreamingTrainingJob",
                 singular="streamingtrainingjob",
@@ -97,6 +116,8 @@ class Cluster:
         assert self._stop is not None
         self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(30)
+        if self._thread.is_alive():  # pragma: no cover - a hang is a failure, said plainly
+            raise AssertionError("KMock did not shut down within 30 s")
         self._loop.close()
 
 
