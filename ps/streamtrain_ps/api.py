@@ -85,7 +85,12 @@ class PSLike(Protocol):
         slots: npt.NDArray[np.uint32] | None = None,
     ) -> None: ...
 
-    def init_dense(self, name: str, values: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]: ...
+    def init_dense(
+        self, name: str, values: npt.NDArray[np.float32], summary_decay: float | None = None
+    ) -> npt.NDArray[np.float32]:
+        """Create the vector unless it exists; return its current values. With
+        ``summary_decay`` pushes are summed statistics, not gradients (``dense.py``)."""
+        ...
 
     def pull_dense(self, name: str) -> npt.NDArray[np.float32]: ...
 

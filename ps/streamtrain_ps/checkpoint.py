@@ -481,5 +481,11 @@ def load_payload(uri: str, config: PSConfig, shard_index: int, num_shards: int) 
                 v=arrays["v"].astype(np.float32),
                 step=int(header["step"]),
                 version=int(header["version"]),
+                summary_decay=_optional_float(header.get("summaryDecay")),
             )
     return Payload(tables, dense)
+
+
+def _optional_float(value: Any) -> float | None:
+    """Header fields added later are absent in older saves (read as None)."""
+    return None if value is None else float(value)

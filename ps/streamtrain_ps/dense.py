@@ -1,10 +1,17 @@
-"""Named flat float32 vectors (the dense network's parameters) with Adam or SGD.
+"""Named flat float32 vectors: the dense network's parameters (Adam or SGD) and summed
+statistics (the *summary* rule).
 
 Workers push gradients and pull parameters asynchronously; each vector has its own lock and
 a version counter (pushes applied), so pushes to one vector are serialised and exact while
 different vectors update in parallel. A vector is created by ``init`` — the first writer
 wins, later callers get the current values back (every worker initialises its network the
 same way and adopts whatever is already on the PS).
+
+A summary vector (Paddle's ``summary`` dense rule, used by ``data_norm``) is not trained: a
+push adds the worker's batch statistics, ``values = decay * values + pushed``. Summing on
+the PS is what makes input normalisation global — every worker, and the exported model,
+normalise with the statistics of all the data seen, not of one batch or one worker
+(``docs/decisions.md``).
 """
 
 from __future__ import annotations
@@ -30,12 +37,19 @@ class DenseState:
     v: npt.NDArray[np.float32]
     step: int
     version: int
+    #: Set for a summary vector (pushes are added with this decay); None for parameters.
+    summary_decay: float | None = None
 
 
 class DenseVector:
     """One vector; Adam state is allocated even for SGD so checkpoints have one shape."""
 
-    def __init__(self, values: npt.NDArray[np.float32], config: DenseOptimizerConfig) -> None:
+    def __init__(
+        self,
+        values: npt.NDArray[np.float32],
+        config: DenseOptimizerConfig,
+        summary_decay: float | None = None,
+    ) -> None:
         self._config = config
         self._lock = threading.Lock()
         self._state = DenseState(
@@ -44,7 +58,12 @@ class DenseVector:
             v=np.zeros(values.size, dtype=np.float32),
             step=0,
             version=0,
+            summary_decay=summary_decay,
         )
+
+    @property
+    def summary_decay(self) -> float | None:
+        return self._state.summary_decay
 
     @property
     def size(self) -> int:
@@ -63,7 +82,9 @@ class DenseVector:
         g = np.ascontiguousarray(grads, dtype=np.float32)
         with self._lock:
             s = self._state
-            if c.type == "sgd":
+            if s.summary_decay is not None:
+                _summary_kernel(s.values, g, np.float32(s.summary_decay))
+            elif c.type == "sgd":
                 _sgd_kernel(s.values, g, np.float32(c.learningRate))
             else:
                 s.step += 1
@@ -86,13 +107,20 @@ class DenseVector:
     def snapshot(self) -> DenseState:
         with self._lock:
             s = self._state
-            return DenseState(s.values.copy(), s.m.copy(), s.v.copy(), s.step, s.version)
+            return DenseState(
+                s.values.copy(), s.m.copy(), s.v.copy(), s.step, s.version, s.summary_decay
+            )
 
     @classmethod
     def restore(cls, state: DenseState, config: DenseOptimizerConfig) -> DenseVector:
         vec = cls(state.values, config)
         vec._state = DenseState(
-            state.values.copy(), state.m.copy(), state.v.copy(), state.step, state.version
+            state.values.copy(),
+            state.m.copy(),
+            state.v.copy(),
+            state.step,
+            state.version,
+            state.summary_decay,
         )
         return vec
 
@@ -123,6 +151,14 @@ def _adam_kernel(
 
 
 @njit(nogil=True, cache=True)
+def _summary_kernel(
+    w: npt.NDArray[np.float32], g: npt.NDArray[np.float32], decay: np.float32
+) -> None:
+    for i in range(w.size):
+        w[i] = decay * w[i] + g[i]
+
+
+@njit(nogil=True, cache=True)
 def _sgd_kernel(w: npt.NDArray[np.float32], g: npt.NDArray[np.float32], lr: np.float32) -> None:
     for i in range(w.size):
         w[i] -= lr * g[i]
@@ -141,17 +177,27 @@ class DenseStore:
             return tuple(sorted(self._vectors))
 
     def init(
-        self, name: str, values: npt.NDArray[np.float32]
+        self, name: str, values: npt.NDArray[np.float32], summary_decay: float | None = None
     ) -> tuple[npt.NDArray[np.float32], int]:
-        """Create ``name`` from ``values`` unless it exists; return the current values."""
+        """Create ``name`` from ``values`` unless it exists; return the current values.
+
+        An existing vector must agree on size and rule: a parameter vector silently turned
+        into a summary (or back) would corrupt the model at the first push.
+        """
         with self._lock:
             vec = self._vectors.get(name)
             if vec is None:
-                vec = DenseVector(values, self._config)
+                vec = DenseVector(values, self._config, summary_decay)
                 self._vectors[name] = vec
         if vec.size != values.size:
             raise InvalidRequestError(
                 "values", f"dense vector {name!r} has {vec.size} values, got {values.size}"
+            )
+        if vec.summary_decay != summary_decay:
+            raise InvalidRequestError(
+                "summary",
+                f"dense vector {name!r} has rule {_rule(vec.summary_decay)}, "
+                f"requested {_rule(summary_decay)}",
             )
         return vec.pull()
 
@@ -180,3 +226,7 @@ class DenseStore:
         vectors = {name: DenseVector.restore(s, self._config) for name, s in states.items()}
         with self._lock:
             self._vectors = vectors
+
+
+def _rule(summary_decay: float | None) -> str:
+    return "optimizer" if summary_decay is None else f"summary(decay={summary_decay})"

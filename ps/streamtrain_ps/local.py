@@ -122,8 +122,10 @@ class LocalPS:
 
         self._each(push)
 
-    def init_dense(self, name: str, values: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
-        return self._dense_shard(name).init_dense(name, values)[0]
+    def init_dense(
+        self, name: str, values: npt.NDArray[np.float32], summary_decay: float | None = None
+    ) -> npt.NDArray[np.float32]:
+        return self._dense_shard(name).init_dense(name, values, summary_decay)[0]
 
     def pull_dense(self, name: str) -> npt.NDArray[np.float32]:
         return self._dense_shard(name).pull_dense(name)[0]

@@ -186,9 +186,13 @@ class RemotePS:
 
     # -- dense ----------------------------------------------------------------------------
 
-    def init_dense(self, name: str, values: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    def init_dense(
+        self, name: str, values: npt.NDArray[np.float32], summary_decay: float | None = None
+    ) -> npt.NDArray[np.float32]:
         v = require_array(values, "values", np.float32, None)
         req = ps_pb2.InitDenseRequest(name=name, values=wire.encode_floats(v))
+        if summary_decay is not None:
+            req.summary.decay = summary_decay
         (resp,) = self._call_all("InitDense", [(self._dense_server(name), req)])
         return wire.decode_floats(resp.values, "values").copy()
 

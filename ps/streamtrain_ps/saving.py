@@ -95,6 +95,7 @@ def write_dense(
             "mode": 0,
             "step": st.step,
             "version": st.version,
+            "summaryDecay": st.summary_decay,
         }
         data = checkpoint.encode_part(header, {"values": st.values, "m": st.m, "v": st.v})
         files.append(

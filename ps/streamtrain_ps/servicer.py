@@ -80,7 +80,7 @@ class ShardLike(Protocol):
     ) -> int: ...
 
     def init_dense(
-        self, name: str, values: npt.NDArray[np.float32]
+        self, name: str, values: npt.NDArray[np.float32], summary_decay: float | None = None
     ) -> tuple[npt.NDArray[np.float32], int]: ...
 
     def pull_dense(self, name: str) -> tuple[npt.NDArray[np.float32], int]: ...
@@ -204,7 +204,8 @@ class PSServicer(ps_pb2_grpc.ParameterServerServicer):
             values = wire.decode_floats(request.values, "values")
             if values.size == 0:
                 raise InvalidRequestError("values", "must not be empty")
-            current, version = self._shard.init_dense(name, values)
+            decay = request.summary.decay if request.HasField("summary") else None
+            current, version = self._shard.init_dense(name, values, decay)
             return ps_pb2.DenseValues(
                 name=name, values=wire.encode_floats(current), version=version
             )

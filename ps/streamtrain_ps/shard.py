@@ -175,12 +175,15 @@ class Shard:
     # -- dense ------------------------------------------------------------------------------
 
     def init_dense(
-        self, name: str, values: npt.NDArray[np.float32]
+        self, name: str, values: npt.NDArray[np.float32], summary_decay: float | None = None
     ) -> tuple[npt.NDArray[np.float32], int]:
-        """Create ``name`` from ``values`` unless it exists (first writer wins)."""
+        """Create ``name`` from ``values`` unless it exists (first writer wins); with
+        ``summary_decay`` it is a summary vector (``dense.py``)."""
         v = _array(values, "values", np.float32, None)
         _finite(v, "values")
-        return self._dense.init(_name(name), v)
+        if summary_decay is not None and not 0.0 < summary_decay <= 1.0:
+            raise InvalidRequestError("summary.decay", f"must be in (0, 1], got {summary_decay}")
+        return self._dense.init(_name(name), v, summary_decay)
 
     def pull_dense(self, name: str) -> tuple[npt.NDArray[np.float32], int]:
         return self._dense.get(_name(name)).pull()

@@ -52,3 +52,35 @@ def test_dense_update_matches_the_reference_formula(kind: DenseOptimizerType) ->
     pulled, version = vec.pull()
     pulled[:] = 0  # a pull is a copy: the vector is updated in place, never shared
     assert version == len(grads) and np.array_equal(vec.pull()[0], state.values)
+
+
+def test_summary_vector_adds_pushes_with_decay() -> None:
+    """A summary vector is not trained: each push is added after decaying the sum."""
+    w0 = np.array([1e4, 0.0, 1e4], dtype=np.float32)
+    vec = DenseVector(w0, DenseOptimizerConfig(), summary_decay=0.5)
+    pushes = [np.array([256.0, 10.0, 300.0], np.float32), np.array([128.0, -4.0, 90.0], np.float32)]
+    expected = w0.astype(np.float64)
+    for g in pushes:
+        vec.push(g)
+        expected = 0.5 * expected + g
+    np.testing.assert_allclose(vec.pull()[0], expected, rtol=1e-6)
+    assert vec.snapshot().summary_decay == 0.5
+    assert vec.snapshot().step == 0  # no optimizer step was taken
+
+
+def test_summary_rule_is_part_of_a_vectors_identity() -> None:
+    from streamtrain_ps.dense import DenseStore
+    from streamtrain_ps.errors import InvalidRequestError
+
+    store = DenseStore(DenseOptimizerConfig())
+    store.init("stats", np.ones(3, np.float32), summary_decay=0.99)
+    store.init("w", np.ones(3, np.float32))
+    with pytest.raises(InvalidRequestError, match="rule summary") as summary:
+        store.init("stats", np.ones(3, np.float32))
+    assert summary.value.field == "summary"
+    with pytest.raises(InvalidRequestError, match="rule optimizer"):
+        store.init("w", np.ones(3, np.float32), summary_decay=0.99)
+    restored = DenseStore(DenseOptimizerConfig())
+    restored.replace(store.snapshot())
+    restored.push("stats", np.ones(3, np.float32))
+    np.testing.assert_allclose(restored.get("stats").pull()[0], 0.99 + 1.0, rtol=1e-6)

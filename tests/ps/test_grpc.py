@@ -156,6 +156,31 @@ def test_dense_vectors_route_by_name(ps_cluster: Callable[..., Cluster]) -> None
     assert set(ps.stats().dense_names) == {"dnn.w", "dnn.b", "tower"}
 
 
+def test_summary_vectors_over_grpc_keep_their_rule_through_a_checkpoint(
+    ps_cluster: Callable[..., Cluster], tmp_path: Path
+) -> None:
+    """The summary rule travels in InitDense, is checked on every init, and is saved with
+    the vector, so a reloaded PS keeps summing instead of running Adam on statistics."""
+    ps = ps_cluster(2).client()
+    init = np.array([1e4, 0.0, 1e4], np.float32)
+    np.testing.assert_array_equal(ps.init_dense("norm", init, summary_decay=0.5), init)
+    ps.push_dense("norm", np.array([2.0, 4.0, 6.0], np.float32))
+    np.testing.assert_allclose(ps.pull_dense("norm"), [5002.0, 4.0, 5006.0])
+    with pytest.raises(InvalidRequestError) as mismatch:
+        ps.init_dense("norm", init)  # same name, optimizer rule: refused, not adopted
+    assert mismatch.value.field == "summary"
+    for bad in (0.0, 1.5, float("nan")):
+        with pytest.raises(InvalidRequestError) as invalid:
+            ps.init_dense("other", init, summary_decay=bad)
+        assert invalid.value.field == "summary.decay"
+    uri = (tmp_path / "ckpt").as_uri()
+    ps.save(uri, api.SaveMode.CHECKPOINT)
+    reloaded = ps_cluster(1).client()
+    reloaded.load(uri)
+    reloaded.push_dense("norm", np.ones(3, np.float32))
+    np.testing.assert_allclose(reloaded.pull_dense("norm"), [2502.0, 3.0, 2504.0])
+
+
 def test_save_publish_load_into_a_different_server_count(
     ps_cluster: Callable[..., Cluster], tmp_path: Path
 ) -> None:

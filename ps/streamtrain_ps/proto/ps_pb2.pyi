@@ -73,12 +73,20 @@ class PushSparseResponse(_message.Message):
     def __init__(self, keys_updated: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
 class InitDenseRequest(_message.Message):
-    __slots__ = ("name", "values")
+    __slots__ = ("name", "values", "summary")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VALUES_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
     name: str
     values: bytes
-    def __init__(self, name: _Optional[str] = ..., values: _Optional[bytes] = ...) -> None: ...
+    summary: SummaryRule
+    def __init__(self, name: _Optional[str] = ..., values: _Optional[bytes] = ..., summary: _Optional[_Union[SummaryRule, _Mapping]] = ...) -> None: ...
+
+class SummaryRule(_message.Message):
+    __slots__ = ("decay",)
+    DECAY_FIELD_NUMBER: _ClassVar[int]
+    decay: float
+    def __init__(self, decay: _Optional[float] = ...) -> None: ...
 
 class PullDenseRequest(_message.Message):
     __slots__ = ("name",)
