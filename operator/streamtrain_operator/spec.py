@@ -160,6 +160,13 @@ class DataSpec:
     )
     delimiter: str = _f(",", "csv only: field delimiter (one character).", minLength=1)
     header: bool = _f(True, "csv only: every file starts with a header line.")
+    quoteChar: str = _f(
+        '"',
+        "avazu and csv: quote character of RFC 4180 quoted fields (the delimiter inside "
+        "quotes is data, a doubled quote is one literal quote; no newlines inside quotes); "
+        "an empty string turns quoting off.",
+        pattern="^[ -~]?$",
+    )
     fieldMap: str | None = _f(
         None, "libsvm only: URL of a field:value<TAB>index file mapping indices to fields."
     )

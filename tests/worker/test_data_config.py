@@ -42,6 +42,7 @@ def test_the_operator_fields_are_accepted() -> None:
             "labelSlot": "click",
             "delimiter": ",",
             "header": True,
+            "quoteChar": "'",
             "fieldMap": None,
         }
     )

@@ -322,7 +322,7 @@ def test_malformed_field_map_names_the_field(tmp_path: Path) -> None:
         make_format(cfg)
 
 
-ALPHABET = b"0123456789:: \t,,;|.-xc\r\n\n"
+ALPHABET = b'0123456789:: \t,,;|.-xc"\r\n\n'
 FUZZ_CONFIGS = {
     "criteo": {"format": "criteo"},
     "slot": {"format": "slot", "slots": ["1", "2", "c"], "labelSlot": "0"},

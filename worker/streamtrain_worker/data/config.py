@@ -105,6 +105,9 @@ class DataConfig:
     delimiter: str = ","
     #: csv: whether every file starts with a header line naming the columns.
     header: bool = True
+    #: avazu, csv: the quote character of RFC 4180 quoted fields (one ASCII character);
+    #: ``""`` turns quoting off, so a quote is an ordinary byte of a token.
+    quoteChar: str = '"'
     #: libsvm: fsspec URL of a ``field:value<TAB>index`` file mapping feature indices to
     #: fields (iPinYou's featindex); without it, tokens must be ``field:idx:val``.
     fieldMap: str | None = None
@@ -157,6 +160,7 @@ class DataConfig:
             raise fail(
                 "delimiter", f"must be one character (not a newline), got {self.delimiter!r}"
             )
+        self._validate_quote(fail)
         if self.format == "slot" and self.slots is None and self.numSlots is None:
             raise fail("numSlots", "the slot format needs numSlots or slots")
         if self.format == "csv":
@@ -173,6 +177,21 @@ class DataConfig:
         if self.sequenceSlot is not None and not 0 <= self.sequenceSlot < len(names):
             raise fail("sequenceSlot", f"must be in 0..{len(names) - 1}, got {self.sequenceSlot}")
 
+    def _validate_quote(self, fail: Callable[[str, str], DataConfigError]) -> None:
+        # The kernels compare single bytes, so the quote must be one ASCII byte; it cannot be
+        # the delimiter (avazu's is a comma) or a multi separator, whose bytes mean other things.
+        quote = self.quoteChar
+        if quote == "":
+            return
+        if len(quote) != 1 or not quote.isascii() or quote in "\r\n":
+            raise fail(
+                "quoteChar",
+                f"must be one ASCII character (not a newline) or empty, got {quote!r}",
+            )
+        delimiter = "," if self.format == "avazu" else self.delimiter
+        if quote == delimiter:
+            raise fail("quoteChar", f"must differ from the delimiter {delimiter!r}")
+
     def _validate_csv(self, fail: Callable[[str, str], DataConfigError]) -> None:
         cols = self.csv_columns()
         labels = [c for c in cols if c.slot == LABEL]
@@ -181,9 +200,12 @@ class DataConfig:
         for c in cols:
             if c.kind not in CSV_KINDS:
                 raise fail(f"columns.{c.column}.kind", f"must be one of {', '.join(CSV_KINDS)}")
-            if c.kind == "multi" and (len(c.separator) != 1 or c.separator == self.delimiter):
+            if c.kind == "multi" and (
+                len(c.separator) != 1 or c.separator in (self.delimiter, self.quoteChar)
+            ):
                 raise fail(
-                    f"columns.{c.column}.separator", "must be one character, not the delimiter"
+                    f"columns.{c.column}.separator",
+                    "must be one character, not the delimiter or the quoteChar",
                 )
             if not self.header and not c.column.isdigit():
                 raise fail(f"columns.{c.column}", "without a header, columns are 0-based indices")
@@ -232,6 +254,11 @@ class DataConfig:
             if c.slot != LABEL and c.slot not in names:
                 names.append(c.slot)
         return tuple(names)
+
+    @property
+    def quote_byte(self) -> int:
+        """The quote as the byte the delimited kernels compare with, or -1 (quoting off)."""
+        return ord(self.quoteChar) if self.quoteChar else -1
 
     @property
     def num_slots(self) -> int:

@@ -22,7 +22,7 @@ def make_format(config: DataConfig) -> Format:
     if config.format == "criteo":
         return CriteoFormat()
     if config.format == "avazu":
-        return AvazuFormat()
+        return AvazuFormat(config)
     if config.format == "csv":
         return CsvFormat(config)
     if config.format == "libsvm":

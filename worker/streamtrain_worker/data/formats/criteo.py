@@ -3,7 +3,8 @@
 I-columns are integers (possibly negative or empty) bucketed by ``kernel.bucket`` (empty → its
 own ``MISSING_VALUE`` token); C-columns are 32-bit hex strings hashed as text (empty → the
 empty token, which is a valid "missing" feature of its own). A line must have exactly 40
-tab-separated columns.
+tab-separated columns. Criteo's TSV is never quoted, so quoting is off (``quoteChar`` does not
+apply): a quote byte stays part of its token, as in every earlier release.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class CriteoFormat:
         self._parser = DelimitedParser(
             ColumnPlan(
                 delimiter=ord("\t"),
+                quote=-1,
                 num_columns=NUM_COLUMNS,
                 min_columns=NUM_COLUMNS,
                 kinds=kinds,

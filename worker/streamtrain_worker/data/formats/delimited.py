@@ -3,8 +3,20 @@
 A ``ColumnPlan`` says, per column, what the cell is: skipped, the label, a categorical token,
 an integer to bucket, a multi-valued cell (``a|b|c``) or Avazu's ``YYMMDDHH`` hour (two
 tokens: hour of day and weekday). The three formats differ only in how they build the plan
-(fixed for Criteo, from the header for Avazu and csv). Quoted fields are not supported: CTR
-logs do not quote, and a quote is then just a byte of the token.
+(fixed for Criteo, from the header for Avazu and csv).
+
+Quoting follows RFC 4180 as Python's ``csv`` module reads it with ``strict=True``, one physical
+line at a time: a field that *starts* with the plan's quote byte runs to the next lone quote,
+a doubled quote inside it is one literal quote, and the delimiter inside it is data. The
+field's value is its unquoted content, so ``"abc"`` and ``abc`` give the same sign. A quote
+elsewhere in a field is an ordinary byte (``ab"c``). An unterminated quote, or text between
+a closing quote and the next delimiter (``"a"b``), makes the line bad. Lines are cut at every
+newline before tokenising, so a newline inside quotes is unsupported: the line holding the
+opening quote is bad as unterminated, and its continuation is parsed as a line of its own.
+
+Why quotes are checked only where a field starts: that is the one place RFC 4180 gives a
+quote meaning, so an unquoted line pays one byte comparison per field and the inner loop over
+the bytes of a field stays exactly the delimiter scan it was before quoting existed.
 """
 
 from __future__ import annotations
@@ -22,7 +34,9 @@ from streamtrain_worker.data.formats.kernel import (
     MISSING_LABEL,
     MISSING_VALUE,
     OK,
+    TEXT_AFTER_QUOTE,
     U8,
+    UNTERMINATED_QUOTE,
     ParsedBlock,
     bucket,
     commit_line,
@@ -30,7 +44,7 @@ from streamtrain_worker.data.formats.kernel import (
     parse_label,
     run_kernel,
 )
-from streamtrain_worker.data.hashing import hash_bytes, sign_of
+from streamtrain_worker.data.hashing import hash_bytes, hash_unescaped, sign_of
 
 SKIP = 0
 LABEL = 1
@@ -45,6 +59,8 @@ class ColumnPlan:
     """Per-column parse instructions (arrays, so the kernel reads them without Python)."""
 
     delimiter: int
+    #: Quote byte (``"`` by default), or -1 when quoting is off (Criteo, ``quoteChar: ""``).
+    quote: int
     #: Exact column count a line must have; -1 means "at least ``min_columns``".
     num_columns: int
     min_columns: int
@@ -64,6 +80,7 @@ class DelimitedParser:
         p = plan
         self._params = (
             p.delimiter,
+            p.quote,
             p.num_columns,
             p.min_columns,
             p.kinds,
@@ -72,6 +89,17 @@ class DelimitedParser:
             p.separators,
             p.num_slots,
         )
+
+    @property
+    def plan(self) -> ColumnPlan:
+        """The plan this parser was built with."""
+        return self._plan
+
+    @property
+    def params(self) -> tuple[object, ...]:
+        """The kernel's format parameters, in signature order (``bench_quoting`` reuses them
+        to drive an older kernel on the same plan)."""
+        return self._params
 
     def parse(self, block: U8, first_line: int) -> ParsedBlock:
         return run_kernel(_kernel, self._params, block, first_line, self._plan.num_slots)
@@ -124,6 +152,7 @@ def _tokenize(
     a: int,
     b: int,
     delimiter: int,
+    quote: int,
     num_columns: int,
     min_columns: int,
     kinds: npt.NDArray[np.int8],
@@ -137,54 +166,84 @@ def _tokenize(
     m = 0
     label = -1
     col = 0
-    start = a
     i = a
     # The first error is kept while the columns are still counted, so a short or long line
-    # reports "wrong column count" rather than whichever cell happened to break first.
+    # reports "wrong column count" rather than whichever cell happened to break first. A
+    # quoting error ends the line at once: past it the columns cannot be counted.
     err = OK
     while True:
-        if i == b or data[i] == delimiter:
-            if err == OK and col < kinds.shape[0]:
-                kind = kinds[col]
-                slot = slots[col]
-                if kind == CATEGORICAL:
+        # A field starts at i; its content is data[start:end]. ``escaped``: it holds doubled
+        # quotes, so text must be hashed unescaped (numbers with a quote in them are bad anyway).
+        start = i
+        escaped = False
+        if i < b and data[i] == quote:
+            i += 1
+            start = i
+            while True:
+                if i == b:
+                    return 0, UNTERMINATED_QUOTE, 0
+                if data[i] == quote:
+                    if i + 1 < b and data[i + 1] == quote:
+                        escaped = True
+                        i += 2
+                        continue
+                    break
+                i += 1
+            end = i
+            i += 1
+            if i < b and data[i] != delimiter:
+                return 0, TEXT_AFTER_QUOTE, 0
+        else:
+            while i < b and data[i] != delimiter:
+                i += 1
+            end = i
+        if err == OK and col < kinds.shape[0]:
+            kind = kinds[col]
+            slot = slots[col]
+            if kind == CATEGORICAL:
+                line_slots[m] = slot
+                if escaped:
+                    line_keys[m] = sign_of(slot, hash_unescaped(data, start, end, quote))
+                else:
+                    line_keys[m] = sign_of(slot, hash_bytes(data, start, end))
+                m += 1
+            elif kind == LABEL:
+                label = parse_label(data, start, end)
+                if label < 0:
+                    err = BAD_LABEL
+            elif kind == BUCKET:
+                value = MISSING_VALUE
+                ok = True
+                if end > start:
+                    ok, v = parse_int(data, start, end)
+                    value = np.uint64(np.int64(bucket(v)))
+                if ok:
                     line_slots[m] = slot
-                    line_keys[m] = sign_of(slot, hash_bytes(data, start, i))
+                    line_keys[m] = sign_of(slot, value)
                     m += 1
-                elif kind == LABEL:
-                    label = parse_label(data, start, i)
-                    if label < 0:
-                        err = BAD_LABEL
-                elif kind == BUCKET:
-                    value = MISSING_VALUE
-                    ok = True
-                    if i > start:
-                        ok, v = parse_int(data, start, i)
-                        value = np.uint64(np.int64(bucket(v)))
-                    if ok:
-                        line_slots[m] = slot
-                        line_keys[m] = sign_of(slot, value)
-                        m += 1
-                    else:
-                        err = BAD_NUMBER
-                elif kind == MULTI:
-                    piece = start
-                    for j in range(start, i + 1):
-                        if j == i or data[j] == separators[col]:
-                            if j > piece:
-                                line_slots[m] = slot
-                                line_keys[m] = sign_of(slot, hash_bytes(data, piece, j))
-                                m += 1
-                            piece = j + 1
-                elif kind == HOUR:
-                    err = _hour(data, start, i, slot, slots2[col], line_slots, line_keys, m)
-                    if err == OK:
-                        m += 2
-            col += 1
-            if i == b:
-                break
-            start = i + 1
-        i += 1
+                else:
+                    err = BAD_NUMBER
+            elif kind == MULTI:
+                piece = start
+                for j in range(start, end + 1):
+                    if j == end or data[j] == separators[col]:
+                        if j > piece:
+                            line_slots[m] = slot
+                            if escaped:
+                                value = hash_unescaped(data, piece, j, quote)
+                            else:
+                                value = hash_bytes(data, piece, j)
+                            line_keys[m] = sign_of(slot, value)
+                            m += 1
+                        piece = j + 1
+            elif kind == HOUR:
+                err = _hour(data, start, end, slot, slots2[col], line_slots, line_keys, m)
+                if err == OK:
+                    m += 2
+        col += 1
+        if i >= b:
+            break
+        i += 1  # past the delimiter; a delimiter ending the line leaves one empty field
     if (num_columns >= 0 and col != num_columns) or col < min_columns:
         return 0, BAD_COLUMNS, 0
     if err != OK:
@@ -199,6 +258,7 @@ def _kernel(
     data: U8,
     first_line: int,
     delimiter: int,
+    quote: int,
     num_columns: int,
     min_columns: int,
     kinds: npt.NDArray[np.int8],
@@ -244,6 +304,7 @@ def _kernel(
             pos,
             stop,
             delimiter,
+            quote,
             num_columns,
             min_columns,
             kinds,

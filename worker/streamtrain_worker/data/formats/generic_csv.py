@@ -3,7 +3,8 @@
 With a header, columns are found by name in each file's header and a line must have as many
 columns as the header; without one, columns are 0-based indices and a line must have at least
 ``max(index) + 1`` columns. Several columns may feed one slot (multi-valued), and a ``multi``
-column holds several tokens split by its separator. Unmapped columns are skipped.
+column holds several tokens split by its separator. Unmapped columns are skipped. Fields may be
+quoted (``DataConfig.quoteChar``, RFC 4180; see ``delimited``), the header line included.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class CsvFormat:
         return DelimitedParser(
             ColumnPlan(
                 delimiter=ord(self._config.delimiter),
+                quote=self._config.quote_byte,
                 num_columns=num_columns,
                 min_columns=n,
                 kinds=kinds,
@@ -75,7 +77,7 @@ class CsvFormat:
             return self._fixed
         if header is None:
             raise CorruptFileError(f"{path}: the csv config expects a header line")
-        names = split_header(header, self._config.delimiter, path)
+        names = split_header(header, self._config.delimiter, path, self._config.quoteChar)
         missing = [c.column for c in self._columns if c.column not in names]
         if missing:
             raise CorruptFileError(f"{path}: header lacks configured columns {missing}")

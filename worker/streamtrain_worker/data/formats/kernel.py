@@ -43,6 +43,8 @@ BAD_LABEL = 3
 MISSING_LABEL = 4
 UNKNOWN_FEATURE = 5
 BAD_TOKEN = 6
+UNTERMINATED_QUOTE = 7
+TEXT_AFTER_QUOTE = 8
 REASONS = {
     BAD_COLUMNS: "wrong column count",
     BAD_NUMBER: "unparsable number",
@@ -50,6 +52,9 @@ REASONS = {
     MISSING_LABEL: "no label",
     UNKNOWN_FEATURE: "feature index not in the field map",
     BAD_TOKEN: "malformed token",
+    # Lines are cut at every newline, so a quoted field holding a newline also ends up here.
+    UNTERMINATED_QUOTE: "unterminated quoted field (newlines inside quotes are unsupported)",
+    TEXT_AFTER_QUOTE: "text between a closing quote and the delimiter",
 }
 #: ``value`` of an empty integer cell (no bucket can reach it).
 MISSING_VALUE = np.uint64(1 << 63)
