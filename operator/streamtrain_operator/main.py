@@ -51,6 +51,19 @@ def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> i
     return value
 
 
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{name}: must be a number of seconds, got {raw!r}") from None
+    if not value > 0:
+        raise SettingsError(f"{name}: must be > 0, got {value}")
+    return value
+
+
 def _json(env: Mapping[str, str], name: str, default: Any) -> Any:
     raw = env.get(name)
     if not raw:
@@ -79,6 +92,11 @@ class OperatorConfig:
     request_timeout_seconds: int = 60
     #: One attempt of waiting for a job's pods to answer gRPC health.
     ready_timeout_seconds: int = 10
+    #: How often the supervisor lists a job's pods to notice a restarted PS or worker.
+    #: 15 s is cheap for the API server; the operator fault tests
+    #: (``tests/faults/test_operator_kill.py``) poll faster so a killed PS pod is noticed
+    #: within their time budget.
+    restart_poll_seconds: float = 15.0
     #: API server URL for an operator outside the cluster without a kubeconfig (tests).
     kube_server: str | None = None
     #: ``host:port`` rewrites for gRPC endpoints (see ``GrpcConnector``).
@@ -118,6 +136,9 @@ class OperatorConfig:
             ),
             ready_timeout_seconds=_int(
                 env, "STREAMTRAIN_READY_TIMEOUT_SECONDS", base.ready_timeout_seconds, 1
+            ),
+            restart_poll_seconds=_seconds(
+                env, "STREAMTRAIN_RESTART_POLL_SECONDS", base.restart_poll_seconds
             ),
             kube_server=env.get("STREAMTRAIN_KUBE_SERVER") or None,
             endpoint_map={str(k): str(v) for k, v in endpoint_map.items()},
@@ -172,6 +193,7 @@ def build_runtime(cfg: OperatorConfig, registry: CollectorRegistry) -> Runtime:
         options=cfg.options(),
         connector=GrpcConnector(cfg.endpoint_map),
         ready_timeout=cfg.ready_timeout_seconds,
+        restart_poll_seconds=cfg.restart_poll_seconds,
     )
 
 

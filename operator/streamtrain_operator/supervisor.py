@@ -319,7 +319,7 @@ class JobSupervisor:
         generation = 1 + (0 if progress is None else progress.generation)
         await asyncio.to_thread(self._apply, job, scale, generation)
         conn = self.rt.connector(job, scale, self.rt.options)
-        tasks: list[asyncio.Task[Any]] = []
+        tasks: list[asyncio.Future[Any]] = []
         try:
             if not await self._wait_ready(conn, job, stopped):
                 return False
@@ -335,10 +335,16 @@ class JobSupervisor:
             self.driver = self._make_driver(job, conn, store)
             if self._restart:  # the spec changed while the pods came up
                 self.driver.stop(Phase.STOPPED, "spec changed")
+            # Each task joins ``tasks`` as it is made, so the ``finally`` cancels it whatever
+            # fails next. kopf's ``stopped.wait()`` is an awaitable (``AsyncFlagPromise``),
+            # not a coroutine: ``ensure_future`` takes it, ``create_task`` would raise and
+            # leave the driver running on closed channels.
             run = asyncio.create_task(self.driver.run())
+            tasks.append(run)
             watch = asyncio.create_task(self._watch_ps(job, baseline, workers))
-            stop = asyncio.create_task(stopped.wait())
-            tasks = [run, watch, stop]
+            tasks.append(watch)
+            stop = asyncio.ensure_future(stopped.wait())
+            tasks.append(stop)
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             if run.done():
                 return await self._after_run(job, run.result())
