@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streamtrain_worker.data import bench_quoting
 from streamtrain_worker.data.config import AVAZU_CATEGORICAL, AVAZU_SLOTS, DataConfig
 from streamtrain_worker.data.errors import BadDataError, CorruptFileError, DataConfigError
 from streamtrain_worker.data.formats import Format, ParsedBlock, make_format
@@ -125,12 +126,18 @@ def test_unterminated_quotes_and_text_after_a_quote_are_bad_lines() -> None:
         b"\n"
         b'1,Acme,"Berlin\r\n'  # line 6: unterminated at the end of the line (CRLF)
         b'1,"Acme",Berlin\n'
+        b'1,"say \\"hi\\"",Berlin\n'  # line 8: Spark's default backslash escape is not RFC 4180
     )
     parsed = parse(csv_format(COMPANY), text)
     assert parsed.batch.size == 2
-    assert parsed.lines == 5
-    assert parsed.bad_lines.tolist() == [3, 4, 6]
-    assert parsed.bad_reasons.tolist() == [UNTERMINATED_QUOTE, TEXT_AFTER_QUOTE, UNTERMINATED_QUOTE]
+    assert parsed.lines == 6
+    assert parsed.bad_lines.tolist() == [3, 4, 6, 8]
+    assert parsed.bad_reasons.tolist() == [
+        UNTERMINATED_QUOTE,
+        TEXT_AFTER_QUOTE,
+        UNTERMINATED_QUOTE,
+        TEXT_AFTER_QUOTE,
+    ]
 
 
 def test_the_reader_reports_quote_errors_with_line_numbers(tmp_path: Path) -> None:
@@ -298,3 +305,21 @@ def test_field_splitting_matches_pythons_csv_module(case: tuple[str, str, str]) 
     # One configured column more than the line has: exactly the field count is found.
     too_many = parse(make_format(csv_config(delimiter, quote, features + 1)), text.encode())
     assert too_many.bad_reasons.tolist() == [BAD_COLUMNS]
+
+
+def test_bench_quoting_compares_two_kernels_on_the_samples(tmp_path: Path) -> None:
+    # Stand-in for an older delimited.py: the kernel signature before quoting existed.
+    old = tmp_path / "old_delimited.py"
+    old.write_text(
+        "from streamtrain_worker.data.formats.delimited import _kernel as new_kernel\n\n\n"
+        "def _kernel(data, first_line, delimiter, *rest):\n"
+        "    new_kernel(data, first_line, delimiter, -1, *rest)\n"
+    )
+    results = bench_quoting.run(old, DATA, repeats=2, copies=1)
+    for name in bench_quoting.FORMATS:
+        entry = results[name]
+        assert isinstance(entry, dict)
+        assert entry["old_lines_per_s"] > 0 and entry["new_lines_per_s"] > 0
+        assert entry["ratio"] > 0
+    assert isinstance(results["avazu_all_quoted_lines_per_s"], int)
+    assert bench_quoting.all_quoted(b"a,b\n1,\n") == b'"a","b"\n"1",""\n'

@@ -24,6 +24,7 @@ import importlib.util
 import io
 import json
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -45,6 +46,7 @@ def load_module(path: Path) -> ModuleType:
     if spec is None or spec.loader is None:
         raise ValueError(f"{path}: not an importable Python file")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while it executes
     spec.loader.exec_module(module)
     return module
 
