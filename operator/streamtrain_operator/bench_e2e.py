@@ -114,6 +114,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             lr=args.lr,
             log=log,
         )
+        # A pass of one class has no AUC; the bench's passes always hold both, and a mean
+        # over a silently shorter list would not be the protocol's number.
+        missing = [r.pass_index for r in quality.history if "auc" not in r.metrics]
+        if missing:
+            raise SystemExit(f"passes {missing} of the quality run have no AUC (one class)")
         aucs = [r.metrics["auc"] for r in quality.history]
         auc_mean = sum(aucs[12:24]) / len(aucs[12:24])
         print(f"quality run: 24 passes x 300 rows, batch {args.auc_batch_size}")

@@ -29,6 +29,7 @@ import yaml
 from streamtrain_operator.export import read_donefile
 from streamtrain_operator.local import RunOptions, run_job
 from streamtrain_operator.progress import Phase
+from streamtrain_operator.reporting import metric
 from streamtrain_operator.spec import load_job
 from streamtrain_worker.synth import SEQUENCE_SLOT, SLOTS, SynthConfig, generate_delayed
 
@@ -111,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for r in progress.history:
         best = oracle.get((r.day, r.pass_index), float("nan"))
         print(
-            f"   {r.day} pass {r.pass_index}: auc {r.metrics['auc']:.4f}  oracle {best:.4f}"
+            f"   {r.day} pass {r.pass_index}: auc {metric(r.metrics, 'auc')}  oracle {best:.4f}"
             f"  waited {r.wait_seconds:.1f}s",
             file=out,
         )

@@ -7,11 +7,21 @@ COPC (from summed histograms, never a mean of per-worker values), restarts by ro
 published models. Labels are ``namespace``, ``job`` and ``role`` (plus the bounded
 ``phase`` of the state-set gauge) — never pass ids or days, whose cardinality grows
 forever. When a job is deleted, :meth:`OperatorMetrics.forget` removes its series.
+
+The quality gauges (AUC, loss, COPC) hold the value of the last pass that *defined* it. A
+pass without examples defines none of them and a pass of one class no AUC; such a pass
+counts as completed (``streamtrain_job_passes_completed_total``) and adds nothing to
+``streamtrain_job_examples_total`` — that pair is how an empty pass shows — but leaves
+the gauges alone. Not updating beats the alternatives: a placeholder (AUC 0.5) is a fake
+quality drop that pages on a quiet night; NaN breaks every comparison and graph; removing
+the series opens gaps that ``absent()`` and ``max_over_time`` windows misread. An empty
+pass trained nothing, so the last measured value still describes the model.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -62,17 +72,20 @@ class OperatorMetrics:
             registry=registry,
         )
         self.auc = Gauge(
-            "streamtrain_job_auc", "Global AUC of the last completed pass.", JOB, registry=registry
+            "streamtrain_job_auc",
+            "Global AUC of the last completed pass that had both classes.",
+            JOB,
+            registry=registry,
         )
         self.loss = Gauge(
             "streamtrain_job_loss",
-            "Global mean log loss of the last completed pass.",
+            "Global mean log loss of the last completed pass with examples.",
             JOB,
             registry=registry,
         )
         self.copc = Gauge(
             "streamtrain_job_copc",
-            "Clicks over predicted clicks of the last completed pass (1 is calibrated).",
+            "Clicks over predicted clicks of the last pass that predicted any (1 is calibrated).",
             JOB,
             registry=registry,
         )
@@ -124,13 +137,18 @@ class OperatorMetrics:
         metrics: Mapping[str, float],
     ) -> None:
         """Record one finished pass with its global metrics (``auc``, ``loss``, ``copc``,
-        ``examples`` when present)."""
+        ``examples`` when present).
+
+        A quality metric the pass left undefined (absent, or not a finite number) leaves
+        its gauge at the last defined value (module docstring).
+        """
         self.passes.labels(namespace, job).inc()
         self.pass_duration.labels(namespace, job).observe(max(duration_seconds, 0.0))
         self.donefile_wait.labels(namespace, job).observe(max(wait_seconds, 0.0))
         for name, gauge in (("auc", self.auc), ("loss", self.loss), ("copc", self.copc)):
-            if name in metrics:
-                gauge.labels(namespace, job).set(metrics[name])
+            value = metrics.get(name)
+            if value is not None and math.isfinite(value):
+                gauge.labels(namespace, job).set(value)
         if metrics.get("examples", 0) > 0:
             self.examples.labels(namespace, job).inc(metrics["examples"])
 

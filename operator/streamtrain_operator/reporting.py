@@ -8,7 +8,7 @@ lines are written, so output stays readable when redirected.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TextIO
 
 from streamtrain_operator.plan import PassPlan, StepKey, StepKind
@@ -35,12 +35,33 @@ def progress_bar(done: int, total: int | None, width: int = BAR_WIDTH) -> str:
     return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total}"
 
 
+#: The note of a pass that trained nothing (the quality metrics are then undefined).
+EMPTY_PASS = "empty pass: no examples"
+
+
+def metric(metrics: Mapping[str, float], name: str, spec: str = ".4f") -> str:
+    """One metric of a pass record, ``n/a`` when the record has none: a pass of one class
+    has no AUC, and a placeholder would read as a measurement."""
+    value = metrics.get(name)
+    return "n/a" if value is None else format(value, spec)
+
+
 def format_pass(record: PassRecord, passes_per_day: int) -> str:
+    """One line per pass: quality, size, speed and donefile wait.
+
+    An empty pass says so instead of showing quality numbers: nothing was scored, so there
+    is no AUC, loss or COPC to show (``docs/scheduler.md``, "Empty passes").
+    """
     m = record.metrics
+    examples = int(m.get("examples", 0))
+    quality = (
+        EMPTY_PASS
+        if examples == 0
+        else f"auc {metric(m, 'auc')}  loss {metric(m, 'loss')}  copc {metric(m, 'copc', '.3f')}"
+    )
     return (
-        f"day {record.day} pass {record.pass_index:>2}/{passes_per_day}"
-        f"  auc {m.get('auc', 0.0):.4f}  loss {m.get('loss', 0.0):.4f}"
-        f"  copc {m.get('copc', 0.0):.3f}  {int(m.get('examples', 0)):>8,d} ex"
+        f"day {record.day} pass {record.pass_index:>2}/{passes_per_day}  {quality}"
+        f"  {examples:>8,d} ex"
         f"  {m.get('examplesPerSecond', 0.0):>9,.0f} ex/s  wait {record.wait_seconds:.0f}s"
     )
 
@@ -138,5 +159,5 @@ class ProgressPrinter:
     def finish(self, progress: Progress) -> None:
         self._status = ""
         last = progress.last_pass
-        auc = "" if last is None else f", last auc {last.metrics.get('auc', 0.0):.4f}"
+        auc = "" if last is None else f", last auc {metric(last.metrics, 'auc')}"
         self.line(f"{self.job.name}: {progress.phase} ({progress.message or 'done'}){auc}")

@@ -31,6 +31,10 @@ SPEC_VALID = "SpecValid"
 PODS_READY = "PodsReady"
 READY = "Ready"
 #: Metrics shown in ``status.metrics`` (decimal strings, as ARCHITECTURE.md §1 shows them).
+#: One the last pass does not define (an empty pass has no auc/loss/copc, a pass of one
+#: class no auc) is *removed* from the status (``null`` in the merge-patch), so the AUC
+#: column of ``kubectl get stj`` is blank rather than a number of an older pass or a
+#: placeholder.
 SHOWN_METRICS = ("auc", "loss", "copc", "examples", "examplesPerSecond", "seconds")
 COUNTS = frozenset({"examples"})
 
@@ -142,10 +146,12 @@ def status_from_progress(
     if current is not None and progress.current_started:
         current["startedAt"] = rfc3339(progress.current_started)
     last = progress.last_pass
-    metrics = (
-        {}
+    # A merge-patch merges maps key by key: a metric the last pass left undefined must be
+    # sent as null, or the previous pass's value would stay under the new pass's examples.
+    metrics: dict[str, str | None] | None = (
+        None
         if last is None
-        else {k: _decimal(k, last.metrics[k]) for k in SHOWN_METRICS if k in last.metrics}
+        else {k: _decimal(k, last.metrics[k]) if k in last.metrics else None for k in SHOWN_METRICS}
     )
     out: dict[str, Any] = {
         "phase": progress.phase,
@@ -154,7 +160,7 @@ def status_from_progress(
         "lastCompleted": _step(data["lastCompleted"]),
         "lastCheckpoint": _step(data["lastCheckpoint"]),
         "lastExport": _step(data["lastExport"]),
-        "metrics": metrics or None,
+        "metrics": metrics,
         "message": progress.message,
         "conditions": conditions,
         "scheduler": data,

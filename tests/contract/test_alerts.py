@@ -115,6 +115,25 @@ def test_every_alert_fires_when_it_should_and_only_then(tmp_path: Path) -> None:
                      "exp_alerts": [_alert("StreamtrainAUCDrop", "warning")]},
                 ],
             },
+            {  # a day of passes at AUC 0.79, then a quiet night of 8 empty passes (one an
+               # hour, no example): the operator leaves the AUC gauge at its last defined
+               # value (docs/scheduler.md §5), so neither the AUC nor the pass alert fires
+                "interval": "1m",
+                "input_series": [
+                    {"series": f'streamtrain_job_phase{{{JOB}, phase="Training"}}',
+                     "values": "1x1920"},
+                    {"series": f"streamtrain_job_auc{{{JOB}}}", "values": "0.79x1920"},
+                    {"series": f"streamtrain_job_passes_completed_total{{{JOB}}}",
+                     "values": "0+0.0166666667x1920"},
+                    {"series": f"streamtrain_job_examples_total{{{JOB}}}",
+                     "values": "0+100x1440 144000x480"},
+                ],
+                "alert_rule_test": [
+                    {"eval_time": t, "alertname": name, "exp_alerts": []}
+                    for t in ("26h", "29h", "32h")
+                    for name in ("StreamtrainAUCDrop", "StreamtrainNoPassCompleted")
+                ],
+            },
         ],
     }  # fmt: skip
     path = tmp_path / "alerts_test.yaml"

@@ -4,6 +4,7 @@ message naming the folder or file, in the state file and in the CLI output."""
 from __future__ import annotations
 
 import gzip
+import re
 
 import pytest
 
@@ -105,11 +106,14 @@ def test_empty_pass_completes_with_zero_examples(job: Job) -> None:
     examples = [r.metrics["examples"] for r in state.history]
     assert examples == [120, 0, 120, 120]
     empty = state.history[1].metrics
-    # Read, not skipped: both (empty) files counted, nothing bad; the rate metrics of zero
-    # examples are placeholders (auc 0.5, loss 0), documented in docs/operations.md.
-    assert (empty["files"], empty["badLines"], empty["auc"], empty["loss"]) == (2, 0, 0.5, 0)
-    assert f"day {START} pass  2/4  auc 0.5000  loss 0.0000" in output
+    # Read, not skipped: both (empty) files counted, nothing bad; the quality metrics of
+    # zero examples are undefined, so the record has none (no placeholder auc 0.5, loss 0).
+    assert (empty["files"], empty["badLines"]) == (2, 0)
+    assert not {"auc", "loss", "copc", "mae", "rmse"} & set(empty)
+    assert re.search(rf"day {START} pass  2/4  empty pass: no examples +0 ex ", output)
     # The pass's delta is still published (it changes nothing), so the chain stays whole.
     keys = [d.key for d in read_donefile(str(job.root / "export"))]
     assert f"{START}/delta-2" in keys
-    assert verify_model(str(job.root / "export"), f"{START}/delta-2")["pass"] == 2
+    delta = verify_model(str(job.root / "export"), f"{START}/delta-2")
+    assert delta["pass"] == 2 and delta["metrics"]["examples"] == 0
+    assert "auc" not in delta["metrics"]  # the manifest carries no placeholder either

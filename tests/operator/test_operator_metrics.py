@@ -102,3 +102,28 @@ def test_kopf_settings_use_our_prefixes_and_timeouts() -> None:
     assert settings.watching.server_timeout == 120
     assert settings.networking.request_timeout == 30
     assert settings.scanning.disabled is True
+
+
+def test_a_pass_without_a_defined_metric_leaves_its_gauge_at_the_last_defined_value() -> None:
+    """An empty pass (or one class only) is counted, but never sets a placeholder or NaN."""
+    registry = CollectorRegistry()
+    m = OperatorMetrics(registry)
+    job = {"namespace": "ads", "job": "ctr"}
+    m.pass_completed(
+        "ads",
+        "ctr",
+        duration_seconds=60,
+        wait_seconds=0,
+        metrics={"auc": 0.79, "loss": 0.44, "copc": 1.01, "examples": 1000.0},
+    )
+    m.pass_completed("ads", "ctr", duration_seconds=1, wait_seconds=0, metrics={"examples": 0.0})
+    nan = float("nan")
+    m.pass_completed(
+        "ads", "ctr", duration_seconds=1, wait_seconds=0, metrics={"auc": nan, "loss": 0.5}
+    )
+    get = registry.get_sample_value
+    assert get("streamtrain_job_auc", job) == 0.79
+    assert get("streamtrain_job_copc", job) == 1.01
+    assert get("streamtrain_job_loss", job) == 0.5  # defined by the third pass
+    assert get("streamtrain_job_passes_completed_total", job) == 3
+    assert get("streamtrain_job_examples_total", job) == 1000

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from streamtrain_worker.metrics import (
+    DERIVED_METRICS,
     PassMetrics,
     auc_from_histograms,
     bucket_error_from_histograms,
@@ -57,8 +58,10 @@ def test_bucketed_auc_equals_rank_auc_of_bucketed_scores() -> None:
 
 
 def test_auc_edge_cases() -> None:
-    assert auc_from_histograms(np.zeros(10), np.zeros(10)) == 0.5
-    assert auc_from_histograms(np.array([0, 0, 3]), np.zeros(3)) == 0.5
+    # No positive/negative pair: undefined, not the 0.5 of a coin flip.
+    assert auc_from_histograms(np.zeros(10), np.zeros(10)) is None
+    assert auc_from_histograms(np.array([0, 0, 3]), np.zeros(3)) is None
+    assert auc_from_histograms(np.zeros(3), np.array([1, 0, 2])) is None
     assert auc_from_histograms(np.array([0, 0, 3]), np.array([2, 0, 0])) == 1.0
     assert auc_from_histograms(np.array([2, 0, 0]), np.array([0, 0, 3])) == 0.0
     assert auc_from_histograms(np.array([0, 4, 0]), np.array([0, 5, 0])) == 0.5
@@ -81,8 +84,12 @@ def test_two_workers_summed_equal_single_process() -> None:
     assert np.array_equal(merged.neg, single.neg)
     assert merged.examples == 4000
     assert abs(merged.auc - single.auc) < 1e-6
-    for name in ("loss", "copc", "mae", "rmse", "bucket_error", "actual_ctr", "predicted_ctr"):
-        assert getattr(merged, name) == pytest.approx(getattr(single, name), rel=1e-9), name
+    for name in DERIVED_METRICS:
+        # (bucket_error is undefined for both here: 4000 examples over 4096 buckets leave no
+        # window with enough impressions; what matters is that both sides agree.)
+        expected = getattr(single, name)
+        got = getattr(merged, name)
+        assert got is None if expected is None else got == pytest.approx(expected, rel=1e-9), name
     # a mean of the per-worker AUCs is generally not the global AUC; ours is exact
     assert merged.auc == pytest.approx(rank_auc(bucket_index(preds, 4096).astype(float), labels))
 
@@ -130,7 +137,47 @@ def test_bucket_error() -> None:
     biased = PassMetrics(num_buckets=1000)
     biased.add(preds / 2, labels, losses)
     assert biased.bucket_error > 0.7
-    assert bucket_error_from_histograms(np.zeros(100), np.zeros(100)) == 0.0
+    assert bucket_error_from_histograms(np.zeros(100), np.zeros(100)) is None
+    # Too few impressions for any window to estimate its CTR: undefined, not "calibrated".
+    few = np.zeros(100)
+    few[50] = 1
+    assert bucket_error_from_histograms(few, few) is None
+
+
+def test_an_empty_pass_defines_only_its_example_count() -> None:
+    m = PassMetrics(num_buckets=100)
+    m.add(np.zeros(0), np.zeros(0), np.zeros(0))  # a batch of nothing, as a reader may send
+    assert m.empty and m.examples == 0
+    for name in DERIVED_METRICS:
+        assert getattr(m, name) is None, name
+    assert m.summary() == {"examples": 0.0}
+    # ... and stays so through the wire form and a merge with other empty shares.
+    merged = PassMetrics.sum([PassMetrics.from_proto(m.to_proto()), m], 100)
+    assert merged.summary() == {"examples": 0.0}
+
+
+def test_a_one_class_pass_has_no_auc_but_its_other_metrics() -> None:
+    preds = np.array([0.1, 0.2, 0.3, 0.4])
+    losses = -np.log(1 - preds)
+    m = PassMetrics(num_buckets=1000)
+    m.add(preds, np.zeros(4), losses)  # a quiet night: impressions, no click
+    summary = m.summary()
+    assert m.auc is None and "auc" not in summary
+    assert summary["examples"] == 4 and summary["loss"] == pytest.approx(losses.mean())
+    assert summary["copc"] == 0.0  # no click against 1.0 predicted: defined, and bad
+    assert summary["mae"] == pytest.approx(0.25) and summary["actual_ctr"] == 0.0
+    # The other class alone is just as undefined; both together define it again.
+    clicks = PassMetrics(num_buckets=1000)
+    clicks.add(np.array([0.9]), np.ones(1), np.array([0.1]))
+    assert clicks.auc is None
+    assert m.merge(clicks).auc == 1.0
+
+
+def test_copc_is_undefined_when_nothing_was_predicted() -> None:
+    m = PassMetrics(num_buckets=10)
+    m.add(np.zeros(3), np.array([0.0, 1.0, 0.0]), np.ones(3))
+    assert m.copc is None and "copc" not in m.summary()
+    assert m.auc == 0.5  # all tied in one bucket: a defined AUC of exactly 0.5
 
 
 def test_wire_form_rejects_bad_histograms() -> None:

@@ -81,6 +81,13 @@ def load_passes(data_dir: Path, batch_size: int = BATCH) -> list[list[Batch]]:
     return passes
 
 
+def pass_auc(metrics: PassMetrics) -> float:
+    """The pass's AUC; a pass without both classes has none, and would bias the mean."""
+    if metrics.auc is None:
+        raise ValueError(f"a pass of {metrics.examples} examples has no AUC (one class only)")
+    return metrics.auc
+
+
 def auc_mean(aucs: list[float]) -> float:
     """Mean AUC of passes 13-24 (the second half of the day: the models have warmed up)."""
     tail = aucs[12:24]
@@ -141,7 +148,7 @@ class TorchReference:
                 losses.mean().backward()
                 self.sparse_opt.step()
                 self.dense_opt.step()
-            aucs.append(metrics.auc)
+            aucs.append(pass_auc(metrics))
         return aucs
 
 
@@ -186,7 +193,7 @@ def run_ps(passes: list[list[Batch]], config: WorkerConfig) -> list[float]:
     ps = LocalPS(config.ps.config)
     trainer = Trainer(config, ps, passes[0][0].num_slots)
     try:
-        return [trainer.run_pass(batches).auc for batches in passes]
+        return [pass_auc(trainer.run_pass(batches)) for batches in passes]
     finally:
         trainer.close()
 

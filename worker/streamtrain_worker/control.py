@@ -36,6 +36,7 @@ from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.data.errors import BadDataError, CorruptFileError, DataError
 from streamtrain_worker.data.reader import PassReader
 from streamtrain_worker.export import export_dense
+from streamtrain_worker.metrics import format_metric
 from streamtrain_worker.monitoring import WorkerMetrics
 from streamtrain_worker.proto import worker_pb2, worker_pb2_grpc
 from streamtrain_worker.train import Trainer
@@ -138,12 +139,12 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             if self.monitoring is not None:
                 self.monitoring.bad_lines.inc(stats.bad_lines)
             log.info(
-                "worker %d: %s: %d examples, auc %.4f, loss %.4f in %.1fs",
+                "worker %d: %s: %d examples, auc %s, loss %s in %.1fs",
                 self.worker_index,
                 what,
                 metrics.examples,
-                metrics.auc,
-                metrics.loss,
+                format_metric(metrics.auc),
+                format_metric(metrics.loss),
                 metrics.seconds,
             )
             return metrics.to_proto(request.day, request.pass_index, request.generation)

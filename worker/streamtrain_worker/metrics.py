@@ -11,7 +11,8 @@ Definitions (``n`` = number of buckets, ``p`` = predicted CTR, ``y`` = label in 
 - bucket of a prediction: ``min(floor(p * n), n - 1)`` (Paddle's ``BasicAucCalculator``).
 - AUC: walk buckets from the highest score to the lowest, accumulating true and false
   positive counts and adding the trapezoid under each step; divide by ``P * N``. Examples
-  in the same bucket count as ties (half a pair). 0.5 when ``P`` or ``N`` is 0.
+  in the same bucket count as ties (half a pair). Undefined (``None``) when ``P`` or ``N``
+  is 0: there is no positive/negative pair to rank.
 - loss: mean log loss ``-(y log p + (1 - y) log(1 - p))`` (p clipped by the model).
 - COPC: actual clicks / predicted clicks = ``sum(y) / sum(p)`` (1.0 is calibrated).
 - MAE ``sum|p - y| / examples``, RMSE ``sqrt(sum (p - y)^2 / examples)``.
@@ -21,8 +22,17 @@ Definitions (``n`` = number of buckets, ``p`` = predicted CTR, ``y`` = label in 
   predicted CTR ``c`` — ``sqrt((1 - c) / (c * impressions))`` — falls below
   ``RELATIVE_ERROR_BOUND`` = 0.05, record ``|actual_ctr / c - 1|`` weighted by the window's
   impressions and start a new window. The result is the impression-weighted mean relative
-  calibration error over windows (0 when no window qualified). Bucket ``i``'s CTR is its
-  lower edge ``i / n``, as in Paddle.
+  calibration error over windows (undefined when no window qualified). Bucket ``i``'s CTR
+  is its lower edge ``i / n``, as in Paddle.
+
+**Undefined metrics are ``None``, never a placeholder.** A pass with zero examples (an
+empty folder set, or files of skipped lines) has no loss, COPC, MAE, RMSE or CTR; a pass
+with a single class has no AUC; a pass where nothing was predicted has no COPC. Returning
+0.5 / 0 / 1 for these (as this module once did) made a quiet night look like a model that
+lost all quality: the placeholder reached the status, the progress line, the Prometheus
+gauges, the export manifests and the AUC-drop alert. :meth:`PassMetrics.summary` therefore
+lists only the defined metrics (``examples`` always), and every consumer treats a missing
+key as "undefined" (``docs/scheduler.md``, "Empty passes and undefined metrics").
 """
 
 from __future__ import annotations
@@ -38,8 +48,24 @@ from streamtrain_worker.proto import worker_pb2
 
 MAX_SPAN = 0.01
 RELATIVE_ERROR_BOUND = 0.05
+#: The derived metrics of :meth:`PassMetrics.summary`, each ``None`` where undefined.
+DERIVED_METRICS = (
+    "auc",
+    "loss",
+    "copc",
+    "mae",
+    "rmse",
+    "bucket_error",
+    "actual_ctr",
+    "predicted_ctr",
+)
 
 U64 = npt.NDArray[np.uint64]
+
+
+def format_metric(value: float | None, spec: str = ".4f") -> str:
+    """``value`` for a log line, ``n/a`` when undefined (never a made-up number)."""
+    return "n/a" if value is None else format(value, spec)
 
 
 def bucket_index(preds: npt.ArrayLike, num_buckets: int) -> npt.NDArray[np.int64]:
@@ -49,28 +75,36 @@ def bucket_index(preds: npt.ArrayLike, num_buckets: int) -> npt.NDArray[np.int64
     return np.clip(idx, 0, num_buckets - 1)
 
 
-def auc_from_histograms(pos: npt.ArrayLike, neg: npt.ArrayLike) -> float:
-    """AUC from per-bucket positive/negative counts (ties within a bucket count half)."""
+def auc_from_histograms(pos: npt.ArrayLike, neg: npt.ArrayLike) -> float | None:
+    """AUC from per-bucket positive/negative counts (ties within a bucket count half).
+
+    ``None`` without both classes: AUC is a probability over (positive, negative) pairs,
+    and with no pair any number (0.5 included) would be invented.
+    """
     p = np.asarray(pos, dtype=np.float64)[::-1]
     n = np.asarray(neg, dtype=np.float64)[::-1]
     total_pos = float(p.sum())
     total_neg = float(n.sum())
     if total_pos == 0 or total_neg == 0:
-        return 0.5
+        return None
     tp_after = np.cumsum(p)
     tp_before = tp_after - p
     area = float(np.dot(n, tp_before + tp_after)) / 2.0
     return area / (total_pos * total_neg)
 
 
-def bucket_error_from_histograms(pos: npt.ArrayLike, neg: npt.ArrayLike) -> float:
-    """Paddle's bucket error (module docstring), from per-bucket counts."""
+def bucket_error_from_histograms(pos: npt.ArrayLike, neg: npt.ArrayLike) -> float | None:
+    """Paddle's bucket error (module docstring), from per-bucket counts.
+
+    ``None`` when no window held enough impressions to estimate its CTR (always so for an
+    empty pass): Paddle reports 0 there, which reads as "perfectly calibrated".
+    """
     clicks = np.asarray(pos, dtype=np.float64)
     shows = clicks + np.asarray(neg, dtype=np.float64)
     size = shows.shape[0]
     nonzero = np.flatnonzero(shows)
     if nonzero.size == 0:
-        return 0.0
+        return None
     click_list = clicks.tolist()
     show_list = shows.tolist()
     last_ctr = -1.0
@@ -96,7 +130,7 @@ def bucket_error_from_histograms(pos: npt.ArrayLike, neg: npt.ArrayLike) -> floa
             error_sum += abs(click_sum / impressions / adjust_ctr - 1.0) * impressions
             error_count += impressions
             last_ctr = -1.0
-    return error_sum / error_count if error_count > 0 else 0.0
+    return error_sum / error_count if error_count > 0 else None
 
 
 def _u64_bytes(values: U64) -> bytes:
@@ -189,52 +223,64 @@ class PassMetrics:
 
     # --- derived metrics -------------------------------------------------------------
 
+    # Every derived metric is ``None`` where it is undefined (module docstring).
+
     @property
-    def auc(self) -> float:
+    def empty(self) -> bool:
+        """No example at all: only ``examples`` (0) is defined."""
+        return self.examples == 0
+
+    @property
+    def auc(self) -> float | None:
         return auc_from_histograms(self.pos, self.neg)
 
     @property
-    def loss(self) -> float:
-        return self.loss_sum / self.examples if self.examples else 0.0
+    def loss(self) -> float | None:
+        return self._mean(self.loss_sum)
 
     @property
-    def actual_ctr(self) -> float:
-        return self.label_sum / self.examples if self.examples else 0.0
+    def actual_ctr(self) -> float | None:
+        return self._mean(self.label_sum)
 
     @property
-    def predicted_ctr(self) -> float:
-        return self.pred_sum / self.examples if self.examples else 0.0
+    def predicted_ctr(self) -> float | None:
+        return self._mean(self.pred_sum)
 
     @property
-    def copc(self) -> float:
-        """Actual / predicted clicks; 0 when nothing was predicted."""
-        return self.label_sum / self.pred_sum if self.pred_sum > 0 else 0.0
+    def copc(self) -> float | None:
+        """Actual / predicted clicks; undefined when nothing was predicted."""
+        return self.label_sum / self.pred_sum if self.pred_sum > 0 else None
 
     @property
-    def mae(self) -> float:
-        return self.abs_error_sum / self.examples if self.examples else 0.0
+    def mae(self) -> float | None:
+        return self._mean(self.abs_error_sum)
 
     @property
-    def rmse(self) -> float:
-        return math.sqrt(self.sq_error_sum / self.examples) if self.examples else 0.0
+    def rmse(self) -> float | None:
+        mse = self._mean(self.sq_error_sum)
+        return None if mse is None else math.sqrt(mse)
 
     @property
-    def bucket_error(self) -> float:
+    def bucket_error(self) -> float | None:
         return bucket_error_from_histograms(self.pos, self.neg)
 
+    def _mean(self, total: float) -> float | None:
+        return total / self.examples if self.examples else None
+
     def summary(self) -> dict[str, float]:
-        """Every derived metric by name (for logs, status and Prometheus gauges)."""
-        return {
-            "examples": float(self.examples),
-            "auc": self.auc,
-            "loss": self.loss,
-            "copc": self.copc,
-            "mae": self.mae,
-            "rmse": self.rmse,
-            "bucket_error": self.bucket_error,
-            "actual_ctr": self.actual_ctr,
-            "predicted_ctr": self.predicted_ctr,
-        }
+        """Every *defined* derived metric by name (for logs, status and Prometheus gauges).
+
+        Undefined metrics are left out rather than given a placeholder, so a consumer that
+        copies this dict (the pass record, the export manifest, the gauges) cannot publish
+        a number that was never measured; ``examples`` is always there (0 marks an empty
+        pass).
+        """
+        out = {"examples": float(self.examples)}
+        for name in DERIVED_METRICS:
+            value: float | None = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        return out
 
     # --- wire form ---------------------------------------------------------------------
 

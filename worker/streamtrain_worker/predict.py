@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,7 +38,7 @@ from streamtrain_worker.data.config import DataConfig
 from streamtrain_worker.data.reader import PassReader
 from streamtrain_worker.embedding import Lookup, prepare
 from streamtrain_worker.export import load_dense
-from streamtrain_worker.metrics import PassMetrics
+from streamtrain_worker.metrics import DERIVED_METRICS, PassMetrics, format_metric
 
 DONEFILE = "donefile.txt"
 MODEL_MANIFEST = "MODEL.json"
@@ -219,14 +218,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     metrics = score(model, args.files, args.batch_size)
-    summary = {k: (v if math.isfinite(v) else None) for k, v in metrics.summary().items()}
-    result = {"model": model.key, "chain": model.chain, "keys": int(model.sparse.keys.shape[0])}
-    result.update(summary)
+    # Every metric name is in the JSON; an undefined one (no example, one class) is null,
+    # never a placeholder such as 0.5.
+    summary = metrics.summary()
+    result: dict[str, Any] = {
+        "model": model.key,
+        "chain": model.chain,
+        "keys": int(model.sparse.keys.shape[0]),
+        "examples": metrics.examples,
+    }
+    result.update({k: summary.get(k) for k in DERIVED_METRICS})
     if not args.json:
         print(f"model {model.key} ({' + '.join(model.chain)}), {result['keys']:,} keys")
         print(
-            f"{metrics.examples:,} examples: auc {metrics.auc:.4f}  loss {metrics.loss:.4f}  "
-            f"copc {metrics.copc:.3f}  mae {metrics.mae:.4f}  rmse {metrics.rmse:.4f}"
+            f"{metrics.examples:,} examples: auc {format_metric(metrics.auc)}"
+            f"  loss {format_metric(metrics.loss)}  copc {format_metric(metrics.copc, '.3f')}"
+            f"  mae {format_metric(metrics.mae)}  rmse {format_metric(metrics.rmse)}"
         )
     print(json.dumps(result, sort_keys=True))
     return 0
