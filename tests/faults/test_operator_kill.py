@@ -18,6 +18,7 @@ they equal a clean run's exactly — a pass trained twice, or a second shrink, w
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,33 @@ MODELS = [f"{START}/delta-1", f"{START}/delta-2", "20261102/base", f"{START}/bat
 
 def succeeded(status: dict[str, Any]) -> bool:
     return status.get("phase") == Phase.SUCCEEDED
+
+
+@dataclass(frozen=True)
+class CleanRun:
+    """The job run without a fault: its final status, checkpoint and events."""
+
+    status: dict[str, Any]
+    model: ModelState
+    events: set[str]
+    exit_code: int | None
+    output: str
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory: pytest.TempPathFactory) -> CleanRun:
+    """Run the job once without a fault (its outcome is checked by the first test and is
+    the reference of the others)."""
+    root = tmp_path_factory.mktemp("clean")
+    write_stream(root, ROWS)
+    with KubeJob(root) as job:
+        op = job.start_operator()
+        job.create()
+        status = job.wait(op, succeeded, "the job to succeed", timeout=80)
+        model = check_outcome(job, status)
+        events = {reason for reason, _ in job.events()}
+        op.stop()
+        return CleanRun(status, model, events, op.process.returncode, op.output)
 
 
 @pytest.fixture
@@ -79,16 +107,72 @@ def check_outcome(kube: KubeJob, status: dict[str, Any]) -> ModelState:
     return read_checkpoint(progress.checkpoint.uri)
 
 
+def same_counts(got: ModelState, want: ModelState) -> None:
+    """Every key's show and click equal ``want``'s: each example counted once, the shrink's
+    decay applied once (order-independent, unlike the trained weights)."""
+    assert got.keys.tobytes() == want.keys.tobytes()
+    for column in ("show", "click"):
+        assert got.column(column).tobytes() == want.column(column).tobytes(), column
+
+
 @pytest.mark.faults
-@pytest.mark.timeout(100)
-def test_a_job_runs_to_end_day_on_the_operator(kube: KubeJob) -> None:
-    op = kube.start_operator()
+@pytest.mark.timeout(110)
+def test_a_job_runs_to_end_day_on_the_operator(clean: CleanRun) -> None:
+    """Phase Succeeded, both passes in the status, every model published once and
+    complete, checkpoints written (``check_outcome``), lifecycle events posted."""
+    assert clean.status["generation"] == 1
+    assert len(clean.model.keys) > 0 and np.all(clean.model.column("show") > 0)
+    assert {"PassStarted", "PassCompleted", "Exported", "Shrunk", "Succeeded"} <= clean.events
+    assert clean.exit_code == 0, clean.output[-4000:]
+
+
+@pytest.mark.faults
+@pytest.mark.timeout(120)
+def test_a_killed_operator_resumes_each_step_exactly_once(kube: KubeJob, clean: CleanRun) -> None:
+    """SIGKILL the operator three times — after pass 1 trained, after the delta of pass 2
+    was published, after the day's shrink, each time before the step's outcome was
+    recorded — and start a new one each time; the pods keep running throughout."""
     kube.create()
-    status = kube.wait(op, succeeded, "the job to succeed", timeout=80)
-    state = check_outcome(kube, status)
-    assert status["generation"] == 1
-    assert len(state.keys) > 0 and np.all(state.column("show") > 0)
-    reasons = {reason for reason, _ in kube.events()}
-    assert {"PassStarted", "PassCompleted", "Exported", "Shrunk", "Succeeded"} <= reasons
+
+    # 1. Mid-pass: pass 1 trained on the PS, "done" not recorded.
+    op = kube.start_operator(pause="after:train@1")
+    assert kube.wait_paused(op) == f"after train {START}/1"
+    pods = kube.kubelet.running()
+    before = kube.progress()
+    assert before is not None and before.current is not None
+    assert (before.current.kind.value, before.current.pass_index) == ("train", 1)
+    assert before.history == ()
+    kube.kill_paused(op)
+
+    # 2. Mid-export: delta-2 published (its donefile line written), "done" not recorded.
+    op = kube.start_operator(pause="after:delta@2")
+    assert kube.wait_paused(op) == f"after delta {START}/2"
+    during = kube.progress()
+    assert during is not None and during.generation == 2
+    assert [(r.pass_index, r.generation) for r in during.history] == [(1, 2), (2, 2)]
+    export = str(kube.root / "export")
+    assert [d.key for d in read_donefile(export)] == MODELS[:2]
+    kube.kill_paused(op)
+
+    # 3. Mid-shrink: the day shrunk on the PS, "done" not recorded.
+    op = kube.start_operator(pause="after:shrink")
+    assert kube.wait_paused(op) == f"after shrink {START}/2"
+    during = kube.progress()
+    assert during is not None and during.current is not None
+    assert during.current.kind.value == "shrink" and during.shrunk_days == ()
+    kube.kill_paused(op)
+
+    # 4. A last operator finishes the job.
+    op = kube.start_operator()
+    status = kube.wait(op, succeeded, "the job to succeed after three kills", timeout=60)
+    # The same pods served all four operators (only the operator was lost).
+    assert set(pods) == {"online-ps-0", "online-worker-0", "online-worker-1"}
+    assert all(kube.kubelet.restarts(p) == 0 for p in pods)
+    model = check_outcome(kube, status)
+    progress = Progress.from_dict(status["scheduler"])
+    assert progress.generation == 4 and progress.replayed_steps > 0
+    # Pass 1 was redone by the second operator, pass 2 trained once (replays not recorded).
+    assert [(r.pass_index, r.generation) for r in progress.history] == [(1, 2), (2, 2)]
+    # ... and in the model each example counted once and the day decayed once.
+    same_counts(model, clean.model)
     op.stop()
-    assert op.process.returncode == 0, op.output[-4000:]
