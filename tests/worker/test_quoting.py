@@ -322,4 +322,5 @@ def test_bench_quoting_compares_two_kernels_on_the_samples(tmp_path: Path) -> No
         assert entry["old_lines_per_s"] > 0 and entry["new_lines_per_s"] > 0
         assert entry["ratio"] > 0
     assert isinstance(results["avazu_all_quoted_lines_per_s"], int)
+    assert isinstance(results["control_avazu_new_vs_new_ratio"], float)
     assert bench_quoting.all_quoted(b"a,b\n1,\n") == b'"a","b"\n"1",""\n'

@@ -12,7 +12,8 @@ gets the same plan minus the quote byte (its signature before quoting existed).
     python -m streamtrain_worker.data.bench_quoting --old /tmp/old_delimited.py --json
 
 The last line is one JSON object: per format ``old_lines_per_s``, ``new_lines_per_s`` and
-``ratio`` (new / old lines/s, median of pairs; > 0.95 is the target), plus the new kernel on
+``ratio`` (new / old lines/s, median of pairs; > 0.95 is the target), an A/A control (the
+new kernel against itself: its distance from 1.0 is the method's noise), and the new kernel on
 the Avazu sample rewritten with every cell quoted (``avazu_all_quoted_lines_per_s``).
 """
 
@@ -51,13 +52,25 @@ def load_module(path: Path) -> ModuleType:
     return module
 
 
-def _timer(run: Callable[[], int]) -> Callable[[], tuple[float, int]]:
-    def timed() -> tuple[float, int]:
-        start = time.perf_counter()
-        lines = run()
-        return time.perf_counter() - start, lines
-
-    return timed
+def paired(run_a: Callable[[], int], run_b: Callable[[], int], repeats: int) -> dict[str, float]:
+    """Time ``run_a`` and ``run_b`` back to back ``repeats`` times (ABBA order, so drifting
+    load hits both alike): lines/s of each (median time) and the median of the per-pair
+    ratios ``time_a / time_b`` (> 1: b is faster)."""
+    times_a: list[float] = []
+    times_b: list[float] = []
+    lines = 0
+    for i in range(repeats):
+        order = ((run_a, times_a), (run_b, times_b))
+        for run, times in order if i % 2 == 0 else order[::-1]:
+            start = time.perf_counter()
+            lines = run()
+            times.append(time.perf_counter() - start)
+    ratios = [a / b for a, b in zip(times_a, times_b, strict=True)]
+    return {
+        "a_lines_per_s": round(lines / statistics.median(times_a)),
+        "b_lines_per_s": round(lines / statistics.median(times_b)),
+        "ratio": round(statistics.median(ratios), 4),
+    }
 
 
 def compare(old: ModuleType, parser: DelimitedParser, block: U8, repeats: int) -> dict[str, float]:
@@ -76,20 +89,11 @@ def compare(old: ModuleType, parser: DelimitedParser, block: U8, repeats: int) -
 
     if run_old() != run_new():
         raise AssertionError("old and new kernels disagree on the example count")
-    timed_old, timed_new = _timer(run_old), _timer(run_new)
-    olds: list[float] = []
-    news: list[float] = []
-    lines = 0
-    for i in range(repeats):
-        first, second = (timed_old, timed_new) if i % 2 == 0 else (timed_new, timed_old)
-        (t1, lines), (t2, _) = first(), second()
-        olds.append(t1 if first is timed_old else t2)
-        news.append(t2 if first is timed_old else t1)
-    ratios = [o / n for o, n in zip(olds, news, strict=True)]
+    result = paired(run_old, run_new, repeats)
     return {
-        "old_lines_per_s": round(lines / statistics.median(olds)),
-        "new_lines_per_s": round(lines / statistics.median(news)),
-        "ratio": round(statistics.median(ratios), 4),
+        "old_lines_per_s": result["a_lines_per_s"],
+        "new_lines_per_s": result["b_lines_per_s"],
+        "ratio": result["ratio"],
     }
 
 
@@ -119,7 +123,17 @@ def run(old_path: Path, data_dir: Path, repeats: int, copies: int) -> dict[str, 
             raise TypeError(f"{name}: not a delimited format")
         block = np.frombuffer(raw * copies, dtype=np.uint8)
         results[name] = compare(old, parser, block, repeats)
+    # Control: the new kernel against itself shows how far this method's ratio strays
+    # from 1.0 on the machine at hand.
     config, path = samples["avazu"]
+    head, _, body = path.read_bytes().partition(b"\n")
+    control = make_format(config).for_file(str(path), head)
+    block = np.frombuffer(body * copies, dtype=np.uint8)
+
+    def run_control() -> int:
+        return control.parse(block, 1).batch.size
+
+    results["control_avazu_new_vs_new_ratio"] = paired(run_control, run_control, repeats)["ratio"]
     quoted = all_quoted(path.read_bytes())
     head, _, body = quoted.partition(b"\n")
     parser = make_format(config).for_file(str(path), head)
