@@ -35,6 +35,8 @@ from typing import Any, TypeVar
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from streamtrain_operator.pause import PARTS, PauseHook
+from streamtrain_operator.plan import StepKey, StepKind
 from streamtrain_ps.api import SaveResult
 
 DONEFILE = "donefile.txt"
@@ -178,13 +180,18 @@ async def publish_model(
     sleep: Sleep,
     clock: Callable[[], float] = time.time,
     extra: Mapping[str, Any] | None = None,
+    pause: PauseHook | None = None,
 ) -> DoneLine:
     """Write the parts, ``MODEL.json`` and the donefile line (idempotent per target).
 
     ``save_sparse(uri)`` is the PS save (it publishes its own ``MANIFEST.json`` below
     ``uri``); ``export_dense(uri)`` is a worker's ``ExportDense``. ``extra`` goes into
     ``MODEL.json`` as is (the data config, table and metric buckets the predictor needs).
+    ``pause`` is the test-only hold point between the sparse parts and the rest
+    (``pause.PauseHook``, ``parts:<kind>``); by default it comes from the environment,
+    which outside the fault-injection tests makes it a no-op.
     """
+    hook = PauseHook.from_env() if pause is None else pause
     existing = published(target.root, target.key)
     if existing is not None:
         return existing
@@ -199,6 +206,8 @@ async def publish_model(
     sparse = await with_retries(
         f"{sparse_uri}: sparse save", lambda: save_sparse(sparse_uri), policy, sleep
     )
+    if hook.when == PARTS:  # test-only: a model half written (parts, no manifest)
+        await hook.hold(PARTS, StepKey(target.day, target.pass_index, StepKind(target.kind)))
     await with_retries(f"{dense_uri}: dense export", lambda: export_dense(dense_uri), policy, sleep)
 
     async def write_manifest() -> None:

@@ -7,24 +7,32 @@ import logging
 import os
 from dataclasses import dataclass
 
-from streamtrain_operator.plan import StepKind
+from streamtrain_operator.plan import StepKey, StepKind
 from streamtrain_operator.scheduler import Action, RunPass, Save, Shrink
 
 log = logging.getLogger(__name__)
+
+#: Held inside ``export.publish_model`` between the sparse parts and the rest of the model.
+PARTS = "parts"
+WHENS = ("before", "after", PARTS)
+MODEL_STEPS = (StepKind.DELTA.value, StepKind.BASE.value, StepKind.BATCH.value)
 
 
 @dataclass
 class PauseHook:
     """Test-only: hold the driver at one step so a fault can be injected exactly there.
 
-    ``STREAMTRAIN_PAUSE=<before|after>:<step>[@<pass>]`` (``step``: train, delta, checkpoint,
-    shrink, base, batch; ``pass``: its index in the day, any if omitted) with
+    ``STREAMTRAIN_PAUSE=<before|after|parts>:<step>[@<pass>]`` (``step``: train, delta,
+    checkpoint, shrink, base, batch; ``pass``: its index in the day, any if omitted) with
     ``STREAMTRAIN_PAUSE_FILE=<path>``: at the first non-replay action of that step, ``before``
     it runs (its "started" record is already saved) or ``after`` it ran (its outcome not yet
     recorded: the widest crash window), the driver writes ``path`` with what it holds at and
-    waits until the file is removed. The fault-injection suite (``tests/faults``) uses it to
-    SIGKILL ``streamtrain run`` mid-shrink or mid-export, which is otherwise a race against a
-    step of milliseconds. Unset (always, outside tests): a no-op.
+    waits until the file is removed. ``parts`` (delta, base, batch only) holds *inside* the
+    publication of that model (``export.publish_model``): its sparse parts are written, its
+    dense part, ``MODEL.json`` and donefile line are not — a half-written model. The
+    fault-injection suite (``tests/faults``) uses it to SIGKILL ``streamtrain run`` mid-shrink
+    or mid-export, which is otherwise a race against a step of milliseconds. Unset (always,
+    outside tests): a no-op.
     """
 
     when: str = ""
@@ -43,18 +51,26 @@ class PauseHook:
         when, _, rest = where.partition(":")
         step, _, index = rest.partition("@")
         if (
-            when not in ("before", "after")
+            when not in WHENS
             or step not in {k.value for k in StepKind}
+            or (when == PARTS and step not in MODEL_STEPS)
             or (index and not index.isdigit())
         ):
-            raise ValueError(f"STREAMTRAIN_PAUSE={where!r}: expected before|after:<step>[@<pass>]")
+            raise ValueError(
+                f"STREAMTRAIN_PAUSE={where!r}: expected before|after:<step>[@<pass>] "
+                f"or parts:<{'|'.join(MODEL_STEPS)}>[@<pass>]"
+            )
         return cls(when, step, int(index) if index else None, path)
 
     async def at(self, when: str, action: Action) -> None:
-        if when != self.when or self.fired or not isinstance(action, RunPass | Save | Shrink):
+        """The driver's hold points: ``before`` / ``after`` a non-replay step."""
+        if not isinstance(action, RunPass | Save | Shrink) or action.replay:
             return
-        key = action.key
-        if action.replay or key.kind.value != self.step:
+        await self.hold(when, action.key)
+
+    async def hold(self, when: str, key: StepKey) -> None:
+        """Hold here if ``when`` and ``key`` match the configured point (once per hook)."""
+        if when != self.when or self.fired or key.kind.value != self.step:
             return
         if self.pass_index is not None and key.pass_index != self.pass_index:
             return

@@ -1,0 +1,166 @@
+"""Case 3b: SIGKILL ``streamtrain run`` while an export's parts are being written.
+
+The pause hook ``parts:delta@2`` holds the run inside the publication of ``delta-2``: its
+sparse parts are on disk (with the PS save's own ``MANIFEST.json``), its dense part,
+``MODEL.json`` and donefile line are not. The run is killed there. What must hold:
+
+- while half written (held, and after the kill) the model is invisible: the donefile does
+  not list it, the predictor's newest model is ``delta-1`` and asking for ``delta-2`` is
+  "not published";
+- the rerun redoes the export from scratch — the half-written directory is removed, not
+  merged (a stray file planted in it is gone) — and publishes it exactly once: one donefile
+  line per model key, every file of the model directory listed in ``MODEL.json`` with its
+  size and sha256, loadable by ``streamtrain_worker.predict.load_model``;
+- the model state is unaffected: the final checkpoint is bit-identical to a run without the
+  kill (the killed PS had already applied the delta save's side effect, ``delta_score``
+  reset; the rerun reloads the checkpoint and replays, so it is applied once).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from streamtrain_operator.export import DONEFILE, MODEL_MANIFEST, read_donefile, verify_model
+from streamtrain_operator.plan import StepKind
+from streamtrain_operator.progress import Phase
+from streamtrain_ps.checkpoint import read_sparse
+from streamtrain_worker.predict import ModelNotFoundError, load_model, model_chain
+
+from .harness import (
+    START,
+    Job,
+    ModelState,
+    Run,
+    alive,
+    checkpoint_of,
+    read_checkpoint,
+    reap,
+    wait_for,
+)
+
+MODELS = [f"{START}/delta-{p}" for p in (1, 2, 3, 4)] + ["20261102/base", f"{START}/batch"]
+HALF = f"{START}/delta-2"
+SPEC: dict[str, Any] = {
+    "workers": {"replicas": 1, "numThreads": 1, "overlap": False},
+    "checkpoint": {"path": "ckpt", "everyPasses": 2},
+}
+
+
+@dataclass(frozen=True)
+class Clean:
+    """The same job run without a fault: its final checkpoint and its export root."""
+
+    model: ModelState
+    export: Path
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clean]:
+    runs: list[Run] = []
+    try:
+        job = Job(tmp_path_factory.mktemp("clean-export"), runs).write(days=1, **SPEC)
+        code, output = job.run()
+        assert code == 0, output
+        yield Clean(read_checkpoint(checkpoint_of(job.root, START, 4)), job.root / "export")
+    finally:
+        reap(runs)
+
+
+def assert_invisible(export: Path) -> None:
+    """Readers, who go by the donefile only, cannot reach the half-written delta-2."""
+    assert [d.key for d in read_donefile(str(export))] == [f"{START}/delta-1"]
+    assert [d["key"] for d in model_chain(str(export))] == [f"{START}/delta-1"]
+    with pytest.raises(ModelNotFoundError, match="no published model"):
+        load_model(str(export), HALF)
+
+
+def files_under(directory: Path) -> dict[str, tuple[int, str]]:
+    """Every file below ``directory``: relative path -> (size, sha256)."""
+    out = {}
+    for f in sorted(directory.rglob("*")):
+        if f.is_file():
+            data = f.read_bytes()
+            out[str(f.relative_to(directory))] = (len(data), hashlib.sha256(data).hexdigest())
+    return out
+
+
+def _sorted_bytes(array: npt.NDArray[Any]) -> bytes:
+    """Row order of a save depends on its shards' layout, not on the model: compare sorted."""
+    if array.ndim == 1:
+        return np.sort(array).tobytes()
+    return array[np.lexsort(array.T[::-1])].tobytes()
+
+
+@pytest.mark.faults
+@pytest.mark.timeout(150)
+def test_a_kill_between_an_exports_parts_redoes_it_once_and_never_shows_the_half(
+    job: Job, clean: Clean
+) -> None:
+    job.write(days=1, **SPEC)
+    export = job.root / "export"
+    first = job.start(pause="parts:delta@2")
+    assert job.wait_paused(first) == f"parts delta {START}/2"
+    held = job.state()
+    assert held is not None and held.current is not None
+    assert (held.current.kind, held.current.pass_index) == (StepKind.DELTA, 2)
+    # Half written: sparse parts (and the PS save's own manifest), nothing else.
+    half = export / HALF
+    written = files_under(half)
+    assert any(name.startswith("sparse/") and name != "sparse/MANIFEST.json" for name in written)
+    assert not any(name.startswith("dense/") for name in written)
+    assert MODEL_MANIFEST not in written
+    assert_invisible(export)
+    first.kill()
+    assert first.seen_children
+    wait_for(lambda: not any(alive(pid) for pid in first.seen_children), 30, "orphans to exit")
+    # After the crash the half model stays on disk, still invisible; plant a stray part
+    # to see whether the redo merges into the directory or starts it over.
+    assert files_under(half) == written
+    assert_invisible(export)
+    (half / "sparse" / "part-stray").write_bytes(b"left by the killed attempt")
+
+    code, output = job.run()
+    assert code == 0, first.output + output
+    after = job.state()
+    assert after is not None and after.phase == Phase.SUCCEEDED
+    assert [(r.day, r.pass_index) for r in after.history] == [(START, p) for p in (1, 2, 3, 4)]
+    # Published exactly once: one donefile line per model key, in plan order.
+    lines = read_donefile(str(export))
+    assert [d.key for d in lines] == MODELS
+    assert len((export / DONEFILE).read_text().splitlines()) == len(MODELS)
+    # Complete: every file of the redone model is listed with its size and checksum (no
+    # leftover of the killed attempt), and the checksums verify.
+    manifest = verify_model(str(export), HALF)
+    listed = {f["path"]: (f["size"], f["sha256"]) for f in manifest["files"]}
+    on_disk = files_under(half)
+    assert on_disk.pop(MODEL_MANIFEST)
+    assert on_disk == listed
+    assert "sparse/part-stray" not in on_disk
+    assert any(name.startswith("dense/") for name in listed)
+    assert json.loads((half / MODEL_MANIFEST).read_text())["pass"] == 2
+    for line in lines:
+        assert verify_model(str(export), line.key)["kind"] == line.kind
+    loaded = load_model(str(export), HALF)
+    assert loaded.chain == [f"{START}/delta-1", HALF]
+    assert loaded.sparse.keys.shape[0] >= manifest["keys"] > 0
+    # ... and it is the very model the clean run published: same keys, rows, tombstones.
+    redone = read_sparse(str(half / "sparse"), "embedding")
+    expected = read_sparse(str(clean.export / HALF / "sparse"), "embedding")
+    for got_array, clean_array in zip(redone, expected, strict=True):
+        assert _sorted_bytes(got_array) == _sorted_bytes(clean_array)
+    # The model saw every pass and every export side effect once.
+    got = read_checkpoint(checkpoint_of(job.root, START, 4))
+    assert got.keys.tobytes() == clean.model.keys.tobytes()
+    assert got.rows.tobytes() == clean.model.rows.tobytes()
+    assert {k: v.tobytes() for k, v in got.dense.items()} == {
+        k: v.tobytes() for k, v in clean.model.dense.items()
+    }
