@@ -64,3 +64,22 @@ def test_predictor_auc_equals_evaluate_only_run_pass(job_file: Callable[..., Pat
         assert predicted["auc"] == pytest.approx(evaluated.auc, abs=1e-4), model
         assert predicted["loss"] == pytest.approx(evaluated.loss, abs=1e-4), model
         assert predicted["copc"] == pytest.approx(evaluated.copc, abs=1e-4), model
+
+    # No example, and examples of one class only: what is undefined is null in the JSON
+    # (never a placeholder AUC 0.5 or loss 0), and said as n/a on the human line.
+    lines = [x for f in files for x in Path(f).read_text().splitlines(keepends=True)]
+    negatives = [x for x in lines if not {"1:click", "click:1"} & set(x.split())]
+    assert 0 < len(negatives) < len(lines)
+    (root / "one-class").write_text("".join(negatives))
+    (root / "empty").write_text("")
+    for name, examples in (("empty", 0), ("one-class", len(negatives))):
+        run = streamtrain("predict", "--export", "export", str(root / name), cwd=root)
+        assert run.returncode == 0, run.stderr
+        human, raw = run.stdout.strip().splitlines()[-2:]
+        predicted = json.loads(raw)
+        assert predicted["examples"] == examples and predicted["auc"] is None, name
+        assert "auc n/a" in human, human
+        if examples:
+            assert predicted["loss"] > 0 and predicted["copc"] == 0.0
+        else:
+            assert predicted["loss"] is None and predicted["copc"] is None

@@ -9,7 +9,7 @@ from typing import Any
 
 from streamtrain_operator.plan import StepKey, StepKind
 from streamtrain_operator.progress import Condition, PassRecord, Progress
-from streamtrain_operator.reporting import ProgressPrinter, progress_bar
+from streamtrain_operator.reporting import ProgressPrinter, format_pass, progress_bar
 from streamtrain_operator.scheduler import CheckData, RunPass, Save, Sleep
 from streamtrain_operator.spec import parse_job
 
@@ -90,3 +90,19 @@ def test_minimal_job_prints_passes_without_a_total() -> None:
     pr.on_progress(Progress())
     pr.on_progress(replace(Progress(), history=(record(1), record(2))))
     assert out.getvalue().splitlines()[-1].endswith("2 passes")
+
+
+def test_a_pass_line_never_shows_a_number_that_was_not_measured() -> None:
+    """One class: the AUC is n/a (not 0.5); no example: the line says the pass was empty."""
+    one_class = PassRecord("20261101", 3, 1, {"loss": 0.12, "copc": 0.0, "examples": 40.0})
+    line = format_pass(one_class, 24)
+    assert "auc n/a  loss 0.1200  copc 0.000" in line and "40 ex" in line
+    empty = PassRecord("20261101", 4, 1, {"examples": 0.0, "examplesPerSecond": 0.0}, 2.0)
+    line = format_pass(empty, 24)
+    assert line.startswith("day 20261101 pass  4/24  empty pass: no examples         0 ex")
+    assert "auc" not in line and "loss" not in line
+    # ... and the end-of-run summary of a job whose last pass was empty has no AUC either.
+    out = io.StringIO()
+    p = printer(out, [0.0])
+    p.finish(Progress(phase="Succeeded", history=(record(1), empty)))
+    assert out.getvalue() == "r: Succeeded (done), last auc n/a\n"
