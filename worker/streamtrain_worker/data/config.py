@@ -189,7 +189,7 @@ class DataConfig:
                 f"must be one ASCII character (not a newline) or empty, got {quote!r}",
             )
         delimiter = "," if self.format == "avazu" else self.delimiter
-        if quote == delimiter:
+        if self.format in ("avazu", "csv") and quote == delimiter:
             raise fail("quoteChar", f"must differ from the delimiter {delimiter!r}")
 
     def _validate_csv(self, fail: Callable[[str, str], DataConfigError]) -> None:
