@@ -55,6 +55,9 @@ from streamtrain_worker.metrics import PassMetrics
 
 log = logging.getLogger(__name__)
 
+#: Seconds between two ``Reset`` calls to a worker still busy with an earlier pass.
+IDLE_POLL_SECONDS = 0.5
+
 SAVE_MODES = {
     StepKind.DELTA: SaveMode.DELTA,
     StepKind.BASE: SaveMode.BASE,
@@ -152,7 +155,11 @@ class Driver:
             backoff_seconds=spec.export.retryBackoffSeconds,
             retry_on=retry_on,
         )
-        progress = store.load() or Progress()
+        saved = store.load()
+        progress = saved or Progress()
+        #: Whether an earlier driver ran this job: its workers may still be in one of its
+        #: passes (see ``_wait_for_idle_workers``); cleared by the first reload.
+        self._inherited = saved is not None
         self.machine = Scheduler(self.plan, policy_from_spec(spec), progress)
         # Results of the train step in progress, by worker (merged once all are in).
         self._results: dict[int, PassMetrics] = {}
@@ -391,8 +398,50 @@ class Driver:
         return Done({"deleted": float(result.deleted), "keys": float(result.keys_after)})
 
     async def _load(self, uri: str) -> Event:
+        if self._inherited:
+            await self._wait_for_idle_workers()
+            self._inherited = False
         keys = await asyncio.to_thread(self.ps.load, uri)
         return Done({"keys": float(keys)})
+
+    async def _wait_for_idle_workers(self) -> None:
+        """Before a reload: wait until no worker still runs a pass of an earlier generation.
+
+        On Kubernetes the workers outlive what stopped the previous driver — the operator
+        pod was lost, or the supervisor cancelled the driver after a PS restart — and a
+        ``RunPass`` they were given keeps pulling and pushing until its share is done (a
+        worker finishes what it started; cancelling the call does not stop it). Those
+        pushes, landing after the checkpoint was loaded, would count that part of the pass
+        twice once it is redone; and the ``ResetWorkers`` after the load would fail with
+        "busy". A worker answers ``Reset`` only when it runs nothing else (calls are
+        exclusive), and the driver of the old generation is gone, so once every worker has
+        answered, nothing old can push any more. Bounded by ``passTimeoutSeconds`` (a
+        share may take that long), unbounded without it, like the pass itself.
+
+        Only a driver that took over a job from an earlier one waits (at its first reload):
+        within one driver a restore follows an action whose calls have all returned.
+        """
+        limit = self.spec.workers.passTimeoutSeconds
+
+        async def idle(worker: WorkerClient) -> None:
+            waited = 0.0
+            while True:
+                try:
+                    await worker.reset()
+                    return
+                except Exception as exc:
+                    if not _busy(exc) or (limit is not None and waited >= limit):
+                        raise
+                if waited == 0.0:
+                    log.warning(
+                        "%s still runs a pass of an earlier generation: waiting for it to end "
+                        "before reloading the checkpoint",
+                        worker.name,
+                    )
+                await self.sleep(IDLE_POLL_SECONDS)
+                waited += IDLE_POLL_SECONDS
+
+        await asyncio.gather(*(idle(w) for w in self.workers))
 
     async def _reset_workers(self) -> Event:
         await asyncio.gather(*(w.reset() for w in self.workers))
@@ -418,6 +467,15 @@ def _remove(uri: str) -> None:
     fs, path = fsspec.core.url_to_fs(uri)
     if fs.exists(path):
         fs.rm(path, recursive=True)
+
+
+def _busy(exc: BaseException) -> bool:
+    """The worker refused a call because it runs another one (``control.py``: one call at
+    a time, ``FAILED_PRECONDITION`` "... worker is busy with another call")."""
+    details, code = getattr(exc, "details", None), getattr(exc, "code", None)
+    if not (callable(details) and callable(code)):
+        return False
+    return getattr(code(), "name", "") == "FAILED_PRECONDITION" and "busy" in str(details())
 
 
 def _describe(exc: BaseException, worker: str) -> str:

@@ -79,18 +79,19 @@ async def reconcile(
         rt.kube.patch_status, namespace, name, st.valid_spec(rt.clock(), generation, existing)
     )
     supervisor: JobSupervisor | None = memo.get("supervisor")
-    # While the supervisor runs, it owns the replica counts (a new worker count waits for
-    # the next pass); otherwise start from the spec.
-    running = supervisor.scale if supervisor is not None else None
-    scale = running or initial_scale(job, existing)
+    scale = initial_scale(job, existing)
     progress = st.progress_from_status(existing)
     labels_generation = 0 if progress is None else progress.generation
     # A job that reached endDay has had its pods removed: do not bring the StatefulSets back.
-    finished = existing.get("phase") == Phase.SUCCEEDED
+    # While a supervisor runs, it owns the StatefulSets (a new worker count waits for the
+    # next pass): the restart requested below re-applies them at its next cycle. Applying
+    # them here too raced with that cycle — e.g. on resume from suspend, this handler's
+    # zero replicas could land after the supervisor's scale-up.
+    skip_pods = existing.get("phase") == Phase.SUCCEEDED or supervisor is not None
     for obj in desired(job, meta.get("uid", ""), scale, labels_generation, rt.options):
-        if not (finished and obj["kind"] == "StatefulSet"):
+        if not (skip_pods and obj["kind"] == "StatefulSet"):
             await _api(rt.kube.apply, obj)
-    if supervisor is not None and running is not None:
+    if supervisor is not None:
         supervisor.request_restart(f"spec generation {generation} applied")
 
 

@@ -124,6 +124,9 @@ class Kubelet:
         self.root = root
         #: ``<pod dns>:<port>`` -> ``127.0.0.1:<free port>``.
         self.endpoints: dict[str, str] = {}
+        #: ``<pod dns>:<port>`` -> another local address, in the pods' configs only (the
+        #: operator dials ``endpoints``): e.g. the workers reach the PS through a ``Gate``.
+        self.routes: dict[str, str] = {}
         self.containers: dict[str, Container] = {}
         self.failures: list[str] = []
         self._lock = threading.Lock()
@@ -299,7 +302,7 @@ class Kubelet:
         """What a pod's resolver does to the stable names in its config: local ports."""
         with self._lock:
             for name, local in self.endpoints.items():
-                text = text.replace(name, local)
+                text = text.replace(name, self.routes.get(name, local))
         return text
 
 

@@ -29,6 +29,7 @@ from streamtrain_operator.progress import Progress
 from streamtrain_operator.spec import parse_job
 from streamtrain_worker.synth import SynthConfig, generate
 
+from .gate import Gate
 from .harness import SLOTS, START, wait_for
 from .kmock_api import GROUP, PLURAL, VERSION, ApiServer
 from .kubelet import Kubelet
@@ -105,6 +106,18 @@ class OperatorProcess:
                 f"the operator exited ({self.process.returncode}):\n{self.output[-6000:]}"
             )
 
+    def wait_output(self, text: str, timeout: float = 60) -> None:
+        """Poll the operator's output until it contains ``text``."""
+
+        def found() -> bool:
+            self.check_running()
+            return text in self.output
+
+        try:
+            wait_for(found, timeout, f"the operator to log {text!r}")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.output[-6000:]}") from None
+
     def kill(self) -> None:
         """SIGKILL: no cleanup handler, no last status write — a lost operator pod."""
         if self.process.poll() is None:
@@ -132,6 +145,8 @@ class KubeJob:
         self._api_server = ApiServer()
         self._kubelet: Kubelet | None = None
         self._api: client.ApiClient | None = None
+        self._gates: list[Gate] = []
+        self.ps_endpoints: list[str] = []
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -145,8 +160,9 @@ class KubeJob:
             self._api = client.ApiClient(configuration)
             job = parse_job(self.body)
             options = resources.Options()
+            self.ps_endpoints = resources.ps_addresses(job, job.spec.ps.replicas, options)
             self.kubelet.reserve(
-                resources.ps_addresses(job, job.spec.ps.replicas, options)
+                self.ps_endpoints
                 + resources.worker_addresses(job, job.spec.workers.replicas, options)
             )
         except BaseException:
@@ -162,6 +178,8 @@ class KubeJob:
                 op.kill()
             if self._kubelet is not None:
                 self._kubelet.close()
+            for gate in self._gates:
+                gate.close()
             if self._api is not None:
                 self._api.close()
         finally:
@@ -176,6 +194,15 @@ class KubeJob:
     def api(self) -> client.ApiClient:
         assert self._api is not None
         return self._api
+
+    def gate_ps(self) -> Gate:
+        """Route the workers' PS traffic through a :class:`Gate` (the operator still dials
+        the PS directly); call before the pods start."""
+        (endpoint,) = self.ps_endpoints
+        gate = Gate(self.kubelet.endpoints[endpoint])
+        self._gates.append(gate)
+        self.kubelet.routes[endpoint] = gate.address
+        return gate
 
     def start_operator(self, pause: str | None = None) -> OperatorProcess:
         """``kopf run`` the operator (``pause``: e.g. ``after:train@1``, see pause.py)."""

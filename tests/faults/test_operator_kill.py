@@ -176,3 +176,36 @@ def test_a_killed_operator_resumes_each_step_exactly_once(kube: KubeJob, clean: 
     # ... and in the model each example counted once and the day decayed once.
     same_counts(model, clean.model)
     op.stop()
+
+
+@pytest.mark.faults
+@pytest.mark.timeout(120)
+def test_an_operator_killed_while_the_workers_train_waits_for_their_pass(
+    kube: KubeJob, clean: CleanRun
+) -> None:
+    """SIGKILL the operator while both workers are inside pass 2 (their PS traffic held
+    by a gate), so its ``RunPass`` outlives it. The new operator must not reload the
+    checkpoint under the running pass — its remaining pushes would then count part of
+    pass 2 twice once it is redone — but wait until the workers are idle, then reload,
+    reset and redo the pass once."""
+    gate = kube.gate_ps()
+    kube.create()
+    op = kube.start_operator(pause="before:train@2")
+    assert kube.wait_paused(op) == f"before train {START}/2"
+    gate.hold()
+    kube.pause_file.unlink()  # let the driver send RunPass to both workers
+    wait_for(lambda: gate.held() == 2, 30, "both workers to be inside pass 2")
+    op.kill()
+
+    op = kube.start_operator()
+    op.wait_output("still runs a pass of an earlier generation")
+    status = kube.status()
+    assert (status["phase"], status["generation"]) == (Phase.RESTORING, 2)
+    gate.release()  # the old pass ends: its pushes land before the reload discards them
+    status = kube.wait(op, succeeded, "the job to succeed", timeout=60)
+    model = check_outcome(kube, status)
+    progress = Progress.from_dict(status["scheduler"])
+    # Pass 1 trained by the first operator, pass 2 redone (once) by the second.
+    assert [(r.pass_index, r.generation) for r in progress.history] == [(1, 1), (2, 2)]
+    same_counts(model, clean.model)
+    op.stop()
