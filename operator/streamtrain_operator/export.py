@@ -15,7 +15,8 @@ A model exists for readers only once its donefile line exists; the line is writt
 (plus the pass metrics and, for a delta, the key of the base it applies to). So a crash at
 any point leaves either no visible model or a complete one, and redoing an interrupted
 export rewrites the same target from scratch (its stale parts are removed first) before
-publishing it once. Every storage step is retried with exponential backoff.
+publishing it once. Every storage step is retried with exponential backoff, each retry of a
+part from an empty directory, so a published model holds exactly the files its manifest lists.
 
 Readers: ``streamtrain_worker.predict`` parses the same files (the worker may not import
 the operator), following ``docs/scheduler.md``.
@@ -198,17 +199,26 @@ async def publish_model(
     fs, model_dir = _fs(target.uri)
 
     async def clear() -> None:
-        if fs.exists(model_dir):
-            fs.rm(model_dir, recursive=True)
+        _remove(fs, model_dir)
 
     await with_retries(f"{target.uri}: remove stale parts", clear, policy, sleep)
     sparse_uri, dense_uri = f"{target.uri}/sparse", f"{target.uri}/dense"
-    sparse = await with_retries(
-        f"{sparse_uri}: sparse save", lambda: save_sparse(sparse_uri), policy, sleep
-    )
+
+    async def fresh_sparse() -> SaveResult:
+        # A failed attempt leaves its partial parts (the PS saves into a new random
+        # directory each time): remove them, or the model would hold files MODEL.json
+        # does not list.
+        _remove(fs, f"{model_dir}/sparse")
+        return await save_sparse(sparse_uri)
+
+    async def fresh_dense() -> Sequence[str]:
+        _remove(fs, f"{model_dir}/dense")
+        return await export_dense(dense_uri)
+
+    sparse = await with_retries(f"{sparse_uri}: sparse save", fresh_sparse, policy, sleep)
     if hook.when == PARTS:  # test-only: a model half written (parts, no manifest)
         await hook.hold(PARTS, StepKey(target.day, target.pass_index, StepKind(target.kind)))
-    await with_retries(f"{dense_uri}: dense export", lambda: export_dense(dense_uri), policy, sleep)
+    await with_retries(f"{dense_uri}: dense export", fresh_dense, policy, sleep)
 
     async def write_manifest() -> None:
         files: list[dict[str, Any]] = [
@@ -255,6 +265,11 @@ async def publish_model(
 
     await with_retries(f"{target.root}/{DONEFILE}", append_line, policy, sleep)
     return line
+
+
+def _remove(fs: fsspec.AbstractFileSystem, path: str) -> None:
+    if fs.exists(path):
+        fs.rm(path, recursive=True)
 
 
 def _names(fs: fsspec.AbstractFileSystem, directory: str) -> list[str]:

@@ -121,3 +121,37 @@ def test_verify_model_detects_a_changed_file(tmp_path: Path) -> None:
     (tmp_path / "20261101/delta-3/dense/dense.pt").write_bytes(b"tampered!!!")
     with pytest.raises(ExportError, match="checksum mismatch"):
         verify_model(str(tmp_path), "20261101/delta-3")
+
+
+class LeakyParts(FakeParts):
+    """Each failed attempt leaves a partial part in its own directory (as a PS save into
+    a fresh random directory, or a dense writer, does when it dies mid-way)."""
+
+    async def save_sparse(self, uri: str) -> SaveResult:
+        if self.sparse_calls < self.fail_sparse:
+            self.sparse_calls += 1
+            attempt = Path(uri) / f"data-s000-attempt{self.sparse_calls}"
+            attempt.mkdir(parents=True)
+            (attempt / "part-00000.bin").write_bytes(b"half")
+            raise OSError("connection reset by peer")
+        return await super().save_sparse(uri)
+
+    async def export_dense(self, uri: str) -> Sequence[str]:
+        if self.dense_calls < self.fail_dense:
+            self.dense_calls += 1
+            Path(uri).mkdir(parents=True, exist_ok=True)
+            (Path(uri) / "dense.pt.partial").write_bytes(b"half")
+            raise OSError("disk full")
+        return await super().export_dense(uri)
+
+
+def test_parts_of_a_failed_attempt_do_not_survive_into_the_published_model(
+    tmp_path: Path,
+) -> None:
+    """Every file of a published model is listed in MODEL.json: a retried part starts from
+    an empty directory, so nothing of a failed attempt is left unaccounted for."""
+    publish(LeakyParts(fail_sparse=2, fail_dense=1), target(tmp_path), [])
+    model = tmp_path / "20261101/delta-3"
+    on_disk = {str(p.relative_to(model)) for p in model.rglob("*") if p.is_file()}
+    listed = {f["path"] for f in verify_model(str(tmp_path), "20261101/delta-3")["files"]}
+    assert on_disk == listed | {"MODEL.json"}
