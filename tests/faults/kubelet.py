@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import random
 import signal
 import socket
 import subprocess
@@ -52,10 +53,22 @@ GRACE_SECONDS = 10.0
 
 
 def free_port() -> int:
-    """A port nobody listens on right now (the pod binds it a moment later)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port nobody uses right now, below the kernel's ephemeral range.
+
+    The pod binds it seconds later (and again after a restart), so it must not be handed
+    out meanwhile: ports of the ephemeral range are (to ``bind(0)`` and to every outgoing
+    connection on the machine), ports below it only to an explicit bind.
+    """
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(200):
+        port = random.randrange(max(1024, low - 12000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError(f"no free port below {low} after 200 tries")
 
 
 @dataclass

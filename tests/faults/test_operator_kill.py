@@ -1,6 +1,7 @@
 """Issue 6 on Kubernetes: the real operator (``kopf run``, a subprocess) against KMock, the
-rendered pods run as local processes by ``kubelet.py``; the operator SIGKILLed mid-pass,
-mid-export and mid-shrink and started again.
+rendered pods run as local processes by ``kubelet.py``; the operator SIGKILLed mid-pass
+(after the pass trained, and while the workers still train), mid-export and mid-shrink, and
+started again.
 
 Unlike ``streamtrain run`` (``test_scheduler_kill.py``), killing the operator leaves the PS
 and worker pods running with whatever state the interrupted step left in them. The new
@@ -127,14 +128,24 @@ def test_a_job_runs_to_end_day_on_the_operator(clean: CleanRun) -> None:
 
 
 @pytest.mark.faults
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(150)
 def test_a_killed_operator_resumes_each_step_exactly_once(kube: KubeJob, clean: CleanRun) -> None:
-    """SIGKILL the operator three times — after pass 1 trained, after the delta of pass 2
-    was published, after the day's shrink, each time before the step's outcome was
-    recorded — and start a new one each time; the pods keep running throughout."""
-    kube.create()
+    """SIGKILL the operator four times and start a new one each time; the pods keep
+    running throughout:
 
-    # 1. Mid-pass: pass 1 trained on the PS, "done" not recorded.
+    1. after pass 1 trained, before that was recorded;
+    2. while both workers are inside pass 2 — their PS traffic held by a gate, so their
+       ``RunPass`` outlives the operator. The next operator must not reload the checkpoint
+       under the running pass (its remaining pushes would count part of pass 2 twice once
+       the pass is redone) but wait until the workers are idle;
+    3. after the delta of pass 2 was published (donefile line written), before recorded;
+    4. after the day's shrink, before recorded.
+    """
+    gate = kube.gate_ps()
+    kube.create()
+    export = str(kube.root / "export")
+
+    # 1. Mid-pass, the widest window: pass 1 trained on the PS, "done" not recorded.
     op = kube.start_operator(pause="after:train@1")
     assert kube.wait_paused(op) == f"after train {START}/1"
     pods = kube.kubelet.running()
@@ -144,52 +155,8 @@ def test_a_killed_operator_resumes_each_step_exactly_once(kube: KubeJob, clean: 
     assert before.history == ()
     kube.kill_paused(op)
 
-    # 2. Mid-export: delta-2 published (its donefile line written), "done" not recorded.
-    op = kube.start_operator(pause="after:delta@2")
-    assert kube.wait_paused(op) == f"after delta {START}/2"
-    during = kube.progress()
-    assert during is not None and during.generation == 2
-    assert [(r.pass_index, r.generation) for r in during.history] == [(1, 2), (2, 2)]
-    export = str(kube.root / "export")
-    assert [d.key for d in read_donefile(export)] == MODELS[:2]
-    kube.kill_paused(op)
-
-    # 3. Mid-shrink: the day shrunk on the PS, "done" not recorded.
-    op = kube.start_operator(pause="after:shrink")
-    assert kube.wait_paused(op) == f"after shrink {START}/2"
-    during = kube.progress()
-    assert during is not None and during.current is not None
-    assert during.current.kind.value == "shrink" and during.shrunk_days == ()
-    kube.kill_paused(op)
-
-    # 4. A last operator finishes the job.
-    op = kube.start_operator()
-    status = kube.wait(op, succeeded, "the job to succeed after three kills", timeout=60)
-    # The same pods served all four operators (only the operator was lost).
-    assert set(pods) == {"online-ps-0", "online-worker-0", "online-worker-1"}
-    assert all(kube.kubelet.restarts(p) == 0 for p in pods)
-    model = check_outcome(kube, status)
-    progress = Progress.from_dict(status["scheduler"])
-    assert progress.generation == 4 and progress.replayed_steps > 0
-    # Pass 1 was redone by the second operator, pass 2 trained once (replays not recorded).
-    assert [(r.pass_index, r.generation) for r in progress.history] == [(1, 2), (2, 2)]
-    # ... and in the model each example counted once and the day decayed once.
-    same_counts(model, clean.model)
-    op.stop()
-
-
-@pytest.mark.faults
-@pytest.mark.timeout(120)
-def test_an_operator_killed_while_the_workers_train_waits_for_their_pass(
-    kube: KubeJob, clean: CleanRun
-) -> None:
-    """SIGKILL the operator while both workers are inside pass 2 (their PS traffic held
-    by a gate), so its ``RunPass`` outlives it. The new operator must not reload the
-    checkpoint under the running pass — its remaining pushes would then count part of
-    pass 2 twice once it is redone — but wait until the workers are idle, then reload,
-    reset and redo the pass once."""
-    gate = kube.gate_ps()
-    kube.create()
+    # 2. Mid-pass, the workers still training: the second operator redid pass 1 and is
+    #    held before pass 2; the gate closes, pass 2 starts, the operator dies.
     op = kube.start_operator(pause="before:train@2")
     assert kube.wait_paused(op) == f"before train {START}/2"
     gate.hold()
@@ -197,15 +164,39 @@ def test_an_operator_killed_while_the_workers_train_waits_for_their_pass(
     wait_for(lambda: gate.held() == 2, 30, "both workers to be inside pass 2")
     op.kill()
 
-    op = kube.start_operator()
+    # 3. The third operator waits for the old pass (phase Restoring) until the gate opens,
+    #    then reloads, redoes pass 2 and publishes its delta; it dies before recording it.
+    op = kube.start_operator(pause="after:delta@2")
     op.wait_output("still runs a pass of an earlier generation")
     status = kube.status()
-    assert (status["phase"], status["generation"]) == (Phase.RESTORING, 2)
+    assert (status["phase"], status["generation"]) == (Phase.RESTORING, 3)
     gate.release()  # the old pass ends: its pushes land before the reload discards them
-    status = kube.wait(op, succeeded, "the job to succeed", timeout=60)
+    assert kube.wait_paused(op) == f"after delta {START}/2"
+    during = kube.progress()
+    assert during is not None
+    assert [(r.pass_index, r.generation) for r in during.history] == [(1, 2), (2, 3)]
+    assert [d.key for d in read_donefile(export)] == MODELS[:2]
+    kube.kill_paused(op)
+
+    # 4. Mid-shrink: the day shrunk on the PS, "done" not recorded.
+    op = kube.start_operator(pause="after:shrink")
+    assert kube.wait_paused(op) == f"after shrink {START}/2"
+    during = kube.progress()
+    assert during is not None and during.current is not None
+    assert during.current.kind.value == "shrink" and during.shrunk_days == ()
+    kube.kill_paused(op)
+
+    # A last operator finishes the job.
+    op = kube.start_operator()
+    status = kube.wait(op, succeeded, "the job to succeed after four kills", timeout=60)
+    # The same pods served all five operators (only the operator was lost).
+    assert set(pods) == {"online-ps-0", "online-worker-0", "online-worker-1"}
+    assert all(kube.kubelet.restarts(p) == 0 for p in pods)
     model = check_outcome(kube, status)
     progress = Progress.from_dict(status["scheduler"])
-    # Pass 1 trained by the first operator, pass 2 redone (once) by the second.
-    assert [(r.pass_index, r.generation) for r in progress.history] == [(1, 1), (2, 2)]
+    assert progress.generation == 5 and progress.replayed_steps > 0
+    # Pass 1 recorded by the second operator, pass 2 by the third (replays not recorded).
+    assert [(r.pass_index, r.generation) for r in progress.history] == [(1, 2), (2, 3)]
+    # ... and in the model each example counted once and the day decayed once.
     same_counts(model, clean.model)
     op.stop()
