@@ -62,6 +62,10 @@ def manifest(batch_size: int, workers: int, lr: float, dense_lr: float = 0.0005)
                 # CVM columns like it. The whole-input batch norm costs ~0.01 AUC here
                 # (docs/decisions.md).
                 "normalizeEmbeddings": False,
+                # A 7,200-row stream: every key's show count grows pass after pass, so the
+                # CVM inputs drift faster than a cumulative average follows; ~20 pushes of
+                # memory (2 passes) instead of the near-infinite default (docs/decisions.md).
+                "summaryDecayRate": 0.95,
             },
             # Every key gets its 1 + 8 weights from its first show, as in plain PyTorch.
             "sparse": {"embedxThreshold": 0, "optimizer": {"learningRate": lr}},

@@ -48,6 +48,8 @@ def worker_config(spec: JobSpec, ps_endpoints: Sequence[str]) -> WorkerConfig:
             cvm=m.cvm,
             denseSyncSteps=m.denseSyncSteps,
             normalizeEmbeddings=m.normalizeEmbeddings,
+            summaryDecayRate=m.summaryDecayRate,
+            dataNormPrior=m.dataNormPrior,
             targetSlot=m.targetSlot,
             attentionUnits=m.attentionUnits,
         ),

@@ -244,9 +244,22 @@ class ModelSpec:
     denseSyncSteps: int = _f(10, "Pull dense parameters from the PS every K steps.", minimum=1)
     normalizeEmbeddings: bool = _f(
         True,
-        "slot_dnn only: batch-normalise the embedding columns of the MLP input too. false: "
+        "slot_dnn only: normalise the embedding columns of the MLP input too. false: "
         "only the CVM columns (embeddings raw, as plain PyTorch): +0.01 AUC on the Criteo "
         "bench, slower learning on tiny streams.",
+    )
+    summaryDecayRate: float = _f(
+        0.9999999,
+        "Data norm (slot_dnn and din input normalisation, PaddlePaddle's data_norm): its "
+        "statistics are summed on the PS over all workers, decayed by this factor at every "
+        "push. 1 never forgets; lower follows drifting inputs faster.",
+        exclusiveMinimum=0,
+        maximum=1,
+    )
+    dataNormPrior: float = _f(
+        1.0,
+        "Data norm: the statistics start as this many pseudo-examples of mean 0, variance 1.",
+        exclusiveMinimum=0,
     )
     targetSlot: int = _f(0, "DIN only: the slot holding the target item.", minimum=0)
     attentionUnits: tuple[int, ...] = _f((64, 32), "DIN only: attention MLP widths.", itemMinimum=1)

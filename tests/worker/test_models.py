@@ -9,6 +9,7 @@ import torch
 
 from streamtrain_worker.export import script
 from streamtrain_worker.models import DenseModel, ModelSpec, build_model, registered
+from streamtrain_worker.models.data_norm import norms_of
 
 B, S, D, L = 6, 5, 4, 7
 
@@ -99,17 +100,29 @@ def test_slot_dnn_trains_on_a_batch_of_one() -> None:
     assert pooled.grad is not None and pooled.grad.abs().sum() > 0
 
 
+def _adopt_batch_statistics(norm: torch.nn.Module, x: torch.Tensor) -> None:
+    """Set a DataNorm's global statistics to exactly those of ``x`` (no prior)."""
+    (data_norm,) = norms_of(norm)
+    mean = x.mean(dim=0)
+    data_norm.stats.copy_(
+        torch.stack([torch.full_like(mean, x.shape[0]), x.sum(0), (x * x).sum(0)])
+    )
+
+
 @pytest.mark.parametrize("cvm", [True, False])
 def test_slot_dnn_can_normalise_only_the_cvm_columns(cvm: bool) -> None:
-    """normalizeEmbeddings false: the CVM log counts are standardised over the batch, the
-    embeddings reach the MLP as they are (as in plain PyTorch; docs/decisions.md)."""
+    """normalizeEmbeddings false: the CVM log counts are standardised with the global
+    statistics, the embeddings reach the MLP as they are (as in plain PyTorch;
+    docs/decisions.md)."""
     spec = dataclasses.replace(spec_for("slot_dnn", cvm=cvm), normalize_embeddings=False)
-    model = build_model("slot_dnn", spec).train()
+    model = build_model("slot_dnn", spec).eval()
     g = torch.Generator().manual_seed(1)
     pooled = torch.randn(64, S, spec.slot_width, generator=g) * 1e-3
     if cvm:
         pooled[:, :, :2] = torch.rand(64, S, 2, generator=g) * 10.0  # log-count scale
     norm = model.get_submodule("norm")
+    if cvm:
+        _adopt_batch_statistics(norm, pooled[:, :, :2].reshape(64, -1))
     out = norm(pooled).view(64, S, spec.slot_width)
     col = spec.embed_offset
     assert torch.equal(out[:, :, col:], pooled[:, :, col:])
@@ -117,18 +130,21 @@ def test_slot_dnn_can_normalise_only_the_cvm_columns(cvm: bool) -> None:
         counts = out[:, :, :2]
         assert counts.mean(dim=0).abs().max() < 1e-5
         assert (counts.var(dim=0, unbiased=False) - 1).abs().max() < 1e-3
-        assert sum(p.numel() for p in norm.parameters()) == 2 * 2 * S
+        assert norms_of(model)[0].stats.shape == (3, 2 * S)
     else:
-        assert sum(p.numel() for p in norm.parameters()) == 0
+        assert norms_of(model) == []
+    # statistics are not trained: the only parameters are the per-column affine
+    assert sum(p.numel() for p in norm.parameters()) == (2 * 2 * S if cvm else 0)
     script(model)  # still exportable
 
 
 def test_slot_dnn_normalises_the_whole_input_by_default() -> None:
-    """The default keeps the whole-input batch norm (and its parameter layout)."""
+    """The default normalises every column of the flattened input."""
     spec = spec_for("slot_dnn", cvm=True)
-    model = build_model("slot_dnn", spec).train()
+    model = build_model("slot_dnn", spec).eval()
     pooled = torch.randn(64, S, spec.slot_width) * 1e-3
     norm = model.get_submodule("norm")
+    _adopt_batch_statistics(norm, pooled.flatten(1))
     out = norm(pooled)
     assert out.mean(dim=0).abs().max() < 1e-5
-    assert sum(p.numel() for p in norm.parameters()) == 2 * S * spec.slot_width
+    assert norms_of(model)[0].stats.shape == (3, S * spec.slot_width)

@@ -72,11 +72,12 @@ def test_passes_improve_auc(chunks: list[str], model: str) -> None:
     assert registry.get_sample_value("streamtrain_worker_ps_pull_seconds_count") == 36
 
 
-def test_predict_before_train(chunks: list[str]) -> None:
+@pytest.mark.parametrize("model", ["slot_dnn", "deepfm"])
+def test_predict_before_train(chunks: list[str], model: str) -> None:
     """A training pass reports exactly the metrics of an evaluation of the same batch."""
-    # one batch: its prediction precedes any update. (deepfm: slot_dnn's batch norm uses
-    # batch statistics when training and running ones when evaluating, by design.)
-    cfg = worker_config(batchSize=1200, type="deepfm")
+    # One batch: its prediction precedes any update. slot_dnn's data norm applies the same
+    # (global) statistics in training and evaluation, so the two agree for it as well.
+    cfg = worker_config(batchSize=1200, type=model)
     results = []
     for train in (True, False):
         trainer = Trainer(cfg, LocalPS(cfg.ps.config), cfg.data.num_slots)
@@ -346,20 +347,23 @@ class GatedDensePS(LocalPS):
 
     def __init__(self, config: WorkerConfig) -> None:
         super().__init__(config.ps.config)
+        self.parameters = config.dense_name  # data-norm statistics are not counted
         self.gate = threading.Event()
         self.dense_pushes = 0
         self.dense_pulls = 0
 
     def pull_dense(self, name: str) -> npt.NDArray[np.float32]:
-        self.dense_pulls += 1
-        if self.dense_pulls == 2:
-            self.gate.set()
+        if name == self.parameters:
+            self.dense_pulls += 1
+            if self.dense_pulls == 2:
+                self.gate.set()
         return super().pull_dense(name)
 
     def push_dense(self, name: str, grads: npt.NDArray[np.float32]) -> None:
-        if self.dense_pushes == 0 and not self.gate.wait(timeout=60):
-            raise AssertionError("the trainer never queued its last push")
-        self.dense_pushes += 1
+        if name == self.parameters:
+            if self.dense_pushes == 0 and not self.gate.wait(timeout=60):
+                raise AssertionError("the trainer never queued its last push")
+            self.dense_pushes += 1
         super().push_dense(name, grads)
 
 

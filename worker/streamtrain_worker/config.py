@@ -68,6 +68,12 @@ class ModelConfig:
     #: embedx) but, on the Criteo bench-e2e protocol, costs ~0.01 progressive AUC against
     #: raw embeddings (plain PyTorch's setup); see docs/decisions.md.
     normalizeEmbeddings: bool = True
+    #: Data norm (the input normalisation of slot_dnn and din, Paddle's ``data_norm``): its
+    #: statistics are summed on the PS; each push decays the sums by this factor first
+    #: (Paddle's ``summary_decay_rate``). 1 never forgets; lower adapts faster to drift.
+    summaryDecayRate: float = 0.9999999
+    #: Data norm: the statistics start as this many pseudo-examples of mean 0, variance 1.
+    dataNormPrior: float = 1.0
     #: DIN only: the slot holding the target item (the behaviour sequence slot comes from
     #: the data config's ``sequenceSlot``).
     targetSlot: int = 0
@@ -79,6 +85,8 @@ class ModelConfig:
         _require(self.batchSize >= 1, path, "batchSize", "must be >= 1")
         _require(self.denseSyncSteps >= 1, path, "denseSyncSteps", "must be >= 1")
         _require(self.targetSlot >= 0, path, "targetSlot", "must be >= 0")
+        _require(0 < self.summaryDecayRate <= 1, path, "summaryDecayRate", "must be in (0, 1]")
+        _require(self.dataNormPrior > 0, path, "dataNormPrior", "must be > 0")
         _require(
             all(u >= 1 for u in self.hiddenUnits), path, "hiddenUnits", "every width must be >= 1"
         )
@@ -197,6 +205,11 @@ class WorkerConfig:
     def dense_name(self) -> str:
         """Name of the PS dense vector holding this model's dense parameters."""
         return f"{self.table}.{self.model.type}.dense"
+
+    @property
+    def norm_name(self) -> str:
+        """Name of the PS summary vector holding the model's data-norm statistics."""
+        return f"{self.table}.{self.model.type}.datanorm"
 
     def to_dict(self) -> dict[str, Any]:
         out = typing.cast(dict[str, Any], _jsonable(asdict(self)))

@@ -14,9 +14,9 @@ from typing import TypeVar
 
 import torch
 from torch import nn
-from torch.nn import functional as nnf
 
 from streamtrain_worker.config import ModelConfig
+from streamtrain_worker.models.data_norm import DataNorm
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,8 @@ class ModelSpec:
     target_slot: int = 0
     attention_units: tuple[int, ...] = (64, 32)
     normalize_embeddings: bool = True
+    #: Pseudo-examples (mean 0, variance 1) the data-norm statistics start from.
+    norm_prior: float = 1.0
 
     @classmethod
     def from_config(
@@ -45,6 +47,7 @@ class ModelSpec:
             target_slot=model.targetSlot,
             attention_units=model.attentionUnits,
             normalize_embeddings=model.normalizeEmbeddings,
+            norm_prior=model.dataNormPrior,
         )
 
     @property
@@ -69,47 +72,30 @@ def mlp(in_features: int, hidden: Sequence[int], out_features: int = 1) -> nn.Se
     return nn.Sequential(*layers)
 
 
-class InputNorm(nn.BatchNorm1d):
-    """Batch norm that uses its running statistics for a batch of one example (where batch
-    statistics are undefined), so a pass may end with a single-example batch."""
-
-    def forward(self, input: torch.Tensor) -> torch.Tensor:
-        batch_stats = self.training and input.shape[0] > 1
-        momentum = 0.1 if self.momentum is None else self.momentum
-        return nnf.batch_norm(
-            input,
-            self.running_mean,
-            self.running_var,
-            self.weight,
-            self.bias,
-            batch_stats,
-            momentum,
-            self.eps,
-        )
-
-
 class SlotInputNorm(nn.Module):
-    """``(B, S, W)`` pooled slots -> ``(B, S * W)``, batch-normalised as configured.
+    """``(B, S, W)`` pooled slots -> ``(B, S * W)``, normalised as configured.
 
     The two CVM features per slot are log counts (up to ~10) next to embeddings that start
     near 0: fed raw, they swamp the MLP (Criteo sample: AUC ~0.55 instead of ~0.68 after two
-    passes), so they are always normalised (``InputNorm``, Paddle's ``data_norm`` role).
-    The embedding columns are normalised too only with ``embeddings``: that divides their
-    gradient by their (tiny, per-batch) standard deviation, which speeds up embeddings that
-    barely move (tiny streams, lazily admitted embedx) but costs ~0.01 progressive AUC on
-    the bench-e2e protocol against raw embeddings, for plain PyTorch as for the PS path
+    passes), so they are always normalised (:class:`DataNorm`, Paddle's ``data_norm``:
+    global statistics summed on the PS, the same in training and serving). The embedding
+    columns are normalised too only with ``embeddings``: that divides their gradient by
+    their (tiny) standard deviation, which speeds up embeddings that barely move (tiny
+    streams, lazily admitted embedx) but costs ~0.01 progressive AUC on the bench-e2e
+    protocol against raw embeddings, for plain PyTorch as for the PS path
     (``docs/decisions.md``). Without CVM and ``embeddings`` it is a plain flatten, like the
-    textbook ``EmbeddingBag`` + MLP. With ``embeddings`` the parameters are exactly the
-    earlier whole-input ``InputNorm``'s, so existing dense vectors still fit.
+    textbook ``EmbeddingBag`` + MLP.
     """
 
-    def __init__(self, num_slots: int, slot_width: int, cvm: bool, embeddings: bool) -> None:
+    def __init__(
+        self, num_slots: int, slot_width: int, cvm: bool, embeddings: bool, prior: float
+    ) -> None:
         super().__init__()
         self.cvm_only = cvm and not embeddings
         if embeddings:
-            self.norm: nn.Module = InputNorm(num_slots * slot_width)
+            self.norm: nn.Module = DataNorm(num_slots * slot_width, prior)
         elif cvm:
-            self.norm = InputNorm(2 * num_slots)
+            self.norm = DataNorm(2 * num_slots, prior)
         else:
             self.norm = nn.Identity()
 

@@ -5,15 +5,16 @@ sequence is the unpooled per-key embeddings of the data's ``sequenceSlot``. An a
 MLP scores every behaviour ``k`` against the target ``q`` from ``[q, k, q - k, q * k]``;
 the user interest is the score-weighted sum of behaviours (unnormalised, as in the DIN
 paper, so the interest's magnitude reflects how much matching history there is; padding
-is masked out). The interest vector is concatenated to all pooled slots, batch-normalised
-(``InputNorm``, as in ``slot_dnn``), and fed to the MLP.
+is masked out). The interest vector is concatenated to all pooled slots, normalised with
+global statistics (``DataNorm``, as in ``slot_dnn``), and fed to the MLP.
 """
 
 from __future__ import annotations
 
 import torch
 
-from streamtrain_worker.models.base import DenseModel, InputNorm, ModelSpec, mlp, register
+from streamtrain_worker.models.base import DenseModel, ModelSpec, mlp, register
+from streamtrain_worker.models.data_norm import DataNorm
 
 
 @register("din")
@@ -34,7 +35,7 @@ class DIN(DenseModel):
         item = 1 + spec.embedding_dim
         self.attention = mlp(4 * item, spec.attention_units)
         width = spec.num_slots * spec.slot_width + item
-        self.norm = InputNorm(width)  # see slot_dnn: CVM log counts vs near-0 embeddings
+        self.norm = DataNorm(width, spec.norm_prior)  # see slot_dnn: log counts vs embeddings
         self.mlp = mlp(width, spec.hidden_units)
 
     def forward(

@@ -7,10 +7,9 @@ near 0) differ in scale by orders of magnitude, and without it the MLP learns th
 embeddings very slowly (on the Criteo sample, AUC ~0.55 instead of ~0.68 after two passes).
 ``model.normalizeEmbeddings: false`` normalises only the CVM columns and feeds the
 embeddings raw, as plain PyTorch does: ~0.01 better progressive AUC on the bench-e2e
-Criteo protocol, much worse on tiny streams (``docs/decisions.md``). The norm's affine
-weights are dense parameters (on the PS like every weight); its running mean and variance
-are buffers kept by each worker and exported with the model (every worker sees the same
-distribution, so their statistics agree closely).
+Criteo protocol, much worse on tiny streams (``docs/decisions.md``). The normalisation
+statistics are global: summed on the PS from every worker's batches (``DataNorm``), the
+same in training and in the exported model.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ class SlotDNN(DenseModel):
         super().__init__(spec)
         width = spec.num_slots * spec.slot_width
         self.norm = SlotInputNorm(
-            spec.num_slots, spec.slot_width, spec.cvm, spec.normalize_embeddings
+            spec.num_slots, spec.slot_width, spec.cvm, spec.normalize_embeddings, spec.norm_prior
         )
         self.mlp = mlp(width, spec.hidden_units)
 

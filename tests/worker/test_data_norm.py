@@ -1,0 +1,143 @@
+"""Data norm (Paddle's ``data_norm``): one transform for training and serving, statistics
+summed on the PS from every worker's batches.
+
+The regression behind it: with batch norm, a feature constant within a batch (the hour of
+a time-sliced folder) was zeroed in training but shifted by many standard deviations at
+inference, so exported models were miscalibrated (COPC 2-10 on the demo).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from streamtrain_ps.local import LocalPS
+from streamtrain_worker.export import export_dense, load_dense, script
+from streamtrain_worker.models.data_norm import (
+    DEFAULT_EPSILON,
+    DataNorm,
+    drain_pending,
+    gather_stats,
+    norms_of,
+    scatter_stats,
+)
+from streamtrain_worker.train import Trainer
+
+from .test_train import chunks, run, worker_config  # noqa: F401 - chunks is a fixture
+
+
+def test_training_forward_accumulates_the_batch_statistics_exactly() -> None:
+    norm = DataNorm(3, prior=10.0).train()
+    x = torch.tensor([[1.0, 5.0, 2.0], [3.0, 5.0, -2.0], [8.0, 5.0, 0.0]])
+    out = norm(x)
+    # the prior's statistics (mean 0, variance 1): the identity, up to epsilon
+    torch.testing.assert_close(out, x / (1.0 + DEFAULT_EPSILON) ** 0.5)
+    pending = drain_pending([norm])
+    expected = torch.stack([torch.full((3,), 3.0), x.sum(0), (x * x).sum(0)])
+    torch.testing.assert_close(pending, expected.reshape(-1))
+    assert not norm.pending.any(), "drained"
+    norm.eval()(x)
+    assert not norm.pending.any(), "evaluation adds nothing"
+
+
+def test_raw_moments_sum_exactly_across_batches() -> None:
+    """Pushed sums of any split of the data give the statistics of all of it at once."""
+    g = torch.Generator().manual_seed(0)
+    # CVM-like, embedding-like, plain and wide columns (mean / std <= 50: the float32
+    # limit of raw moments is documented in the module)
+    scale, shift = torch.tensor([3.0, 0.01, 1.0, 50.0]), torch.tensor([4.5, 0.02, -1.0, 4.0])
+    data = torch.randn(300, 4, generator=g) * scale + shift
+    norm = DataNorm(4, prior=1e-6, epsilon=1e-9).train()  # epsilon aside
+    for chunk in data.split(64):
+        norm(chunk)
+    scatter_stats([norm], gather_stats([norm]) + drain_pending([norm]))
+    out = norm.eval()(data)
+    torch.testing.assert_close(out.mean(0), torch.zeros(4), atol=2e-3, rtol=0)
+    torch.testing.assert_close(out.std(0, unbiased=False), torch.ones(4), atol=2e-3, rtol=0)
+
+
+def test_train_eval_and_torchscript_apply_the_same_transform() -> None:
+    norm = DataNorm(4)
+    scatter_stats(
+        [norm], torch.tensor([10.0] * 4 + [20.0, -5.0, 0.0, 7.0] + [50.0, 10.0, 1.0, 4.9])
+    )
+    x = torch.randn(16, 4)
+    trained = norm.train()(x)
+    evaluated = norm.eval()(x)
+    torch.testing.assert_close(trained, evaluated)
+    mean = norm.stats[1] / 10.0
+    var = (norm.stats[2] / 10.0 - mean**2).clamp(min=0)  # the last column clamps to 0
+    torch.testing.assert_close(evaluated, (x - mean) / torch.sqrt(var + DEFAULT_EPSILON))
+    scripted = script(norm)  # what export_dense does
+    torch.testing.assert_close(scripted(x), evaluated)
+
+
+def test_training_gradient_is_centred_within_the_batch_like_batch_norm() -> None:
+    """Forward: global statistics only. Backward in training: the batch mean of the
+    gradient is removed (batch norm's centring term); in evaluation it is not."""
+    norm = DataNorm(3)
+    scatter_stats([norm], torch.tensor([4.0] * 3 + [4.0, 0.0, -2.0] + [8.0, 4.0, 2.0]))
+    with torch.no_grad():
+        norm.weight.copy_(torch.tensor([1.0, 2.0, -0.5]))
+    g = torch.randn(8, 3)
+    scale = norm.weight / torch.sqrt(torch.tensor([1.0, 1.0, 0.25]) + DEFAULT_EPSILON)
+    for training, expected in ((True, scale * (g - g.mean(0))), (False, scale * g)):
+        x = torch.randn(8, 3, requires_grad=True)
+        (norm.train(training)(x) * g).sum().backward()
+        assert x.grad is not None
+        torch.testing.assert_close(x.grad, expected)
+
+
+def test_a_feature_constant_in_every_batch_stays_finite_and_informative() -> None:
+    """The hour slot of a time-sliced folder: constant within a batch, varies across them.
+    Batch norm zeroed it; data norm keeps it, standardised over all batches."""
+    norm = DataNorm(1, prior=1.0).train()
+    for hour in range(24):
+        norm(torch.full((64, 1), float(hour)))
+        scatter_stats([norm], gather_stats([norm]) + drain_pending([norm]))
+    out = norm.eval()(torch.tensor([[0.0], [23.0]]))
+    assert torch.isfinite(out).all()
+    assert out[0, 0] < -1.5 and out[1, 0] > 1.5  # early vs late hour, ~±1.7 std
+
+
+def test_statistics_are_summed_over_every_worker_on_the_ps(
+    chunks: list[str],  # noqa: F811 - the fixture
+    tmp_path: Path,
+) -> None:
+    cfg = worker_config(summaryDecayRate=1.0, dataNormPrior=100.0)
+    ps = LocalPS(cfg.ps.config, num_shards=2)
+    trainers = [Trainer(cfg, ps, cfg.data.num_slots) for _ in range(2)]
+    try:
+        for trainer, part in zip(trainers, chunks[:2], strict=True):
+            run(trainer, [part])
+        for trainer in trainers:
+            trainer.sync_dense()
+        stats = ps.pull_dense(cfg.norm_name).reshape(3, -1)
+        # count: prior + both workers' 2 x 1,200 examples, in every column
+        np.testing.assert_allclose(stats[0], 100.0 + 2400.0, rtol=1e-6)
+        local = [gather_stats(norms_of(t.model)).numpy() for t in trainers]
+        np.testing.assert_array_equal(local[0], local[1])  # one normalisation everywhere
+        np.testing.assert_array_equal(local[0], stats.reshape(-1))
+        # the export carries the PS statistics
+        exported, _ = load_dense(_export(trainers[0], cfg.model.type, tmp_path))
+        buffers = dict(exported.named_buffers())
+        np.testing.assert_array_equal(
+            buffers["model.norm.norm.stats"].numpy().reshape(-1), local[0]
+        )
+    finally:
+        for trainer in trainers:
+            trainer.close()
+
+
+def _export(trainer: Trainer, model_type: str, root: Path) -> str:
+    export_dense(trainer.model, model_type, str(root / "dense"))
+    return str(root / "dense")
+
+
+@pytest.mark.parametrize("decay", [0.0, 1.5])
+def test_summary_decay_rate_is_validated(decay: float) -> None:
+    with pytest.raises(ValueError, match="summaryDecayRate"):
+        worker_config(summaryDecayRate=decay)
