@@ -40,7 +40,9 @@ def test_two_days_auc_rises_exports_are_complete_and_shrink_runs_once_a_day(
     passes = [(r.day, r.pass_index) for r in progress.history]
     assert passes == [(d, p) for d in ("20261101", "20261102") for p in (1, 2, 3, 4)]
     aucs = [r.metrics["auc"] for r in progress.history]
-    assert sum(aucs[-4:]) / 4 > aucs[0] + 0.05, aucs
+    # Day means (600 examples each): one 150-example pass's AUC is too noisy to compare.
+    first_day, last_day = sum(aucs[:4]) / 4, sum(aucs[-4:]) / 4
+    assert last_day > max(first_day + 0.05, 0.6), aucs
     assert all(r.metrics["examples"] == 150 for r in progress.history)
     assert progress.shrunk_days == ("20261101", "20261102")
 
