@@ -59,8 +59,8 @@ def manifest(batch_size: int, workers: int, lr: float, dense_lr: float = 0.0005)
                 "batchSize": batch_size,
                 # The target is what plain PyTorch reaches (EmbeddingBag + MLP, the
                 # embeddings fed raw; streamtrain_worker.bench_reference): normalise only the
-                # CVM columns like it. The whole-input batch norm costs ~0.01 AUC here
-                # (docs/decisions.md).
+                # CVM columns like it. Normalising the whole input cost ~0.01 AUC here
+                # (measured with batch norm; docs/decisions.md).
                 "normalizeEmbeddings": False,
                 # A 7,200-row stream: every key's show count grows pass after pass, so the
                 # CVM inputs drift faster than a cumulative average follows; ~20 pushes of

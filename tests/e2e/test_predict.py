@@ -38,7 +38,7 @@ def test_predictor_auc_equals_evaluate_only_run_pass(job_file: Callable[..., Pat
         try:
             progress = await Driver(job.spec, ps, workers, MemoryStateStore()).run()
             assert progress.phase == Phase.SUCCEEDED, progress.message
-            # Worker 0 exported the dense network (with its input-norm running statistics).
+            # Worker 0 exported the dense network (with the PS's data-norm statistics).
             result = await workers[0].run_pass("20261101", 3, files, progress.generation, False)
             return PassMetrics.from_proto(result)
         finally:

@@ -63,10 +63,10 @@ class ModelConfig:
     cvm: bool = True
     #: Pull the dense parameters from the PS every K steps (and at pass start).
     denseSyncSteps: int = 10
-    #: slot_dnn only: batch-normalise the embedding columns of the MLP input too, not just
-    #: the CVM ones. It speeds up embeddings that barely move (tiny streams, lazily admitted
-    #: embedx) but, on the Criteo bench-e2e protocol, costs ~0.01 progressive AUC against
-    #: raw embeddings (plain PyTorch's setup); see docs/decisions.md.
+    #: slot_dnn only: normalise the embedding columns of the MLP input too, not just the
+    #: CVM ones. It speeds up embeddings that barely move (tiny streams, lazily admitted
+    #: embedx) but, on the Criteo bench-e2e protocol, cost ~0.01 progressive AUC against
+    #: raw embeddings (plain PyTorch's setup; measured with batch norm); docs/decisions.md.
     normalizeEmbeddings: bool = True
     #: Data norm (the input normalisation of slot_dnn and din, Paddle's ``data_norm``): its
     #: statistics are summed on the PS; each push decays the sums by this factor first
