@@ -7,8 +7,9 @@
 2. Runs the job with ``streamtrain run`` semantics (1 PS shard, 2 workers as local
    processes): test-then-train pass by pass, a delta model after every pass, checkpoints,
    and at each day end shrink, a base model for the next day and the batch model.
-3. Prints learned AUC against the oracle per pass, the published models, and the commands
-   to look further (status, predict).
+3. Prints learned AUC against the oracle per pass, the published models, a serving check
+   (the last pass's data scored by the model published before it, as serving would have,
+   next to what training reported), and the commands to look further (status, predict).
 
 Everything lands in ``demo-run/`` (removed first, so every demo starts fresh).
 """
@@ -19,6 +20,7 @@ import argparse
 import asyncio
 import json
 import shutil
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,7 +30,7 @@ import yaml
 
 from streamtrain_operator.export import read_donefile
 from streamtrain_operator.local import RunOptions, run_job
-from streamtrain_operator.progress import Phase
+from streamtrain_operator.progress import Phase, Progress
 from streamtrain_operator.reporting import metric
 from streamtrain_operator.spec import load_job
 from streamtrain_worker.synth import SEQUENCE_SLOT, SLOTS, SynthConfig, generate_delayed
@@ -65,6 +67,33 @@ def demo_manifest(days: int) -> dict[str, Any]:
             "export": {"path": "models", "deltaEveryPasses": 1},
         },
     }
+
+
+def serving_check(root: Path, progress: Progress, folders: Sequence[str], out: Any) -> None:
+    """Score the last pass's folders with the model published just before that pass — what
+    a server would have answered with while the data arrived — and print it next to the
+    pass's progressive metrics from training. The predictor runs in its own process (it
+    needs torch, which the operator never imports)."""
+    if not progress.history or progress.history[-1].pass_index < 2:
+        return
+    last = progress.history[-1]
+    key = f"{last.day}/delta-{last.pass_index - 1}"
+    files = sorted(str(f) for folder in folders for f in Path(folder).glob("part-*"))
+    command = [sys.executable, "-m", "streamtrain_worker.predict", "--json"]
+    command += ["--export", str(root / "models"), "--model", key, *files]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        print(f"\n== serving check failed: {done.stderr.strip()}", file=out)
+        return
+    served = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"\n== serving check: {key} scores the data of pass {last.pass_index}", file=out)
+    served_auc, served_copc = metric(served, "auc"), metric(served, "copc", ".3f")
+    print(f"   served model           auc {served_auc}  copc {served_copc}", file=out)
+    print(
+        f"   training (progressive) auc {metric(last.metrics, 'auc')}"
+        f"  copc {metric(last.metrics, 'copc', '.3f')}",
+        file=out,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -120,6 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"\n== {len(models)} models published in {root / 'models'} (donefile.txt):", file=out)
     print("   " + "  ".join(d.key for d in models), file=out)
     print(f"   days shrunk: {', '.join(progress.shrunk_days)}", file=out)
+    serving_check(root, progress, synth.folders[-2:], out)
     last_folder = synth.folders[-1]
     print("\n== look further:", file=out)
     print(
