@@ -434,9 +434,10 @@ class Driver:
                         raise
                 if waited == 0.0:
                     log.warning(
-                        "%s still runs a pass of an earlier generation: waiting for it to end "
-                        "before reloading the checkpoint",
+                        "%s still runs a pass of an earlier generation: generation %d waits "
+                        "for it to end before reloading the checkpoint",
                         worker.name,
+                        self.machine.progress.generation,
                     )
                 await self.sleep(IDLE_POLL_SECONDS)
                 waited += IDLE_POLL_SECONDS

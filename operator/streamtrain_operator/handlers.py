@@ -91,7 +91,10 @@ async def reconcile(
     for obj in desired(job, meta.get("uid", ""), scale, labels_generation, rt.options):
         if not (skip_pods and obj["kind"] == "StatefulSet"):
             await _api(rt.kube.apply, obj)
-    if supervisor is not None:
+    # kopf also runs this handler when the operator starts (resume): a supervisor already
+    # running this very spec must not be restarted — that cost a reload and replay, and a
+    # generation, at every operator start.
+    if supervisor is not None and supervisor.spec != job.spec:
         supervisor.request_restart(f"spec generation {generation} applied")
 
 

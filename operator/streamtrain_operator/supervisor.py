@@ -38,7 +38,7 @@ from streamtrain_operator.metrics import OperatorMetrics
 from streamtrain_operator.plan import EXPORT_KINDS, StepKind
 from streamtrain_operator.progress import Phase, Progress
 from streamtrain_operator.scheduler import Action, RunPass
-from streamtrain_operator.spec import Job, SpecError, parse_job
+from streamtrain_operator.spec import Job, JobSpec, SpecError, parse_job
 from streamtrain_operator.state import StateStore
 from streamtrain_operator.worker_client import GrpcWorker
 from streamtrain_ps.api import PSLike
@@ -205,6 +205,9 @@ class JobSupervisor:
         self.body = body
         self.driver: Driver | None = None
         self.scale: resources.Scale | None = None
+        #: The spec of the current cycle: the update/resume handler asks for a restart
+        #: only when the spec differs (kopf's resume handler runs at every operator start).
+        self.spec: JobSpec | None = None
         self._previous: Progress | None = None
         #: Set by the update handler; read at every waiting point of a cycle.
         self._restart = False
@@ -315,6 +318,7 @@ class JobSupervisor:
 
     async def _run_driver(self, job: Job, progress: Progress | None, stopped: StopSignal) -> bool:
         self._restart = False
+        self.spec = job.spec
         scale = resources.Scale(job.spec.ps.replicas, job.spec.workers.replicas)
         generation = 1 + (0 if progress is None else progress.generation)
         await asyncio.to_thread(self._apply, job, scale, generation)

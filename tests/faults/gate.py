@@ -14,9 +14,12 @@ Loopback only, port 0, every thread joined by ``close()``.
 from __future__ import annotations
 
 import contextlib
+import os
 import select
 import socket
 import threading
+import time
+from pathlib import Path
 
 #: How often blocked threads look at the stop flag.
 _IO_TIMEOUT = 0.1
@@ -33,8 +36,11 @@ class Gate:
         self._lock = threading.Lock()
         self._open = threading.Event()
         self._open.set()
-        self._held: set[int] = set()
+        #: Connection number -> the client's port, for connections with bytes held.
+        self._held: dict[int, int] = {}
         self._stop = threading.Event()
+        #: What happened to connections, for failure messages.
+        self.log: list[str] = []
         self._socks: list[socket.socket] = []
         self._threads: list[threading.Thread] = []
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -56,10 +62,16 @@ class Gate:
             self._held.clear()
         self._open.set()
 
-    def held(self) -> int:
-        """How many connections have bytes waiting in the gate."""
+    def held(self) -> set[int]:
+        """The client ports of the connections that have bytes waiting in the gate (a
+        client may hold several connections: ``owners`` tells whose they are)."""
         with self._lock:
-            return len(self._held)
+            return set(self._held.values())
+
+    def describe(self) -> str:
+        """Held client ports, whether it still accepts, and its log (for failures)."""
+        alive = self._acceptor.is_alive()
+        return f"held {sorted(self.held())}, accepting {alive}, log {self.log}"
 
     def close(self) -> None:
         self._stop.set()
@@ -88,11 +100,14 @@ class Gate:
                 client, _ = self._listener.accept()
             except TimeoutError:
                 continue
-            except OSError:
+            except OSError as exc:
+                self.log.append(f"accept stopped: {exc!r}")
                 return
             try:
                 server = socket.create_connection(self._target, timeout=5)
-            except OSError:
+                peer = int(client.getpeername()[1])
+            except OSError as exc:
+                self.log.append(f"{time.monotonic():.2f} not forwarded: {exc!r}")
                 _close(client)
                 continue
             number += 1
@@ -101,12 +116,13 @@ class Gate:
                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._lock:
                 self._socks += [client, server]
-            for args in ((client, server, number), (server, client, 0)):
+            self.log.append(f"{time.monotonic():.2f} connection {number} from port {peer}")
+            for args in ((client, server, number, peer), (server, client, 0, 0)):
                 t = threading.Thread(target=self._pump, args=args, name="gate-io")
                 t.start()
                 self._threads.append(t)
 
-    def _pump(self, source: socket.socket, sink: socket.socket, number: int) -> None:
+    def _pump(self, source: socket.socket, sink: socket.socket, number: int, peer: int) -> None:
         """``source`` -> ``sink``; a client side (``number`` > 0) waits while held."""
         while not self._stop.is_set():
             try:
@@ -114,18 +130,21 @@ class Gate:
                 if not ready:
                     continue
                 data = source.recv(65536)
-            except (OSError, ValueError):
+            except (OSError, ValueError) as exc:
+                self.log.append(f"{time.monotonic():.2f} {number or 'server'} {peer}: {exc!r}")
                 break
             if not data:
+                self.log.append(f"{time.monotonic():.2f} EOF {number or 'server'} {peer}")
                 break
             if number and not self._open.is_set():
                 with self._lock:
-                    self._held.add(number)
+                    self._held[number] = peer
                 while not self._open.wait(_IO_TIMEOUT) and not self._stop.is_set():
                     pass
             try:
                 sink.sendall(data)
-            except OSError:
+            except OSError as exc:
+                self.log.append(f"{time.monotonic():.2f} {number or 'server'} {peer}: {exc!r}")
                 break
         _close(source)
         _close(sink)
@@ -135,3 +154,25 @@ def _close(s: socket.socket) -> None:
     with contextlib.suppress(OSError):
         s.shutdown(socket.SHUT_RDWR)
     s.close()
+
+
+def owners(ports: set[int], pids: dict[str, int]) -> set[str]:
+    """Which of ``pids`` (name -> pid) own a local TCP socket on 127.0.0.1 with one of
+    ``ports`` (from ``/proc``: the socket's inode, then the processes' descriptors)."""
+    inodes: set[str] = set()
+    # gRPC dials 127.0.0.1 from an IPv6 socket (v4-mapped ::ffff:127.0.0.1): look in both.
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            address, port = fields[1].split(":")
+            if address.endswith("0100007F") and int(port, 16) in ports:
+                inodes.add(fields[9])
+    found: set[str] = set()
+    for name, pid in pids.items():
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                    if link.startswith("socket:[") and link[8:-1] in inodes:
+                        found.add(name)
+    return found

@@ -29,7 +29,7 @@ from streamtrain_operator.progress import Progress
 from streamtrain_operator.spec import parse_job
 from streamtrain_worker.synth import SynthConfig, generate
 
-from .gate import Gate
+from .gate import Gate, owners
 from .harness import SLOTS, START, wait_for
 from .kmock_api import GROUP, PLURAL, VERSION, ApiServer
 from .kubelet import Kubelet
@@ -203,6 +203,23 @@ class KubeJob:
         self._gates.append(gate)
         self.kubelet.routes[endpoint] = gate.address
         return gate
+
+    def wait_inside_pass(self, gate: Gate, timeout: float = 30) -> None:
+        """Wait until every worker pod has a request held in ``gate``: each is inside its
+        ``RunPass`` and cannot leave it until the gate opens."""
+        workers = {n: p for n, p in self.kubelet.running().items() if "-worker-" in n}
+        inside: set[str] = set()
+
+        def check() -> bool:
+            inside.update(owners(gate.held(), workers))
+            return inside == set(workers)
+
+        try:
+            wait_for(check, timeout, "every worker to be inside the pass")
+        except AssertionError as exc:
+            raise AssertionError(
+                f"{exc}: only {sorted(inside)} of {sorted(workers)}; the gate: {gate.describe()}"
+            ) from None
 
     def start_operator(self, pause: str | None = None) -> OperatorProcess:
         """``kopf run`` the operator (``pause``: e.g. ``after:train@1``, see pause.py)."""
