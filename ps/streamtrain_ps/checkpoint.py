@@ -50,6 +50,7 @@ FORMAT_VERSION = 1
 _DTYPES: dict[str, np.dtype[Any]] = {
     "<u8": np.dtype("<u8"),
     "<f4": np.dtype("<f4"),
+    "<f8": np.dtype("<f8"),
     "<i8": np.dtype("<i8"),
 }
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
@@ -482,6 +483,7 @@ def load_payload(uri: str, config: PSConfig, shard_index: int, num_shards: int) 
                 step=int(header["step"]),
                 version=int(header["version"]),
                 summary_decay=_optional_float(header.get("summaryDecay")),
+                sums=arrays["sums"].astype(np.float64) if "sums" in arrays else None,
             )
     return Payload(tables, dense)
 

@@ -39,6 +39,21 @@ class DenseState:
     version: int
     #: Set for a summary vector (pushes are added with this decay); None for parameters.
     summary_decay: float | None = None
+    #: A summary vector's sums in float64 (``values`` is their float32 copy): summed
+    #: statistics reach billions of examples, where float32 drops whole batches.
+    sums: npt.NDArray[np.float64] | None = None
+
+    def copy(self) -> DenseState:
+        sums = None if self.sums is None else self.sums.copy()
+        return DenseState(
+            self.values.copy(),
+            self.m.copy(),
+            self.v.copy(),
+            self.step,
+            self.version,
+            self.summary_decay,
+            sums,
+        )
 
 
 class DenseVector:
@@ -59,6 +74,7 @@ class DenseVector:
             step=0,
             version=0,
             summary_decay=summary_decay,
+            sums=None if summary_decay is None else np.asarray(values, dtype=np.float64).copy(),
         )
 
     @property
@@ -83,7 +99,8 @@ class DenseVector:
         with self._lock:
             s = self._state
             if s.summary_decay is not None:
-                _summary_kernel(s.values, g, np.float32(s.summary_decay))
+                assert s.sums is not None  # set with summary_decay (constructor, restore)
+                _summary_kernel(s.sums, s.values, g, s.summary_decay)
             elif c.type == "sgd":
                 _sgd_kernel(s.values, g, np.float32(c.learningRate))
             else:
@@ -107,21 +124,14 @@ class DenseVector:
     def snapshot(self) -> DenseState:
         with self._lock:
             s = self._state
-            return DenseState(
-                s.values.copy(), s.m.copy(), s.v.copy(), s.step, s.version, s.summary_decay
-            )
+            return s.copy()
 
     @classmethod
     def restore(cls, state: DenseState, config: DenseOptimizerConfig) -> DenseVector:
         vec = cls(state.values, config)
-        vec._state = DenseState(
-            state.values.copy(),
-            state.m.copy(),
-            state.v.copy(),
-            state.step,
-            state.version,
-            state.summary_decay,
-        )
+        vec._state = state.copy()
+        if state.summary_decay is not None and state.sums is None:  # saved before float64
+            vec._state.sums = state.values.astype(np.float64)
         return vec
 
 
@@ -152,10 +162,15 @@ def _adam_kernel(
 
 @njit(nogil=True, cache=True)
 def _summary_kernel(
-    w: npt.NDArray[np.float32], g: npt.NDArray[np.float32], decay: np.float32
+    sums: npt.NDArray[np.float64],
+    values: npt.NDArray[np.float32],
+    g: npt.NDArray[np.float32],
+    decay: float,
 ) -> None:
-    for i in range(w.size):
-        w[i] = decay * w[i] + g[i]
+    """``sums = decay * sums + g`` in float64, and ``values`` their float32 copy."""
+    for i in range(sums.size):
+        sums[i] = decay * sums[i] + g[i]
+        values[i] = sums[i]
 
 
 @njit(nogil=True, cache=True)

@@ -97,7 +97,10 @@ def write_dense(
             "version": st.version,
             "summaryDecay": st.summary_decay,
         }
-        data = checkpoint.encode_part(header, {"values": st.values, "m": st.m, "v": st.v})
+        arrays: dict[str, npt.NDArray[Any]] = {"values": st.values, "m": st.m, "v": st.v}
+        if st.sums is not None:
+            arrays["sums"] = st.sums
+        data = checkpoint.encode_part(header, arrays)
         files.append(
             writer.write(checkpoint.dense_path(writer.data_dir, name), data, rows=st.values.size)
         )

@@ -84,3 +84,20 @@ def test_summary_rule_is_part_of_a_vectors_identity() -> None:
     restored.replace(store.snapshot())
     restored.push("stats", np.ones(3, np.float32))
     np.testing.assert_allclose(restored.get("stats").pull()[0], 0.99 + 1.0, rtol=1e-6)
+
+
+def test_summary_sums_accumulate_in_float64_where_float32_would_drop_pushes() -> None:
+    """At 2**25 (float32 spacing 4) a float32 sum ignores +1; a day of statistics gets
+    there. The sums are float64; pulls see their float32 copy."""
+    start = float(2**25)
+    vec = DenseVector(np.array([start], np.float32), DenseOptimizerConfig(), summary_decay=1.0)
+    one = np.ones(1, np.float32)
+    for _ in range(1000):
+        vec.push(one)
+    assert vec.pull()[0][0] == start + 1000  # float32: 2**25 after every push
+    state = vec.snapshot()
+    assert state.sums is not None and state.sums.dtype == np.float64
+    again = DenseVector.restore(state, DenseOptimizerConfig())
+    again.push(one)
+    assert again.snapshot().sums is not None
+    np.testing.assert_array_equal(again.snapshot().sums, [start + 1001])

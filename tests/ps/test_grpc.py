@@ -179,6 +179,17 @@ def test_summary_vectors_over_grpc_keep_their_rule_through_a_checkpoint(
     reloaded.load(uri)
     reloaded.push_dense("norm", np.ones(3, np.float32))
     np.testing.assert_allclose(reloaded.pull_dense("norm"), [2502.0, 3.0, 2504.0])
+    # the float64 sums travel through the checkpoint, not just their float32 copy
+    big = ps_cluster(1).client()
+    big.init_dense("sums", np.array([2.0**25], np.float32), summary_decay=1.0)
+    for _ in range(3):
+        big.push_dense("sums", np.ones(1, np.float32))
+    uri2 = (tmp_path / "ckpt2").as_uri()
+    big.save(uri2, api.SaveMode.CHECKPOINT)
+    restored = ps_cluster(1).client()
+    restored.load(uri2)
+    restored.push_dense("sums", np.ones(1, np.float32))
+    assert restored.pull_dense("sums")[0] == 2.0**25 + 4
 
 
 def test_save_publish_load_into_a_different_server_count(
