@@ -196,6 +196,63 @@ def initial_scale(job: Job, status: Mapping[str, Any]) -> resources.Scale:
     return resources.Scale(job.spec.ps.replicas, job.spec.workers.replicas)
 
 
+class PodRestarts:
+    """The driver's ``Supervisor`` on Kubernetes: notices restarted pods (the kubelet
+    restarts them; there is nothing to heal).
+
+    A pod whose uid or container restart count changed lost its process's memory. The
+    driver asks after every step (``heal``), as ``LocalCluster`` does in local mode, so a
+    PS restart voids the step it happened in and nothing later runs — or publishes a model
+    — against the emptied shard; the supervisor's watch asks every
+    ``restart_poll_seconds`` to catch a restart during a long step. One baseline serves
+    both: whoever sees a restart first consumes it, so it is restored once and reported
+    once (``report``: role and pod names).
+    """
+
+    def __init__(
+        self,
+        list_pods: Callable[[str], Mapping[str, tuple[str, int]]],
+        report: Callable[[str, Sequence[str]], None],
+    ) -> None:
+        self._list = list_pods
+        self._report = report
+        self._seen: dict[str, dict[str, tuple[str, int]]] = {}
+        self.ps_restarts = 0
+        self.last_ps_restart = ""
+        self.worker_restarts = 0
+        self.last_worker_restart = ""
+
+    async def poll(self) -> tuple[list[str], list[str]]:
+        """The PS and the worker pods restarted since the previous poll (the first poll
+        sets the baseline)."""
+        now = {role: dict(await asyncio.to_thread(self._list, role)) for role in resources.ROLES}
+        changed: dict[str, list[str]] = {}
+        for role, pods in now.items():
+            seen = self._seen.get(role)
+            changed[role] = (
+                [] if seen is None else sorted(n for n, s in pods.items() if seen.get(n, s) != s)
+            )
+            self._seen[role] = pods
+        if changed["ps"]:
+            self.ps_restarts += len(changed["ps"])
+            self.last_ps_restart = f"PS {', '.join(changed['ps'])} restarted"
+        if changed["worker"]:
+            self.worker_restarts += len(changed["worker"])
+            self.last_worker_restart = f"{', '.join(changed['worker'])} restarted"
+        for role, names in changed.items():
+            if names:
+                self._report(role, names)
+        return changed["ps"], changed["worker"]
+
+    async def heal(self) -> list[str]:
+        try:
+            ps, workers = await self.poll()
+        except Exception:  # a failed listing is not a restart; the next check sees it
+            log.warning("listing the job's pods failed", exc_info=True)
+            return []
+        return [f"{name} restarted" for name in ps + workers]
+
+
 class JobSupervisor:
     """Runs one job until it ends or kopf stops the daemon. ``body`` is kopf's live view
     of the object (it changes as the object changes)."""
@@ -334,9 +391,12 @@ class JobSupervisor:
                 observed_generation=self.body["metadata"].get("generation"),
             )
             # Restarts count from the moment every pod answered.
-            baseline = await asyncio.to_thread(self._pods, job, "ps")
-            workers = await asyncio.to_thread(self._pods, job, "worker")
-            self.driver = self._make_driver(job, conn, store)
+            restarts = PodRestarts(
+                lambda role: self._pods(job, role),
+                lambda role, names: self._restarted(job, role, names),
+            )
+            await restarts.poll()
+            self.driver = self._make_driver(job, conn, store, restarts)
             if self._restart:  # the spec changed while the pods came up
                 self.driver.stop(Phase.STOPPED, "spec changed")
             # Each task joins ``tasks`` as it is made, so the ``finally`` cancels it whatever
@@ -345,18 +405,17 @@ class JobSupervisor:
             # leave the driver running on closed channels.
             run = asyncio.create_task(self.driver.run())
             tasks.append(run)
-            watch = asyncio.create_task(self._watch_ps(job, baseline, workers))
+            watch = asyncio.create_task(self._watch_ps(job, restarts))
             tasks.append(watch)
             stop = asyncio.ensure_future(stopped.wait())
             tasks.append(stop)
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             if run.done():
                 return await self._after_run(job, run.result())
-            if watch.done():
+            if watch.done():  # a PS restarted during a step: its outcome is void
                 run.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await run
-                self._recover(job, watch.result())
             return False
         finally:
             self.driver = None
@@ -365,7 +424,9 @@ class JobSupervisor:
             await asyncio.gather(*tasks, return_exceptions=True)
             await conn.close()
 
-    def _make_driver(self, job: Job, conn: Connection, store: StateStore) -> Driver:
+    def _make_driver(
+        self, job: Job, conn: Connection, store: StateStore, restarts: PodRestarts
+    ) -> Driver:
         return self.rt.driver_factory(
             job.spec,
             conn.ps,
@@ -373,6 +434,7 @@ class JobSupervisor:
             store,
             clock=self.rt.clock,
             observer=Observer(on_action=self._on_action, on_progress=self._on_progress),
+            supervisor=restarts,
         )
 
     async def _after_run(self, job: Job, progress: Progress) -> bool:
@@ -427,39 +489,30 @@ class JobSupervisor:
     def _pods(self, job: Job, role: str) -> dict[str, tuple[str, int]]:
         return self.rt.kube.pods(job.namespace, resources.selector_labels(job, role))
 
-    async def _watch_ps(
-        self,
-        job: Job,
-        baseline: Mapping[str, tuple[str, int]],
-        workers: Mapping[str, tuple[str, int]],
-    ) -> list[str]:
-        """Return the PS pods that restarted (or were recreated) since ``baseline``; worker
-        restarts are counted on the way."""
+    async def _watch_ps(self, job: Job, restarts: PodRestarts) -> list[str]:
+        """Return the PS pods that restarted (or were recreated) during a step: the driver
+        checks after every step itself, this catches a restart while a long step runs."""
         while True:
             await asyncio.sleep(self.rt.restart_poll_seconds)
             try:
-                now = await asyncio.to_thread(self._pods, job, "ps")
-                current = await asyncio.to_thread(self._pods, job, "worker")
+                ps, _ = await restarts.poll()
             except Exception:  # a failed poll is not a restart: the driver keeps running
                 log.warning("listing the pods of %s failed", job.name, exc_info=True)
                 continue
-            restarted = sorted(n for n, s in now.items() if n in baseline and s != baseline[n])
-            if restarted:
-                return restarted
-            changed = [n for n, s in current.items() if n in workers and s != workers[n]]
-            if changed:
-                self.rt.metrics.restarted(job.namespace, job.name, "worker", len(changed))
-                self._event("WorkerRestarted", f"{', '.join(changed)}: its share is redone")
-            workers = current
+            if ps:
+                return ps
 
-    def _recover(self, job: Job, restarted: list[str]) -> None:
-        self.rt.metrics.restarted(job.namespace, job.name, "ps", len(restarted))
-        self._event(
-            "Recovering",
-            f"PS {', '.join(restarted)} restarted: reloading every shard from the last "
-            "checkpoint and replaying (new generation)",
-            warning=True,
-        )
+    def _restarted(self, job: Job, role: str, names: Sequence[str]) -> None:
+        self.rt.metrics.restarted(job.namespace, job.name, role, len(names))
+        if role == "ps":
+            self._event(
+                "Recovering",
+                f"PS {', '.join(names)} restarted: reloading every shard from the last "
+                "checkpoint and replaying (new generation)",
+                warning=True,
+            )
+        else:
+            self._event("WorkerRestarted", f"{', '.join(names)}: restarted")
 
     # ------------------------------------------------------------------ observer
 
