@@ -177,6 +177,7 @@ def ps_config(seed: int, overrides: dict[str, Any] | None = None) -> WorkerConfi
                 "hiddenUnits": list(HIDDEN),
                 "batchSize": BATCH,
                 "normalizeEmbeddings": False,  # as bench_e2e's manifest
+                "summaryDecayRate": 0.95,  # as bench_e2e's manifest
                 **overrides.get("model", {}),
             },
             "ps": {
