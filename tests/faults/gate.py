@@ -4,9 +4,10 @@ The operator-kill test needs the workers *inside* a pass when the operator dies,
 long as the test wants: a pass of a few hundred rows takes milliseconds, an operator
 restart seconds. The workers dial the PS through this gate (``Kubelet.routes``); while it
 holds, their pulls and pushes wait in the gate, so each worker is busy in ``RunPass``
-(its control server answers health, and ``Reset`` with "busy"), and ``held`` says which
-connections have a request waiting — proof that the pass started. Releasing lets the
-held requests through in order; nothing is dropped or duplicated.
+(its control server answers health, and ``Reset`` with "busy"); ``held`` gives the client
+ports of the connections with a request waiting and ``owners`` the processes behind them —
+proof that each worker's pass started. Releasing lets the held requests through in order;
+nothing is dropped or duplicated.
 
 Loopback only, port 0, every thread joined by ``close()``.
 """
