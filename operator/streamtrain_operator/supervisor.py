@@ -206,16 +206,21 @@ class PodRestarts:
     — against the emptied shard; the supervisor's watch asks every
     ``restart_poll_seconds`` to catch a restart during a long step. One baseline serves
     both: whoever sees a restart first consumes it, so it is restored once and reported
-    once (``report``: role and pod names).
+    once (``report``: role and pod names). ``ready`` waits until every pod answers: after a
+    restart the driver's restore talks to the restarted pod at once (``LocalCluster.heal``
+    waits for its children the same way), and a container that was just started may not
+    serve yet.
     """
 
     def __init__(
         self,
         list_pods: Callable[[str], Mapping[str, tuple[str, int]]],
         report: Callable[[str, Sequence[str]], None],
+        ready: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._list = list_pods
         self._report = report
+        self._ready = ready
         self._seen: dict[str, dict[str, tuple[str, int]]] = {}
         self.ps_restarts = 0
         self.last_ps_restart = ""
@@ -250,6 +255,11 @@ class PodRestarts:
         except Exception:  # a failed listing is not a restart; the next check sees it
             log.warning("listing the job's pods failed", exc_info=True)
             return []
+        if (ps or workers) and self._ready is not None:
+            try:
+                await self._ready()
+            except Exception:  # not yet: the restore's own retries take it from here
+                log.warning("restarted pods do not answer yet", exc_info=True)
         return [f"{name} restarted" for name in ps + workers]
 
 
@@ -394,6 +404,7 @@ class JobSupervisor:
             restarts = PodRestarts(
                 lambda role: self._pods(job, role),
                 lambda role, names: self._restarted(job, role, names),
+                lambda: conn.wait_ready(self.rt.ready_timeout),
             )
             await restarts.poll()
             self.driver = self._make_driver(job, conn, store, restarts)

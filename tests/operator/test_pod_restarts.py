@@ -24,6 +24,7 @@ class Pods:
         }
         self.fail = False
         self.reports: list[tuple[str, list[str]]] = []
+        self.ready_waits = 0
 
     def list(self, role: str) -> Mapping[str, tuple[str, int]]:
         if self.fail:
@@ -33,16 +34,21 @@ class Pods:
     def report(self, role: str, names: Sequence[str]) -> None:
         self.reports.append((role, list(names)))
 
+    async def ready(self) -> None:
+        self.ready_waits += 1
+
 
 def test_a_restart_is_reported_once_whoever_polls_first() -> None:
     pods = Pods()
-    restarts = PodRestarts(pods.list, pods.report)
+    restarts = PodRestarts(pods.list, pods.report, pods.ready)
 
     async def scenario() -> None:
         assert await restarts.poll() == ([], [])  # the baseline
+        assert await restarts.heal() == [] and pods.ready_waits == 0
         pods.state["ps"]["job-ps-1"] = ("b", 1)  # container restarted
         pods.state["worker"]["job-worker-0"] = ("c2", 0)  # pod recreated
         assert await restarts.heal() == ["job-ps-1 restarted", "job-worker-0 restarted"]
+        assert pods.ready_waits == 1  # the driver's restore talks to serving pods only
         assert await restarts.poll() == ([], [])  # consumed: the watch sees nothing
 
     asyncio.run(scenario())
