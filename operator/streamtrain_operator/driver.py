@@ -169,11 +169,18 @@ class Driver:
         # Restores after a worker loss, by pass: bounded by passRetries, then shares retry.
         self._worker_restores: dict[StepKey, int] = {}
 
+    def _scratch_root(self) -> str:
+        """Where replayed exports save (they only want the save's PS-side effects)."""
+        return join_uri(self.plan.checkpoint_root, "_scratch")
+
     def stop(self, phase: str = Phase.STOPPED, message: str = "") -> None:
         """Finish the current action, then stop (progress stays resumable)."""
         self.machine.request_stop(phase, message)
 
     async def run(self) -> Progress:
+        # A replayed export saves into a scratch directory it removes when done; a kill in
+        # between leaves it behind. No step runs yet, so whatever is there is such a leftover.
+        await asyncio.to_thread(_remove, self._scratch_root())
         while True:
             action = self.machine.next_action(self.clock())
             self._save()
@@ -352,8 +359,7 @@ class Driver:
         if action.replay or export.published(self.plan.export_root, rel) is not None:
             # Already published: only the PS state side effect of the save is wanted.
             scratch = join_uri(
-                self.plan.checkpoint_root,
-                "_scratch",
+                self._scratch_root(),
                 f"g{action.generation}-{key.day}-{key.pass_index}-{key.kind.value}",
             )
 

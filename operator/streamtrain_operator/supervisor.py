@@ -555,7 +555,7 @@ class JobSupervisor:
                 metrics=m,
             )
             shown = ", ".join(f"{k} {m[k]:.4g}" for k in ("auc", "loss", "copc") if k in m)
-            self._event("PassCompleted", f"{where}: {shown}")
+            self._event("PassCompleted", f"{where}: {shown or 'empty pass: no examples'}")
         elif done.kind in EXPORT_KINDS:
             self.rt.metrics.exported(ns, name)
             uri = progress.export.uri if progress.export else ""

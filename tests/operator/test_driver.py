@@ -143,6 +143,19 @@ def test_a_day_runs_assigns_every_file_once_and_publishes_everything(tmp_path: P
     assert Path(progress.checkpoint.uri, "MANIFEST.json").exists()
 
 
+def test_a_replay_scratch_left_by_a_kill_is_removed_when_a_driver_starts(tmp_path: Path) -> None:
+    job = make_job(tmp_path)
+    for hhmm in ("0000", "1200"):
+        write_folder(tmp_path, "20261101", hhmm)
+    leftover = tmp_path / "ckpt" / "_scratch" / "g2-20261101-1-delta" / "data-s000-x"
+    leftover.mkdir(parents=True)
+    (leftover / "part-00000.bin").write_bytes(b"half a save")
+    ps = LocalPS(render.ps_config(job.spec))
+    progress = run(job, [FakeWorker(ps, 0), FakeWorker(ps, 1)], ps, MemoryStateStore())
+    assert progress.phase == Phase.SUCCEEDED
+    assert not (tmp_path / "ckpt" / "_scratch").exists()
+
+
 def test_stale_generation_results_are_refused_and_the_share_retried(tmp_path: Path) -> None:
     job = make_job(tmp_path)
     for hhmm in ("0000", "1200"):

@@ -120,3 +120,7 @@ def test_an_empty_pass_has_no_auc_in_status_and_leaves_the_gauges(tmp_path: Path
     line = format_pass(empty, 2)
     assert f"pass  2/2  {EMPTY_PASS}         0 ex" in line and "auc" not in line
     assert json.dumps(status["metrics"])  # no NaN/inf smuggled into the status
+    # ... and so does the Kubernetes Event of the pass.
+    assert isinstance(rt.kube, FakeKube)
+    passes = [m for _, reason, m in rt.kube.events if reason == "PassCompleted"]
+    assert passes[-1] == f"day {DAY} pass 2: {EMPTY_PASS}", passes
