@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from streamtrain_worker.data.config import AVAZU_CATEGORICAL, AVAZU_SLOTS, DataConfig
 from streamtrain_worker.data.errors import CorruptFileError, DataConfigError
-from streamtrain_worker.data.formats import Format, ParsedBlock, make_format
+from streamtrain_worker.data.formats import make_format
 from streamtrain_worker.data.formats.kernel import (
     BAD_COLUMNS,
     BAD_LABEL,
@@ -23,29 +23,11 @@ from streamtrain_worker.data.formats.kernel import (
 )
 from streamtrain_worker.data.hashing import feature_sign
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
+from .conftest import AVAZU, DATA, MISSING, bags, parse
+
 CRITEO = DATA / "criteo_kaggle_sample_train.txt"
-AVAZU = DATA / "avazu_sample_train.csv"
 IPINYOU = DATA / "ipinyou_deepctr_train.fm.txt"
 FEATINDEX = DATA / "ipinyou_deepctr_featindex.fm.txt"
-MISSING = 1 << 63
-
-
-def parse(fmt: Format, text: bytes, path: str = "mem") -> ParsedBlock:
-    header = None
-    if fmt.has_header:
-        header, _, text = text.partition(b"\n")
-    parser = fmt.for_file(path, header)
-    return parser.parse(np.frombuffer(text, dtype=np.uint8), 2 if fmt.has_header else 1)
-
-
-def bags(parsed: ParsedBlock, example: int) -> list[list[int]]:
-    b = parsed.batch
-    s = b.num_slots
-    return [
-        b.keys[b.offsets[example * s + k] : b.offsets[example * s + k + 1]].tolist()
-        for k in range(s)
-    ]
 
 
 def reference_bucket(v: int) -> int:

@@ -9,7 +9,6 @@ import io
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 import numpy.typing as npt
 import pytest
 from hypothesis import event, given, settings
@@ -28,30 +27,12 @@ from streamtrain_worker.data.formats.kernel import (
 from streamtrain_worker.data.hashing import feature_sign
 from streamtrain_worker.data.reader import iter_batches
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
-AVAZU = DATA / "avazu_sample_train.csv"
-MISSING = 1 << 63
+from .conftest import AVAZU, DATA, MISSING, bags, parse
+
 #: sha256 of (keys, offsets, labels) of the Avazu sample parsed by the kernels of commit
 #: bb3c5c2, before quoting existed: the sample has no quotes, so nothing may change.
 AVAZU_DIGEST_BEFORE_QUOTING = "0a94989b4a8eceefeaad9e2f40342e988dc22e39a21dfc8a43112b2ee3044e81"
 CSV_DIGEST_BEFORE_QUOTING = "254901ad082fd333b1ff9e3a9c72c47fc65caa7c19a431149779110096bd0492"
-
-
-def parse(fmt: Format, text: bytes) -> ParsedBlock:
-    header = None
-    if fmt.has_header:
-        header, _, text = text.partition(b"\n")
-    parser = fmt.for_file("mem", header)
-    return parser.parse(np.frombuffer(text, dtype=np.uint8), 2 if fmt.has_header else 1)
-
-
-def bags(parsed: ParsedBlock, example: int) -> list[list[int]]:
-    b = parsed.batch
-    s = b.num_slots
-    return [
-        b.keys[b.offsets[example * s + k] : b.offsets[example * s + k + 1]].tolist()
-        for k in range(s)
-    ]
 
 
 def csv_format(columns: dict[str, Any], **extra: Any) -> Format:
