@@ -41,7 +41,7 @@ typecheck: $(STAMP) ## mypy over the three packages
 	$(VENV)/bin/mypy ps/streamtrain_ps worker/streamtrain_worker operator/streamtrain_operator
 
 pytest: $(STAMP) ## Only the test suite
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 test: $(STAMP) proto-check lint typecheck pytest ## Everything CI checks: generated code, lint, types, tests
 
