@@ -1,4 +1,10 @@
-"""A Kubernetes API for the operator-level fault tests: KMock, served from its own thread.
+"""A Kubernetes API for the tests that run the real operator: KMock, served from its own
+thread.
+
+Used by the operator-level fault tests (``on_kube.py``) and by
+``tests/operator/test_kopf_kmock.py`` (imported there as ``faults.kmock_api``: pytest puts
+``tests/`` on the path, see ``pythonpath`` in pyproject.toml) — one emulator, so both test
+the operator against the same notion of "an API server".
 
 KMock (the kopf author's API emulator) is an in-memory database over HTTP. The operator
 and the test's kubelet (``kubelet.py``) talk to it with the real ``kubernetes`` client and
@@ -10,8 +16,9 @@ operator relies on, are added here, each as small as it can be:
 - list requests honour equality ``labelSelector``\\ s (the supervisor tells PS pods from
   worker pods by their ``streamtrain.io/role`` label; without selectors a worker restart
   would look like a PS restart);
-- aiohttp's 60 s graceful shutdown is cut to 2 s (a watch whose client was SIGKILLed
-  could otherwise hold the teardown that long).
+- aiohttp's 60 s graceful shutdown is cut to 2 s (a watch whose client was SIGKILLed, or
+  kopf's once it stopped, could otherwise hold the teardown that long; on CI that raced
+  the event loop's close).
 
 Garbage collection, schema validation and every other server-side behaviour stay absent:
 the tests do not depend on them (``tests/operator`` and ``tests/contract`` cover those).
@@ -85,8 +92,13 @@ class Emulator(kmock.KubernetesEmulator):
         return payload
 
 
-class _PromptServer(aiohttp.test_utils.RawTestServer):
-    """aiohttp's test server with a 2 s (not 60 s) graceful shutdown."""
+class PromptTestServer(aiohttp.test_utils.RawTestServer):
+    """aiohttp's test server with a 2 s (not 60 s) graceful shutdown.
+
+    aiohttp waits up to 60 s for in-flight handlers when it stops; a watch stream whose
+    client (kopf) has already gone can sit there that long on a slow machine. Two seconds
+    is plenty for an emulator: anything still running after that is cancelled.
+    """
 
     async def _make_runner(
         self, debug: bool = True, **kwargs: Any
@@ -116,7 +128,7 @@ class ApiServer:
         self._stop = asyncio.Event()
         async with (
             Emulator() as emulator,
-            kmock.Server(emulator, server_cls=_PromptServer) as server,
+            kmock.Server(emulator, server_cls=PromptTestServer) as server,
         ):
             emulator.resources[f"{GROUP}/{VERSION}/{PLURAL}"] = kmock.ResourceInfo(
                 kind="StreamingTrainingJob",
