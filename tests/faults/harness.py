@@ -33,6 +33,16 @@ from streamtrain_worker.synth import SynthConfig, generate
 START = "20261101"
 NAME = "faults"
 SLOTS = ["user", "item", "category", "device", "position", "hour", "hist"]
+#: Overrides for a job whose final checkpoint is bit-reproducible (one worker, one thread,
+#: no overlap of passes), so "once" can be checked on the model itself against a clean run;
+#: checkpoints every other pass, so a rerun replays a pass from the one before.
+DETERMINISTIC: dict[str, Any] = {
+    "workers": {"replicas": 1, "numThreads": 1, "overlap": False},
+    "checkpoint": {"path": "ckpt", "everyPasses": 2},
+}
+#: The models a one-day job over :func:`write_stream` publishes, in donefile order: a delta
+#: per pass, the next day's base, the day's batch model.
+ONE_DAY_MODELS = [f"{START}/delta-{p}" for p in (1, 2, 3, 4)] + ["20261102/base", f"{START}/batch"]
 
 
 def write_stream(root: Path, days: int = 1, rows_per_folder: int = 120, seed: int = 3) -> Path:
@@ -97,6 +107,37 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.05)  # polling interval, not synchronisation
 
 
+def start_logged(
+    module_args: list[str],
+    *,
+    cwd: Path,
+    log: Path,
+    env: dict[str, str],
+    pause: str | None,
+    pause_file: Path,
+) -> subprocess.Popen[bytes]:
+    """``python -m <module_args>`` in the background, as the fault tests start a scheduler
+    or an operator: in ``cwd``, its output to ``log`` (a pipe nobody reads could fill and
+    block it), no stdin, and the driver's test-only pause hook armed at ``pause``
+    (``after:train@1`` ...; it writes ``pause_file`` when it holds) or disarmed — a
+    ``STREAMTRAIN_PAUSE`` inherited from the test's environment would hold a run that
+    nobody releases."""
+    env = dict(env)
+    env.pop("STREAMTRAIN_PAUSE", None)
+    if pause is not None:
+        env["STREAMTRAIN_PAUSE"] = pause
+        env["STREAMTRAIN_PAUSE_FILE"] = str(pause_file)
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", *module_args],
+            cwd=cwd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
+
+
 def children(pid: int) -> list[int]:
     path = Path(f"/proc/{pid}/task/{pid}/children")
     try:
@@ -156,6 +197,15 @@ class Run:
             self.process.send_signal(signal.SIGKILL)
         self.process.wait(30)
 
+    def kill_and_wait_children(self, timeout: float = 30) -> None:
+        """:meth:`kill`, then check that its PS and workers (it had some) exit too: nothing
+        of the killed run may be left to interfere with the rerun."""
+        self.kill()
+        assert self.seen_children, f"the killed run had no PS or worker:\n{self.output}"
+        wait_for(
+            lambda: not any(alive(pid) for pid in self.seen_children), timeout, "orphans to exit"
+        )
+
 
 class Job:
     """A job directory: stream, manifest, state file, export and checkpoints."""
@@ -177,21 +227,15 @@ class Job:
 
     def start(self, pause: str | None = None) -> Run:
         """``streamtrain run job.yaml`` in the background (``pause``: ``before:shrink`` ...)."""
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        env.pop("STREAMTRAIN_PAUSE", None)
-        if pause is not None:
-            env["STREAMTRAIN_PAUSE"] = pause
-            env["STREAMTRAIN_PAUSE_FILE"] = str(self.pause_file)
         log = self.root / f"run-{len(self._runs)}.log"
-        with log.open("wb") as out:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "streamtrain_operator.cli", "run", str(self.path)],
-                cwd=self.root,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-            )
+        process = start_logged(
+            ["streamtrain_operator.cli", "run", str(self.path)],
+            cwd=self.root,
+            log=log,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            pause=pause,
+            pause_file=self.pause_file,
+        )
         run = Run(process, log)
         self._runs.append(run)
         return run
@@ -292,9 +336,20 @@ class ModelState:
         return self.rows[:, self.columns.index(name)]
 
 
-def read_checkpoint(uri: str | Path, table: str = "embedding") -> ModelState:
-    """All keys of ``table`` and all dense vectors of the checkpoint at ``uri`` (verified)."""
-    manifest = checkpoint.read_manifest(str(uri))
+@dataclass(frozen=True)
+class Reference:
+    """The :data:`DETERMINISTIC` one-day job run without a fault: its final checkpoint and
+    its export root, what a faulted run's outcome must equal."""
+
+    model: ModelState
+    export: Path
+
+
+def read_sparse_table(
+    manifest: checkpoint.Manifest, table: str = "embedding"
+) -> tuple[tuple[str, ...], npt.NDArray[np.uint64], npt.NDArray[np.float32]]:
+    """Every row of ``table`` in a checkpoint (checksums verified): its columns, the keys
+    sorted, and the rows in key order (a save's row order follows its shards' layout)."""
     keys, rows, columns = [], [], ()
     for logical in range(manifest.logical_shards):
         header, arrays = checkpoint.read_verified(manifest, manifest.sparse_part(table, logical))
@@ -303,12 +358,33 @@ def read_checkpoint(uri: str | Path, table: str = "embedding") -> ModelState:
         rows.append(arrays["values"].reshape(-1, len(columns)))
     all_keys, all_rows = np.concatenate(keys), np.concatenate(rows)
     order = np.argsort(all_keys, kind="stable")
+    return columns, all_keys[order], all_rows[order]
+
+
+def read_checkpoint(uri: str | Path, table: str = "embedding") -> ModelState:
+    """All keys of ``table`` and all dense vectors of the checkpoint at ``uri`` (verified)."""
+    manifest = checkpoint.read_manifest(str(uri))
+    columns, keys, rows = read_sparse_table(manifest, table)
     dense: dict[str, npt.NDArray[Any]] = {}
     for name, info in manifest.dense.items():
         header, arrays = checkpoint.read_verified(manifest, manifest.files[info["path"]])
         dense.update({f"{name}/{a}": v for a, v in arrays.items()})
         dense[f"{name}/step"] = np.array([header["step"]])
-    return ModelState(columns, all_keys[order], all_rows[order], dense)
+    return ModelState(columns, keys, rows, dense)
+
+
+def assert_same_model(got: ModelState, want: ModelState) -> None:
+    """``got`` is bit-identical to ``want`` (NaN-safe): every sparse key and row, every
+    dense array. A pass trained twice or a second shrink would change some of them."""
+    assert got.keys.tobytes() == want.keys.tobytes(), (
+        f"sparse keys differ: {len(got.keys)} vs {len(want.keys)} keys"
+    )
+    assert got.rows.tobytes() == want.rows.tobytes(), "sparse rows differ"
+    assert got.dense.keys() == want.dense.keys(), (
+        f"dense arrays differ: {sorted(got.dense)} vs {sorted(want.dense)}"
+    )
+    differ = sorted(k for k, v in want.dense.items() if got.dense[k].tobytes() != v.tobytes())
+    assert not differ, f"dense arrays differ: {differ}"
 
 
 def checkpoint_of(root: Path, day: str, pass_index: int) -> Path:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,7 @@ from streamtrain_operator.spec import parse_job
 from streamtrain_worker.synth import SynthConfig, generate
 
 from .gate import Gate, owners
-from .harness import SLOTS, START, wait_for
+from .harness import SLOTS, START, start_logged, wait_for
 from .kmock_api import GROUP, PLURAL, VERSION, ApiServer
 from .kubelet import Kubelet
 
@@ -233,21 +232,16 @@ class KubeJob:
             "STREAMTRAIN_RESTART_POLL_SECONDS": "0.5",
             "STREAMTRAIN_ENDPOINT_MAP": self.kubelet.endpoint_map(),
         }
-        env.pop("STREAMTRAIN_PAUSE", None)
-        if pause is not None:
-            env["STREAMTRAIN_PAUSE"] = pause
-            env["STREAMTRAIN_PAUSE_FILE"] = str(self.pause_file)
         log = self.root / f"operator-{len(self.operators)}.log"
         args = ["run", "-m", "streamtrain_operator.main", "--standalone", "--all-namespaces"]
-        with log.open("wb") as out:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "kopf", *args],
-                cwd=self.root,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-            )
+        process = start_logged(
+            ["kopf", *args],
+            cwd=self.root,
+            log=log,
+            env=env,
+            pause=pause,
+            pause_file=self.pause_file,
+        )
         op = OperatorProcess(process, log)
         self.operators.append(op)
         return op

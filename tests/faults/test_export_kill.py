@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,43 +34,17 @@ from streamtrain_ps.checkpoint import read_sparse
 from streamtrain_worker.predict import ModelNotFoundError, load_model, model_chain
 
 from .harness import (
+    DETERMINISTIC,
+    ONE_DAY_MODELS,
     START,
     Job,
-    ModelState,
-    Run,
-    alive,
+    Reference,
+    assert_same_model,
     checkpoint_of,
     read_checkpoint,
-    reap,
-    wait_for,
 )
 
-MODELS = [f"{START}/delta-{p}" for p in (1, 2, 3, 4)] + ["20261102/base", f"{START}/batch"]
 HALF = f"{START}/delta-2"
-SPEC: dict[str, Any] = {
-    "workers": {"replicas": 1, "numThreads": 1, "overlap": False},
-    "checkpoint": {"path": "ckpt", "everyPasses": 2},
-}
-
-
-@dataclass(frozen=True)
-class Clean:
-    """The same job run without a fault: its final checkpoint and its export root."""
-
-    model: ModelState
-    export: Path
-
-
-@pytest.fixture(scope="module")
-def clean(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clean]:
-    runs: list[Run] = []
-    try:
-        job = Job(tmp_path_factory.mktemp("clean-export"), runs).write(days=1, **SPEC)
-        code, output = job.run()
-        assert code == 0, output
-        yield Clean(read_checkpoint(checkpoint_of(job.root, START, 4)), job.root / "export")
-    finally:
-        reap(runs)
 
 
 def assert_invisible(export: Path) -> None:
@@ -103,9 +75,9 @@ def _sorted_bytes(array: npt.NDArray[Any]) -> bytes:
 @pytest.mark.faults
 @pytest.mark.timeout(150)
 def test_a_kill_between_an_exports_parts_redoes_it_once_and_never_shows_the_half(
-    job: Job, clean: Clean
+    job: Job, reference: Reference
 ) -> None:
-    job.write(days=1, **SPEC)
+    job.write(days=1, **DETERMINISTIC)
     export = job.root / "export"
     first = job.start(pause="parts:delta@2")
     assert job.wait_paused(first) == f"parts delta {START}/2"
@@ -119,9 +91,7 @@ def test_a_kill_between_an_exports_parts_redoes_it_once_and_never_shows_the_half
     assert not any(name.startswith("dense/") for name in written)
     assert MODEL_MANIFEST not in written
     assert_invisible(export)
-    first.kill()
-    assert first.seen_children
-    wait_for(lambda: not any(alive(pid) for pid in first.seen_children), 30, "orphans to exit")
+    first.kill_and_wait_children()
     # After the crash the half model stays on disk, still invisible; plant a stray part
     # to see whether the redo merges into the directory or starts it over.
     assert files_under(half) == written
@@ -135,8 +105,8 @@ def test_a_kill_between_an_exports_parts_redoes_it_once_and_never_shows_the_half
     assert [(r.day, r.pass_index) for r in after.history] == [(START, p) for p in (1, 2, 3, 4)]
     # Published exactly once: one donefile line per model key, in plan order.
     lines = read_donefile(str(export))
-    assert [d.key for d in lines] == MODELS
-    assert len((export / DONEFILE).read_text().splitlines()) == len(MODELS)
+    assert [d.key for d in lines] == ONE_DAY_MODELS
+    assert len((export / DONEFILE).read_text().splitlines()) == len(ONE_DAY_MODELS)
     # Complete: every file of the redone model is listed with its size and checksum (no
     # leftover of the killed attempt), and the checksums verify.
     manifest = verify_model(str(export), HALF)
@@ -153,14 +123,11 @@ def test_a_kill_between_an_exports_parts_redoes_it_once_and_never_shows_the_half
     assert loaded.chain == [f"{START}/delta-1", HALF]
     assert loaded.sparse.keys.shape[0] >= manifest["keys"] > 0
     # ... and it is the very model the clean run published: same keys, rows, tombstones.
-    redone = read_sparse(str(half / "sparse"), "embedding")
-    expected = read_sparse(str(clean.export / HALF / "sparse"), "embedding")
+    redone: tuple[npt.NDArray[Any], ...] = read_sparse(str(half / "sparse"), "embedding")
+    expected: tuple[npt.NDArray[Any], ...] = read_sparse(
+        str(reference.export / HALF / "sparse"), "embedding"
+    )
     for got_array, clean_array in zip(redone, expected, strict=True):
         assert _sorted_bytes(got_array) == _sorted_bytes(clean_array)
     # The model saw every pass and every export side effect once.
-    got = read_checkpoint(checkpoint_of(job.root, START, 4))
-    assert got.keys.tobytes() == clean.model.keys.tobytes()
-    assert got.rows.tobytes() == clean.model.rows.tobytes()
-    assert {k: v.tobytes() for k, v in got.dense.items()} == {
-        k: v.tobytes() for k, v in clean.model.dense.items()
-    }
+    assert_same_model(read_checkpoint(checkpoint_of(job.root, START, 4)), reference.model)

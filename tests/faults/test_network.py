@@ -26,7 +26,7 @@ from streamtrain_operator.state import LocalStateFile
 from streamtrain_operator.worker_client import GrpcWorker
 from streamtrain_ps.remote import RemotePS
 
-from .harness import START, Job, checkpoint_of, read_checkpoint
+from .harness import START, Job, assert_same_model, checkpoint_of, read_checkpoint
 
 
 def _run(job: Job, proxies: list[NetProxy], faults: bool) -> Progress:
@@ -106,10 +106,7 @@ def test_dropped_and_refused_worker_ps_connections_apply_every_gradient_once(
     finally:
         for p in clean_proxies:
             p.close()
-    got = read_checkpoint(checkpoint_of(job.root, START, 4))
-    want = read_checkpoint(checkpoint_of(clean.root, START, 4))
-    assert got.keys.tobytes() == want.keys.tobytes()
-    assert got.rows.tobytes() == want.rows.tobytes()
-    assert {k: v.tobytes() for k, v in got.dense.items()} == {
-        k: v.tobytes() for k, v in want.dense.items()
-    }
+    assert_same_model(
+        read_checkpoint(checkpoint_of(job.root, START, 4)),
+        read_checkpoint(checkpoint_of(clean.root, START, 4)),
+    )

@@ -32,7 +32,7 @@ from streamtrain_operator.progress import Phase, Progress
 from streamtrain_ps import checkpoint
 from streamtrain_worker.predict import load_model
 
-from .harness import START, data_totals, wait_for
+from .harness import START, data_totals, read_sparse_table, wait_for
 from .on_kube import KubeJob, write_stream
 
 ROWS = 150
@@ -60,17 +60,9 @@ class Counts:
 def read_counts(uri: str, table: str = "embedding") -> Counts:
     """The sparse rows of the checkpoint at ``uri`` (checksums verified); the dense part is
     not read — its layout is the worker's business, not this test's."""
-    manifest = checkpoint.read_manifest(uri)
-    keys, rows, columns = [], [], ()
-    for logical in range(manifest.logical_shards):
-        header, arrays = checkpoint.read_verified(manifest, manifest.sparse_part(table, logical))
-        columns = tuple(header["columns"])
-        keys.append(arrays["keys"])
-        rows.append(arrays["values"].reshape(-1, len(columns)))
-    all_keys, all_rows = np.concatenate(keys), np.concatenate(rows)
-    order = np.argsort(all_keys, kind="stable")
+    columns, keys, rows = read_sparse_table(checkpoint.read_manifest(uri), table)
     show, click = columns.index("show"), columns.index("click")
-    return Counts(all_keys[order], all_rows[order, show], all_rows[order, click])
+    return Counts(keys, rows[:, show], rows[:, click])
 
 
 @dataclass(frozen=True)

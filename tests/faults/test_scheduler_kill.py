@@ -12,45 +12,23 @@ shrink — which decays every show and click — would change it).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
-
 import pytest
 
 from streamtrain_operator.export import read_donefile, verify_model
 from streamtrain_operator.progress import Phase
 
 from .harness import (
+    DETERMINISTIC,
+    ONE_DAY_MODELS,
     START,
     Job,
-    ModelState,
-    Run,
-    alive,
+    Reference,
+    assert_same_model,
     checkpoint_of,
     read_checkpoint,
-    reap,
-    wait_for,
 )
 
 PASSES = [(START, p) for p in (1, 2, 3, 4)]
-MODELS = [f"{START}/delta-{p}" for p in (1, 2, 3, 4)] + ["20261102/base", f"{START}/batch"]
-SPEC: dict[str, Any] = {
-    "workers": {"replicas": 1, "numThreads": 1, "overlap": False},
-    "checkpoint": {"path": "ckpt", "everyPasses": 2},
-}
-
-
-@pytest.fixture(scope="module")
-def clean_model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModelState]:
-    """The final checkpoint of the same job run without a fault (once for every case)."""
-    runs: list[Run] = []
-    try:
-        clean = Job(tmp_path_factory.mktemp("clean"), runs).write(days=1, **SPEC)
-        code, output = clean.run()
-        assert code == 0, output
-        yield read_checkpoint(checkpoint_of(clean.root, START, 4))
-    finally:
-        reap(runs)
 
 
 @pytest.mark.faults
@@ -64,19 +42,17 @@ def clean_model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModelState
     ],
 )
 def test_killed_scheduler_resumes_the_same_step_exactly_once(
-    job: Job, clean_model: ModelState, pause: str, held_at: str
+    job: Job, reference: Reference, pause: str, held_at: str
 ) -> None:
-    job.write(days=1, **SPEC)
+    job.write(days=1, **DETERMINISTIC)
     first = job.start(pause=pause)
     assert job.wait_paused(first) == held_at
     before = job.state()
     assert before is not None and before.current is not None
     step = pause.split(":")[1].split("@", maxsplit=1)[0]
     assert before.current.kind.value == step  # "started" is durable, "done" is not
-    first.kill()
     # Its PS and worker die with it (PR_SET_PDEATHSIG): nothing of the first run is left.
-    assert first.seen_children
-    wait_for(lambda: not any(alive(pid) for pid in first.seen_children), 30, "orphans to exit")
+    first.kill_and_wait_children()
 
     code, output = job.run()
     assert code == 0, first.output + output
@@ -90,13 +66,8 @@ def test_killed_scheduler_resumes_the_same_step_exactly_once(
     assert after.shrunk_days == (START,)
     # Each model published exactly once, complete (manifest and checksums verify).
     lines = read_donefile(str(job.root / "export"))
-    assert [d.key for d in lines] == MODELS
+    assert [d.key for d in lines] == ONE_DAY_MODELS
     for line in lines:
         assert verify_model(str(job.root / "export"), line.key)["kind"] == line.kind
     # The model saw every pass and the shrink once: bit-identical to the clean run.
-    got = read_checkpoint(checkpoint_of(job.root, START, 4))
-    assert got.keys.tobytes() == clean_model.keys.tobytes()
-    assert got.rows.tobytes() == clean_model.rows.tobytes()
-    assert {k: v.tobytes() for k, v in got.dense.items()} == {
-        k: v.tobytes() for k, v in clean_model.dense.items()
-    }
+    assert_same_model(read_checkpoint(checkpoint_of(job.root, START, 4)), reference.model)
