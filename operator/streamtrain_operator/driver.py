@@ -79,7 +79,10 @@ class WorkerClient(Protocol):
 
     async def export_dense(self, uri: str) -> list[str]: ...
 
-    async def reset(self) -> None: ...
+    async def reset(self, generation: int) -> None:
+        """Resync with the PS; a pass of an older generation still running is cancelled
+        first (``control.py``)."""
+        ...
 
 
 class StaleResultError(RuntimeError):
@@ -419,31 +422,37 @@ class Driver:
         worker finishes what it started; cancelling the call does not stop it). Those
         pushes, landing after the checkpoint was loaded, would count that part of the pass
         twice once it is redone; and the ``ResetWorkers`` after the load would fail with
-        "busy". A worker answers ``Reset`` only when it runs nothing else (calls are
-        exclusive), and the driver of the old generation is gone, so once every worker has
-        answered, nothing old can push any more. Bounded by ``passTimeoutSeconds`` (a
-        share may take that long), unbounded without it, like the pass itself.
+        "busy". ``Reset`` with this driver's (newer) generation makes the worker cancel such
+        a pass at its next batch boundary, flush its pushes, and only then answer, so once
+        every worker has answered, nothing old can push any more. A worker that is busy
+        with something else (an export) answers "busy" and is asked again; bounded by
+        ``passTimeoutSeconds``, unbounded without it, like the pass itself.
 
         Only a driver that took over a job from an earlier one waits (at its first reload):
         within one driver a restore follows an action whose calls have all returned.
         """
         limit = self.spec.workers.passTimeoutSeconds
+        generation = self.machine.progress.generation
+        log.warning(
+            "generation %d took over the job: resetting the workers (a pass of an earlier "
+            "generation still running is cancelled first) before reloading the checkpoint",
+            generation,
+        )
 
         async def idle(worker: WorkerClient) -> None:
             waited = 0.0
             while True:
                 try:
-                    await worker.reset()
+                    await worker.reset(generation)
                     return
                 except Exception as exc:
                     if not _busy(exc) or (limit is not None and waited >= limit):
                         raise
                 if waited == 0.0:
                     log.warning(
-                        "%s still runs a pass of an earlier generation: generation %d waits "
-                        "for it to end before reloading the checkpoint",
+                        "%s is busy: generation %d waits for it before reloading the checkpoint",
                         worker.name,
-                        self.machine.progress.generation,
+                        generation,
                     )
                 await self.sleep(IDLE_POLL_SECONDS)
                 waited += IDLE_POLL_SECONDS
@@ -451,7 +460,8 @@ class Driver:
         await asyncio.gather(*(idle(w) for w in self.workers))
 
     async def _reset_workers(self) -> Event:
-        await asyncio.gather(*(w.reset() for w in self.workers))
+        generation = self.machine.progress.generation
+        await asyncio.gather(*(w.reset(generation) for w in self.workers))
         return Done()
 
     def _prune_checkpoints(self, newest: str) -> None:

@@ -66,8 +66,9 @@ class GrpcWorker:
         )
         return list(response.files)
 
-    async def reset(self) -> None:
-        await self._stub.Reset(worker_pb2.ResetRequest(), timeout=self.control_timeout)
+    async def reset(self, generation: int) -> None:
+        request = worker_pb2.ResetRequest(generation=generation)
+        await self._stub.Reset(request, timeout=self.control_timeout)
 
     async def close(self) -> None:
         await self._channel.close()

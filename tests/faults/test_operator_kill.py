@@ -40,8 +40,10 @@ PASSES = [(START, 1), (START, 2)]
 MODELS = [f"{START}/delta-1", f"{START}/delta-2", "20261102/base", f"{START}/batch"]
 
 
-#: What a driver that took over logs while a worker finishes an older generation's pass.
-WAITING = "still runs a pass of an earlier generation"
+#: What a driver that took over logs before its workers' Reset, which cancels a pass of an
+#: earlier generation still running (here: held in the gate, so the Reset waits for it).
+def taking_over(generation: int) -> str:
+    return f"generation {generation} took over the job: resetting the workers"
 
 
 def succeeded(status: dict[str, Any]) -> bool:
@@ -189,20 +191,21 @@ def test_a_killed_operator_resumes_each_step_exactly_once(kube: KubeJob, clean: 
     kube.wait_inside_pass(gate)
     op.kill()
 
-    # 3. The third operator waits for the old pass (phase Restoring) ...
+    # 3. The third operator cancels the old pass and waits for it to stop (phase
+    #    Restoring): held in the gate, it cannot reach its next batch ...
     op = kube.start_operator(pause="after:delta@2")
-    op.wait_output(f"{WAITING}: generation 3 waits")
+    op.wait_output(taking_over(3))
     status = kube.status()
     assert (status["phase"], status["generation"]) == (Phase.RESTORING, 3)
-    #    ... the PS pod dies meanwhile: a new driver (generation 4) waits for the same pass.
+    #    ... the PS pod dies meanwhile: a new driver (generation 4) resets the workers too.
     kube.kubelet.kill("online-ps-0")
-    op.wait_output(f"{WAITING}: generation 4 waits")
+    op.wait_output(taking_over(4))
     status = kube.status()
     assert (status["phase"], status["generation"]) == (Phase.RESTORING, 4)
     assert kube.kubelet.restarts("online-ps-0") == 1
-    #    The gate opens: the old pass ends (its pushes land on the restarted PS), then every
-    #    shard reloads the pass-1 checkpoint, pass 2 is redone and its delta published; the
-    #    operator dies before recording the delta.
+    #    The gate opens: the old pass stops at its next batch (its queued pushes land on the
+    #    restarted PS), then every shard reloads the pass-1 checkpoint, pass 2 is redone and
+    #    its delta published; the operator dies before recording the delta.
     gate.release()
     assert kube.wait_paused(op) == f"after delta {START}/2"
     during = kube.progress()

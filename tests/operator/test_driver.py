@@ -100,7 +100,7 @@ class FakeWorker:
         (Path(uri) / "dense.pt").write_bytes(b"scripted")
         return [f"{uri}/dense.pt"]
 
-    async def reset(self) -> None:
+    async def reset(self, generation: int) -> None:
         return None
 
 
@@ -339,7 +339,7 @@ class DenseWorker(FakeWorker):
         self.lose_shard = lose_shard
         self.resets = 0
 
-    async def reset(self) -> None:
+    async def reset(self, generation: int) -> None:
         self.resets += 1
         self.ps.init_dense(self.DENSE, np.linspace(-1.0, 1.0, 4, dtype=np.float32))
 

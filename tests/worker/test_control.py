@@ -172,6 +172,39 @@ def test_a_second_concurrent_pass_is_rejected(setup: Setup, chunk: str) -> None:
         server.close(grace=0)
 
 
+def test_a_reset_of_a_newer_generation_cancels_an_older_pass(setup: Setup, chunk: str) -> None:
+    """A scheduler that took over (generation 2) must not wait out generation 1's pass, and
+    once its Reset has answered, generation 1 can no longer push or start a pass."""
+    gated = GatedPS(setup.ps)
+    servicer = WorkerServicer(setup.config, gated)  # type: ignore[arg-type]
+    server = WorkerServer(servicer)
+    server.start()
+    try:
+        with grpc.insecure_channel(server.address) as channel, ThreadPoolExecutor(2) as pool:
+            stub = worker_pb2_grpc.WorkerStub(channel)
+            old: Future[worker_pb2.PassResult] = pool.submit(run_pass, stub, [chunk], 1)
+            assert gated.waiting.wait(timeout=30)  # generation 1 is inside its first pull
+            with pytest.raises(grpc.RpcError) as busy:  # generation 0: no takeover, as before
+                stub.Reset(worker_pb2.ResetRequest(), timeout=30)
+            assert busy.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+            reset = pool.submit(stub.Reset, worker_pb2.ResetRequest(generation=2), timeout=60)
+            wait_until(servicer._cancel.is_set)
+            gated.gate.set()
+            reset.result(timeout=60)
+            assert old.done(), "Reset answered while the old pass could still push"
+            with pytest.raises(grpc.RpcError) as cancelled:
+                old.result()
+            assert cancelled.value.code() is grpc.StatusCode.ABORTED
+            assert "cancelled" in (cancelled.value.details() or "")
+            assert setup.ps.stats().tables[0].keys == 0  # stopped before its first push
+            with pytest.raises(grpc.RpcError) as stale:
+                run_pass(stub, [chunk], 1)
+            assert "stale generation 1" in (stale.value.details() or "")
+            assert run_pass(stub, [chunk], 2).examples == 1000
+    finally:
+        server.close(grace=0)
+
+
 def test_stale_generation_and_bad_data_are_clear_errors(
     setup: Setup, chunk: str, tmp_path: Path
 ) -> None:

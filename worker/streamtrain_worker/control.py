@@ -6,11 +6,19 @@ call (or an export) and maps failures to gRPC status codes in one place (``_stat
 - a second concurrent RunPass/ExportDense/Reset -> ``FAILED_PRECONDITION`` (one at a time:
   a worker trains one pass; overlapping passes would double-count and race the model);
 - a request from an older generation than one already seen -> ``FAILED_PRECONDITION``;
+- a pass cancelled by a ``Reset`` of a newer generation -> ``ABORTED``;
 - PS unreachable after the client's retries (``PSUnavailableError``) -> ``UNAVAILABLE``;
 - too many bad lines -> ``FAILED_PRECONDITION``; corrupt/missing data -> ``DATA_LOSS`` /
   ``NOT_FOUND``; a listed path that is a directory or unreadable -> ``FAILED_PRECONDITION``;
   anything else -> ``INTERNAL``. Every status carries a message naming the
   cause (file, endpoint, field).
+
+``Reset(generation)`` is how a new scheduler generation takes over (after an operator or PS
+restart the old one's ``RunPass`` may still be running here, pushing into a model that is
+about to be reloaded): a running pass of an older generation is cancelled at its next batch
+boundary — its queued pushes are flushed first — and the reset waits for it to end, so when
+``Reset`` returns nothing of the old generation can push any more, and later requests of
+that generation are refused as stale.
 
 The trainer (and with it ``init_dense`` on the PS) is built lazily on the first call, so a
 worker that starts before its PS comes up still starts, serves health, and trains once the
@@ -39,7 +47,7 @@ from streamtrain_worker.export import export_dense
 from streamtrain_worker.metrics import format_metric
 from streamtrain_worker.monitoring import WorkerMetrics
 from streamtrain_worker.proto import worker_pb2, worker_pb2_grpc
-from streamtrain_worker.train import Trainer
+from streamtrain_worker.train import PassCancelledError, Trainer
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +60,8 @@ def _status(exc: BaseException) -> grpc.StatusCode:
     """The one mapping from worker-side failures to gRPC status codes."""
     if isinstance(exc, PSUnavailableError):
         return grpc.StatusCode.UNAVAILABLE
+    if isinstance(exc, PassCancelledError):
+        return grpc.StatusCode.ABORTED
     if isinstance(exc, BadDataError):
         return grpc.StatusCode.FAILED_PRECONDITION
     if isinstance(exc, CorruptFileError | DataError):
@@ -63,6 +73,10 @@ def _status(exc: BaseException) -> grpc.StatusCode:
     if isinstance(exc, PSError | ValueError):
         return grpc.StatusCode.FAILED_PRECONDITION
     return grpc.StatusCode.INTERNAL
+
+
+#: How long a Reset waits for a cancelled pass to reach its next batch boundary and flush.
+CANCEL_WAIT_SECONDS = 60.0
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
@@ -83,6 +97,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self._busy = threading.Lock()
         self._trainer: Trainer | None = None
         self._generation = 0
+        #: Generation of the RunPass in progress (None when none runs), and the flag a
+        #: newer generation's Reset raises to stop it (both written under ``_busy``).
+        self._running: int | None = None
+        self._cancel = threading.Event()
 
     @property
     def trainer(self) -> Trainer:
@@ -130,10 +148,17 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                     f"stale generation {request.generation}: already at {self._generation}"
                 )
             self._generation = request.generation
+            self._cancel.clear()
+            self._running = request.generation
             reader = PassReader(list(request.files), self.config.data, self.config.model.batchSize)
-            with reader:
-                metrics = self.trainer.run_pass(reader, train=request.train)
-                stats = reader.stats
+            try:
+                with reader:
+                    metrics = self.trainer.run_pass(
+                        reader, train=request.train, should_stop=self._cancel.is_set
+                    )
+                    stats = reader.stats
+            finally:
+                self._running = None
             metrics.bad_lines = stats.bad_lines
             metrics.files_read = stats.files
             if self.monitoring is not None:
@@ -165,11 +190,27 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     def Reset(  # noqa: N802 - gRPC method name
         self, request: Any, context: grpc.ServicerContext
     ) -> Any:
+        newer = int(request.generation)
+        running = self._running
+        if newer and running is not None and running < newer:
+            log.warning(
+                "worker %d: generation %d cancels the pass of generation %d",
+                self.worker_index,
+                newer,
+                running,
+            )
+            self._cancel.set()
+            # The pass stops at its next batch boundary; wait for it (and its flush) here so
+            # that nothing of the old generation pushes once Reset has answered.
+            if self._busy.acquire(timeout=CANCEL_WAIT_SECONDS):
+                self._busy.release()
+
         def run() -> Any:
+            self._generation = max(self._generation, newer)
             self.trainer.sync_dense()
             return worker_pb2.ResetResponse()
 
-        return self._guarded("Reset", context, run)
+        return self._guarded(f"Reset(gen={newer})", context, run)
 
     def close(self) -> None:
         if self._trainer is not None:

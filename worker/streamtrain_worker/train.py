@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,6 +54,10 @@ from streamtrain_worker.models.data_norm import (
 )
 from streamtrain_worker.monitoring import WorkerMetrics
 from streamtrain_worker.pipeline import AsyncPusher, Prefetcher
+
+
+class PassCancelledError(RuntimeError):
+    """The pass was stopped between two batches because a newer generation took over."""
 
 
 @dataclass(frozen=True)
@@ -207,18 +211,25 @@ class Trainer:
 
     # --- one pass --------------------------------------------------------------------
 
-    def run_pass(self, batches: Iterable[Batch], train: bool = True) -> PassMetrics:
+    def run_pass(
+        self,
+        batches: Iterable[Batch],
+        train: bool = True,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> PassMetrics:
         """Test-then-train over ``batches``; returns the pass's metric sums.
 
-        Every push of the pass has reached the PS when this returns. ``bad_lines`` and
-        ``files_read`` are the reader's to fill in.
+        Every push of the pass has reached the PS when this returns, or raises — also
+        :class:`PassCancelledError`, raised at the first batch boundary where
+        ``should_stop()`` is true. ``bad_lines`` and ``files_read`` are the reader's to fill
+        in.
         """
         started = time.perf_counter()
         metrics = PassMetrics(num_buckets=self.config.metrics.numBuckets)
         self.model.train(train)
         self.sync_dense()
         try:
-            compute = self._run_batches(batches, train, metrics)
+            compute = self._run_batches(batches, train, metrics, should_stop)
         except BaseException:
             # Pushes queued before the failure must not fail the *next* pass: wait for them
             # and drop their errors (the pass is failing with the primary error anyway).
@@ -236,7 +247,13 @@ class Trainer:
                 self.monitoring.examples_per_second.set(metrics.examples / metrics.seconds)
         return metrics
 
-    def _run_batches(self, batches: Iterable[Batch], train: bool, metrics: PassMetrics) -> float:
+    def _run_batches(
+        self,
+        batches: Iterable[Batch],
+        train: bool,
+        metrics: PassMetrics,
+        should_stop: Callable[[], bool] | None,
+    ) -> float:
         """The batch loop of ``run_pass``; returns the seconds spent computing."""
         sync_every = self.config.model.denseSyncSteps
         compute = 0.0
@@ -249,6 +266,8 @@ class Trainer:
             else:
                 ready = map(self.prepare, batches)
             for step, prepared in enumerate(ready, start=1):
+                if should_stop is not None and should_stop():
+                    raise PassCancelledError(f"pass cancelled before batch {step}")
                 t0 = time.perf_counter()
                 if prepared.batch.size == 0:
                     continue

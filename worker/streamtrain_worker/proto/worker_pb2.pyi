@@ -69,8 +69,10 @@ class ExportDenseResponse(_message.Message):
     def __init__(self, files: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ResetRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("generation",)
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    def __init__(self, generation: _Optional[int] = ...) -> None: ...
 
 class ResetResponse(_message.Message):
     __slots__ = ()
