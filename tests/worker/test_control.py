@@ -11,6 +11,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -151,58 +152,65 @@ class GatedPS:
         return getattr(self.ps, name)
 
 
-def test_a_second_concurrent_pass_is_rejected(setup: Setup, chunk: str) -> None:
-    gated = GatedPS(setup.ps)
-    servicer = WorkerServicer(setup.config, gated)  # type: ignore[arg-type]
-    server = WorkerServer(servicer)
-    server.start()
-    try:
-        with grpc.insecure_channel(server.address) as channel, ThreadPoolExecutor(1) as pool:
-            stub = worker_pb2_grpc.WorkerStub(channel)
-            first: Future[worker_pb2.PassResult] = pool.submit(run_pass, stub, [chunk])
-            assert gated.waiting.wait(timeout=30)  # the first pass is inside its first pull
-            with pytest.raises(grpc.RpcError) as err:
-                run_pass(stub, [chunk])
-            assert err.value.code() is grpc.StatusCode.FAILED_PRECONDITION
-            assert "busy" in (err.value.details() or "")
-            gated.gate.set()
-            assert first.result(timeout=60).examples == 1000
-            assert run_pass(stub, [chunk]).examples == 1000  # free again
-    finally:
-        server.close(grace=0)
+@dataclass
+class GatedWorker:
+    """A worker server whose PS pulls wait for ``gated.gate``, with a stub and two threads."""
+
+    gated: GatedPS
+    servicer: WorkerServicer
+    stub: worker_pb2_grpc.WorkerStub
+    pool: ThreadPoolExecutor
 
 
-def test_a_reset_of_a_newer_generation_cancels_an_older_pass(setup: Setup, chunk: str) -> None:
-    """A scheduler that took over (generation 2) must not wait out generation 1's pass, and
-    once its Reset has answered, generation 1 can no longer push or start a pass."""
+@contextmanager
+def gated_worker(setup: Setup) -> Iterator[GatedWorker]:
     gated = GatedPS(setup.ps)
     servicer = WorkerServicer(setup.config, gated)  # type: ignore[arg-type]
     server = WorkerServer(servicer)
     server.start()
     try:
         with grpc.insecure_channel(server.address) as channel, ThreadPoolExecutor(2) as pool:
-            stub = worker_pb2_grpc.WorkerStub(channel)
-            old: Future[worker_pb2.PassResult] = pool.submit(run_pass, stub, [chunk], 1)
-            assert gated.waiting.wait(timeout=30)  # generation 1 is inside its first pull
-            with pytest.raises(grpc.RpcError) as busy:  # generation 0: no takeover, as before
-                stub.Reset(worker_pb2.ResetRequest(), timeout=30)
-            assert busy.value.code() is grpc.StatusCode.FAILED_PRECONDITION
-            reset = pool.submit(stub.Reset, worker_pb2.ResetRequest(generation=2), timeout=60)
-            wait_until(servicer._cancel.is_set)
-            gated.gate.set()
-            reset.result(timeout=60)
-            assert old.done(), "Reset answered while the old pass could still push"
-            with pytest.raises(grpc.RpcError) as cancelled:
-                old.result()
-            assert cancelled.value.code() is grpc.StatusCode.ABORTED
-            assert "cancelled" in (cancelled.value.details() or "")
-            assert setup.ps.stats().tables[0].keys == 0  # stopped before its first push
-            with pytest.raises(grpc.RpcError) as stale:
-                run_pass(stub, [chunk], 1)
-            assert "stale generation 1" in (stale.value.details() or "")
-            assert run_pass(stub, [chunk], 2).examples == 1000
+            yield GatedWorker(gated, servicer, worker_pb2_grpc.WorkerStub(channel), pool)
     finally:
         server.close(grace=0)
+
+
+def test_a_second_concurrent_pass_is_rejected(setup: Setup, chunk: str) -> None:
+    with gated_worker(setup) as w:
+        first: Future[worker_pb2.PassResult] = w.pool.submit(run_pass, w.stub, [chunk])
+        assert w.gated.waiting.wait(timeout=30)  # the first pass is inside its first pull
+        with pytest.raises(grpc.RpcError) as err:
+            run_pass(w.stub, [chunk])
+        assert err.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert "busy" in (err.value.details() or "")
+        w.gated.gate.set()
+        assert first.result(timeout=60).examples == 1000
+        assert run_pass(w.stub, [chunk]).examples == 1000  # free again
+
+
+def test_a_reset_of_a_newer_generation_cancels_an_older_pass(setup: Setup, chunk: str) -> None:
+    """A scheduler that took over (generation 2) must not wait out generation 1's pass, and
+    once its Reset has answered, generation 1 can no longer push or start a pass."""
+    with gated_worker(setup) as w:
+        old: Future[worker_pb2.PassResult] = w.pool.submit(run_pass, w.stub, [chunk], 1)
+        assert w.gated.waiting.wait(timeout=30)  # generation 1 is inside its first pull
+        with pytest.raises(grpc.RpcError) as busy:  # generation 0: no takeover, as before
+            w.stub.Reset(worker_pb2.ResetRequest(), timeout=30)
+        assert busy.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+        reset = w.pool.submit(w.stub.Reset, worker_pb2.ResetRequest(generation=2), timeout=60)
+        wait_until(w.servicer._cancel.is_set)
+        w.gated.gate.set()
+        reset.result(timeout=60)
+        assert old.done(), "Reset answered while the old pass could still push"
+        with pytest.raises(grpc.RpcError) as cancelled:
+            old.result()
+        assert cancelled.value.code() is grpc.StatusCode.ABORTED
+        assert "cancelled" in (cancelled.value.details() or "")
+        assert setup.ps.stats().tables[0].keys == 0  # stopped before its first push
+        with pytest.raises(grpc.RpcError) as stale:
+            run_pass(w.stub, [chunk], 1)
+        assert "stale generation 1" in (stale.value.details() or "")
+        assert run_pass(w.stub, [chunk], 2).examples == 1000
 
 
 def test_stale_generation_and_bad_data_are_clear_errors(
