@@ -49,6 +49,7 @@ from streamtrain_ps.config import (
     TableConfig,
 )
 from streamtrain_ps.sharding import DEFAULT_LOGICAL_SHARDS
+from streamtrain_worker.config import ModelConfig
 from streamtrain_worker.data.config import DataConfig
 from streamtrain_worker.data.errors import DataConfigError
 
@@ -81,6 +82,8 @@ FolderLayout = Literal["HHMM", "HH"]
 # The PS-side defaults, read once so the spec's defaults are the PS's defaults.
 _TABLE = TableConfig()
 _SPARSE_OPT = SparseOptimizerConfig()
+#: The worker's model defaults, for the fields whose default is the worker's own choice.
+_MODEL = ModelConfig()
 _DENSE_OPT = DenseOptimizerConfig()
 
 
@@ -249,7 +252,7 @@ class ModelSpec:
         "bench, slower learning on tiny streams.",
     )
     summaryDecayRate: float = _f(
-        0.9999999,
+        _MODEL.summaryDecayRate,
         "Data norm (slot_dnn and din input normalisation, PaddlePaddle's data_norm): its "
         "statistics are summed on the PS over all workers, decayed by this factor at every "
         "push. 1 never forgets; lower follows drifting inputs faster.",
@@ -257,7 +260,7 @@ class ModelSpec:
         maximum=1,
     )
     dataNormPrior: float = _f(
-        1.0,
+        _MODEL.dataNormPrior,
         "Data norm: the statistics start as this many pseudo-examples of mean 0, variance 1.",
         exclusiveMinimum=0,
     )

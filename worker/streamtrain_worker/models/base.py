@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from streamtrain_worker.config import ModelConfig
-from streamtrain_worker.models.data_norm import DataNorm
+from streamtrain_worker.models.data_norm import DEFAULT_PRIOR, DataNorm
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class ModelSpec:
     attention_units: tuple[int, ...] = (64, 32)
     normalize_embeddings: bool = True
     #: Pseudo-examples (mean 0, variance 1) the data-norm statistics start from.
-    norm_prior: float = 1.0
+    norm_prior: float = DEFAULT_PRIOR
 
     @classmethod
     def from_config(
