@@ -29,16 +29,16 @@ proto-check: proto ## Fail if the committed generated code differs from a fresh 
 	  (echo "generated protobuf code is stale: run 'make proto' and commit" >&2; exit 1)
 
 lint: $(STAMP) ## ruff (style, imports) and import-linter (layers)
-	$(VENV)/bin/ruff check ps worker operator tests
-	$(VENV)/bin/ruff format --check ps worker operator tests
+	$(VENV)/bin/ruff check ps worker operator tools tests
+	$(VENV)/bin/ruff format --check ps worker operator tools tests
 	$(VENV)/bin/lint-imports
 
 fmt: $(STAMP) ## Format and autofix with ruff
-	$(VENV)/bin/ruff format ps worker operator tests
-	$(VENV)/bin/ruff check --fix ps worker operator tests
+	$(VENV)/bin/ruff format ps worker operator tools tests
+	$(VENV)/bin/ruff check --fix ps worker operator tools tests
 
 typecheck: $(STAMP) ## mypy over the three packages
-	$(VENV)/bin/mypy ps/streamtrain_ps worker/streamtrain_worker operator/streamtrain_operator
+	$(VENV)/bin/mypy ps/streamtrain_ps worker/streamtrain_worker operator/streamtrain_operator tools/streamtrain_tools
 
 pytest: $(STAMP) ## Only the test suite
 	$(PY) -m pytest -q --durations=15
@@ -51,25 +51,25 @@ test-faults: $(STAMP) ## Fault-injection suite (also part of `make test`)
 bench: bench-ps bench-worker bench-e2e bench-load ## All benchmarks (results go in docs/benchmarks.md)
 
 bench-ps: $(STAMP) ## PS shard throughput and memory per key
-	$(PY) -m streamtrain_ps.bench --json
+	$(PY) -m streamtrain_tools.bench.ps --json
 
 bench-worker: $(STAMP) ## Worker: plain PyTorch vs PS-backed training, parse throughput
-	$(PY) -m streamtrain_worker.bench --json
+	$(PY) -m streamtrain_tools.bench.worker --json
 
 bench-e2e: $(STAMP) ## Criteo sample as 24 hourly passes, end to end
-	$(PY) -m streamtrain_operator.bench_e2e --json
+	$(PY) -m streamtrain_tools.bench.e2e --json
 
 bench-load: $(STAMP) ## Concurrent clients against 2 PS shards
-	$(PY) -m streamtrain_ps.bench_load --json
+	$(PY) -m streamtrain_tools.bench.ps_load --json
 
 demo: $(STAMP) ## Two days of a synthetic stream through PS + workers on this machine (demo-run/)
-	$(PY) -m streamtrain_operator.demo
+	$(PY) -m streamtrain_tools.demo
 
 crds: $(STAMP) ## Regenerate the CRD, the chart's copy and docs/crd-reference.md from spec.py
-	$(PY) -m streamtrain_operator.crdgen
+	$(PY) -m streamtrain_tools.crdgen
 
 crds-check: $(STAMP) ## Fail if the committed CRD files differ from a fresh generation
-	$(PY) -m streamtrain_operator.crdgen --check
+	$(PY) -m streamtrain_tools.crdgen --check
 
 IMAGE_TAG ?= 0.1.0
 IMAGE_PREFIX ?= streamtrain

@@ -22,11 +22,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from streamtrain_operator.local import LaunchError, RunOptions, run_job
-from streamtrain_operator.progress import Phase
-from streamtrain_operator.reporting import format_pass
-from streamtrain_operator.spec import Job, SpecError, is_local_path, load_job
-from streamtrain_operator.state import LocalStateFile, StateError
+from streamtrain_operator.job.progress import Phase
+from streamtrain_operator.job.spec import Job, SpecError, is_local_path, load_job
+from streamtrain_operator.local.cluster import LaunchError, RunOptions, run_job
+from streamtrain_operator.local.reporting import format_pass
+from streamtrain_operator.run.state import LocalStateFile, StateError
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2

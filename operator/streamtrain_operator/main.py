@@ -4,7 +4,7 @@ Only wiring lives here (the crate-operator layout): settings are read from the e
 once, at startup, into a validated :class:`OperatorConfig`; kopf is configured (our own
 finalizer and annotation prefixes, chosen once and never changed — changing them would
 orphan every existing job's finalizer; watch and request timeouts; no cluster scanning, so
-the RBAC stays minimal); the :class:`~streamtrain_operator.supervisor.Runtime` is built and
+the RBAC stays minimal); the :class:`~streamtrain_operator.kube.daemon.Runtime` is built and
 put in kopf's memo; the handlers of ``handlers.py`` are registered.
 
 ``--standalone`` because exactly one operator runs (the chart's Deployment: one replica,
@@ -24,10 +24,10 @@ import kopf
 from kubernetes import client, config
 from prometheus_client import CollectorRegistry, start_http_server
 
-from streamtrain_operator import handlers, resources
-from streamtrain_operator.kube import GROUP, PLURAL, VERSION, Kube
-from streamtrain_operator.metrics import OperatorMetrics
-from streamtrain_operator.supervisor import GrpcConnector, Runtime
+from streamtrain_operator.kube import handlers, resources
+from streamtrain_operator.kube.api import GROUP, PLURAL, VERSION, Kube
+from streamtrain_operator.kube.daemon import GrpcConnector, Runtime
+from streamtrain_operator.kube.metrics import OperatorMetrics
 
 PREFIX = "streamtrain.io"
 FINALIZER = f"{PREFIX}/finalizer"

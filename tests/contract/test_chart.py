@@ -12,7 +12,7 @@ import helm_python as helm
 import pytest
 import yaml
 
-from streamtrain_operator.spec import parse_job
+from streamtrain_operator.job.spec import parse_job
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "streamtrain"

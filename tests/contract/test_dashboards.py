@@ -29,9 +29,9 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry, start_http_server
 
-from streamtrain_operator import render
-from streamtrain_operator.metrics import OperatorMetrics
-from streamtrain_operator.spec import load_job
+from streamtrain_operator.job import render
+from streamtrain_operator.job.spec import load_job
+from streamtrain_operator.kube.metrics import OperatorMetrics
 from streamtrain_ps.api import SaveMode
 from streamtrain_ps.remote import RemotePS
 

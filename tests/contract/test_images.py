@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from streamtrain_operator import resources
-from streamtrain_operator.spec import load_job
+from streamtrain_operator.job.spec import load_job
+from streamtrain_operator.kube import resources
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILES = ["Dockerfile.ps", "Dockerfile.worker"]

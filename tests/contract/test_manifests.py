@@ -12,8 +12,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from streamtrain_operator import resources as r
-from streamtrain_operator.spec import load_job
+from streamtrain_operator.job.spec import load_job
+from streamtrain_operator.kube import resources as r
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "streamtrain"

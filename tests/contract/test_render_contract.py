@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from streamtrain_operator import render
-from streamtrain_operator.spec import JobSpec, parse_spec
+from streamtrain_operator.job import render
+from streamtrain_operator.job.spec import JobSpec, parse_spec
 from streamtrain_ps.config import PSConfig
 from streamtrain_worker.config import ModelConfig, WorkerConfig
 from streamtrain_worker.data.config import DataConfig

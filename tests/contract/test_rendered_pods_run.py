@@ -31,9 +31,9 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
-from streamtrain_operator import resources as r
-from streamtrain_operator.metrics import OperatorMetrics
-from streamtrain_operator.supervisor import GrpcConnector, JobSupervisor, Runtime
+from streamtrain_operator.kube import resources as r
+from streamtrain_operator.kube.daemon import GrpcConnector, JobSupervisor, Runtime
+from streamtrain_operator.kube.metrics import OperatorMetrics
 from streamtrain_worker.synth import SynthConfig, generate
 
 from .processes import OutputProcess

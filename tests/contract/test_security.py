@@ -24,9 +24,9 @@ import helm_python as helm
 import pytest
 import yaml
 
-from streamtrain_operator import render
-from streamtrain_operator import resources as r
-from streamtrain_operator.spec import SpecError, load_job, parse_job
+from streamtrain_operator.job import render
+from streamtrain_operator.job.spec import SpecError, load_job, parse_job
+from streamtrain_operator.kube import resources as r
 from streamtrain_ps.config import PSConfig
 from streamtrain_ps.server import channel_options
 

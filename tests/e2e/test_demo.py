@@ -1,4 +1,4 @@
-"""``make demo`` (``python -m streamtrain_operator.demo``) end to end, smaller: it must keep
+"""``make demo`` (``python -m streamtrain_tools.demo``) end to end, smaller: it must keep
 working on a fresh checkout, and its serving check must show the exported model scoring new
 data the way training did."""
 
@@ -14,7 +14,7 @@ def test_demo_runs_and_the_served_model_scores_like_training(tmp_path: Path) -> 
     root = tmp_path / "demo"
     args = ["--dir", str(root), "--days", "1", "--rows-per-folder", "1500"]
     done = subprocess.run(
-        [sys.executable, "-m", "streamtrain_operator.demo", *args, "--donefile-delay", "0.05"],
+        [sys.executable, "-m", "streamtrain_tools.demo", *args, "--donefile-delay", "0.05"],
         capture_output=True,
         text=True,
         timeout=240,

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from streamtrain_operator.export import read_donefile, verify_model
-from streamtrain_operator.plan import PassPlan
-from streamtrain_operator.progress import Phase, Progress
-from streamtrain_operator.spec import load_job
+from streamtrain_operator.job.plan import PassPlan
+from streamtrain_operator.job.progress import Phase, Progress
+from streamtrain_operator.job.spec import load_job
+from streamtrain_operator.run.export import read_donefile, verify_model
 
 from .conftest import start_run, streamtrain
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from streamtrain_operator.driver import Driver
-from streamtrain_operator.local import LocalCluster, connect
-from streamtrain_operator.progress import Phase
-from streamtrain_operator.spec import load_job
-from streamtrain_operator.state import MemoryStateStore
+from streamtrain_operator.job.progress import Phase
+from streamtrain_operator.job.spec import load_job
+from streamtrain_operator.local.cluster import LocalCluster, connect
+from streamtrain_operator.run.driver import Driver
+from streamtrain_operator.run.state import MemoryStateStore
 from streamtrain_worker.metrics import PassMetrics
 
 from .conftest import streamtrain

@@ -10,7 +10,7 @@ import fsspec
 import pytest
 from moto.server import ThreadedMotoServer
 
-from streamtrain_operator.export import read_donefile, verify_model
+from streamtrain_operator.run.export import read_donefile, verify_model
 
 from .conftest import streamtrain
 

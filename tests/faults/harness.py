@@ -25,8 +25,8 @@ import numpy as np
 import numpy.typing as npt
 import yaml
 
-from streamtrain_operator.plan import StepKind
-from streamtrain_operator.progress import Phase, Progress
+from streamtrain_operator.job.plan import StepKind
+from streamtrain_operator.job.progress import Phase, Progress
 from streamtrain_ps import checkpoint
 from streamtrain_worker.synth import SynthConfig, generate
 

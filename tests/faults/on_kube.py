@@ -7,7 +7,7 @@ streamtrain_operator.main --standalone``), which the tests SIGKILL like a node l
 operator pod and start again like its Deployment would. The operator reaches the pods
 through ``STREAMTRAIN_ENDPOINT_MAP`` (the stable DNS names -> the kubelet's local ports),
 and its exact crash points come from the driver's test-only pause hook
-(``STREAMTRAIN_PAUSE``, ``streamtrain_operator.pause``). Waiting is polling with a deadline.
+(``STREAMTRAIN_PAUSE``, ``streamtrain_operator.run.pause``). Waiting is polling with a deadline.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from streamtrain_operator import resources
-from streamtrain_operator.progress import Progress
-from streamtrain_operator.spec import parse_job
+from streamtrain_operator.job.progress import Progress
+from streamtrain_operator.job.spec import parse_job
+from streamtrain_operator.kube import resources
 from streamtrain_worker.synth import SynthConfig, generate
 
 from .gate import Gate, owners

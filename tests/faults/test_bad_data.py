@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from streamtrain_operator.export import read_donefile, verify_model
-from streamtrain_operator.progress import Condition, Phase
+from streamtrain_operator.job.progress import Condition, Phase
+from streamtrain_operator.run.export import read_donefile, verify_model
 
 from .harness import START, Job
 

@@ -27,9 +27,9 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from streamtrain_operator.export import DONEFILE, MODEL_MANIFEST, read_donefile, verify_model
-from streamtrain_operator.plan import StepKind
-from streamtrain_operator.progress import Phase
+from streamtrain_operator.job.plan import StepKind
+from streamtrain_operator.job.progress import Phase
+from streamtrain_operator.run.export import DONEFILE, MODEL_MANIFEST, read_donefile, verify_model
 from streamtrain_ps.checkpoint import read_sparse
 from streamtrain_worker.predict import ModelNotFoundError, load_model, model_chain
 

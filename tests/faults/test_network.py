@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 
 from ps.netproxy import NetProxy
-from streamtrain_operator.driver import Driver, Observer
-from streamtrain_operator.local import LocalCluster, connect
-from streamtrain_operator.progress import Phase, Progress
-from streamtrain_operator.scheduler import Action, RunPass
-from streamtrain_operator.spec import load_job
-from streamtrain_operator.state import LocalStateFile
-from streamtrain_operator.worker_client import GrpcWorker
+from streamtrain_operator.job.progress import Phase, Progress
+from streamtrain_operator.job.scheduler import Action, RunPass
+from streamtrain_operator.job.spec import load_job
+from streamtrain_operator.local.cluster import LocalCluster, connect
+from streamtrain_operator.run.driver import Driver, Observer
+from streamtrain_operator.run.state import LocalStateFile
+from streamtrain_operator.run.worker_client import GrpcWorker
 from streamtrain_ps.remote import RemotePS
 
 from .harness import START, Job, assert_same_model, checkpoint_of, read_checkpoint

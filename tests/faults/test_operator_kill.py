@@ -27,8 +27,8 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from streamtrain_operator.export import read_donefile, verify_model
-from streamtrain_operator.progress import Phase, Progress
+from streamtrain_operator.job.progress import Phase, Progress
+from streamtrain_operator.run.export import read_donefile, verify_model
 from streamtrain_ps import checkpoint
 from streamtrain_worker.predict import load_model
 

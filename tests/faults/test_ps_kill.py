@@ -14,7 +14,7 @@ import signal
 import numpy as np
 import pytest
 
-from streamtrain_operator.progress import Phase
+from streamtrain_operator.job.progress import Phase
 
 from .harness import START, Job, checkpoint_of, read_checkpoint
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import pytest
 
-from streamtrain_operator.export import read_donefile, verify_model
-from streamtrain_operator.progress import Phase
+from streamtrain_operator.job.progress import Phase
+from streamtrain_operator.run.export import read_donefile, verify_model
 
 from .harness import (
     DETERMINISTIC,

@@ -9,10 +9,10 @@ import pytest
 import yaml
 
 from streamtrain_operator import cli
-from streamtrain_operator.plan import StepKey, StepKind
-from streamtrain_operator.progress import Condition, PassRecord, Phase, Progress, Published
-from streamtrain_operator.spec import load_job
-from streamtrain_operator.state import LocalStateFile
+from streamtrain_operator.job.plan import StepKey, StepKind
+from streamtrain_operator.job.progress import Condition, PassRecord, Phase, Progress, Published
+from streamtrain_operator.job.spec import load_job
+from streamtrain_operator.run.state import LocalStateFile
 
 MANIFEST = {
     "apiVersion": "streamtrain.io/v1alpha1",

@@ -15,7 +15,7 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from streamtrain_operator import crdgen
+from streamtrain_tools import crdgen
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUP, VERSION, PLURAL = crdgen.GROUP, crdgen.VERSION, crdgen.PLURAL

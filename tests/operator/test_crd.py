@@ -13,8 +13,8 @@ import jsonschema
 import pytest
 import yaml
 
-from streamtrain_operator import crdgen
-from streamtrain_operator.spec import SpecError, parse_job, parse_spec
+from streamtrain_operator.job.spec import SpecError, parse_job, parse_spec
+from streamtrain_tools import crdgen
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "crds" / "examples").glob("*.yaml"))

@@ -12,13 +12,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from streamtrain_operator import render
-from streamtrain_operator.driver import Driver, Observer
-from streamtrain_operator.export import read_donefile, verify_model
-from streamtrain_operator.progress import Phase, Progress
-from streamtrain_operator.scheduler import Action, LoadCheckpoint
-from streamtrain_operator.spec import Job, parse_job
-from streamtrain_operator.state import MemoryStateStore
+from streamtrain_operator.job import render
+from streamtrain_operator.job.progress import Phase, Progress
+from streamtrain_operator.job.scheduler import Action, LoadCheckpoint
+from streamtrain_operator.job.spec import Job, parse_job
+from streamtrain_operator.run.driver import Driver, Observer
+from streamtrain_operator.run.export import read_donefile, verify_model
+from streamtrain_operator.run.state import MemoryStateStore
 from streamtrain_ps import sharding
 from streamtrain_ps.local import LocalPS
 from streamtrain_ps.shard import Shard

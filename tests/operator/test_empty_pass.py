@@ -23,13 +23,14 @@ from prometheus_client import CollectorRegistry
 from test_driver import FakeWorker, _no_sleep, make_job, write_folder
 from test_handlers import FakeConnection, FakeKube, Memo, Stop, _body, _value
 
-from streamtrain_operator import handlers, render
-from streamtrain_operator.driver import Driver
-from streamtrain_operator.export import verify_model
-from streamtrain_operator.metrics import OperatorMetrics
-from streamtrain_operator.progress import PassRecord
-from streamtrain_operator.reporting import EMPTY_PASS, format_pass
-from streamtrain_operator.supervisor import Runtime
+from streamtrain_operator.job import render
+from streamtrain_operator.job.progress import PassRecord
+from streamtrain_operator.kube import handlers
+from streamtrain_operator.kube.daemon import Runtime
+from streamtrain_operator.kube.metrics import OperatorMetrics
+from streamtrain_operator.local.reporting import EMPTY_PASS, format_pass
+from streamtrain_operator.run.driver import Driver
+from streamtrain_operator.run.export import verify_model
 from streamtrain_ps.local import LocalPS
 from streamtrain_worker.metrics import PassMetrics
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from streamtrain_operator.export import (
+from streamtrain_operator.run.export import (
     ExportError,
     ModelTarget,
     RetryPolicy,

@@ -16,11 +16,11 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry
 
-from streamtrain_operator import handlers
-from streamtrain_operator.metrics import OperatorMetrics
-from streamtrain_operator.plan import StepKey, StepKind
-from streamtrain_operator.progress import PassRecord, Phase, Progress
-from streamtrain_operator.supervisor import Runtime
+from streamtrain_operator.job.plan import StepKey, StepKind
+from streamtrain_operator.job.progress import PassRecord, Phase, Progress
+from streamtrain_operator.kube import handlers
+from streamtrain_operator.kube.daemon import Runtime
+from streamtrain_operator.kube.metrics import OperatorMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 UID = "2b0f3a8e-1c1d-4f7e-9a55-6d2f0b9c7e10"

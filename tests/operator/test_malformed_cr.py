@@ -3,7 +3,7 @@
 and checks the two gates a bad CR meets:
 
 - the CRD's openAPIV3Schema (what the API server enforces; ``jsonschema`` here), and
-- ``streamtrain_operator.spec`` parsing (what the operator and ``streamtrain run`` enforce).
+- ``streamtrain_operator.job.spec`` parsing (what the operator and ``streamtrain run`` enforce).
 
 Whatever a gate rejects, its message must point at the mutated field (the field itself, a
 field below it, or the enclosing object; for ``spec.data`` also a field the format requires).
@@ -29,10 +29,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from streamtrain_operator import crdgen, handlers
-from streamtrain_operator.metrics import OperatorMetrics
-from streamtrain_operator.spec import SpecError
-from streamtrain_operator.supervisor import Runtime, read_job
+from streamtrain_operator.job.spec import SpecError
+from streamtrain_operator.kube import handlers
+from streamtrain_operator.kube.daemon import Runtime, read_job
+from streamtrain_operator.kube.metrics import OperatorMetrics
+from streamtrain_tools import crdgen
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "crds" / "examples" / "ctr-online.yaml"

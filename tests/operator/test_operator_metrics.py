@@ -8,7 +8,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from streamtrain_operator import main
-from streamtrain_operator.metrics import OperatorMetrics
+from streamtrain_operator.kube.metrics import OperatorMetrics
 
 
 def _samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

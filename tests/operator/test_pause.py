@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from streamtrain_operator.pause import PARTS, PauseHook
-from streamtrain_operator.plan import StepKey, StepKind
+from streamtrain_operator.job.plan import StepKey, StepKind
+from streamtrain_operator.run.pause import PARTS, PauseHook
 
 
 def test_parts_is_only_for_models_and_a_bad_value_names_the_forms(

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
-from streamtrain_operator.supervisor import PodRestarts
+from streamtrain_operator.kube.daemon import PodRestarts
 
 
 class Pods:

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from streamtrain_operator import resources as r
-from streamtrain_operator.spec import Job, SpecError, load_job
+from streamtrain_operator.job.spec import Job, SpecError, load_job
+from streamtrain_operator.kube import resources as r
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = {"ps.json": '{"tables": []}', "worker.json": '{"ps": []}'}

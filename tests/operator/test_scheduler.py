@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from streamtrain_operator.plan import PassPlan, StepKey, StepKind
-from streamtrain_operator.progress import Phase, Progress
-from streamtrain_operator.scheduler import (
+from streamtrain_operator.job.plan import PassPlan, StepKey, StepKind
+from streamtrain_operator.job.progress import Phase, Progress
+from streamtrain_operator.job.scheduler import (
     Action,
     CheckData,
     DataChecked,

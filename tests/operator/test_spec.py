@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from streamtrain_operator import spec as S  # noqa: N812 -- short alias for a long module
+from streamtrain_operator.job import spec as S  # noqa: N812 -- short alias for a long module
 from streamtrain_ps.config import DenseConfig, PSConfig, TableConfig
 
 MINIMAL: dict[str, Any] = {

@@ -10,10 +10,10 @@ from typing import Any
 import jsonschema
 import yaml
 
-from streamtrain_operator import crdgen
-from streamtrain_operator import status as st
-from streamtrain_operator.plan import StepKey, StepKind
-from streamtrain_operator.progress import Condition, PassRecord, Phase, Progress, Published
+from streamtrain_operator.job.plan import StepKey, StepKind
+from streamtrain_operator.job.progress import Condition, PassRecord, Phase, Progress, Published
+from streamtrain_operator.kube import status as st
+from streamtrain_tools import crdgen
 
 ROOT = Path(__file__).resolve().parents[2]
 T0 = 1_795_000_000.0  # 2026-11-18T11:06:40Z

@@ -2,7 +2,7 @@
 
 Injected with ``failfs://`` (``tests/ps/faultfs.py``). For the PS checkpoint (``Shard.save``
 + ``checkpoint.publish``, in-process and over gRPC) and for the model export
-(``streamtrain_operator.export.publish_model``) the outcome must be:
+(``streamtrain_operator.run.export.publish_model``) the outcome must be:
 
 - the failing save raises a clear error naming the URI and the cause (ENOSPC);
 - the previously published checkpoint / model stays intact: its manifest is unchanged and
@@ -27,7 +27,7 @@ import fsspec
 import numpy as np
 import pytest
 
-from streamtrain_operator import export
+from streamtrain_operator.run import export
 from streamtrain_ps import checkpoint
 from streamtrain_ps.api import SaveMode, SaveResult
 from streamtrain_ps.config import PSConfig, TableConfig

@@ -1,26 +1,16 @@
-"""The PS command-line entry points: ``make demo``, ``make bench-ps`` plumbing, ``__main__``
+"""The PS command-line entry points: ``make bench-ps`` plumbing, ``__main__``
 argument handling. Speed is not asserted here (that is the benchmark's job)."""
 
 from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 
-from streamtrain_ps import bench, bench_dense, demo
 from streamtrain_ps.__main__ import parse_args, shard_index_from_hostname
-
-
-def test_demo_round_trip_is_bit_identical(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    assert demo.main(["--out", str(tmp_path / "demo")]) == 0
-    out = capsys.readouterr().out
-    assert "bit-identical to before the save: True" in out
-    assert out.count("stopped gracefully (exit 0)") == 3
-    assert (tmp_path / "demo" / "checkpoint" / "MANIFEST.json").is_file()
+from streamtrain_tools.bench import ps as bench
+from streamtrain_tools.bench import ps_dense as bench_dense
 
 
 def test_bench_last_line_is_the_json_summary(capsys: pytest.CaptureFixture[str]) -> None:

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from streamtrain_worker.data import bench_quoting
+from streamtrain_tools.bench import quoting as bench_quoting
 from streamtrain_worker.data.config import AVAZU_CATEGORICAL, AVAZU_SLOTS, DataConfig
 from streamtrain_worker.data.errors import BadDataError, CorruptFileError, DataConfigError
 from streamtrain_worker.data.formats import Format, ParsedBlock, make_format

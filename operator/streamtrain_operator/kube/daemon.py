@@ -1,0 +1,567 @@
+"""The life of one job on Kubernetes, around the scheduler's driver (one kopf daemon each).
+
+The driver (``driver.py``) runs passes; this module decides *when* it runs and against
+what: it applies the job's children at the scale the scheduler is allowed to use, waits for
+the pods' gRPC health, runs the driver with progress stored in the job's status, and reacts:
+
+- ``spec.suspend``: the driver stops after the current step, the StatefulSets scale to
+  zero, the phase is Suspended; resuming restarts the driver, which reloads the last
+  checkpoint and replays the steps after it (the scheduler's restart semantics);
+- a spec change (e.g. ``workers.replicas``): the driver stops after the current step (the
+  pass in flight finishes with the old workers), children are re-applied, a new driver
+  continues with the next step — so the change takes effect at the next pass;
+- a PS pod restarted or recreated (its memory is gone): the driver is cancelled and
+  restarted, which bumps the generation, reloads every shard from the last checkpoint
+  and replays; a worker restart is only counted (the driver retries its share);
+- Succeeded (``endDay`` reached): the StatefulSets are deleted — pods removed, the models
+  in object storage untouched; Failed: the pods scale to zero, the status says why.
+
+Every wait polls with a timeout and ends promptly when kopf signals the daemon to stop.
+Events are posted at pass start and end, exports, shrinks, recoveries and phase changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from streamtrain_operator.job import render
+from streamtrain_operator.job.plan import EXPORT_KINDS, StepKind
+from streamtrain_operator.job.progress import Phase, Progress
+from streamtrain_operator.job.scheduler import Action, RunPass
+from streamtrain_operator.job.spec import Job, JobSpec, SpecError, parse_job
+from streamtrain_operator.kube import resources
+from streamtrain_operator.kube import status as st
+from streamtrain_operator.kube.api import KubeAPI
+from streamtrain_operator.kube.metrics import OperatorMetrics
+from streamtrain_operator.run.driver import Driver, Observer, WorkerClient
+from streamtrain_operator.run.state import StateStore
+from streamtrain_operator.run.worker_client import GrpcWorker
+from streamtrain_ps.api import PSLike
+from streamtrain_ps.remote import RemotePS
+
+log = logging.getLogger(__name__)
+
+
+class Connection(Protocol):
+    """Clients of one job's PS shards and workers."""
+
+    @property
+    def ps(self) -> PSLike: ...
+
+    @property
+    def workers(self) -> Sequence[WorkerClient]: ...
+
+    async def wait_ready(self, timeout: float) -> None:
+        """Return once every shard and worker answers; raise otherwise."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+Connector = Callable[[Job, resources.Scale, resources.Options], Connection]
+DriverFactory = Callable[..., Driver]
+
+
+class StopSignal(Protocol):
+    """kopf's ``stopped`` flag of a daemon (``DaemonStopped``)."""
+
+    def is_set(self) -> bool: ...
+
+    async def wait(self) -> Any: ...
+
+
+@dataclass
+class GrpcConnection:
+    """The production :class:`Connection`: RemotePS over every shard, one GrpcWorker each."""
+
+    ps: RemotePS
+    workers: list[GrpcWorker]
+    #: The blocking PS readiness wait runs in a thread that cancelling cannot stop; close()
+    #: lets it finish before closing the channels under it.
+    _pending: asyncio.Future[None] | None = None
+
+    async def wait_ready(self, timeout: float) -> None:
+        self._pending = asyncio.get_running_loop().run_in_executor(
+            None, self.ps.wait_ready, timeout
+        )
+        await asyncio.shield(self._pending)
+        await asyncio.gather(*(w.wait_ready(timeout) for w in self.workers))
+
+    async def close(self) -> None:
+        if self._pending is not None:
+            with contextlib.suppress(Exception):
+                await self._pending
+        for w in self.workers:
+            with contextlib.suppress(Exception):
+                await w.close()
+        self.ps.close()
+
+
+@dataclass(frozen=True)
+class GrpcConnector:
+    """Dials the pods' stable DNS names; ``endpoint_map`` rewrites ``host:port`` (an
+    operator running outside the cluster through port-forwards, or the local-process
+    contract test)."""
+
+    endpoint_map: Mapping[str, str] = field(default_factory=dict)
+
+    def __call__(self, job: Job, scale: resources.Scale, options: resources.Options) -> Connection:
+        def dial(endpoint: str) -> str:
+            return self.endpoint_map.get(endpoint, endpoint)
+
+        ps_eps = [dial(e) for e in resources.ps_addresses(job, scale.ps, options)]
+        worker_eps = [dial(e) for e in resources.worker_addresses(job, scale.workers, options)]
+        return GrpcConnection(
+            RemotePS(ps_eps, render.ps_config(job.spec)),
+            [GrpcWorker(ep, name=f"{job.name}-worker-{i}") for i, ep in enumerate(worker_eps)],
+        )
+
+
+@dataclass
+class Runtime:
+    """Everything a job's handlers need, built once in ``main`` (no globals)."""
+
+    kube: KubeAPI
+    metrics: OperatorMetrics
+    options: resources.Options = field(default_factory=resources.Options)
+    connector: Connector = field(default_factory=GrpcConnector)
+    driver_factory: DriverFactory = Driver
+    clock: Callable[[], float] = time.time
+    #: One attempt of waiting for the pods' health (then the status is refreshed).
+    ready_timeout: float = 10.0
+    #: How often PS/worker pods are checked for restarts.
+    restart_poll_seconds: float = 15.0
+    #: How often a suspended or invalid job re-reads its (live) spec.
+    idle_poll_seconds: float = 5.0
+
+
+def manifest(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The parts of a kopf body ``parse_job`` reads, as plain data."""
+    meta = body.get("metadata", {})
+    return {
+        "apiVersion": body.get("apiVersion"),
+        "kind": body.get("kind"),
+        "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace", "default")},
+        "spec": _plain(body.get("spec")),
+    }
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def read_job(body: Mapping[str, Any]) -> Job:
+    """Parse and check a job (raises :class:`SpecError` naming the field)."""
+    job = parse_job(manifest(body))
+    resources.check_name(job)
+    return job
+
+
+def configs(job: Job, options: resources.Options) -> dict[str, str]:
+    """The rendered component configs of the ConfigMap (workers dial the PS DNS names)."""
+    ps = resources.ps_addresses(job, job.spec.ps.replicas, options)
+    return {
+        resources.PS_CONFIG_FILE: render.render_ps(job.spec),
+        resources.WORKER_CONFIG_FILE: render.render_worker(job.spec, ps),
+    }
+
+
+def desired(
+    job: Job, uid: str, scale: resources.Scale, generation: int, options: resources.Options
+) -> list[dict[str, Any]]:
+    return resources.build(
+        job,
+        configs=configs(job, options),
+        scale=scale,
+        generation=generation,
+        owner=resources.Owner(name=job.name, uid=uid),
+        options=options,
+    )
+
+
+def initial_scale(job: Job, status: Mapping[str, Any]) -> resources.Scale:
+    """Pods a job should have before its daemon decides: none when suspended or done."""
+    done = status.get("phase") in Phase.TERMINAL
+    if job.spec.suspend or done:
+        return resources.Scale(0, 0)
+    return resources.Scale(job.spec.ps.replicas, job.spec.workers.replicas)
+
+
+class PodRestarts:
+    """The driver's ``Supervisor`` on Kubernetes: notices restarted pods (the kubelet
+    restarts them; there is nothing to heal).
+
+    A pod whose uid or container restart count changed lost its process's memory. The
+    driver asks after every step (``heal``), as ``LocalCluster`` does in local mode, so a
+    PS restart voids the step it happened in and nothing later runs — or publishes a model
+    — against the emptied shard; the supervisor's watch asks every
+    ``restart_poll_seconds`` to catch a restart during a long step. One baseline serves
+    both: whoever sees a restart first consumes it, so it is restored once and reported
+    once (``report``: role and pod names). ``ready`` waits until every pod answers: after a
+    restart the driver's restore talks to the restarted pod at once (``LocalCluster.heal``
+    waits for its children the same way), and a container that was just started may not
+    serve yet.
+    """
+
+    def __init__(
+        self,
+        list_pods: Callable[[str], Mapping[str, tuple[str, int]]],
+        report: Callable[[str, Sequence[str]], None],
+        ready: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self._list = list_pods
+        self._report = report
+        self._ready = ready
+        self._seen: dict[str, dict[str, tuple[str, int]]] = {}
+        self.ps_restarts = 0
+        self.last_ps_restart = ""
+        self.worker_restarts = 0
+        self.last_worker_restart = ""
+
+    async def poll(self) -> tuple[list[str], list[str]]:
+        """The PS and the worker pods restarted since the previous poll (the first poll
+        sets the baseline)."""
+        now = {role: dict(await asyncio.to_thread(self._list, role)) for role in resources.ROLES}
+        changed: dict[str, list[str]] = {}
+        for role, pods in now.items():
+            seen = self._seen.get(role)
+            changed[role] = (
+                [] if seen is None else sorted(n for n, s in pods.items() if seen.get(n, s) != s)
+            )
+            self._seen[role] = pods
+        if changed["ps"]:
+            self.ps_restarts += len(changed["ps"])
+            self.last_ps_restart = f"PS {', '.join(changed['ps'])} restarted"
+        if changed["worker"]:
+            self.worker_restarts += len(changed["worker"])
+            self.last_worker_restart = f"{', '.join(changed['worker'])} restarted"
+        for role, names in changed.items():
+            if names:
+                self._report(role, names)
+        return changed["ps"], changed["worker"]
+
+    async def heal(self) -> list[str]:
+        try:
+            ps, workers = await self.poll()
+        except Exception:  # a failed listing is not a restart; the next check sees it
+            log.warning("listing the job's pods failed", exc_info=True)
+            return []
+        if (ps or workers) and self._ready is not None:
+            try:
+                await self._ready()
+            except Exception:  # not yet: the restore's own retries take it from here
+                log.warning("restarted pods do not answer yet", exc_info=True)
+        return [f"{name} restarted" for name in ps + workers]
+
+
+class JobSupervisor:
+    """Runs one job until it ends or kopf stops the daemon. ``body`` is kopf's live view
+    of the object (it changes as the object changes)."""
+
+    def __init__(self, rt: Runtime, body: Mapping[str, Any]) -> None:
+        self.rt = rt
+        self.body = body
+        self.driver: Driver | None = None
+        self.scale: resources.Scale | None = None
+        #: The spec of the current cycle: the update/resume handler asks for a restart
+        #: only when the spec differs (kopf's resume handler runs at every operator start).
+        self.spec: JobSpec | None = None
+        self._previous: Progress | None = None
+        #: Set by the update handler; read at every waiting point of a cycle.
+        self._restart = False
+
+    # ------------------------------------------------------------------ identity
+
+    @property
+    def ref(self) -> dict[str, str]:
+        meta = self.body["metadata"]
+        return {
+            "namespace": meta.get("namespace", "default"),
+            "name": meta["name"],
+            "uid": meta.get("uid", ""),
+        }
+
+    def _status(self) -> MutableMapping[str, Any]:
+        return dict(self.body.get("status") or {})
+
+    def _patch(self, body: Mapping[str, Any]) -> None:
+        self.rt.kube.patch_status(self.ref["namespace"], self.ref["name"], body)
+
+    def _event(self, reason: str, message: str, warning: bool = False) -> None:
+        """Events are best effort: an unreachable API never fails a pass for one."""
+        try:
+            self.rt.kube.event(self.ref, "Warning" if warning else "Normal", reason, message)
+        except Exception:
+            log.warning("event %s of %s not posted", reason, self.ref["name"], exc_info=True)
+
+    # ------------------------------------------------------------------ control
+
+    def request_restart(self, reason: str) -> None:
+        """Called by the update handler: stop after the current step, then re-read the
+        spec (suspend, new worker count, new images...). Also ends a wait for pods that
+        may never come (a bad image is fixed by a spec change)."""
+        self._restart = True
+        if self.driver is not None:
+            self.driver.stop(Phase.STOPPED, reason)
+
+    async def run(self, stopped: StopSignal) -> None:
+        try:
+            while not stopped.is_set():
+                if await self._cycle(stopped):
+                    return
+        finally:
+            self.driver = None
+
+    async def _cycle(self, stopped: StopSignal) -> bool:
+        """One look at the job; ``True`` when the daemon is done for good."""
+        try:
+            job = read_job(self.body)
+        except SpecError:
+            await self._idle(stopped)  # the create/update handler reported it
+            return False
+        progress = st.progress_from_status(self._status())
+        if progress is not None and progress.phase in Phase.TERMINAL:
+            await asyncio.to_thread(self._finish, job, progress)
+            return True
+        if job.spec.suspend:
+            await asyncio.to_thread(self._suspend, job, progress)
+            await self._idle(stopped)
+            return False
+        return await self._run_driver(job, progress, stopped)
+
+    async def _idle(self, stopped: StopSignal) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopped.wait(), self.rt.idle_poll_seconds)
+
+    # ------------------------------------------------------------------ phases
+
+    def _apply(self, job: Job, scale: resources.Scale, generation: int) -> None:
+        for obj in desired(job, self.ref["uid"], scale, generation, self.rt.options):
+            self.rt.kube.apply(obj)
+        self.scale = scale
+
+    def _scale_to_zero(self, job: Job) -> None:
+        for role in resources.ROLES:
+            with contextlib.suppress(Exception):  # already gone is fine
+                self.rt.kube.scale(job.namespace, resources.statefulset_name(job, role), 0)
+        self.scale = resources.Scale(0, 0)
+
+    def _suspend(self, job: Job, progress: Progress | None) -> None:
+        if self._status().get("phase") == Phase.SUSPENDED and self.scale == resources.Scale(0, 0):
+            return
+        generation = 0 if progress is None else progress.generation
+        self._apply(job, resources.Scale(0, 0), generation)
+        self._patch(
+            st.phase_patch(Phase.SUSPENDED, "spec.suspend is true", self.rt.clock(), self._status())
+        )
+        self.rt.metrics.set_phase(job.namespace, job.name, Phase.SUSPENDED)
+        self._event("Suspended", "scaled to zero; resuming reloads the last checkpoint")
+
+    def _finish(self, job: Job, progress: Progress) -> None:
+        """Succeeded: delete the pods' StatefulSets, keep the models. Failed: scale to 0."""
+        self.rt.metrics.set_phase(job.namespace, job.name, progress.phase)
+        if progress.phase == Phase.SUCCEEDED:
+            removed = [
+                name
+                for role in resources.ROLES
+                if self.rt.kube.delete(
+                    "StatefulSet", job.namespace, name := resources.statefulset_name(job, role)
+                )
+            ]
+            if removed:
+                self._event("Succeeded", f"{progress.message}; pods removed, models kept")
+        else:
+            self._scale_to_zero(job)
+            self._event("Failed", progress.message or "the job failed", warning=True)
+
+    async def _run_driver(self, job: Job, progress: Progress | None, stopped: StopSignal) -> bool:
+        self._restart = False
+        self.spec = job.spec
+        scale = resources.Scale(job.spec.ps.replicas, job.spec.workers.replicas)
+        generation = 1 + (0 if progress is None else progress.generation)
+        await asyncio.to_thread(self._apply, job, scale, generation)
+        conn = self.rt.connector(job, scale, self.rt.options)
+        tasks: list[asyncio.Future[Any]] = []
+        try:
+            if not await self._wait_ready(conn, job, stopped):
+                return False
+            store = st.StatusStore(
+                self._patch,
+                self._status(),
+                self.rt.clock,
+                observed_generation=self.body["metadata"].get("generation"),
+            )
+            # Restarts count from the moment every pod answered.
+            restarts = PodRestarts(
+                lambda role: self._pods(job, role),
+                lambda role, names: self._restarted(job, role, names),
+                lambda: conn.wait_ready(self.rt.ready_timeout),
+            )
+            await restarts.poll()
+            self.driver = self._make_driver(job, conn, store, restarts)
+            if self._restart:  # the spec changed while the pods came up
+                self.driver.stop(Phase.STOPPED, "spec changed")
+            # Each task joins ``tasks`` as it is made, so the ``finally`` cancels it whatever
+            # fails next. kopf's ``stopped.wait()`` is an awaitable (``AsyncFlagPromise``),
+            # not a coroutine: ``ensure_future`` takes it, ``create_task`` would raise and
+            # leave the driver running on closed channels.
+            run = asyncio.create_task(self.driver.run())
+            tasks.append(run)
+            watch = asyncio.create_task(self._watch_ps(job, restarts))
+            tasks.append(watch)
+            stop = asyncio.ensure_future(stopped.wait())
+            tasks.append(stop)
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            if run.done():
+                return await self._after_run(job, run.result())
+            if watch.done():  # a PS restarted during a step: its outcome is void
+                run.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await run
+            return False
+        finally:
+            self.driver = None
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await conn.close()
+
+    def _make_driver(
+        self, job: Job, conn: Connection, store: StateStore, restarts: PodRestarts
+    ) -> Driver:
+        return self.rt.driver_factory(
+            job.spec,
+            conn.ps,
+            conn.workers,
+            store,
+            clock=self.rt.clock,
+            observer=Observer(on_action=self._on_action, on_progress=self._on_progress),
+            supervisor=restarts,
+        )
+
+    async def _after_run(self, job: Job, progress: Progress) -> bool:
+        if progress.phase in Phase.TERMINAL:
+            await asyncio.to_thread(self._finish, job, progress)
+            return True
+        return False  # Stopped for a spec change or suspend: the next cycle decides
+
+    async def _wait_ready(self, conn: Connection, job: Job, stopped: StopSignal) -> bool:
+        waiting = False
+        while not stopped.is_set() and not self._restart:
+            try:
+                await self._unless_stopped(conn.wait_ready(self.rt.ready_timeout), stopped)
+            except Exception as exc:  # not ready yet: say so in the status, keep waiting
+                if not waiting:
+                    message = f"waiting for {self.scale} pods of {job.name}: {exc}"
+                    patch = st.pods_ready(False, "WaitingForPods", message, self.rt.clock(), {})
+                    await asyncio.to_thread(self._merge_conditions, patch)
+                    waiting = True
+                continue
+            patch = st.pods_ready(
+                True, "AllReady", "every PS shard and worker answers", self.rt.clock(), {}
+            )
+            await asyncio.to_thread(self._merge_conditions, patch)
+            return True
+        return False
+
+    @staticmethod
+    async def _unless_stopped(work: Awaitable[None], stopped: StopSignal) -> None:
+        """Await ``work``, but give up as soon as kopf stops the daemon (deletion)."""
+        task = asyncio.ensure_future(work)
+        stop = asyncio.ensure_future(stopped.wait())
+        try:
+            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (task, stop):
+                t.cancel()
+            await asyncio.gather(task, stop, return_exceptions=True)
+        if stopped.is_set():
+            return
+        task.result()
+
+    def _merge_conditions(self, patch: Mapping[str, Any]) -> None:
+        status = self._status()
+        conditions: Sequence[Mapping[str, Any]] = status.get("conditions", ())
+        for cond in patch["conditions"]:
+            conditions = st.set_condition(conditions, cond)
+        self._patch({"conditions": list(conditions)})
+
+    # ------------------------------------------------------------------ restarts
+
+    def _pods(self, job: Job, role: str) -> dict[str, tuple[str, int]]:
+        return self.rt.kube.pods(job.namespace, resources.selector_labels(job, role))
+
+    async def _watch_ps(self, job: Job, restarts: PodRestarts) -> list[str]:
+        """Return the PS pods that restarted (or were recreated) during a step: the driver
+        checks after every step itself, this catches a restart while a long step runs."""
+        while True:
+            await asyncio.sleep(self.rt.restart_poll_seconds)
+            try:
+                ps, _ = await restarts.poll()
+            except Exception:  # a failed poll is not a restart: the driver keeps running
+                log.warning("listing the pods of %s failed", job.name, exc_info=True)
+                continue
+            if ps:
+                return ps
+
+    def _restarted(self, job: Job, role: str, names: Sequence[str]) -> None:
+        self.rt.metrics.restarted(job.namespace, job.name, role, len(names))
+        if role == "ps":
+            self._event(
+                "Recovering",
+                f"PS {', '.join(names)} restarted: reloading every shard from the last "
+                "checkpoint and replaying (new generation)",
+                warning=True,
+            )
+        else:
+            self._event("WorkerRestarted", f"{', '.join(names)}: restarted")
+
+    # ------------------------------------------------------------------ observer
+
+    def _on_action(self, action: Action, progress: Progress) -> None:
+        if isinstance(action, RunPass) and not action.replay and action.attempt == 1:
+            key = action.key
+            self._event(
+                "PassStarted",
+                f"day {key.day} pass {key.pass_index} on {len(action.shares)} worker(s), "
+                f"generation {action.generation}",
+            )
+
+    def _on_progress(self, progress: Progress) -> None:
+        prev, self._previous = self._previous, progress
+        ns, name = self.ref["namespace"], self.ref["name"]
+        self.rt.metrics.set_phase(ns, name, progress.phase)
+        self.rt.metrics.set_generation(ns, name, progress.generation)
+        done = progress.completed
+        if done is None or (prev is not None and prev.completed == done) or prev is None:
+            return
+        where = f"day {done.day} pass {done.pass_index}"
+        if done.kind == StepKind.TRAIN and progress.last_pass is not None:
+            m = progress.last_pass.metrics
+            self.rt.metrics.pass_completed(
+                ns,
+                name,
+                duration_seconds=m.get("seconds", 0.0),
+                wait_seconds=progress.last_pass.wait_seconds,
+                metrics=m,
+            )
+            shown = ", ".join(f"{k} {m[k]:.4g}" for k in ("auc", "loss", "copc") if k in m)
+            self._event("PassCompleted", f"{where}: {shown or 'empty pass: no examples'}")
+        elif done.kind in EXPORT_KINDS:
+            self.rt.metrics.exported(ns, name)
+            uri = progress.export.uri if progress.export else ""
+            self._event("Exported", f"{done.kind.value} model of {where} published at {uri}")
+        elif done.kind == StepKind.CHECKPOINT:
+            self.rt.metrics.checkpointed(ns, name)
+        elif done.kind == StepKind.SHRINK:
+            self._event("Shrunk", f"end of day {done.day}: decayed and evicted")

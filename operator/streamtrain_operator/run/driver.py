@@ -1,0 +1,506 @@
+"""The thin async driver: executes the scheduler's actions against the PS, workers and storage.
+
+All decisions are the state machine's (``scheduler.py``); this module only performs them and
+reports what happened: donefile checks and file listings through fsspec
+(``streamtrain_worker.data.layout``), deterministic file assignment
+(``streamtrain_worker.data.sharding``), ``RunPass`` on every worker in parallel with the
+generation fence, merging of the workers' histograms into global metrics
+(``streamtrain_worker.metrics``), PS saves, loads and shrinks (blocking ``PSLike`` calls run in
+threads), and model publication (``export.py``). Progress is saved through the injected
+``StateStore`` before and after every action. Clock and sleep are injected, so tests run
+without waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import fsspec
+
+from streamtrain_operator.job import render
+from streamtrain_operator.job.plan import PassPlan, StepKey, StepKind, join_uri
+from streamtrain_operator.job.progress import Phase, Progress
+from streamtrain_operator.job.scheduler import (
+    Action,
+    CheckData,
+    DataChecked,
+    Done,
+    Event,
+    Failed,
+    LoadCheckpoint,
+    PassRan,
+    Policy,
+    ResetWorkers,
+    RunPass,
+    Save,
+    Scheduler,
+    Shrink,
+    Sleep,
+    Terminal,
+)
+from streamtrain_operator.job.spec import JobSpec
+from streamtrain_operator.run import export
+from streamtrain_operator.run.pause import PauseHook
+from streamtrain_operator.run.state import StateStore
+from streamtrain_ps.api import PSLike, SaveMode
+from streamtrain_ps.errors import CheckpointError, PSUnavailableError
+from streamtrain_worker.config import MetricsConfig
+from streamtrain_worker.data import layout
+from streamtrain_worker.data.sharding import assign_files
+from streamtrain_worker.metrics import PassMetrics
+
+log = logging.getLogger(__name__)
+
+#: Seconds between two ``Reset`` calls to a worker still busy with an earlier pass.
+IDLE_POLL_SECONDS = 0.5
+
+SAVE_MODES = {
+    StepKind.DELTA: SaveMode.DELTA,
+    StepKind.BASE: SaveMode.BASE,
+    StepKind.BATCH: SaveMode.BATCH,
+    StepKind.CHECKPOINT: SaveMode.CHECKPOINT,
+}
+
+
+class WorkerClient(Protocol):
+    """One worker's control service (``worker.proto``), as the driver needs it."""
+
+    name: str
+
+    async def run_pass(
+        self, day: str, pass_index: int, files: Sequence[str], generation: int, train: bool
+    ) -> Any:
+        """Returns a ``worker_pb2.PassResult``."""
+        ...
+
+    async def export_dense(self, uri: str) -> list[str]: ...
+
+    async def reset(self, generation: int) -> None:
+        """Resync with the PS; a pass of an older generation still running is cancelled
+        first (``control.py``)."""
+        ...
+
+
+class StaleResultError(RuntimeError):
+    """A worker answered for another generation (a result of an older run)."""
+
+
+def policy_from_spec(spec: JobSpec) -> Policy:
+    return Policy(
+        num_workers=spec.workers.replicas,
+        poll_seconds=spec.data.pollSeconds,
+        missing_deadline_seconds=spec.data.missingDeadlineSeconds,
+        fail_on_missing=spec.data.onMissing == "fail",
+        pass_retries=spec.workers.passRetries,
+    )
+
+
+class Supervisor(Protocol):
+    """Restarts dead PS or worker processes (local mode: ``LocalCluster``)."""
+
+    #: How many PS shard restarts so far: each one lost that shard's model state.
+    ps_restarts: int
+    #: What the last PS restart was (for the condition's message).
+    last_ps_restart: str
+    #: How many worker restarts so far: one during a pass pushed part of its share.
+    worker_restarts: int
+    last_worker_restart: str
+
+    async def heal(self) -> list[str]:
+        """Restart whatever died (same address); returns what was restarted."""
+        ...
+
+
+@dataclass(frozen=True)
+class Observer:
+    """Hooks for progress output; every hook is optional."""
+
+    on_action: Callable[[Action, Progress], None] | None = None
+    on_progress: Callable[[Progress], None] | None = None
+    on_restart: Callable[[str], None] | None = None
+
+
+class Driver:
+    """Runs one job to a terminal phase (or until ``stop``)."""
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        ps: PSLike,
+        workers: Sequence[WorkerClient],
+        store: StateStore,
+        *,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        observer: Observer | None = None,
+        supervisor: Supervisor | None = None,
+        retry_on: tuple[type[BaseException], ...] = (OSError, CheckpointError, PSUnavailableError),
+    ) -> None:
+        if len(workers) != spec.workers.replicas:
+            raise ValueError(
+                f"{len(workers)} workers for spec.workers.replicas={spec.workers.replicas}"
+            )
+        self.spec = spec
+        self.plan = PassPlan.from_spec(spec)
+        self.ps = ps
+        self.workers = list(workers)
+        self.store = store
+        self.clock = clock
+        self.sleep = sleep
+        self.observer = observer or Observer()
+        self.supervisor = supervisor
+        self.retry = export.RetryPolicy(
+            retries=spec.export.retries,
+            backoff_seconds=spec.export.retryBackoffSeconds,
+            retry_on=retry_on,
+        )
+        saved = store.load()
+        progress = saved or Progress()
+        #: Whether an earlier driver ran this job: its workers may still be in one of its
+        #: passes (see ``_wait_for_idle_workers``); cleared by the first reload.
+        self._inherited = saved is not None
+        self.machine = Scheduler(self.plan, policy_from_spec(spec), progress)
+        # Results of the train step in progress, by worker (merged once all are in).
+        self._results: dict[int, PassMetrics] = {}
+        self._results_key: StepKey | None = None
+        self._pass_started = 0.0
+        self._pause = PauseHook.from_env()
+        # Restores after a worker loss, by pass: bounded by passRetries, then shares retry.
+        self._worker_restores: dict[StepKey, int] = {}
+
+    def _scratch_root(self) -> str:
+        """Where replayed exports save (they only want the save's PS-side effects)."""
+        return join_uri(self.plan.checkpoint_root, "_scratch")
+
+    def stop(self, phase: str = Phase.STOPPED, message: str = "") -> None:
+        """Finish the current action, then stop (progress stays resumable)."""
+        self.machine.request_stop(phase, message)
+
+    async def run(self) -> Progress:
+        # A replayed export saves into a scratch directory it removes when done; a kill in
+        # between leaves it behind. No step runs yet, so whatever is there is such a leftover.
+        await asyncio.to_thread(_remove, self._scratch_root())
+        while True:
+            action = self.machine.next_action(self.clock())
+            self._save()
+            if isinstance(action, Terminal):
+                return self.machine.progress
+            if self.observer.on_action is not None:
+                self.observer.on_action(action, self.machine.progress)
+            restarts = self._restarts()
+            await self._pause.at("before", action)
+            try:
+                event = await self.execute(action)
+            except Exception as exc:  # a bug or an unforeseen error: a condition, not a crash
+                log.exception("%s", action)
+                event = Failed("InternalError", f"{action}: {type(exc).__name__}: {exc}")
+            await self._pause.at("after", action)
+            if self.supervisor is not None:
+                healed = await self.supervisor.heal()
+                for what in healed:
+                    if self.observer.on_restart is not None:
+                        self.observer.on_restart(what)
+                lost = self._state_lost(action, restarts)
+                if lost is not None:
+                    self.machine.restore(lost[1], self.clock(), cause=lost[0])
+                    self._save()
+                    continue
+            self.machine.handle(event, self.clock())
+            self._save()
+
+    def _restarts(self) -> tuple[int, int]:
+        if self.supervisor is None:
+            return 0, 0
+        return self.supervisor.ps_restarts, self.supervisor.worker_restarts
+
+    def _state_lost(self, action: Action, before: tuple[int, int]) -> tuple[str, str] | None:
+        """Did a restart during ``action`` make the PS state unknown? (cause, message)
+
+        A PS restart lost that shard's state. A worker that died during a pass had pushed
+        the gradients of part of its share; retrying the share alone would apply those
+        twice, so the model is restored (reload + replay) instead — exactly-once for worker
+        loss too, at the price of replaying the passes since the last checkpoint. Bounded by
+        ``workers.passRetries`` per pass: a worker that keeps dying on a pass falls back to
+        share retries, which then fail the job naming it. Every job opens with the genesis
+        checkpoint (``PassPlan.genesis``), so there is always one to reload; only a record
+        written by an operator from before the genesis, still without a checkpoint, has
+        nothing to reload (the PS has no reset), and then the share is retried as well.
+        """
+        assert self.supervisor is not None
+        ps, workers = self._restarts()
+        if ps != before[0]:
+            # A PS shard came back empty: the outcome of this action is void.
+            return "PSRestarted", self.supervisor.last_ps_restart or "a PS shard restarted"
+        if workers == before[1] or not isinstance(action, RunPass):
+            return None
+        if self.machine.progress.checkpoint is None:
+            return None
+        done = self._worker_restores.get(action.key, 0)
+        if done >= self.spec.workers.passRetries:
+            return None
+        self._worker_restores[action.key] = done + 1
+        what = self.supervisor.last_worker_restart or "a worker restarted"
+        where = f"{action.key.day}/{action.key.pass_index}"
+        return "WorkerRestarted", f"{what} during pass {where}: its pushes are discarded"
+
+    def _save(self) -> None:
+        self.store.save(self.machine.progress)
+        if self.observer.on_progress is not None:
+            self.observer.on_progress(self.machine.progress)
+
+    # ------------------------------------------------------------------ actions
+
+    async def execute(self, action: Action) -> Event:
+        if isinstance(action, CheckData):
+            missing = await asyncio.to_thread(self._missing_folders, action.key)
+            return DataChecked(tuple(missing))
+        if isinstance(action, Sleep):
+            await self.sleep(action.seconds)
+            return Done()
+        if isinstance(action, RunPass):
+            return await self._run_pass(action)
+        if isinstance(action, Save):
+            return await self._save_step(action)
+        if isinstance(action, Shrink):
+            return await self._guard("ShrinkFailed", self._shrink)
+        if isinstance(action, LoadCheckpoint):
+            return await self._guard("RestoreFailed", lambda: self._load(action.uri))
+        if isinstance(action, ResetWorkers):
+            return await self._guard("RestoreFailed", self._reset_workers)
+        raise TypeError(f"unknown action {action!r}")
+
+    async def _guard(self, reason: str, fn: Callable[[], Awaitable[Event]]) -> Event:
+        try:
+            return await export.with_retries(reason, fn, self.retry, self.sleep)
+        except Exception as exc:  # every failure becomes a condition naming the cause
+            log.exception("%s", reason)
+            return Failed(reason, str(exc))
+
+    def _folders(self, key: StepKey) -> list[str]:
+        d = self.spec.data
+        return layout.pass_folders(
+            d.path,
+            key.day,
+            key.pass_index,
+            d.splitIntervalMinutes,
+            d.splitsPerPass,
+            hourly_names=d.layout == "HH",
+        )
+
+    def _missing_folders(self, key: StepKey) -> list[str]:
+        donefile = self.spec.data.donefile
+        return [f for f in self._folders(key) if not layout.folder_ready(f, donefile)]
+
+    def _assignment(self, key: StepKey) -> list[list[str]]:
+        donefile = self.spec.data.donefile
+        files = [
+            f for folder in self._folders(key) for f in layout.list_part_files(folder, donefile)
+        ]
+        return assign_files(files, len(self.workers))
+
+    async def _run_pass(self, action: RunPass) -> Event:
+        if self._results_key != action.key or action.attempt == 1:
+            self._results, self._results_key = {}, action.key
+            self._pass_started = self.clock()
+        try:
+            assignment = await asyncio.to_thread(self._assignment, action.key)
+        except OSError as exc:
+            return PassRan(dict.fromkeys(action.shares, f"cannot list the pass's files: {exc}"))
+        timeout = self.spec.workers.passTimeoutSeconds
+
+        async def one(w: int) -> PassMetrics:
+            call = self.workers[w].run_pass(
+                action.key.day, action.key.pass_index, assignment[w], action.generation, True
+            )
+            result = await (asyncio.wait_for(call, timeout) if timeout else call)
+            if int(result.generation) != action.generation:
+                raise StaleResultError(
+                    f"result of generation {result.generation}, expected {action.generation}"
+                )
+            return PassMetrics.from_proto(result)
+
+        outcomes = await asyncio.gather(*(one(w) for w in action.shares), return_exceptions=True)
+        failed: dict[int, str] = {}
+        for w, outcome in zip(action.shares, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                if isinstance(outcome, asyncio.CancelledError):
+                    raise outcome
+                failed[w] = _describe(outcome, self.workers[w].name)
+            else:
+                self._results[w] = outcome
+        if failed:
+            return PassRan(failed)
+        parts = [self._results[w] for w in range(len(self.workers))]
+        total = PassMetrics.sum(parts, parts[0].num_buckets)
+        wall = max(self.clock() - self._pass_started, 1e-9)
+        metrics = {
+            **total.summary(),
+            "seconds": wall,
+            "trainSeconds": total.train_seconds,
+            "examplesPerSecond": total.examples / wall,
+            "badLines": float(total.bad_lines),
+            "files": float(total.files_read),
+        }
+        return PassRan({}, metrics)
+
+    async def _save_step(self, action: Save) -> Event:
+        key = action.key
+        mode = SAVE_MODES[key.kind]
+        if key.kind == StepKind.CHECKPOINT:
+
+            async def checkpoint() -> Event:
+                await asyncio.to_thread(self.ps.save, action.uri, mode)
+                await asyncio.to_thread(self._prune_checkpoints, action.uri)
+                return Done()
+
+            return await self._guard("CheckpointFailed", checkpoint)
+        rel = action.uri[len(self.plan.export_root.rstrip("/")) + 1 :]
+        if action.replay or export.published(self.plan.export_root, rel) is not None:
+            # Already published: only the PS state side effect of the save is wanted.
+            scratch = join_uri(
+                self._scratch_root(),
+                f"g{action.generation}-{key.day}-{key.pass_index}-{key.kind.value}",
+            )
+
+            async def replay() -> Event:
+                await asyncio.to_thread(self.ps.save, scratch, mode)
+                await asyncio.to_thread(_remove, scratch)
+                return Done()
+
+            return await self._guard("ExportFailed", replay)
+        target = export.ModelTarget(
+            root=self.plan.export_root,
+            key=rel,
+            kind=key.kind.value,
+            day=key.day,
+            pass_index=key.pass_index,
+            base=self.plan.base_of_delta(key) if key.kind == StepKind.DELTA else None,
+        )
+        last = self.machine.progress.last_pass
+        try:
+            await export.publish_model(
+                target,
+                save_sparse=lambda uri: asyncio.to_thread(self.ps.save, uri, mode),
+                export_dense=self.workers[0].export_dense,
+                metrics={} if last is None else last.metrics,
+                policy=self.retry,
+                sleep=self.sleep,
+                clock=self.clock,
+                extra={
+                    "data": self.spec.data.data_config().to_dict(),
+                    "table": render.TABLE,
+                    "numBuckets": MetricsConfig().numBuckets,
+                    "model": self.spec.model.type,
+                },
+            )
+        except Exception as exc:
+            log.exception("export %s", target.uri)
+            return Failed("ExportFailed", str(exc))
+        return Done()
+
+    async def _shrink(self) -> Event:
+        result = await asyncio.to_thread(self.ps.shrink)
+        return Done({"deleted": float(result.deleted), "keys": float(result.keys_after)})
+
+    async def _load(self, uri: str) -> Event:
+        if self._inherited:
+            await self._wait_for_idle_workers()
+            self._inherited = False
+        keys = await asyncio.to_thread(self.ps.load, uri)
+        return Done({"keys": float(keys)})
+
+    async def _wait_for_idle_workers(self) -> None:
+        """Before a reload: wait until no worker still runs a pass of an earlier generation.
+
+        On Kubernetes the workers outlive what stopped the previous driver — the operator
+        pod was lost, or the supervisor cancelled the driver after a PS restart — and a
+        ``RunPass`` they were given keeps pulling and pushing until its share is done (a
+        worker finishes what it started; cancelling the call does not stop it). Those
+        pushes, landing after the checkpoint was loaded, would count that part of the pass
+        twice once it is redone; and the ``ResetWorkers`` after the load would fail with
+        "busy". ``Reset`` with this driver's (newer) generation makes the worker cancel such
+        a pass at its next batch boundary, flush its pushes, and only then answer, so once
+        every worker has answered, nothing old can push any more. A worker that is busy
+        with something else (an export) answers "busy" and is asked again; bounded by
+        ``passTimeoutSeconds``, unbounded without it, like the pass itself.
+
+        Only a driver that took over a job from an earlier one waits (at its first reload):
+        within one driver a restore follows an action whose calls have all returned.
+        """
+        limit = self.spec.workers.passTimeoutSeconds
+        generation = self.machine.progress.generation
+        log.warning(
+            "generation %d took over the job: resetting the workers (a pass of an earlier "
+            "generation still running is cancelled first) before reloading the checkpoint",
+            generation,
+        )
+
+        async def idle(worker: WorkerClient) -> None:
+            waited = 0.0
+            while True:
+                try:
+                    await worker.reset(generation)
+                    return
+                except Exception as exc:
+                    if not _busy(exc) or (limit is not None and waited >= limit):
+                        raise
+                if waited == 0.0:
+                    log.warning(
+                        "%s is busy: generation %d waits for it before reloading the checkpoint",
+                        worker.name,
+                        generation,
+                    )
+                await self.sleep(IDLE_POLL_SECONDS)
+                waited += IDLE_POLL_SECONDS
+
+        await asyncio.gather(*(idle(w) for w in self.workers))
+
+    async def _reset_workers(self) -> Event:
+        generation = self.machine.progress.generation
+        await asyncio.gather(*(w.reset(generation) for w in self.workers))
+        return Done()
+
+    def _prune_checkpoints(self, newest: str) -> None:
+        """Keep the newest ``checkpoint.keep`` published checkpoints (best effort)."""
+        fs, root = fsspec.core.url_to_fs(self.plan.checkpoint_root)
+        found: list[tuple[tuple[str, int, int], str]] = []
+        for manifest in fs.glob(f"{str(root).rstrip('/')}/*/pass-*-g*/MANIFEST.json"):
+            directory = str(manifest).rsplit("/", 1)[0]
+            day = directory.rsplit("/", 2)[-2]
+            _, p, g = directory.rsplit("/", 1)[-1].split("-")
+            found.append(((day, int(p), int(g[1:])), directory))
+        found.sort()
+        newest_path = str(fsspec.core.url_to_fs(newest)[1]).rstrip("/")
+        for _, directory in found[: -self.spec.checkpoint.keep]:
+            if directory.rstrip("/") != newest_path:
+                fs.rm(directory, recursive=True)
+
+
+def _remove(uri: str) -> None:
+    fs, path = fsspec.core.url_to_fs(uri)
+    if fs.exists(path):
+        fs.rm(path, recursive=True)
+
+
+def _busy(exc: BaseException) -> bool:
+    """The worker refused a call because it runs another one (``control.py``: one call at
+    a time, ``FAILED_PRECONDITION`` "... worker is busy with another call")."""
+    details, code = getattr(exc, "details", None), getattr(exc, "code", None)
+    if not (callable(details) and callable(code)):
+        return False
+    return getattr(code(), "name", "") == "FAILED_PRECONDITION" and "busy" in str(details())
+
+
+def _describe(exc: BaseException, worker: str) -> str:
+    details = getattr(exc, "details", None)
+    code = getattr(exc, "code", None)
+    if callable(details) and callable(code):  # grpc.aio.AioRpcError
+        return f"{worker}: {code().name}: {details()}"
+    if isinstance(exc, TimeoutError):
+        return f"{worker}: no answer within passTimeoutSeconds"
+    return f"{worker}: {type(exc).__name__}: {exc}"
