@@ -31,7 +31,8 @@ from prometheus_client import CollectorRegistry
 
 from streamtrain_operator.job.spec import SpecError
 from streamtrain_operator.kube import handlers
-from streamtrain_operator.kube.daemon import Runtime, read_job
+from streamtrain_operator.kube.daemon import Runtime
+from streamtrain_operator.kube.desired import read_job
 from streamtrain_operator.kube.metrics import OperatorMetrics
 from streamtrain_tools import crdgen
 

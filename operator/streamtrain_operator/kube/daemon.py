@@ -34,34 +34,17 @@ from streamtrain_operator.job import render
 from streamtrain_operator.job.plan import EXPORT_KINDS, StepKind
 from streamtrain_operator.job.progress import Phase, Progress
 from streamtrain_operator.job.scheduler import Action, RunPass
-from streamtrain_operator.job.spec import Job, JobSpec, SpecError, parse_job
+from streamtrain_operator.job.spec import Job, JobSpec, SpecError
 from streamtrain_operator.kube import resources
 from streamtrain_operator.kube import status as st
 from streamtrain_operator.kube.api import KubeAPI
+from streamtrain_operator.kube.desired import desired, read_job
 from streamtrain_operator.kube.metrics import OperatorMetrics
-from streamtrain_operator.run.driver import Driver, Observer, WorkerClient
+from streamtrain_operator.run.connection import Connection, dial
+from streamtrain_operator.run.driver import Driver, Observer
 from streamtrain_operator.run.state import StateStore
-from streamtrain_operator.run.worker_client import GrpcWorker
-from streamtrain_ps.api import PSLike
-from streamtrain_ps.remote import RemotePS
 
 log = logging.getLogger(__name__)
-
-
-class Connection(Protocol):
-    """Clients of one job's PS shards and workers."""
-
-    @property
-    def ps(self) -> PSLike: ...
-
-    @property
-    def workers(self) -> Sequence[WorkerClient]: ...
-
-    async def wait_ready(self, timeout: float) -> None:
-        """Return once every shard and worker answers; raise otherwise."""
-        ...
-
-    async def close(self) -> None: ...
 
 
 Connector = Callable[[Job, resources.Scale, resources.Options], Connection]
@@ -76,33 +59,6 @@ class StopSignal(Protocol):
     async def wait(self) -> Any: ...
 
 
-@dataclass
-class GrpcConnection:
-    """The production :class:`Connection`: RemotePS over every shard, one GrpcWorker each."""
-
-    ps: RemotePS
-    workers: list[GrpcWorker]
-    #: The blocking PS readiness wait runs in a thread that cancelling cannot stop; close()
-    #: lets it finish before closing the channels under it.
-    _pending: asyncio.Future[None] | None = None
-
-    async def wait_ready(self, timeout: float) -> None:
-        self._pending = asyncio.get_running_loop().run_in_executor(
-            None, self.ps.wait_ready, timeout
-        )
-        await asyncio.shield(self._pending)
-        await asyncio.gather(*(w.wait_ready(timeout) for w in self.workers))
-
-    async def close(self) -> None:
-        if self._pending is not None:
-            with contextlib.suppress(Exception):
-                await self._pending
-        for w in self.workers:
-            with contextlib.suppress(Exception):
-                await w.close()
-        self.ps.close()
-
-
 @dataclass(frozen=True)
 class GrpcConnector:
     """Dials the pods' stable DNS names; ``endpoint_map`` rewrites ``host:port`` (an
@@ -112,14 +68,14 @@ class GrpcConnector:
     endpoint_map: Mapping[str, str] = field(default_factory=dict)
 
     def __call__(self, job: Job, scale: resources.Scale, options: resources.Options) -> Connection:
-        def dial(endpoint: str) -> str:
+        def rewrite(endpoint: str) -> str:
             return self.endpoint_map.get(endpoint, endpoint)
 
-        ps_eps = [dial(e) for e in resources.ps_addresses(job, scale.ps, options)]
-        worker_eps = [dial(e) for e in resources.worker_addresses(job, scale.workers, options)]
-        return GrpcConnection(
-            RemotePS(ps_eps, render.ps_config(job.spec)),
-            [GrpcWorker(ep, name=f"{job.name}-worker-{i}") for i, ep in enumerate(worker_eps)],
+        return dial(
+            [rewrite(e) for e in resources.ps_addresses(job, scale.ps, options)],
+            [rewrite(e) for e in resources.worker_addresses(job, scale.workers, options)],
+            render.ps_config(job.spec),
+            worker_name=f"{job.name}-worker",
         )
 
 
@@ -139,62 +95,6 @@ class Runtime:
     restart_poll_seconds: float = 15.0
     #: How often a suspended or invalid job re-reads its (live) spec.
     idle_poll_seconds: float = 5.0
-
-
-def manifest(body: Mapping[str, Any]) -> dict[str, Any]:
-    """The parts of a kopf body ``parse_job`` reads, as plain data."""
-    meta = body.get("metadata", {})
-    return {
-        "apiVersion": body.get("apiVersion"),
-        "kind": body.get("kind"),
-        "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace", "default")},
-        "spec": _plain(body.get("spec")),
-    }
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value
-
-
-def read_job(body: Mapping[str, Any]) -> Job:
-    """Parse and check a job (raises :class:`SpecError` naming the field)."""
-    job = parse_job(manifest(body))
-    resources.check_name(job)
-    return job
-
-
-def configs(job: Job, options: resources.Options) -> dict[str, str]:
-    """The rendered component configs of the ConfigMap (workers dial the PS DNS names)."""
-    ps = resources.ps_addresses(job, job.spec.ps.replicas, options)
-    return {
-        resources.PS_CONFIG_FILE: render.render_ps(job.spec),
-        resources.WORKER_CONFIG_FILE: render.render_worker(job.spec, ps),
-    }
-
-
-def desired(
-    job: Job, uid: str, scale: resources.Scale, generation: int, options: resources.Options
-) -> list[dict[str, Any]]:
-    return resources.build(
-        job,
-        configs=configs(job, options),
-        scale=scale,
-        generation=generation,
-        owner=resources.Owner(name=job.name, uid=uid),
-        options=options,
-    )
-
-
-def initial_scale(job: Job, status: Mapping[str, Any]) -> resources.Scale:
-    """Pods a job should have before its daemon decides: none when suspended or done."""
-    done = status.get("phase") in Phase.TERMINAL
-    if job.spec.suspend or done:
-        return resources.Scale(0, 0)
-    return resources.Scale(job.spec.ps.replicas, job.spec.workers.replicas)
 
 
 class PodRestarts:

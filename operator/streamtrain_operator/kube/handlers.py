@@ -28,14 +28,8 @@ from urllib3.exceptions import HTTPError
 from streamtrain_operator.job.progress import Phase
 from streamtrain_operator.job.spec import SpecError
 from streamtrain_operator.kube import status as st
-from streamtrain_operator.kube.daemon import (
-    JobSupervisor,
-    Runtime,
-    StopSignal,
-    desired,
-    initial_scale,
-    read_job,
-)
+from streamtrain_operator.kube.daemon import JobSupervisor, Runtime, StopSignal
+from streamtrain_operator.kube.desired import desired, initial_scale, read_job
 
 #: Seconds before kopf retries after a temporary API failure.
 RETRY_DELAY = 10.0
