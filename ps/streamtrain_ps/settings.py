@@ -131,9 +131,12 @@ def setting(
 def same_as(owner: type[Any], name: str, doc: str | None = None, required: bool = False) -> Any:
     """The declaration of ``owner.name`` again, for a field that must mean the same thing
     in another section (same default and bounds; its own ``doc`` if given). ``required``
-    drops the default: the composing layer insists on a value the owner can do without."""
+    drops the default: the composing layer insists on a value the owner can do without.
+    The copy's metadata names the original (``sameAs``), so tests can tell a copy from a
+    second declaration."""
     original = {f.name: f for f in fields(owner)}[name]
     metadata = dict(original.metadata)
+    metadata.setdefault("sameAs", f"{owner.__name__}.{name}")  # where it is declared
     if doc is not None:
         metadata["doc"] = doc
     if required:
