@@ -61,16 +61,18 @@ class OperatorConfig:
         env="STREAMTRAIN_COMPONENT_METRICS_PORT",
     )
     network_policy: bool = setting(
-        True, "Render a NetworkPolicy per job.", env="STREAMTRAIN_NETWORK_POLICY"
+        True,
+        "Render the per-job NetworkPolicy (the chart's networkPolicy.enabled).",
+        env="STREAMTRAIN_NETWORK_POLICY",
     )
     operator_labels: dict[str, str] = setting(
         {"app.kubernetes.io/name": "streamtrain"},
-        "Labels of the operator's pods (JSON object), allowed through the jobs' policies.",
+        "How the operator's pod is labelled (JSON object): the jobs' NetworkPolicy lets it in.",
         env="STREAMTRAIN_OPERATOR_LABELS",
     )
     metrics_from: tuple[dict[str, Any], ...] = setting(
         (),
-        "NetworkPolicy peers allowed to scrape the jobs' pods (JSON list).",
+        "NetworkPolicyPeer objects allowed to scrape the jobs' metrics (JSON list); empty: anyone.",
         env="STREAMTRAIN_METRICS_FROM",
     )
     watch_timeout_seconds: int = setting(

@@ -19,7 +19,7 @@ Example::
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 from streamtrain_ps.settings import ConfigError, as_json, parse, setting
@@ -98,7 +98,7 @@ class SparseConfig:
 
     def table_config(self, embedding_dim: int, name: str = "embedding") -> TableConfig:
         """These settings as the PS table ``name`` with embedx width ``embedding_dim``."""
-        shared = {f: getattr(self, f) for f in SparseConfig.__dataclass_fields__}
+        shared = {f.name: getattr(self, f.name) for f in fields(SparseConfig)}
         return TableConfig(name=name, embedxDim=embedding_dim, **shared)
 
 
