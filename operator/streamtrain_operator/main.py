@@ -24,11 +24,12 @@ import kopf
 from kubernetes import client, config
 from prometheus_client import CollectorRegistry, start_http_server
 
-from streamtrain_operator.kube import handlers, resources
+from streamtrain_operator.kube import handlers
 from streamtrain_operator.kube.api import GROUP, PLURAL, VERSION, Kube
 from streamtrain_operator.kube.daemon import GrpcConnector, Runtime
 from streamtrain_operator.kube.metrics import OperatorMetrics
-from streamtrain_ps.settings import ConfigError, parse_env, setting
+from streamtrain_operator.kube.resources import Options
+from streamtrain_ps.settings import ConfigError, parse_env, same_as, setting
 
 PREFIX = "streamtrain.io"
 FINALIZER = f"{PREFIX}/finalizer"
@@ -50,30 +51,17 @@ class OperatorConfig:
         minimum=0,
         env="STREAMTRAIN_METRICS_PORT",
     )
-    ps_port: int = setting(50051, "gRPC port of the PS pods.", minimum=1, env="STREAMTRAIN_PS_PORT")
-    worker_port: int = setting(
-        50061, "gRPC port of the worker pods.", minimum=1, env="STREAMTRAIN_WORKER_PORT"
+    ps_port: int = same_as(Options, "ps_port", env="STREAMTRAIN_PS_PORT")
+    worker_port: int = same_as(Options, "worker_port", env="STREAMTRAIN_WORKER_PORT")
+    component_metrics_port: int = same_as(
+        Options, "metrics_port", env="STREAMTRAIN_COMPONENT_METRICS_PORT"
     )
-    component_metrics_port: int = setting(
-        9100,
-        "Port of the PS and worker pods' /metrics.",
-        minimum=1,
-        env="STREAMTRAIN_COMPONENT_METRICS_PORT",
+    network_policy: bool = same_as(Options, "network_policy", env="STREAMTRAIN_NETWORK_POLICY")
+    operator_labels: dict[str, str] = same_as(
+        Options, "operator_labels", env="STREAMTRAIN_OPERATOR_LABELS"
     )
-    network_policy: bool = setting(
-        True,
-        "Render the per-job NetworkPolicy (the chart's networkPolicy.enabled).",
-        env="STREAMTRAIN_NETWORK_POLICY",
-    )
-    operator_labels: dict[str, str] = setting(
-        {"app.kubernetes.io/name": "streamtrain"},
-        "How the operator's pod is labelled (JSON object): the jobs' NetworkPolicy lets it in.",
-        env="STREAMTRAIN_OPERATOR_LABELS",
-    )
-    metrics_from: tuple[dict[str, Any], ...] = setting(
-        (),
-        "NetworkPolicyPeer objects allowed to scrape the jobs' metrics (JSON list); empty: anyone.",
-        env="STREAMTRAIN_METRICS_FROM",
+    metrics_from: tuple[dict[str, Any], ...] = same_as(
+        Options, "metrics_from", env="STREAMTRAIN_METRICS_FROM"
     )
     watch_timeout_seconds: int = setting(
         300, "Server-side timeout of a watch.", minimum=1, env="STREAMTRAIN_WATCH_TIMEOUT_SECONDS"
@@ -112,8 +100,8 @@ class OperatorConfig:
         """Read every setting from its variable (unset or empty: the default)."""
         return parse_env(cls, env, error=SettingsError)
 
-    def options(self) -> resources.Options:
-        return resources.Options(
+    def options(self) -> Options:
+        return Options(
             ps_port=self.ps_port,
             worker_port=self.worker_port,
             metrics_port=self.component_metrics_port,

@@ -128,17 +128,26 @@ def setting(
     return _field(default, metadata)
 
 
-def same_as(owner: type[Any], name: str, doc: str | None = None, required: bool = False) -> Any:
+def same_as(
+    owner: type[Any],
+    name: str,
+    doc: str | None = None,
+    required: bool = False,
+    env: str | None = None,
+) -> Any:
     """The declaration of ``owner.name`` again, for a field that must mean the same thing
     in another section (same default and bounds; its own ``doc`` if given). ``required``
     drops the default: the composing layer insists on a value the owner can do without.
-    The copy's metadata names the original (``sameAs``), so tests can tell a copy from a
-    second declaration."""
+    ``env`` names the environment variable the copy is read from (:func:`parse_env`). The
+    copy's metadata names the original (``sameAs``), so tests can tell a copy from a second
+    declaration."""
     original = {f.name: f for f in fields(owner)}[name]
     metadata = dict(original.metadata)
     metadata.setdefault("sameAs", f"{owner.__name__}.{name}")  # where it is declared
     if doc is not None:
         metadata["doc"] = doc
+    if env is not None:
+        metadata["env"] = env
     if required:
         return field(metadata=metadata)
     if original.default_factory is not MISSING:

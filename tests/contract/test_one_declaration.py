@@ -14,6 +14,7 @@ import pytest
 
 from streamtrain_operator import main
 from streamtrain_operator.job import spec as S  # noqa: N812 -- short alias for a long module
+from streamtrain_operator.kube import resources
 from streamtrain_ps.config import DenseConfig, PSConfig, SparseConfig, SparseOptimizerConfig
 from streamtrain_ps.settings import as_json, field_hints, is_section, strip_optional
 from streamtrain_tools import crdgen
@@ -29,6 +30,7 @@ DIFFERENT_SETTINGS = {
     "beta2": "the sparse and the dense optimizer are tuned apart",
     "epsilon": "the sparse and the dense optimizer are tuned apart",
     "replicas": "PS shards and workers scale apart",
+    "metrics_port": "the operator's own /metrics vs the pods' (component_metrics_port)",
 }
 
 #: Spec path -> the class that declares it, in the package that owns it.
@@ -40,7 +42,13 @@ COMPONENT_SECTIONS = {
     "data": DataConfig,
 }
 
-ROOTS: tuple[type[Any], ...] = (S.JobSpec, PSConfig, WorkerConfig, main.OperatorConfig)
+ROOTS: tuple[type[Any], ...] = (
+    S.JobSpec,
+    PSConfig,
+    WorkerConfig,
+    main.OperatorConfig,
+    resources.Options,
+)
 
 
 def _sections() -> set[type[Any]]:
