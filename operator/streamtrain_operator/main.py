@@ -1,7 +1,8 @@
 """The operator's entry point: ``kopf run -m streamtrain_operator.main --standalone``.
 
 Only wiring lives here (the crate-operator layout): settings are read from the environment
-once, at startup, into a validated :class:`OperatorConfig`; kopf is configured (our own
+once, at startup, into a validated :class:`OperatorConfig` (each declared once with its
+variable, parsed by ``streamtrain_ps.settings.parse_env``); kopf is configured (our own
 finalizer and annotation prefixes, chosen once and never changed — changing them would
 orphan every existing job's finalizer; watch and request timeouts; no cluster scanning, so
 the RBAC stays minimal); the :class:`~streamtrain_operator.kube.daemon.Runtime` is built and
@@ -13,139 +14,94 @@ put in kopf's memo; the handlers of ``handlers.py`` are registered.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import kopf
 from kubernetes import client, config
 from prometheus_client import CollectorRegistry, start_http_server
 
-from streamtrain_operator.kube import handlers, resources
+from streamtrain_operator.kube import handlers
 from streamtrain_operator.kube.api import GROUP, PLURAL, VERSION, Kube
 from streamtrain_operator.kube.daemon import GrpcConnector, Runtime
 from streamtrain_operator.kube.metrics import OperatorMetrics
+from streamtrain_operator.kube.resources import Options
+from streamtrain_ps.settings import ConfigError, parse_env, same_as, setting
 
 PREFIX = "streamtrain.io"
 FINALIZER = f"{PREFIX}/finalizer"
 RESOURCE: dict[str, Any] = {"group": GROUP, "version": VERSION, "plural": PLURAL}
 
 
-class SettingsError(ValueError):
-    """An environment setting is malformed; the message names the variable."""
-
-
-def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise SettingsError(f"{name}: must be an integer, got {raw!r}") from None
-    if value < minimum:
-        raise SettingsError(f"{name}: must be >= {minimum}, got {value}")
-    return value
-
-
-def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise SettingsError(f"{name}: must be a number of seconds, got {raw!r}") from None
-    if not value > 0:
-        raise SettingsError(f"{name}: must be > 0, got {value}")
-    return value
-
-
-def _json(env: Mapping[str, str], name: str, default: Any) -> Any:
-    raw = env.get(name)
-    if not raw:
-        return default
-    try:
-        return json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise SettingsError(f"{name}: not valid JSON: {exc}") from None
+class SettingsError(ConfigError):
+    """An environment setting is malformed; ``path`` is the variable's name."""
 
 
 @dataclass(frozen=True)
 class OperatorConfig:
     """Operator-wide settings (the chart sets them as environment variables)."""
 
-    namespace: str = "default"
-    metrics_port: int = 9090
-    ps_port: int = 50051
-    worker_port: int = 50061
-    component_metrics_port: int = 9100
-    network_policy: bool = True
-    operator_labels: Mapping[str, str] = field(
-        default_factory=lambda: {"app.kubernetes.io/name": "streamtrain"}
+    namespace: str = setting("default", "The operator's own namespace.", env="POD_NAMESPACE")
+    metrics_port: int = setting(
+        9090,
+        "Port of the operator's /metrics; 0 turns it off.",
+        minimum=0,
+        env="STREAMTRAIN_METRICS_PORT",
     )
-    metrics_from: tuple[Mapping[str, Any], ...] = ()
-    watch_timeout_seconds: int = 300
-    request_timeout_seconds: int = 60
-    #: One attempt of waiting for a job's pods to answer gRPC health.
-    ready_timeout_seconds: int = 10
-    #: How often the supervisor lists a job's pods to notice a restarted PS or worker.
-    #: 15 s is cheap for the API server; the operator fault tests
-    #: (``tests/faults/test_operator_kill.py``) poll faster so a killed PS pod is noticed
-    #: within their time budget.
-    restart_poll_seconds: float = 15.0
-    #: API server URL for an operator outside the cluster without a kubeconfig (tests).
-    kube_server: str | None = None
-    #: ``host:port`` rewrites for gRPC endpoints (see ``GrpcConnector``).
-    endpoint_map: Mapping[str, str] = field(default_factory=dict)
+    ps_port: int = same_as(Options, "ps_port", env="STREAMTRAIN_PS_PORT")
+    worker_port: int = same_as(Options, "worker_port", env="STREAMTRAIN_WORKER_PORT")
+    component_metrics_port: int = same_as(
+        Options, "metrics_port", env="STREAMTRAIN_COMPONENT_METRICS_PORT"
+    )
+    network_policy: bool = same_as(Options, "network_policy", env="STREAMTRAIN_NETWORK_POLICY")
+    operator_labels: dict[str, str] = same_as(
+        Options, "operator_labels", env="STREAMTRAIN_OPERATOR_LABELS"
+    )
+    metrics_from: tuple[dict[str, Any], ...] = same_as(
+        Options, "metrics_from", env="STREAMTRAIN_METRICS_FROM"
+    )
+    watch_timeout_seconds: int = setting(
+        300, "Server-side timeout of a watch.", minimum=1, env="STREAMTRAIN_WATCH_TIMEOUT_SECONDS"
+    )
+    request_timeout_seconds: int = setting(
+        60, "Timeout of one API request.", minimum=1, env="STREAMTRAIN_REQUEST_TIMEOUT_SECONDS"
+    )
+    ready_timeout_seconds: int = setting(
+        10,
+        "One attempt of waiting for a job's pods to answer gRPC health.",
+        minimum=1,
+        env="STREAMTRAIN_READY_TIMEOUT_SECONDS",
+    )
+    # 15 s is cheap for the API server; the operator fault tests
+    # (tests/faults/test_operator_kill.py) poll faster so a killed PS pod is noticed
+    # within their time budget.
+    restart_poll_seconds: float = setting(
+        15.0,
+        "How often the supervisor lists a job's pods to notice a restarted PS or worker.",
+        exclusive_minimum=0,
+        env="STREAMTRAIN_RESTART_POLL_SECONDS",
+    )
+    kube_server: str | None = setting(
+        None,
+        "API server URL for an operator outside the cluster without a kubeconfig (tests).",
+        env="STREAMTRAIN_KUBE_SERVER",
+    )
+    endpoint_map: dict[str, str] = setting(
+        {},
+        "host:port rewrites for gRPC endpoints (JSON object; see GrpcConnector).",
+        env="STREAMTRAIN_ENDPOINT_MAP",
+    )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> OperatorConfig:
-        labels = _json(env, "STREAMTRAIN_OPERATOR_LABELS", None)
-        metrics_from = _json(env, "STREAMTRAIN_METRICS_FROM", [])
-        endpoint_map = _json(env, "STREAMTRAIN_ENDPOINT_MAP", {})
-        if labels is not None and not isinstance(labels, dict):
-            raise SettingsError("STREAMTRAIN_OPERATOR_LABELS: must be a JSON object")
-        if not isinstance(metrics_from, list):
-            raise SettingsError("STREAMTRAIN_METRICS_FROM: must be a JSON list")
-        if not isinstance(endpoint_map, dict):
-            raise SettingsError("STREAMTRAIN_ENDPOINT_MAP: must be a JSON object")
-        policy = env.get("STREAMTRAIN_NETWORK_POLICY", "true").lower()
-        if policy not in ("true", "false"):
-            raise SettingsError(f"STREAMTRAIN_NETWORK_POLICY: true or false, got {policy!r}")
-        base = cls()
-        return cls(
-            namespace=env.get("POD_NAMESPACE") or base.namespace,
-            metrics_port=_int(env, "STREAMTRAIN_METRICS_PORT", base.metrics_port),
-            ps_port=_int(env, "STREAMTRAIN_PS_PORT", base.ps_port, 1),
-            worker_port=_int(env, "STREAMTRAIN_WORKER_PORT", base.worker_port, 1),
-            component_metrics_port=_int(
-                env, "STREAMTRAIN_COMPONENT_METRICS_PORT", base.component_metrics_port, 1
-            ),
-            network_policy=policy == "true",
-            operator_labels=labels or base.operator_labels,
-            metrics_from=tuple(metrics_from),
-            watch_timeout_seconds=_int(
-                env, "STREAMTRAIN_WATCH_TIMEOUT_SECONDS", base.watch_timeout_seconds, 1
-            ),
-            request_timeout_seconds=_int(
-                env, "STREAMTRAIN_REQUEST_TIMEOUT_SECONDS", base.request_timeout_seconds, 1
-            ),
-            ready_timeout_seconds=_int(
-                env, "STREAMTRAIN_READY_TIMEOUT_SECONDS", base.ready_timeout_seconds, 1
-            ),
-            restart_poll_seconds=_seconds(
-                env, "STREAMTRAIN_RESTART_POLL_SECONDS", base.restart_poll_seconds
-            ),
-            kube_server=env.get("STREAMTRAIN_KUBE_SERVER") or None,
-            endpoint_map={str(k): str(v) for k, v in endpoint_map.items()},
-        )
+        """Read every setting from its variable (unset or empty: the default)."""
+        return parse_env(cls, env, error=SettingsError)
 
-    def options(self) -> resources.Options:
-        return resources.Options(
+    def options(self) -> Options:
+        return Options(
             ps_port=self.ps_port,
             worker_port=self.worker_port,
             metrics_port=self.component_metrics_port,

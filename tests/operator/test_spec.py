@@ -53,7 +53,7 @@ def test_sparse_and_dense_defaults_are_the_ps_defaults() -> None:
     """One set of defaults: an empty spec.sparse renders exactly the PS's own defaults."""
     job = S.parse_job(MINIMAL)
     assert job.spec.sparse.table_config(embedding_dim=8) == TableConfig()
-    assert job.spec.dense.dense_config() == DenseConfig()
+    assert job.spec.dense == DenseConfig()
     assert job.spec.ps.logicalShards == PSConfig().logicalShards
 
 

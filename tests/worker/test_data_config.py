@@ -74,7 +74,7 @@ def test_slot_names_per_format(data: dict[str, Any], expected: tuple[str, ...]) 
         ([], r"^data: must be an object"),
         ({"formatt": "slot"}, r"^data\.formatt: unknown field"),
         ({"format": "parquet"}, r"^data\.format: must be one of"),
-        ({"format": "criteo", "maxBadLineFraction": 2}, r"^data\.maxBadLineFraction: must be in"),
+        ({"format": "criteo", "maxBadLineFraction": 2}, r"^data\.maxBadLineFraction: must be <= 1"),
         (
             {"format": "criteo", "maxBadLineFraction": "low"},
             r"^data\.maxBadLineFraction: must be a number",
@@ -87,7 +87,8 @@ def test_slot_names_per_format(data: dict[str, Any], expected: tuple[str, ...]) 
         ({"format": "slot"}, r"^data\.numSlots: the slot format needs"),
         ({"format": "slot", "slots": ["a", "click"]}, r"^data\.labelSlot: 'click' is also"),
         ({"format": "slot", "slots": ["a", "a"]}, r"^data\.slots: slot names must be unique"),
-        ({"format": "slot", "slots": ["a", ""]}, r"^data\.slots: must be a list"),
+        ({"format": "slot", "slots": ["a", ""]}, r"^data\.slots\[1\]: must not be empty"),
+        ({"format": "slot", "slots": "a"}, r"^data\.slots: must be a list"),
         ({"format": "criteo", "sequenceSlot": 39}, r"^data\.sequenceSlot: must be in 0\.\.38"),
         ({"format": "csv", "columns": {"a": "x"}}, r"^data\.columns: exactly one column"),
         ({"format": "csv", "columns": {"a": "label"}}, r"^data\.columns: map at least one"),

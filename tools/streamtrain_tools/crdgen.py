@@ -1,10 +1,13 @@
-"""Generate the StreamingTrainingJob CRD (and its reference page) from the spec dataclasses.
+"""Generate the StreamingTrainingJob CRD (and its reference page) from the settings declarations.
 
 The CRD's openAPIV3Schema is *derived*, never hand-written: types from the type hints,
-``default:`` from the dataclass defaults, enums from ``Literal`` types, bounds, patterns and
-descriptions from each field's metadata (:mod:`streamtrain_operator.job.spec`). So the defaults
-Kubernetes applies and the defaults the local runner applies cannot drift apart — the trap
-of an older system where unset fields silently turned shrink and filtering off.
+``default:`` from the declared defaults, enums from ``Literal`` types, bounds, patterns and
+descriptions from each ``setting(...)`` declaration (:mod:`streamtrain_ps.settings`) of the
+sections :mod:`streamtrain_operator.job.spec` composes — the PS's ``sparse``/``dense``, the
+worker's ``model``/``data``, the operator's own. So the defaults and bounds Kubernetes
+applies, the ones the local runner applies and the ones the PS and workers check are one
+set and cannot drift apart — the trap of an older system where unset fields silently
+turned shrink and filtering off.
 
 What a per-field schema cannot say lives in :data:`SPEC_RULES` as CEL
 ``x-kubernetes-validations``: cross-field rules mirroring the spec's ``_validate`` methods
@@ -25,7 +28,6 @@ from __future__ import annotations
 import argparse
 import copy
 import sys
-import types
 import typing
 from dataclasses import MISSING, Field, fields, is_dataclass
 from pathlib import Path
@@ -36,6 +38,8 @@ import yaml
 from streamtrain_operator.job import spec as specmod
 from streamtrain_operator.job.plan import StepKind
 from streamtrain_operator.job.progress import Phase
+from streamtrain_ps.config import SparseOptimizerConfig
+from streamtrain_ps.settings import enum_values, field_hints, is_section, strip_optional
 from streamtrain_tools.crdref import render_reference
 
 GROUP = "streamtrain.io"
@@ -91,7 +95,7 @@ SPEC_RULES: dict[type, list[dict[str, Any]]] = {
             ".layout",
         ),
     ],
-    specmod.SparseOptimizerSpec: [
+    SparseOptimizerConfig: [
         _rule(
             "self.weightBounds[0] < self.weightBounds[1]",
             "weightBounds must be [low, high] with low < high",
@@ -125,15 +129,6 @@ def _class_doc(cls: type) -> str:
     return (cls.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
 
 
-def _unwrap_optional(hint: Any) -> tuple[Any, bool]:
-    """``X | None`` -> (X, True); anything else -> (hint, False)."""
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        if len(args) == 1:
-            return args[0], True
-    return hint, False
-
-
 def _jsonable(value: Any) -> Any:
     if isinstance(value, tuple | list):
         return [_jsonable(v) for v in value]
@@ -142,37 +137,44 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def _bounds(meta: typing.Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Metadata bounds as OpenAPI v3.0 keywords (exclusive bounds are boolean flags there)."""
+def _bounds(meta: typing.Mapping[str, Any]) -> dict[str, Any]:
+    """Declared bounds as OpenAPI v3.0 keywords (exclusive bounds are boolean flags there)."""
     out: dict[str, Any] = {}
-    if f"{prefix}minimum" in meta:
-        out["minimum"] = meta[f"{prefix}minimum"]
-    if f"{prefix}maximum" in meta:
-        out["maximum"] = meta[f"{prefix}maximum"]
-    if "exclusiveMinimum" in meta and not prefix:
+    if "minimum" in meta:
+        out["minimum"] = meta["minimum"]
+    if "maximum" in meta:
+        out["maximum"] = meta["maximum"]
+    if "exclusiveMinimum" in meta:
         out["minimum"] = meta["exclusiveMinimum"]
         out["exclusiveMinimum"] = True
-    if "exclusiveMaximum" in meta and not prefix:
+    if "exclusiveMaximum" in meta:
         out["maximum"] = meta["exclusiveMaximum"]
         out["exclusiveMaximum"] = True
     return out
 
 
+def _item_meta(meta: typing.Mapping[str, Any]) -> dict[str, Any]:
+    """The bounds every item of a list is declared with (``item_minimum=``, ...)."""
+    pairs = (("itemMinimum", "minimum"), ("itemMinLength", "minLength"))
+    return {bound: meta[key] for key, bound in pairs if key in meta}
+
+
 def _type_schema(hint: Any, meta: typing.Mapping[str, Any], owner: type, name: str) -> Any:
-    hint, optional = _unwrap_optional(hint)
-    if isinstance(hint, type) and is_dataclass(hint):
+    hint, optional = strip_optional(hint)
+    if is_section(hint):
         schema = object_schema(hint)
-    elif (choices := specmod.enum_values(hint)) is not None:
+    elif (choices := enum_values(hint)) is not None:
         kind = "string" if all(isinstance(c, str) for c in choices) else "integer"
         schema = {"type": kind, "enum": list(choices)}
     elif typing.get_origin(hint) is tuple:
         args = typing.get_args(hint)
         variadic = len(args) == 2 and args[1] is Ellipsis
-        item_meta = {"minimum": meta["itemMinimum"]} if "itemMinimum" in meta else {}
-        item = _type_schema(args[0], item_meta, owner, name)
+        item = _type_schema(args[0], _item_meta(meta), owner, name)
         schema = {"type": "array", "items": item}
         if not variadic:
             schema["minItems"] = schema["maxItems"] = len(args)
+        elif "minItems" in meta:
+            schema["minItems"] = meta["minItems"]
     elif typing.get_origin(hint) is dict:
         if (owner, name) in _QUANTITY_MAPS:
             value: dict[str, Any] = {
@@ -191,17 +193,15 @@ def _type_schema(hint: Any, meta: typing.Mapping[str, Any], owner: type, name: s
         schema = {"type": "boolean"}
     elif hint is str:
         schema = {"type": "string"}
-        if "minLength" in meta:
-            schema["minLength"] = meta["minLength"]
-        if "pattern" in meta:
-            schema["pattern"] = meta["pattern"]
-        if meta.get("pattern") == specmod.DAY_PATTERN:
-            schema["maxLength"] = 8  # bounds the CEL cost of comparing days
+        # maxLength also bounds the CEL cost of comparing strings (days).
+        for key in ("minLength", "pattern", "maxLength"):
+            if key in meta:
+                schema[key] = meta[key]
     elif hint is int:
         schema = {"type": "integer", **_bounds(meta)}
     elif hint is float:
         schema = {"type": "number", **_bounds(meta)}
-    else:  # a programming error in spec.py, caught by the CRD tests
+    else:  # a programming error in a declaration, caught by the CRD tests
         raise TypeError(f"{owner.__name__}.{name}: no schema for {hint!r}")
     if optional:
         schema["nullable"] = True
@@ -210,7 +210,7 @@ def _type_schema(hint: Any, meta: typing.Mapping[str, Any], owner: type, name: s
 
 def object_schema(cls: type) -> dict[str, Any]:
     """The structural schema of one spec dataclass, defaults included."""
-    hints = specmod.field_hints(cls)
+    hints = field_hints(cls)
     props: dict[str, Any] = {}
     required: list[str] = []
     for f in fields(cls):
@@ -427,10 +427,10 @@ def rule_path(cls: type) -> str:
     queue: list[tuple[type, str]] = [(specmod.JobSpec, "spec")]
     while queue:
         owner, path = queue.pop()
-        hints = specmod.field_hints(owner)
+        hints = field_hints(owner)
         for f in fields(owner):
-            hint = _unwrap_optional(hints[f.name])[0]
-            if isinstance(hint, type) and is_dataclass(hint):
+            hint = strip_optional(hints[f.name])[0]
+            if is_section(hint):
                 paths.setdefault(hint, f"{path}.{f.name}")
                 queue.append((hint, f"{path}.{f.name}"))
     return paths[cls]

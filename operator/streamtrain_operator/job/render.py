@@ -2,10 +2,11 @@
 
 The PS gets ``streamtrain_ps.config.PSConfig`` JSON and every worker gets
 ``streamtrain_worker.config.WorkerConfig`` JSON. Both are built here as the components' own
-config objects with every field set from the spec, so a component never falls back to a
-default of its own for anything the job specifies, and what is rendered is by construction
-what the component parses (``tests/contract/test_render_contract.py`` proves it through
-the JSON text). Pure functions: no I/O.
+config objects with every field set from the spec (whose ``sparse``, ``dense``, ``model``
+and ``data`` sections already are those components' own classes), so a component never
+falls back to a default of its own for anything the job specifies, and what is rendered is
+by construction what the component parses (``tests/contract/test_render_contract.py``
+proves it through the JSON text). Pure functions: no I/O.
 """
 
 from __future__ import annotations
@@ -14,13 +15,7 @@ from collections.abc import Sequence
 
 from streamtrain_operator.job.spec import JobSpec
 from streamtrain_ps.config import PSConfig
-from streamtrain_worker.config import (
-    MetricsConfig,
-    ModelConfig,
-    PSClientConfig,
-    RuntimeConfig,
-    WorkerConfig,
-)
+from streamtrain_worker.config import MetricsConfig, PSClientConfig, RuntimeConfig, WorkerConfig
 
 #: The one sparse table a job trains (multi-table jobs are not in the spec yet).
 TABLE = "embedding"
@@ -30,7 +25,7 @@ def ps_config(spec: JobSpec) -> PSConfig:
     """What every PS shard of the job runs with (its index and count come on the command line)."""
     return PSConfig(
         tables=(spec.sparse.table_config(spec.model.embeddingDim, name=TABLE),),
-        dense=spec.dense.dense_config(),
+        dense=spec.dense,
         logicalShards=spec.ps.logicalShards,
         seed=spec.seed,
     )
@@ -38,21 +33,8 @@ def ps_config(spec: JobSpec) -> PSConfig:
 
 def worker_config(spec: JobSpec, ps_endpoints: Sequence[str]) -> WorkerConfig:
     """What every worker runs with; ``ps_endpoints`` in PS shard-index order."""
-    m = spec.model
     return WorkerConfig(
-        model=ModelConfig(
-            type=m.type,
-            embeddingDim=m.embeddingDim,
-            hiddenUnits=m.hiddenUnits,
-            batchSize=m.batchSize,
-            cvm=m.cvm,
-            denseSyncSteps=m.denseSyncSteps,
-            normalizeEmbeddings=m.normalizeEmbeddings,
-            summaryDecayRate=m.summaryDecayRate,
-            dataNormPrior=m.dataNormPrior,
-            targetSlot=m.targetSlot,
-            attentionUnits=m.attentionUnits,
-        ),
+        model=spec.model,
         data=spec.data.data_config(),
         table=TABLE,
         ps=PSClientConfig(endpoints=tuple(ps_endpoints), config=ps_config(spec)),

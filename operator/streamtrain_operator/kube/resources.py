@@ -28,11 +28,12 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from streamtrain_operator.job.spec import API_VERSION, KIND, Job, SpecError
 from streamtrain_ps.proto import ps_pb2
+from streamtrain_ps.settings import setting
 from streamtrain_worker.proto import worker_pb2
 
 #: Pods of every image run as this uid/gid (the images create it; see docs/images.md).
@@ -58,18 +59,22 @@ ROLES = ("ps", "worker")
 class Options:
     """Operator-wide settings that are not part of any job's spec (from the chart)."""
 
-    ps_port: int = 50051
-    worker_port: int = 50061
-    metrics_port: int = 9100
-    #: Render the per-job NetworkPolicy (the chart's ``networkPolicy.enabled``).
-    network_policy: bool = True
-    #: Where the operator runs and how its pod is labelled: the NetworkPolicy lets it in.
-    operator_namespace: str = "streamtrain-system"
-    operator_labels: Mapping[str, str] = field(
-        default_factory=lambda: {"app.kubernetes.io/name": "streamtrain"}
+    ps_port: int = setting(50051, "gRPC port of the PS pods.", minimum=1)
+    worker_port: int = setting(50061, "gRPC port of the worker pods.", minimum=1)
+    metrics_port: int = setting(9100, "Port of the PS and worker pods' /metrics.", minimum=1)
+    network_policy: bool = setting(
+        True, "Render the per-job NetworkPolicy (the chart's networkPolicy.enabled)."
     )
-    #: NetworkPolicyPeer objects allowed to scrape metrics; empty: anyone.
-    metrics_from: tuple[Mapping[str, Any], ...] = ()
+    #: Where the operator runs: the NetworkPolicy lets it in.
+    operator_namespace: str = "streamtrain-system"
+    operator_labels: dict[str, str] = setting(
+        {"app.kubernetes.io/name": "streamtrain"},
+        "How the operator's pod is labelled (JSON object): the jobs' NetworkPolicy lets it in.",
+    )
+    metrics_from: tuple[dict[str, Any], ...] = setting(
+        (),
+        "NetworkPolicyPeer objects allowed to scrape the jobs' metrics (JSON list); empty: anyone.",
+    )
     #: Cluster DNS suffix of Services.
     cluster_domain: str = "svc"
 

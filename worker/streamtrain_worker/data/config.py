@@ -1,9 +1,12 @@
-"""The ``data`` section of a job, parsed once into a frozen dataclass.
+"""The ``data`` section of a job, declared once and parsed into a frozen dataclass.
 
-The operator renders ``spec.data`` nearly verbatim (camelCase names), so this class accepts
-every field of the operator's ``DataSpec`` (the scheduling ones are kept, not used, by the
-reader) plus the format options only the data layer needs. Unknown fields are errors (a typo
-must not fall back to a default) and every error names the field.
+:class:`DataConfig` *is* the job's ``spec.data``: every field is declared here with
+:func:`streamtrain_ps.settings.setting` (type, default, bounds, doc), the operator's spec
+composes this class (the CRD is generated from it) and renders it verbatim to the workers,
+and both parse it with the one parser. The scheduling fields (path, days, splits, donefile)
+are the operator's to use and the reader ignores them; the format options are the data
+layer's. Unknown fields are errors (a typo must not fall back to a default) and every
+error is a :class:`DataConfigError` carrying the field's path.
 
 Slots are identified by position ``0..num_slots-1`` everywhere downstream (``Batch`` bags,
 ``sequenceSlot``, the model's ``targetSlot``); ``slot_names`` gives their names per format:
@@ -18,14 +21,22 @@ Slots are identified by position ``0..num_slots-1`` everywhere downstream (``Bat
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
+from streamtrain_ps.settings import as_json, parse, setting
 from streamtrain_worker.data.errors import DataConfigError
 
-FORMATS = ("slot", "criteo", "avazu", "libsvm", "csv")
-CSV_KINDS = ("categorical", "bucket", "multi")
+DataFormat = Literal["slot", "criteo", "avazu", "libsvm", "csv"]
+FolderLayout = Literal["HHMM", "HH"]
+OnMissing = Literal["keepWaiting", "fail"]
+CsvKind = Literal["categorical", "bucket", "multi"]
+#: A day folder's name, YYYYMMDD.
+DAY_PATTERN = r"^[0-9]{8}$"
+MINUTES_PER_DAY = 24 * 60
+
 CRITEO_SLOTS = tuple([f"I{i}" for i in range(1, 14)] + [f"C{i}" for i in range(1, 27)])
 AVAZU_CATEGORICAL = (
     "C1",
@@ -56,115 +67,149 @@ LABEL = "label"
 
 @dataclass(frozen=True)
 class CsvColumn:
-    """One csv column feeding a slot.
-
-    ``kind``: ``categorical`` (the cell's bytes are a token), ``bucket`` (an integer bucketed
-    like Criteo's I-columns), ``multi`` (the cell holds several tokens split by
-    ``separator``, e.g. ``a|b|c``).
-    """
+    """One csv column feeding a slot (``kind``: see :class:`CsvColumnOptions`)."""
 
     column: str
     slot: str
-    kind: str = "categorical"
+    kind: CsvKind = "categorical"
     separator: str = "|"
 
 
 @dataclass(frozen=True)
-class DataConfig:
-    """Validated data settings; see the module docstring for slot naming per format."""
+class CsvColumnOptions:
+    """The object form of a ``columns`` entry: ``{slot, kind, separator}``."""
 
-    #: Root of the time-sliced logs (used by the scheduler; the reader gets file lists).
-    path: str = ""
-    startDay: str | None = None
-    endDay: str | None = None
-    #: Line format: slot | criteo | avazu | libsvm | csv.
-    format: str = "slot"
-    #: Folder names inside a day: HHMM or (hourly splits) HH.
-    layout: str = "HHMM"
-    splitIntervalMinutes: int = 60
-    splitsPerPass: int = 1
-    #: File whose presence marks a folder complete.
-    donefile: str = "_SUCCESS"
-    pollSeconds: float = 60.0
-    missingDeadlineSeconds: float = 3600.0
-    onMissing: str = "keepWaiting"
-    #: Bad lines / lines of a pass above this fails the pass (BadDataError).
-    maxBadLineFraction: float = 0.001
-    #: Slot count (slot, libsvm); checked against the format's slots when given.
-    numSlots: int | None = None
-    #: csv: column (name, or 0-based index without a header) -> slot name or
-    #: ``{"slot", "kind", "separator"}``; exactly one column maps to ``"label"``.
-    columns: Mapping[str, Any] = field(default_factory=dict)
-    #: Index of the behaviour-sequence slot (DIN), or None.
-    sequenceSlot: int | None = None
-    #: Explicit slot names (slot, libsvm formats).
-    slots: tuple[str, ...] | None = None
-    #: slot format: the slot whose feasign is the click label (``0:click`` / ``click:0``).
-    labelSlot: str = "click"
-    #: csv: field delimiter (one character); avazu is ``,`` and criteo a tab.
-    delimiter: str = ","
-    #: csv: whether every file starts with a header line naming the columns.
-    header: bool = True
-    #: avazu, csv: the quote character of RFC 4180 quoted fields (one ASCII character);
-    #: ``""`` turns quoting off, so a quote is an ordinary byte of a token.
-    quoteChar: str = '"'
-    #: libsvm: fsspec URL of a ``field:value<TAB>index`` file mapping feature indices to
-    #: fields (iPinYou's featindex); without it, tokens must be ``field:idx:val``.
-    fieldMap: str | None = None
+    slot: str = setting(doc="The slot the column feeds; 'label' is the click.", min_length=1)
+    kind: CsvKind = setting(
+        "categorical",
+        "categorical (the cell's bytes are a token), bucket (an integer bucketed like "
+        "Criteo's I-columns) or multi (the cell holds several tokens split by separator).",
+    )
+    separator: str = setting("|", "multi only: the separator of the tokens of a cell.")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the logs land and how they are cut into passes (ARCHITECTURE.md §3).
+
+    The worker reads only the format options; the scheduling fields (path, days, splits,
+    donefile, deadlines) are the operator's, declared here so ``spec.data`` has one owner.
+    See the module docstring for slot naming per format.
+    """
+
+    path: str | None = setting(
+        None,
+        "Root of the time-sliced logs: <path>/<YYYYMMDD>/<HHMM>/part-*. Any "
+        "fsspec URL (local path, s3://...). A relative local path is resolved "
+        "against the manifest's directory.",
+        min_length=1,
+    )
+    startDay: str | None = setting(
+        None, "First day trained, YYYYMMDD.", pattern=DAY_PATTERN, max_length=8
+    )
+    endDay: str | None = setting(
+        None,
+        "Last day trained (inclusive), YYYYMMDD; omit to run forever.",
+        pattern=DAY_PATTERN,
+        max_length=8,
+    )
+    format: DataFormat = setting("slot", "Line format of the part files.")
+    layout: FolderLayout = setting(
+        "HHMM", "Folder names inside a day: HHMM (e.g. 0130) or, for hourly splits only, HH."
+    )
+    splitIntervalMinutes: int = setting(
+        60, "Minutes covered by one folder; must divide 1440.", minimum=1, maximum=MINUTES_PER_DAY
+    )
+    splitsPerPass: int = setting(
+        1,
+        "Consecutive folders that form one pass; must divide the "
+        "folders of a day so every pass is whole.",
+        minimum=1,
+    )
+    donefile: str = setting(
+        "_SUCCESS", "File whose presence marks a folder complete.", min_length=1
+    )
+    pollSeconds: float = setting(
+        60.0, "How often a missing donefile is looked for again.", exclusive_minimum=0
+    )
+    missingDeadlineSeconds: float = setting(
+        3600.0,
+        "A folder still without its donefile this long after the wait for its pass "
+        "began raises the DataMissing condition naming it; then onMissing decides.",
+        exclusive_minimum=0,
+    )
+    onMissing: OnMissing = setting(
+        "keepWaiting",
+        "Past missingDeadlineSeconds: keepWaiting (the "
+        "condition stays until data arrives) or fail the job.",
+    )
+    maxBadLineFraction: float = setting(
+        0.001,
+        "A file with a larger fraction of unparsable lines fails the pass, naming the file.",
+        minimum=0,
+        maximum=1,
+    )
+    numSlots: int | None = setting(
+        None,
+        "Slots per example (slot and libsvm formats, unless slots names them); criteo (39) "
+        "and avazu (23) are fixed by the format.",
+        minimum=1,
+    )
+    slots: tuple[str, ...] | None = setting(
+        None,
+        "slot and libsvm formats: explicit slot names, in order (optional).",
+        item_min_length=1,
+    )
+    labelSlot: str = setting("click", "slot format: the slot whose feasign is the click label.")
+    columns: dict[str, Any] = setting(
+        {},
+        "csv only: column (name, or 0-based index without a header) -> slot name, or "
+        "{slot, kind: categorical|bucket|multi, separator}; exactly one column maps to "
+        "'label'.",
+    )
+    delimiter: str = setting(
+        ",", "csv only: field delimiter (one character).", min_length=1, max_length=1
+    )
+    header: bool = setting(True, "csv only: every file starts with a header line.")
+    quoteChar: str = setting(
+        '"',
+        "avazu and csv: quote character of RFC 4180 quoted fields (the delimiter inside "
+        "quotes is data, a doubled quote is one literal quote; no newlines inside quotes); "
+        "an empty string turns quoting off.",
+        pattern="^[ -~]?$",
+        pattern_doc="one ASCII character (not a newline) or empty",
+    )
+    fieldMap: str | None = setting(
+        None, "libsvm only: URL of a field:value<TAB>index file mapping indices to fields."
+    )
+    sequenceSlot: int | None = setting(
+        None, "DIN only: index of the slot holding the behaviour sequence.", minimum=0
+    )
 
     @classmethod
     def from_dict(cls, data: Any, path: str = "data") -> DataConfig:
-        """Parse the rendered JSON object; errors name ``<path>.<field>``."""
-        if not isinstance(data, Mapping):
-            raise DataConfigError(f"{path}: must be an object, got {type(data).__name__}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise DataConfigError(f"{path}.{unknown[0]}: unknown field")
-        kwargs: dict[str, Any] = {}
-        for name, value in data.items():
-            kwargs[name] = _coerce(name, value, f"{path}.{name}")
-        cfg = cls(**kwargs)
-        cfg.validate(path)
-        return cfg
+        """Parse the rendered JSON object; errors carry ``<path>.<field>``."""
+        return parse(cls, data, path, error=DataConfigError)
 
     def to_dict(self) -> dict[str, Any]:
         """The camelCase JSON form (round-trips through ``from_dict``)."""
-        out: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, tuple):
-                value = list(value)
-            elif isinstance(value, Mapping):
-                value = dict(value)
-            out[f.name] = value
+        out: dict[str, Any] = as_json(self)
         return out
 
-    def validate(self, path: str = "data") -> None:
-        """Cross-field rules; raises ``DataConfigError`` naming the field."""
+    def _validate(self, path: str) -> None:
+        """Cross-field rules (the declarations checked each field alone)."""
 
         def fail(name: str, message: str) -> DataConfigError:
-            return DataConfigError(f"{path}.{name}: {message}")
+            return DataConfigError(f"{path}.{name}", message)
 
-        if self.format not in FORMATS:
-            raise fail("format", f"must be one of {', '.join(FORMATS)}, got {self.format!r}")
-        if self.layout not in ("HHMM", "HH"):
-            raise fail("layout", f"must be HHMM or HH, got {self.layout!r}")
-        if not 0.0 <= self.maxBadLineFraction <= 1.0:
-            raise fail("maxBadLineFraction", f"must be in [0, 1], got {self.maxBadLineFraction}")
-        if not self.donefile:
-            raise fail("donefile", "must not be empty")
-        if self.numSlots is not None and self.numSlots < 1:
-            raise fail("numSlots", f"must be >= 1, got {self.numSlots}")
-        if len(self.delimiter) != 1 or self.delimiter in "\r\n":
-            raise fail(
-                "delimiter", f"must be one character (not a newline), got {self.delimiter!r}"
-            )
+        self._validate_schedule(fail)
+        if self.delimiter in "\r\n":
+            raise fail("delimiter", f"must not be a newline, got {self.delimiter!r}")
         self._validate_quote(fail)
         if self.format == "slot" and self.slots is None and self.numSlots is None:
             raise fail("numSlots", "the slot format needs numSlots or slots")
         if self.format == "csv":
-            self._validate_csv(fail)
+            self._validate_csv(fail, path)
         names = self.slot_names
         if len(set(names)) != len(names):
             raise fail("slots", "slot names must be unique")
@@ -177,29 +222,43 @@ class DataConfig:
         if self.sequenceSlot is not None and not 0 <= self.sequenceSlot < len(names):
             raise fail("sequenceSlot", f"must be in 0..{len(names) - 1}, got {self.sequenceSlot}")
 
-    def _validate_quote(self, fail: Callable[[str, str], DataConfigError]) -> None:
-        # The kernels compare single bytes, so the quote must be one ASCII byte; it cannot be
-        # the delimiter (avazu's is a comma) or a multi separator, whose bytes mean other things.
-        quote = self.quoteChar
-        if quote == "":
-            return
-        if len(quote) != 1 or not quote.isascii() or quote in "\r\n":
+    def _validate_schedule(self, fail: Callable[[str, str], DataConfigError]) -> None:
+        # Mirrored as CEL rules in the CRD (streamtrain_tools.crdgen.SPEC_RULES).
+        if MINUTES_PER_DAY % self.splitIntervalMinutes:
+            raise fail("splitIntervalMinutes", f"must divide 1440, got {self.splitIntervalMinutes}")
+        folders = MINUTES_PER_DAY // self.splitIntervalMinutes
+        if folders % self.splitsPerPass:
             raise fail(
-                "quoteChar",
-                f"must be one ASCII character (not a newline) or empty, got {quote!r}",
+                "splitsPerPass",
+                f"must divide the {folders} folders of a day, got {self.splitsPerPass}",
             )
+        if self.layout == "HH" and self.splitIntervalMinutes % 60:
+            raise fail("layout", "HH folders need splitIntervalMinutes to be a multiple of 60")
+        for name in ("startDay", "endDay"):
+            day = getattr(self, name)
+            try:
+                if day is not None:
+                    dt.datetime.strptime(day, "%Y%m%d")
+            except ValueError:
+                raise fail(name, f"not a calendar day: {day!r}") from None
+        if self.startDay is not None and self.endDay is not None and self.endDay < self.startDay:
+            raise fail("endDay", f"must be >= startDay {self.startDay}, got {self.endDay}")
+
+    def _validate_quote(self, fail: Callable[[str, str], DataConfigError]) -> None:
+        # The kernels compare single bytes, so the quote is one ASCII byte (declared); it
+        # cannot be the delimiter (avazu's is a comma) or a multi separator, whose bytes mean
+        # other things.
+        quote = self.quoteChar
         delimiter = "," if self.format == "avazu" else self.delimiter
-        if self.format in ("avazu", "csv") and quote == delimiter:
+        if quote and self.format in ("avazu", "csv") and quote == delimiter:
             raise fail("quoteChar", f"must differ from the delimiter {delimiter!r}")
 
-    def _validate_csv(self, fail: Callable[[str, str], DataConfigError]) -> None:
-        cols = self.csv_columns()
+    def _validate_csv(self, fail: Callable[[str, str], DataConfigError], path: str) -> None:
+        cols = self.csv_columns(path)
         labels = [c for c in cols if c.slot == LABEL]
         if len(labels) != 1:
             raise fail("columns", f"exactly one column must map to {LABEL!r}, got {len(labels)}")
         for c in cols:
-            if c.kind not in CSV_KINDS:
-                raise fail(f"columns.{c.column}.kind", f"must be one of {', '.join(CSV_KINDS)}")
             if c.kind == "multi" and (
                 len(c.separator) != 1 or c.separator in (self.delimiter, self.quoteChar)
             ):
@@ -212,28 +271,26 @@ class DataConfig:
         if len(cols) == 1:
             raise fail("columns", "map at least one column to a feature slot")
 
-    def csv_columns(self) -> list[CsvColumn]:
-        """The csv column mapping in declaration order."""
+    def csv_columns(self, path: str = "data") -> list[CsvColumn]:
+        """The csv column mapping in declaration order (object entries parsed as
+        :class:`CsvColumnOptions`)."""
         out = []
         for column, spec in self.columns.items():
+            where = f"{path}.columns.{column}"
             if isinstance(spec, str):
                 out.append(CsvColumn(column=str(column), slot=spec))
             elif isinstance(spec, Mapping):
-                unknown = sorted(set(spec) - {"slot", "kind", "separator"})
-                if unknown or "slot" not in spec:
-                    raise DataConfigError(
-                        f"data.columns.{column}: needs 'slot', optional 'kind', 'separator'"
-                    )
+                options = parse(CsvColumnOptions, spec, where, error=DataConfigError)
                 out.append(
                     CsvColumn(
                         column=str(column),
-                        slot=str(spec["slot"]),
-                        kind=str(spec.get("kind", "categorical")),
-                        separator=str(spec.get("separator", "|")),
+                        slot=options.slot,
+                        kind=options.kind,
+                        separator=options.separator,
                     )
                 )
             else:
-                raise DataConfigError(f"data.columns.{column}: must be a slot name or an object")
+                raise DataConfigError(where, "must be a slot name or an object")
         return out
 
     @property
@@ -264,42 +321,3 @@ class DataConfig:
     def num_slots(self) -> int:
         """``S``: the slot count of every ``Batch`` this config produces."""
         return len(self.slot_names)
-
-
-def _coerce(name: str, value: Any, where: str) -> Any:
-    """Type-check one JSON value for field ``name``."""
-
-    def fail(expected: str) -> DataConfigError:
-        return DataConfigError(f"{where}: must be {expected}, got {value!r}")
-
-    ints = {"splitIntervalMinutes", "splitsPerPass"}
-    floats = {"pollSeconds", "missingDeadlineSeconds", "maxBadLineFraction"}
-    optional_ints = {"numSlots", "sequenceSlot"}
-    optional_strs = {"startDay", "endDay", "fieldMap"}
-    if name in ints or (name in optional_ints and value is not None):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise fail("an integer")
-        return value
-    if name in floats:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise fail("a number")
-        return float(value)
-    if name in optional_ints or (name in optional_strs and value is None):
-        return value
-    if name == "header":
-        if not isinstance(value, bool):
-            raise fail("true or false")
-        return value
-    if name == "columns":
-        if not isinstance(value, Mapping):
-            raise fail("an object (column -> slot)")
-        return dict(value)
-    if name == "slots":
-        if value is None:
-            return None
-        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-            raise fail("a list of non-empty strings")
-        return tuple(value)
-    if not isinstance(value, str):
-        raise fail("a string")
-    return value

@@ -7,14 +7,16 @@
     not name the configured columns); names the file.
 - ``LayoutError`` (also a ``ValueError``) — an invalid pass plan or day string
   (``splitIntervalMinutes`` not dividing a day, day ``20261131``); names the field.
-- ``DataConfigError`` (also a ``ValueError``) — the rendered ``data`` JSON is invalid; names the
-  field.
+- ``DataConfigError`` (a ``streamtrain_ps.settings.ConfigError``) — the rendered ``data`` JSON
+  is invalid; carries the field's path (``exc.path``).
 
 The pure modules (``layout``, ``sharding``) import only this module, so the scheduler can
 catch these errors without importing anything heavy.
 """
 
 from __future__ import annotations
+
+from streamtrain_ps.settings import ConfigError
 
 
 class DataError(Exception):
@@ -33,5 +35,5 @@ class LayoutError(ValueError):
     """An invalid day, pass index or split configuration."""
 
 
-class DataConfigError(ValueError):
-    """The ``data`` section of the job is invalid; the message names the field."""
+class DataConfigError(ConfigError):
+    """The ``data`` section of the job is invalid; ``path`` names the field."""

@@ -63,13 +63,13 @@ def load_field_map(url: str) -> tuple[list[str], npt.NDArray[np.uint64], npt.NDA
             table = pa_csv.read_csv(f, *options)
     except (pa.ArrowInvalid, ValueError) as exc:
         raise DataConfigError(
-            f"data.fieldMap: {url} is not field:value<TAB>index lines: {exc}"
+            "data.fieldMap", f"{url} is not field:value<TAB>index lines: {exc}"
         ) from exc
     names = pc.list_element(pc.split_pattern(table["name"], ":", max_splits=1), 0)
     encoded = pc.dictionary_encode(names).combine_chunks()
     fields = [str(x) for x in encoded.dictionary.to_pylist()]
     if any(not f for f in fields) or table["index"].null_count:
-        raise DataConfigError(f"data.fieldMap: {url} has a line without a field or an index")
+        raise DataConfigError("data.fieldMap", f"{url} has a line without a field or an index")
     indices = np.asarray(table["index"].combine_chunks(), dtype=np.uint64)
     field_of = np.asarray(encoded.indices, dtype=np.int32)
     return fields, indices, field_of
@@ -90,8 +90,9 @@ class LibsvmFormat:
             names = config.slots if config.slots is not None else tuple(order)
             if config.numSlots is not None and config.numSlots != len(names):
                 raise DataConfigError(
-                    f"data.numSlots: is {config.numSlots} but the field map gives {len(names)} "
-                    f"fields ({', '.join(names[:20])})"
+                    "data.numSlots",
+                    f"is {config.numSlots} but the field map gives {len(names)} "
+                    f"fields ({', '.join(names[:20])})",
                 )
             slot_of = {name: i for i, name in enumerate(names)}
             slot_of_field = np.array([slot_of.get(f, -1) for f in order], dtype=np.int32)
@@ -99,7 +100,7 @@ class LibsvmFormat:
             order_idx = np.argsort(keys, kind="stable")
             map_keys, map_slots = keys[order_idx], slots[order_idx]
             if np.any(map_keys[1:] == map_keys[:-1]):
-                raise DataConfigError(f"data.fieldMap: {config.fieldMap} maps an index twice")
+                raise DataConfigError("data.fieldMap", f"{config.fieldMap} maps an index twice")
         self.slot_names = names
         self.num_slots = len(names)
         self._params = (map_keys, map_slots, has_map, self.num_slots)
