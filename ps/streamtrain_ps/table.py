@@ -214,7 +214,7 @@ class SparseTable:
         rows = np.empty(chunk, dtype=np.int64)
         created = np.empty(chunk, dtype=np.bool_)
         with self.lock.write():
-            a = self._reserve(total)
+            a = self._reserve(self._new_keys(parts, total))
             slab_u32 = a.slab.view(np.uint32)
             for p in parts:
                 n = int(p.n)
@@ -256,6 +256,18 @@ class SparseTable:
         if other.cancel():  # the helper was busy elsewhere: do it ourselves
             return first + int(work(mid, n) or 0)
         return first + int(other.result() or 0)
+
+    def _new_keys(self, parts: list[Merged], total: int) -> int:
+        """How many of a merged push's keys are new; call with the writer lock held (only
+        the writer creates keys). Counted only when the worst case (every key new) would not
+        fit the current arrays: pushing keys that exist must never grow or rehash a table."""
+        a = self._arrays
+        count = int(self._meta[ix.COUNT])
+        high = int(self._meta[ix.NEXT_ROW])
+        fits_rows = high + max(0, total - int(self._meta[ix.FREE_LEN])) <= a.keys.shape[0]
+        if fits_rows and ix.needed_capacity(count + total) <= a.slots.size:
+            return total
+        return sum(int(ix.count_missing(a.slots, a.keys, p.keys[: int(p.n)])) for p in parts)
 
     def _reserve(self, extra: int) -> _Arrays:
         """Arrays with room for ``extra`` new keys; call with the writer lock held."""
@@ -388,6 +400,11 @@ class SparseTable:
     @property
     def evictions_total(self) -> int:
         return int(self._meta[EVICTIONS])
+
+    @property
+    def slot_capacity(self) -> int:
+        """Size of the hash index's slot array (a power of two; grows only for new keys)."""
+        return int(self._arrays.slots.size)
 
     def memory_bytes(self) -> int:
         """Bytes in use: the slot array plus key and row storage up to the high-water mark
