@@ -339,8 +339,9 @@ def needed_capacity(count: int) -> int:
     return cap
 
 
-def new_meta() -> npt.NDArray[np.int64]:
-    return np.zeros(META_SIZE, dtype=np.int64)
+def new_meta(size: int = META_SIZE) -> npt.NDArray[np.int64]:
+    """The index's scalars, plus room for ``size - META_SIZE`` counters of the caller."""
+    return np.zeros(max(size, META_SIZE), dtype=np.int64)
 
 
 def grown_slots(

@@ -34,14 +34,18 @@ PF = ix.PREFETCH
 EXPANDED = 4
 ADMISSIONS = 5
 EVICTIONS = 6
+# The embedx slab's allocator: high-water mark and a free list threaded through column 0
+# (uint32 bits: next free row + 1, 0 = end) of its free rows.
+X_NEXT = 7
+X_FREE_HEAD = 8
+X_FREE_LEN = 9
+TABLE_META_SIZE = 16
 
 # ``ip`` int64 layout parameters for kernels.
 IP_DIM = 0
 IP_KIND = 1
-IP_XW = 2
-IP_XS = 3
-IP_XFLAG = 4
-IP_SIZE = 5
+IP_XPTR = 2  # primary column of the embedx pointer == the full row's embedx_w column
+IP_SIZE = 3
 
 # Error codes of ``merge_push``.
 OK = 0
@@ -150,8 +154,10 @@ def merge_push(
 def update_rows(
     slab: npt.NDArray[np.float32],
     slab_u32: npt.NDArray[np.uint32],
+    xslab: npt.NDArray[np.float32],
     rows: npt.NDArray[np.int64],
     created: npt.NDArray[np.bool_],
+    admit: npt.NDArray[np.bool_],
     start: Int,
     stop: Int,
     keys: npt.NDArray[np.uint64],
@@ -165,26 +171,32 @@ def update_rows(
     fp: npt.NDArray[np.float64],
     seed: np.uint64,
 ) -> Int:
-    """Apply merged pushes ``start:stop`` to their (distinct) rows; returns admissions.
+    """Apply merged pushes ``start:stop`` to their (distinct) rows; returns how many keys
+    reached the admission threshold (marked in ``admit`` for ``admit_rows``).
 
     The rows were found or created by ``index.insert_many`` first, so two threads may run
-    disjoint ranges of one push at once: they never touch the same row or the index.
+    disjoint ranges of one push at once: they never touch the same row, the index or the
+    embedx allocator (admission allocates, so it runs afterwards on one thread).
     """
     dim = ip[IP_DIM]
     kind = ip[IP_KIND]
-    xw = ip[IP_XW]
-    xs = ip[IP_XS]
-    xflag = ip[IP_XFLAG]
+    xptr = ip[IP_XPTR]
     threshold = ap[AP_EMBEDX_THRESHOLD]
-    admitted = 0
+    pending = 0
+    half = PF // 2
     for i in range(start, stop):
         if i + PF < stop:
             ix.prefetch(slab, rows[i + PF])
+        if i + half < stop:  # its primary row was prefetched PF/2 keys ago
+            ahead = slab_u32[rows[i + half], xptr]
+            if ahead > 0:
+                ix.prefetch(xslab, ahead - 1)
         row = rows[i]
         key = keys[i]
-        if created[i]:  # the row is all zeros: embed part, then mark embedx "not admitted"
-            init_part(slab, row, EMBED_W, EMBED_STATE, 1, kind, kind == ADAM, seed, key, fp)
-            slab[row, xflag] = -1.0
+        if created[i]:  # the row is all zeros (xptr 0: embedx not admitted)
+            init_part(
+                slab, row, EMBED_W, EMBED_STATE, 1, kind, kind == ADAM, seed, key, fp, EMBED_W
+            )
         show = np.float64(shows[i])
         click = np.float64(clicks[i])
         slab[row, SHOW] += shows[i]
@@ -195,13 +207,52 @@ def update_rows(
             slab_u32[row, SLOT] = slots[i]
         scale = 1.0 / show if show > 0.0 else 1.0
         update_part(slab, row, EMBED_W, EMBED_STATE, 1, kind, grads, i, 0, scale, fp)
-        if slab[row, xflag] >= 0.0:
-            update_part(slab, row, xw, xs, dim, kind, grads, i, 1, scale, fp)
+        xr = slab_u32[row, xptr]
+        admit[i] = False
+        if xr > 0:
+            update_part(xslab, xr - 1, 0, dim, dim, kind, grads, i, 1, scale, fp)
         elif score(slab[row, SHOW], slab[row, CLICK], ap) >= threshold:
             # Admission: this push's embedx gradient was computed against zeros; drop it.
-            init_part(slab, row, xw, xs, dim, kind, True, seed, key, fp)
-            admitted += 1
-    return admitted
+            admit[i] = True
+            pending += 1
+    return pending
+
+
+@njit(nogil=True, cache=True)
+def admit_rows(
+    slab_u32: npt.NDArray[np.uint32],
+    xslab: npt.NDArray[np.float32],
+    xslab_u32: npt.NDArray[np.uint32],
+    meta: npt.NDArray[np.int64],
+    rows: npt.NDArray[np.int64],
+    admit: npt.NDArray[np.bool_],
+    n: Int,
+    keys: npt.NDArray[np.uint64],
+    ip: npt.NDArray[np.int64],
+    fp: npt.NDArray[np.float64],
+    seed: np.uint64,
+) -> Int:
+    """Give every key marked in ``admit[:n]`` an embedx row (a freed one first) with its
+    initial weights, then publish the pointer; the caller reserved room. Returns admissions.
+    """
+    dim = ip[IP_DIM]
+    kind = ip[IP_KIND]
+    xptr = ip[IP_XPTR]
+    done = 0
+    for i in range(n):
+        if not admit[i]:
+            continue
+        if meta[X_FREE_LEN] > 0:
+            xr = meta[X_FREE_HEAD]
+            meta[X_FREE_HEAD] = np.int64(xslab_u32[xr, 0]) - 1
+            meta[X_FREE_LEN] -= 1
+        else:
+            xr = meta[X_NEXT]
+            meta[X_NEXT] += 1
+        init_part(xslab, xr, 0, dim, dim, kind, True, seed, keys[i], fp, xptr)
+        slab_u32[rows[i], xptr] = np.uint32(xr + 1)  # written last: readers see all or none
+        done += 1
+    return done
 
 
 @njit(nogil=True, cache=True)
@@ -209,13 +260,16 @@ def pull_kernel(
     arr_slots: npt.NDArray[np.int32],
     arr_keys: npt.NDArray[np.uint64],
     slab: npt.NDArray[np.float32],
+    slab_u32: npt.NDArray[np.uint32],
+    xslab: npt.NDArray[np.float32],
     keys: npt.NDArray[np.uint64],
     out: npt.NDArray[np.float32],
-    xw: Int,
+    xptr: Int,
 ) -> None:
     dim = out.shape[1] - 3
     homes = ix.homes_of(arr_slots, keys)
     n = keys.size
+    xcap = xslab.shape[0]
     for i in range(n):
         if i + 2 * PF < n:  # see index.lookup_many
             ix.prefetch(arr_slots, homes[i + 2 * PF])
@@ -228,12 +282,18 @@ def pull_kernel(
         if r < 0:
             for j in range(dim + 3):
                 out[i, j] = 0.0
-        else:
-            out[i, 0] = slab[r, SHOW]
-            out[i, 1] = slab[r, CLICK]
-            out[i, 2] = slab[r, EMBED_W]
+            continue
+        out[i, 0] = slab[r, SHOW]
+        out[i, 1] = slab[r, CLICK]
+        out[i, 2] = slab[r, EMBED_W]
+        xr = np.int64(slab_u32[r, xptr]) - 1
+        # A pointer past the slab we hold: admitted after we took the arrays (pulls as 0).
+        if 0 <= xr < xcap:
             for j in range(dim):
-                out[i, 3 + j] = slab[r, xw + j]
+                out[i, 3 + j] = xslab[xr, j]
+        else:
+            for j in range(dim):
+                out[i, 3 + j] = 0.0
 
 
 @njit(nogil=True, cache=True)
@@ -242,8 +302,11 @@ def shrink_kernel(
     arr_keys: npt.NDArray[np.uint64],
     meta: npt.NDArray[np.int64],
     slab: npt.NDArray[np.float32],
+    slab_u32: npt.NDArray[np.uint32],
+    xslab: npt.NDArray[np.float32],
+    xslab_u32: npt.NDArray[np.uint32],
     ap: npt.NDArray[np.float64],
-    xflag: Int,
+    xptr: Int,
     deleted: npt.NDArray[np.uint64],
 ) -> Int:
     rows = np.empty(meta[ix.COUNT], dtype=np.int64)
@@ -253,8 +316,13 @@ def shrink_kernel(
         row = rows[t]
         if decay_and_test(slab, row, ap):
             key = arr_keys[row]
-            if slab[row, xflag] >= 0.0:
+            xr = np.int64(slab_u32[row, xptr]) - 1
+            if xr >= 0:  # free the embedx row: zeroed, then on the free list
                 meta[EXPANDED] -= 1
+                xslab[xr, :] = 0.0
+                xslab_u32[xr, 0] = np.uint32(meta[X_FREE_HEAD] + 1) if meta[X_FREE_LEN] else 0
+                meta[X_FREE_HEAD] = xr
+                meta[X_FREE_LEN] += 1
             ix.remove(arr_slots, arr_keys, meta, key)
             slab[row, :] = 0.0  # a reused row starts from zeros, like a fresh one
             deleted[nd] = key
@@ -292,13 +360,30 @@ def group_rows(
 def gather(
     arr_keys: npt.NDArray[np.uint64],
     slab: npt.NDArray[np.float32],
+    slab_u32: npt.NDArray[np.uint32],
+    xslab: npt.NDArray[np.float32],
     rows: npt.NDArray[np.int64],
     keys_out: npt.NDArray[np.uint64],
     rows_out: npt.NDArray[np.float32],
+    xptr: Int,
+    xflag: Int,
 ) -> None:
+    """Keys and *full* rows (the logical layout) of ``rows``: primary columns, then the
+    embedx row, or zeros with the "not admitted" flag (-1 at ``xflag``)."""
+    width = rows_out.shape[1]
     for t in range(rows.size):
-        keys_out[t] = arr_keys[rows[t]]
-        rows_out[t, :] = slab[rows[t], :]
+        r = rows[t]
+        keys_out[t] = arr_keys[r]
+        for j in range(xptr):
+            rows_out[t, j] = slab[r, j]
+        xr = np.int64(slab_u32[r, xptr]) - 1
+        if xr >= 0:
+            for j in range(xptr, width):
+                rows_out[t, j] = xslab[xr, j - xptr]
+        else:
+            for j in range(xptr, width):
+                rows_out[t, j] = 0.0
+            rows_out[t, xflag] = -1.0
 
 
 @njit(nogil=True, cache=True)

@@ -98,7 +98,16 @@ class TableLock:
 class _Arrays(NamedTuple):
     slots: npt.NDArray[np.int32]
     keys: npt.NDArray[np.uint64]
-    slab: npt.NDArray[np.float32]
+    slab: npt.NDArray[np.float32]  # primary rows, one per key (accessor: "compact rows")
+    xslab: npt.NDArray[np.float32]  # embedx rows, one per admitted key
+
+    @property
+    def slab_u32(self) -> npt.NDArray[np.uint32]:
+        return self.slab.view(np.uint32)
+
+    @property
+    def xslab_u32(self) -> npt.NDArray[np.uint32]:
+        return self.xslab.view(np.uint32)
 
 
 class Merged(NamedTuple):
@@ -150,24 +159,25 @@ class SparseTable:
         )
         self._ap = accessor_params(config)
         lay = self.layout
-        self._ip = np.array(
-            [lay.embedx_dim, lay.kind, lay.embedx_w, lay.embedx_state, lay.xflag], dtype=np.int64
-        )
+        self._ip = np.array([lay.embedx_dim, lay.kind, lay.xptr], dtype=np.int64)
         self._seed = table_seed(seed, config.name)
-        self._meta = ix.new_meta()
-        self._arrays = _empty_arrays(capacity, lay.width)
+        self._meta = ix.new_meta(kn.TABLE_META_SIZE)
+        self._arrays = _empty_arrays(capacity, 0, lay)
         self._tombstones: list[npt.NDArray[np.uint64]] = []
 
     # -- hot paths ------------------------------------------------------------------------
 
     def pull(self, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]:
         out = np.empty((keys.size, self.layout.pull_dim), dtype=np.float32)
-        xw = self.layout.embedx_w
+        xp = self.layout.xptr
         with self.lock.read():
             a = self._arrays
+            s32 = a.slab_u32
             self._split(
                 keys.size,
-                lambda lo, hi: kn.pull_kernel(a.slots, a.keys, a.slab, keys[lo:hi], out[lo:hi], xw),
+                lambda lo, hi: kn.pull_kernel(
+                    a.slots, a.keys, a.slab, s32, a.xslab, keys[lo:hi], out[lo:hi], xp
+                ),
             )
         return out
 
@@ -213,15 +223,15 @@ class SparseTable:
         chunk = min(max(total, 1), APPLY_CHUNK)
         rows = np.empty(chunk, dtype=np.int64)
         created = np.empty(chunk, dtype=np.bool_)
+        admit = np.empty(chunk, dtype=np.bool_)
         with self.lock.write():
             a = self._reserve(self._new_keys(parts, total))
-            slab_u32 = a.slab.view(np.uint32)
             for p in parts:
                 n = int(p.n)
                 for c0 in range(0, n, APPLY_CHUNK):
                     c1 = min(n, c0 + APPLY_CHUNK)
                     k = p.keys[c0:c1]
-                    r, cr = rows[: c1 - c0], created[: c1 - c0]
+                    r, cr, ad = rows[: c1 - c0], created[: c1 - c0], admit[: c1 - c0]
                     ix.insert_many(a.slots, a.keys, self._meta, k, r, cr)
                     tail = (
                         k,
@@ -235,11 +245,28 @@ class SparseTable:
                         self._fp,
                         self._seed,
                     )
-                    admitted = self._split(
-                        c1 - c0, partial(_update, (a.slab, slab_u32, r, cr), tail)
+                    pending = self._split(
+                        c1 - c0, partial(_update, (a.slab, a.slab_u32, a.xslab, r, cr, ad), tail)
                     )
-                    self._meta[EXPANDED] += admitted
-                    self._meta[ADMISSIONS] += admitted
+                    if pending:
+                        a = self._reserve_x(pending)
+                        admitted = int(
+                            kn.admit_rows(
+                                a.slab_u32,
+                                a.xslab,
+                                a.xslab_u32,
+                                self._meta,
+                                r,
+                                ad,
+                                c1 - c0,
+                                k,
+                                self._ip,
+                                self._fp,
+                                self._seed,
+                            )
+                        )
+                        self._meta[EXPANDED] += admitted
+                        self._meta[ADMISSIONS] += admitted
 
     def _split(self, n: int, work: Callable[[int, int], Any]) -> int:
         """Run ``work(lo, hi)`` over ``range(n)``: in two halves on two threads when the
@@ -279,7 +306,18 @@ class SparseTable:
         keys = ix.grown_rows(a.keys, high, need_rows)
         slab = ix.grown_rows(a.slab, high, need_rows)
         if slots is not a.slots or keys is not a.keys or slab is not a.slab:
-            a = _Arrays(slots, keys, slab)
+            a = _Arrays(slots, keys, slab, a.xslab)
+            self._arrays = a
+        return a
+
+    def _reserve_x(self, extra: int) -> _Arrays:
+        """Arrays with room for ``extra`` more embedx rows; writer lock held."""
+        a = self._arrays
+        high = int(self._meta[kn.X_NEXT])
+        need = high + max(0, extra - int(self._meta[kn.X_FREE_LEN]))
+        xslab = ix.grown_rows(a.xslab, high, need)
+        if xslab is not a.xslab:
+            a = a._replace(xslab=xslab)
             self._arrays = a
         return a
 
@@ -299,7 +337,16 @@ class SparseTable:
             deleted = np.empty(before, dtype=np.uint64)
             nd = int(
                 kn.shrink_kernel(
-                    a.slots, a.keys, self._meta, a.slab, self._ap, self.layout.xflag, deleted
+                    a.slots,
+                    a.keys,
+                    self._meta,
+                    a.slab,
+                    a.slab_u32,
+                    a.xslab,
+                    a.xslab_u32,
+                    self._ap,
+                    self.layout.xptr,
+                    deleted,
                 )
             )
             gone = deleted[:nd].copy()
@@ -327,7 +374,8 @@ class SparseTable:
         values = np.empty((rows.size, self.layout.width), dtype=np.float32)
         with self.lock.write():
             a = self._arrays
-            kn.gather(a.keys, a.slab, rows, keys, values)
+            lay = self.layout
+            kn.gather(a.keys, a.slab, a.slab_u32, a.xslab, rows, keys, values, lay.xptr, lay.xflag)
         return keys, values
 
     def after_save(
@@ -364,15 +412,22 @@ class SparseTable:
         Raises ``ValueError`` naming a key listed twice.
         """
         lay = self.layout
-        meta = ix.new_meta()
-        a = _empty_arrays(keys.size, lay.width)
+        meta = ix.new_meta(kn.TABLE_META_SIZE)
+        admitted = rows[:, lay.xflag] >= 0
+        na = int(np.count_nonzero(admitted))
+        a = _empty_arrays(keys.size, na, lay)
         out = np.empty(keys.size, dtype=np.int64)
         created = np.zeros(keys.size, dtype=np.bool_)
         ix.insert_many(a.slots, a.keys, meta, keys, out, created)
         if not created.all():
             raise ValueError(f"key {int(keys[np.argmin(created)])} is listed twice")
-        a.slab[: keys.size] = rows  # a fresh index hands out rows 0, 1, 2, ... in order
-        meta[EXPANDED] = int(np.count_nonzero(rows[:, lay.xflag] >= 0))
+        # A fresh index hands out rows 0, 1, 2, ... in order; embedx rows likewise.
+        xp = lay.xptr
+        a.slab[: keys.size, :xp] = rows[:, :xp]
+        a.slab_u32[: keys.size, xp] = np.where(admitted, np.cumsum(admitted), 0)
+        a.xslab[:na] = rows[admitted, xp:]
+        meta[EXPANDED] = na
+        meta[kn.X_NEXT] = na
         return TableContent(a, meta, tombstones.copy())
 
     def install(self, content: TableContent) -> None:
@@ -411,7 +466,9 @@ class SparseTable:
         (capacity beyond it is reserved address space that was never touched)."""
         a = self._arrays
         high = int(self._meta[ix.NEXT_ROW])
-        return int(a.slots.nbytes + high * (a.keys.itemsize + a.slab.shape[1] * 4))
+        xhigh = int(self._meta[kn.X_NEXT])
+        per_row = a.keys.itemsize + a.slab.shape[1] * 4
+        return int(a.slots.nbytes + high * per_row + xhigh * a.xslab.shape[1] * 4)
 
 
 def _update(head: tuple[Any, ...], tail: tuple[Any, ...], lo: int, hi: int) -> int:
@@ -442,10 +499,11 @@ def table_seed(seed: int, name: str) -> np.uint64:
     return np.uint64(h ^ ((seed * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF))
 
 
-def _empty_arrays(capacity: int, width: int) -> _Arrays:
+def _empty_arrays(capacity: int, x_capacity: int, lay: RowLayout) -> _Arrays:
     rows = max(capacity, 1024)
     return _Arrays(
         ix.full_aligned(ix.needed_capacity(capacity), ix.EMPTY, np.int32),
         ix.zeros_aligned((rows,), np.uint64),
-        ix.zeros_aligned((rows, width), np.float32),
+        ix.zeros_aligned((rows, lay.primary_width), np.float32),
+        ix.zeros_aligned((max(x_capacity, 1024), lay.x_width), np.float32),
     )
