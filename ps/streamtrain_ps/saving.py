@@ -50,9 +50,11 @@ def write_tables(
         lay = t.layout
         for logical in owned:
             part_rows = rows[offsets[logical] : offsets[logical + 1]]
-            keys, full = t.copy_rows(part_rows)
+            keys, full, hot = t.copy_rows_exact(part_rows)
+            delta = full[:, DELTA].astype(np.float64)
+            delta[hot.positions] = hot.counts[:, 2]  # exact for keys past float32's range
             keep = save_filter(full, mode, t.config)
-            keys, full, part_rows = keys[keep], full[keep], part_rows[keep]
+            keys, full, part_rows, delta = keys[keep], full[keep], part_rows[keep], delta[keep]
             tomb = pending[pending_ls == logical]
             if mode == api.SaveMode.DELTA:
                 tomb = np.setdiff1d(tomb, keys)
@@ -69,13 +71,17 @@ def write_tables(
                 if mode == api.SaveMode.CHECKPOINT
                 else ["show", "click", "embed_w"] + [f"embedx_w{j}" for j in range(lay.embedx_dim)],
             }
-            data = checkpoint.encode_part(
-                header, {"keys": keys, "values": values, "tombstones": tomb}
-            )
+            arrays = {"keys": keys, "values": values, "tombstones": tomb}
+            if mode == api.SaveMode.CHECKPOINT and hot.positions.size:
+                # Exact counters of hot keys (float64; the rows hold them rounded). Only
+                # present when there are any, so other parts are unchanged.
+                arrays["hot_rows"] = hot.positions
+                arrays["hot_counts"] = hot.counts
+            data = checkpoint.encode_part(header, arrays)
             path = checkpoint.sparse_path(writer.data_dir, t.name, logical)
             files.append(writer.write(path, data, rows=int(keys.size)))
             if with_effects:
-                parts.append((keys, part_rows, full[:, DELTA].copy()))
+                parts.append((keys, part_rows, delta))
             saved += int(keys.size)
             tomb_total += int(tomb.size)
         if with_effects:
@@ -120,7 +126,7 @@ def _table_effects(
         table=t,
         keys=cat(0, np.uint64),
         rows=cat(1, np.int64),
-        saved_delta=cat(2, np.float32),
+        saved_delta=cat(2, np.float64),
         unseen_inc=mode == api.SaveMode.BATCH,
         tombstone_mark=tombstone_mark,
     )
