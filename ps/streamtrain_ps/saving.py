@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from streamtrain_ps import api, checkpoint, sharding
-from streamtrain_ps.accessor import DELTA, save_filter
+from streamtrain_ps.accessor import DELTA
 from streamtrain_ps.dense import DenseState
 from streamtrain_ps.staging import TableEffects
 from streamtrain_ps.table import SparseTable
@@ -50,11 +50,9 @@ def write_tables(
         lay = t.layout
         for logical in owned:
             part_rows = rows[offsets[logical] : offsets[logical + 1]]
-            keys, full, hot = t.copy_rows_exact(part_rows)
+            part_rows, keys, full, hot = t.snapshot(part_rows, mode)  # save_filter applied
             delta = full[:, DELTA].astype(np.float64)
             delta[hot.positions] = hot.counts[:, 2]  # exact for keys past float32's range
-            keep = save_filter(full, mode, t.config)
-            keys, full, part_rows, delta = keys[keep], full[keep], part_rows[keep], delta[keep]
             tomb = pending[pending_ls == logical]
             if mode == api.SaveMode.DELTA:
                 tomb = np.setdiff1d(tomb, keys)

@@ -106,3 +106,37 @@ def after_save(
             hot[slab_u32[r, CLICK], 2] -= np.float64(saved_delta[t])
         else:
             slab[r, DELTA] -= np.float32(saved_delta[t])
+
+
+@njit(nogil=True, cache=True)
+def save_keep(
+    slab: npt.NDArray[np.float32],
+    slab_u32: npt.NDArray[np.uint32],
+    hot: npt.NDArray[np.float64],
+    rows: npt.NDArray[np.int64],
+    sp: npt.NDArray[np.float64],
+    with_delta: bool,
+    keep: npt.NDArray[np.bool_],
+) -> Int:
+    """``accessor.save_filter`` on the primary rows, before anything is copied: a delta of a
+    large table writes few of its rows, and copying all of them first cost most of the save.
+    ``sp`` = (nonclkCoeff, clickCoeff, baseThreshold, deltaKeepDays, deltaThreshold). Hot
+    keys are tested with their exact counters. Returns how many rows are kept."""
+    n = 0
+    for t in range(rows.size):
+        r = rows[t]
+        if slab[r, SHOW] < 0.0:
+            h = slab_u32[r, CLICK]
+            show = hot[h, 0]
+            click = hot[h, 1]
+            delta = hot[h, 2]
+        else:
+            show = np.float64(slab[r, SHOW])
+            click = np.float64(slab[r, CLICK])
+            delta = np.float64(slab[r, DELTA])
+        ok = (show - click) * sp[0] + click * sp[1] >= sp[2] and slab[r, UNSEEN] <= sp[3]
+        if with_delta:
+            ok = ok and delta >= sp[4]
+        keep[t] = ok
+        n += ok
+    return n

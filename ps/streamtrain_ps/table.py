@@ -38,6 +38,7 @@ from streamtrain_ps import index as ix
 from streamtrain_ps import kernels as kn
 from streamtrain_ps import snapshot as sn
 from streamtrain_ps.accessor import RowLayout, accessor_params
+from streamtrain_ps.api import SaveMode
 from streamtrain_ps.config import TableConfig
 from streamtrain_ps.kernels import ADMISSIONS, EVICTIONS, EXPANDED
 from streamtrain_ps.optim import params_vector
@@ -319,31 +320,41 @@ class SparseTable:
         self, rows: npt.NDArray[np.int64]
     ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32], HotCounters]:
         """``copy_rows`` plus the exact float64 counters of the hot keys among them."""
+        with self.lock.write():
+            return self._gather(rows)
+
+    def _gather(
+        self, rows: npt.NDArray[np.int64]
+    ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32], HotCounters]:
         keys = np.empty(rows.size, dtype=np.uint64)
         values = np.empty((rows.size, self.layout.width), dtype=np.float32)
         lay = self.layout
+        a = self._arrays
+        nhot = int(self._meta[kn.HOT_NEXT] - self._meta[kn.HOT_FREE_LEN])
+        pos = np.empty(min(nhot, rows.size), dtype=np.int64)
+        counts = np.empty((pos.size, 3), dtype=np.float64)
+        args = (a.keys, a.slab, a.slab_u32, a.xslab, a.hot, rows, keys, values, pos, counts)
+        nh = int(sn.gather(*args, lay.xptr, lay.xflag))
+        return keys, values, HotCounters(pos[:nh], counts[:nh])
+
+    def snapshot(
+        self, rows: npt.NDArray[np.int64], mode: SaveMode
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint64], npt.NDArray[np.float32], HotCounters]:
+        """The rows a save of ``mode`` writes (``accessor.save_filter``), with their keys,
+        full rows and exact hot counters: tested and copied in one hold of the writer lock
+        (a consistent copy), and only the kept rows are copied."""
+        if mode in (SaveMode.CHECKPOINT, SaveMode.BATCH):
+            return (rows, *self.copy_rows_exact(rows))
+        c = self.config
+        sp = np.array(
+            [c.nonclkCoeff, c.clickCoeff, c.baseThreshold, c.deltaKeepDays, c.deltaThreshold]
+        )
+        keep = np.empty(rows.size, dtype=np.bool_)
         with self.lock.write():
             a = self._arrays
-            nhot = int(self._meta[kn.HOT_NEXT] - self._meta[kn.HOT_FREE_LEN])
-            pos = np.empty(min(nhot, rows.size), dtype=np.int64)
-            counts = np.empty((pos.size, 3), dtype=np.float64)
-            nh = int(
-                sn.gather(
-                    a.keys,
-                    a.slab,
-                    a.slab_u32,
-                    a.xslab,
-                    a.hot,
-                    rows,
-                    keys,
-                    values,
-                    pos,
-                    counts,
-                    lay.xptr,
-                    lay.xflag,
-                )
-            )
-        return keys, values, HotCounters(pos[:nh], counts[:nh])
+            sn.save_keep(a.slab, a.slab_u32, a.hot, rows, sp, mode == SaveMode.DELTA, keep)
+            kept = rows[keep]
+            return (kept, *self._gather(kept))
 
     def after_save(
         self, rows: npt.NDArray[np.int64], saved_delta: npt.NDArray[np.floating], unseen_inc: bool
@@ -440,7 +451,8 @@ def _pull(
     hi: int,
 ) -> int:
     """``kernels.pull_kernel`` over ``lo:hi``; returns the stale keys (see there)."""
-    return int(kn.pull_kernel(*arrays, keys[lo:hi], out[lo:hi], xptr))
+    kernel: Any = kn.pull_kernel  # numba's Dispatcher stub does not model *args
+    return int(kernel(*arrays, keys[lo:hi], out[lo:hi], xptr))
 
 
 def _update(head: tuple[Any, ...], tail: tuple[Any, ...], lo: int, hi: int) -> int:

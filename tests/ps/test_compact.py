@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from streamtrain_ps import checkpoint
-from streamtrain_ps.accessor import RowLayout
+from streamtrain_ps.accessor import RowLayout, save_filter
 from streamtrain_ps.api import SaveMode
 from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
 from streamtrain_ps.shard import Shard
@@ -104,3 +104,23 @@ def test_a_checkpoint_round_trip_is_bit_identical_and_keeps_training_identically
     a = src.pull_sparse(T, space)
     b = dst.pull_sparse(T, space)
     np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+@pytest.mark.parametrize("mode", [SaveMode.DELTA, SaveMode.BASE, SaveMode.BATCH])
+def test_a_save_selects_exactly_the_rows_the_save_filter_keeps(mode: SaveMode) -> None:
+    rng = np.random.default_rng(8)
+    shard = _shard(embedxThreshold=3.0, deltaKeepDays=1)
+    t = shard.table(T)
+    space = np.arange(1, 5001, dtype=np.uint64)
+    for step in range(3):
+        keys = space[rng.integers(0, space.size, 6000)]
+        _push(shard, keys, rng.integers(0, 3, keys.size).astype(np.float64), seed=step)
+        t.after_save(t.rows_of(keys[:500]), np.zeros(500, np.float32), unseen_inc=True)
+    rows = t.rows_of(space)
+    rows = rows[rows >= 0]
+    kept, keys, full, _ = t.snapshot(rows, mode)
+    _, everything = t.copy_rows(rows)
+    want = save_filter(everything, mode, t.config)
+    assert 0 < want.sum() <= rows.size
+    np.testing.assert_array_equal(kept, rows[want])
+    np.testing.assert_array_equal(full, everything[want])
