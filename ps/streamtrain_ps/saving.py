@@ -38,7 +38,7 @@ def write_tables(
     saved = tomb_total = 0
     with_effects = mode != api.SaveMode.CHECKPOINT
     for t in tables:
-        rows, offsets = t.rows_by_logical_shard(L)
+        rows, offsets = t.rows_by_logical_shard(L, mode)
         with_tombs = mode in (api.SaveMode.CHECKPOINT, api.SaveMode.DELTA)
         pending, mark = t.tombstones_marked()
         if not with_tombs:

@@ -108,6 +108,30 @@ def after_save(
             slab[r, DELTA] -= np.float32(saved_delta[t])
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _passes(
+    slab: npt.NDArray[np.float32],
+    slab_u32: npt.NDArray[np.uint32],
+    hot: npt.NDArray[np.float64],
+    r: Int,
+    sp: npt.NDArray[np.float64],
+    with_delta: bool,
+) -> bool:
+    """``accessor.save_filter`` for primary row ``r``; hot keys use their exact counters.
+    ``sp`` = (nonclkCoeff, clickCoeff, baseThreshold, deltaKeepDays, deltaThreshold)."""
+    if slab[r, SHOW] < 0.0:
+        h = slab_u32[r, CLICK]
+        show = hot[h, 0]
+        click = hot[h, 1]
+        delta = hot[h, 2]
+    else:
+        show = np.float64(slab[r, SHOW])
+        click = np.float64(slab[r, CLICK])
+        delta = np.float64(slab[r, DELTA])
+    ok = (show - click) * sp[0] + click * sp[1] >= sp[2] and slab[r, UNSEEN] <= sp[3]
+    return ok and (delta >= sp[4] or not with_delta)
+
+
 @njit(nogil=True, cache=True)
 def save_keep(
     slab: npt.NDArray[np.float32],
@@ -118,25 +142,34 @@ def save_keep(
     with_delta: bool,
     keep: npt.NDArray[np.bool_],
 ) -> Int:
-    """``accessor.save_filter`` on the primary rows, before anything is copied: a delta of a
-    large table writes few of its rows, and copying all of them first cost most of the save.
-    ``sp`` = (nonclkCoeff, clickCoeff, baseThreshold, deltaKeepDays, deltaThreshold). Hot
-    keys are tested with their exact counters. Returns how many rows are kept."""
+    """The save filter (``_passes``) of each of ``rows``, tested just before the copy."""
     n = 0
     for t in range(rows.size):
-        r = rows[t]
-        if slab[r, SHOW] < 0.0:
-            h = slab_u32[r, CLICK]
-            show = hot[h, 0]
-            click = hot[h, 1]
-            delta = hot[h, 2]
-        else:
-            show = np.float64(slab[r, SHOW])
-            click = np.float64(slab[r, CLICK])
-            delta = np.float64(slab[r, DELTA])
-        ok = (show - click) * sp[0] + click * sp[1] >= sp[2] and slab[r, UNSEEN] <= sp[3]
-        if with_delta:
-            ok = ok and delta >= sp[4]
-        keep[t] = ok
-        n += ok
+        keep[t] = _passes(slab, slab_u32, hot, rows[t], sp, with_delta)
+        n += keep[t]
+    return n
+
+
+@njit(nogil=True, cache=True)
+def select_rows(
+    arr_slots: npt.NDArray[np.int32],
+    arr_keys: npt.NDArray[np.uint64],
+    slab: npt.NDArray[np.float32],
+    slab_u32: npt.NDArray[np.uint32],
+    hot: npt.NDArray[np.float64],
+    high: Int,
+    sp: npt.NDArray[np.float64],
+    with_delta: bool,
+    out: npt.NDArray[np.int64],
+) -> Int:
+    """Live rows that pass the save filter, by one *sequential* pass over the primary slab
+    (rows ``0..high``) — a delta of a large table writes few rows, and visiting every key
+    in index order is a random access per key. A passing row counts only if the index maps
+    its key to it (free rows hold a free-list link in ``keys``). Returns how many."""
+    n = 0
+    for r in range(high):
+        live = _passes(slab, slab_u32, hot, r, sp, with_delta)
+        if live and ix.find(arr_slots, arr_keys, arr_keys[r]) == r:
+            out[n] = r
+            n += 1
     return n

@@ -6,8 +6,8 @@ once sees arrays that belong together (a row id found in ``slots`` is always ins
 ``keys`` and ``slab``), even while a writer reallocates. Growth is geometric with
 ``np.zeros`` (untouched pages are not resident), done before a kernel runs, so kernels
 never reallocate. Embedx rows and hot-counter entries are allocated after a push's
-parallel row updates, on one thread, with room reserved first; a pull that meets a
-side-table index beyond the arrays it holds pulls again with the current ones.
+parallel row updates, on one thread (room reserved first); a pull that meets a side-table
+index beyond its arrays pulls again with the current ones.
 
 Consistency (``TableLock``):
 
@@ -42,6 +42,7 @@ from streamtrain_ps.api import SaveMode
 from streamtrain_ps.config import TableConfig
 from streamtrain_ps.kernels import ADMISSIONS, EVICTIONS, EXPANDED
 from streamtrain_ps.optim import params_vector
+from streamtrain_ps.sharding import logical_shard
 from streamtrain_ps.slabs import Arrays, HotCounters, TableContent, build_content, empty_arrays
 from streamtrain_ps.table_lock import TableLock
 
@@ -297,16 +298,35 @@ class SparseTable:
         return before, gone
 
     def rows_by_logical_shard(
-        self, logical_shards: int
+        self, logical_shards: int, mode: SaveMode = SaveMode.CHECKPOINT
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-        """(rows, offsets): live rows grouped by logical shard. Hold ``lock.maintenance``."""
+        """(rows, offsets): live rows grouped by logical shard (those of shard s are
+        ``rows[offsets[s]:offsets[s + 1]]``). Hold ``lock.maintenance``.
+
+        For a delta or base only the rows passing its filter now, by a sequential scan
+        (``snapshot`` tests them again when it copies them)."""
         with self.lock.write():
             a = self._arrays
             count = int(self._meta[ix.COUNT])
-            rows = np.empty(count, dtype=np.int64)
+            rows = np.empty(count, dtype=np.int64)  # pages never written stay unmapped
             offsets = np.zeros(logical_shards + 1, dtype=np.int64)
-            sn.group_rows(a.slots, a.keys, count, logical_shards, rows, offsets)
-        return rows, offsets
+            if mode in (SaveMode.CHECKPOINT, SaveMode.BATCH):
+                sn.group_rows(a.slots, a.keys, count, logical_shards, rows, offsets)
+                return rows, offsets
+            high = int(self._meta[ix.NEXT_ROW])
+            args = (a.slots, a.keys, a.slab, a.slab_u32, a.hot, high, self._save_params())
+            n = int(sn.select_rows(*args, mode == SaveMode.DELTA, rows))
+            rows = rows[:n].copy()
+            shard = logical_shard(a.keys[rows], logical_shards)
+        order = np.argsort(shard, kind="stable")
+        offsets[1:] = np.cumsum(np.bincount(shard, minlength=logical_shards))
+        return rows[order], offsets
+
+    def _save_params(self) -> npt.NDArray[np.float64]:
+        c = self.config
+        return np.array(
+            [c.nonclkCoeff, c.clickCoeff, c.baseThreshold, c.deltaKeepDays, c.deltaThreshold]
+        )
 
     def copy_rows(
         self, rows: npt.NDArray[np.int64]
@@ -345,10 +365,7 @@ class SparseTable:
         (a consistent copy), and only the kept rows are copied."""
         if mode in (SaveMode.CHECKPOINT, SaveMode.BATCH):
             return (rows, *self.copy_rows_exact(rows))
-        c = self.config
-        sp = np.array(
-            [c.nonclkCoeff, c.clickCoeff, c.baseThreshold, c.deltaKeepDays, c.deltaThreshold]
-        )
+        sp = self._save_params()
         keep = np.empty(rows.size, dtype=np.bool_)
         with self.lock.write():
             a = self._arrays

@@ -32,4 +32,4 @@ def test_zipf_ranks_have_a_hot_head_and_a_long_tail() -> None:
     ranks = ps_scale.zipf_ranks(np.random.default_rng(0), 1_000_000, 200_000, 1.1)
     assert ranks.min() >= 0 and ranks.max() < 1_000_000
     assert np.mean(ranks == 0) > 0.05, "rank 0 is the most popular key"
-    assert np.mean(ranks >= 100_000) > 0.1, "a tenth of the draws lies in the tail"
+    assert np.mean(ranks >= 100_000) > 0.05, "the last 90 % of the key space still draws"
