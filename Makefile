@@ -62,6 +62,9 @@ bench-e2e: $(STAMP) ## Criteo sample as 24 hourly passes, end to end
 bench-load: $(STAMP) ## Concurrent clients against 2 PS shards
 	$(PY) -m streamtrain_tools.bench.ps_load --json
 
+bench-ps-scale: $(STAMP) ## One PS shard at the long tail: bytes/key, peaks, unique keys/s, saves
+	$(PY) -m streamtrain_tools.bench.ps_scale --json
+
 demo: $(STAMP) ## Two days of a synthetic stream through PS + workers on this machine (demo-run/)
 	$(PY) -m streamtrain_tools.demo
 
@@ -90,4 +93,4 @@ lint-manifests: $(STAMP) ## hadolint, chart lint/render, kubernetes-validate, pr
 clean: ## Remove caches and demo output (keeps .venv)
 	rm -rf .pytest_cache .mypy_cache .ruff_cache demo-run
 
-.PHONY: help install proto proto-check lint fmt typecheck pytest test test-faults bench bench-ps bench-worker bench-e2e bench-load demo crds crds-check images lint-manifests clean
+.PHONY: help install proto proto-check lint fmt typecheck pytest test test-faults bench bench-ps bench-worker bench-e2e bench-load bench-ps-scale demo crds crds-check images lint-manifests clean

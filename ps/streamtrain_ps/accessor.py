@@ -1,13 +1,19 @@
 """The CTR accessor: row layout, score, admission, shrink and save-mode filters (§4).
 
-One row of a sparse table is a run of float32 columns::
+The *logical* (full) row of a key is a run of float32 columns::
 
     slot | unseen_days | delta_score | show | click | embed_w | embed state
          | embedx_w[embedxDim] | embedx state
 
 ``slot`` holds the uint32 slot id bit-for-bit (read through a ``uint32`` view of the slab).
 The state widths depend on the optimizer (``optim.state_width``); with SparseAdaGrad and
-embedxDim 8 a row is 16 floats = 64 bytes.
+embedxDim 8 a full row is 16 floats = 64 bytes. Checkpoints and tools see full rows.
+
+*Physically* a table keeps two slabs (see docs/ps-engine.md, "compact rows"): every key has
+a primary row, the full row's columns up to ``embedx_w`` followed by one uint32 ``xptr``
+(0 = embedx not admitted, else 1 + the key's row in the embedx slab); admitted keys also
+own one embedx row, the full row's columns from ``embedx_w`` on. A never-admitted key
+costs no embedx memory at all.
 
 Everything here is pure: numpy on copies, or nogil kernels reading a row.
 """
@@ -70,6 +76,20 @@ class RowLayout:
     @property
     def width(self) -> int:
         return self.embedx_state + state_width(self.kind, self.embedx_dim)
+
+    @property
+    def xptr(self) -> int:
+        """Primary-row column holding the embedx row pointer (uint32 bits, 0 = none)."""
+        return self.embedx_w
+
+    @property
+    def primary_width(self) -> int:
+        return self.embedx_w + 1
+
+    @property
+    def x_width(self) -> int:
+        """Columns of an embedx row: the full row's ``embedx_w:width``."""
+        return self.width - self.embedx_w
 
     @property
     def pull_dim(self) -> int:

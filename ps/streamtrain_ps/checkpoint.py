@@ -29,7 +29,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import fsspec
 import numpy as np
@@ -401,6 +401,17 @@ def read_dense(uri: str) -> dict[str, npt.NDArray[np.float32]]:
 # -- loading into a shard ---------------------------------------------------------------------
 
 
+class TablePayload(NamedTuple):
+    """One table's part of a load: keys, full rows, pending tombstones, and the exact
+    float64 counters (show, click, delta_score) of hot keys at ``hot_rows`` of ``rows``."""
+
+    keys: npt.NDArray[np.uint64]
+    rows: npt.NDArray[np.float32]
+    tombstones: npt.NDArray[np.uint64]
+    hot_rows: npt.NDArray[np.int64]
+    hot_counts: npt.NDArray[np.float64]
+
+
 @dataclass(frozen=True)
 class Payload:
     """What one shard loads, read and verified before anything is swapped in.
@@ -409,9 +420,7 @@ class Payload:
     when the save has no dense vectors (modes 1-3), i.e. the shard keeps its own.
     """
 
-    tables: dict[
-        str, tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32], npt.NDArray[np.uint64]]
-    ]
+    tables: dict[str, TablePayload]
     dense: dict[str, DenseState] | None
 
 
@@ -446,7 +455,8 @@ def load_payload(uri: str, config: PSConfig, shard_index: int, num_shards: int) 
                 f"config says {tc.optimizer.type}; optimizer state would not fit"
             )
         layout = RowLayout.of(tc)
-        keys, rows, tombs = [], [], []
+        keys, rows, tombs, hot_rows, hot_counts = [], [], [], [], []
+        offset = 0
         for logical in owned:
             what = f"{uri}: table {tc.name!r} part {logical}"
             header, arrays = read_verified(m, m.sparse_part(tc.name, logical))
@@ -461,13 +471,19 @@ def load_payload(uri: str, config: PSConfig, shard_index: int, num_shards: int) 
                 r = arrays["values"].reshape(k.size, layout.width)
             else:
                 r = rows_from_inference(arrays["values"].reshape(k.size, layout.pull_dim), tc)
+            if "hot_rows" in arrays:  # exact counters of hot keys (checkpoints only)
+                hot_rows.append(arrays["hot_rows"].astype(np.int64) + offset)
+                hot_counts.append(arrays["hot_counts"].reshape(-1, 3).astype(np.float64))
+            offset += k.size
             keys.append(k)
             rows.append(r)
             tombs.append(arrays["tombstones"])
-        tables[tc.name] = (
+        tables[tc.name] = TablePayload(
             np.concatenate(keys) if keys else np.empty(0, dtype=np.uint64),
             np.concatenate(rows) if rows else np.empty((0, layout.width), dtype=np.float32),
             np.concatenate(tombs) if tombs else np.empty(0, dtype=np.uint64),
+            np.concatenate(hot_rows) if hot_rows else np.empty(0, dtype=np.int64),
+            np.concatenate(hot_counts) if hot_counts else np.empty((0, 3), dtype=np.float64),
         )
     dense = None
     if m.mode == SaveMode.CHECKPOINT:

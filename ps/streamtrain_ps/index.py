@@ -239,6 +239,26 @@ def lookup_many(
 
 
 @njit(nogil=True, cache=True)
+def count_missing(
+    slots: npt.NDArray[np.int32], keys: npt.NDArray[np.uint64], query: npt.NDArray[np.uint64]
+) -> Int:
+    """How many of the (distinct) ``query`` keys are absent: the room a push really needs."""
+    homes = homes_of(slots, query)
+    n = query.size
+    missing = 0
+    for i in range(n):
+        if i + 2 * PREFETCH < n:  # see lookup_many
+            prefetch(slots, homes[i + 2 * PREFETCH])
+        if i + PREFETCH < n:
+            r = slots[homes[i + PREFETCH]]
+            if r >= 0:
+                prefetch(keys, r)
+        if find_at(slots, keys, query[i], homes[i]) < 0:
+            missing += 1
+    return missing
+
+
+@njit(nogil=True, cache=True)
 def homes_of(slots: npt.NDArray[np.int32], query: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
     """Home slot of every query key (a cheap sequential pass before the random ones)."""
     mask = np.int64(slots.size - 1)
@@ -319,8 +339,9 @@ def needed_capacity(count: int) -> int:
     return cap
 
 
-def new_meta() -> npt.NDArray[np.int64]:
-    return np.zeros(META_SIZE, dtype=np.int64)
+def new_meta(size: int = META_SIZE) -> npt.NDArray[np.int64]:
+    """The index's scalars, plus room for ``size - META_SIZE`` counters of the caller."""
+    return np.zeros(max(size, META_SIZE), dtype=np.int64)
 
 
 def grown_slots(

@@ -14,6 +14,9 @@ from numba import njit
 
 from streamtrain_ps import index as ix
 from streamtrain_ps.accessor import (
+    AP_DECAY,
+    AP_DELETE_AFTER_DAYS,
+    AP_DELETE_THRESHOLD,
     AP_EMBEDX_THRESHOLD,
     CLICK,
     DELTA,
@@ -34,14 +37,33 @@ PF = ix.PREFETCH
 EXPANDED = 4
 ADMISSIONS = 5
 EVICTIONS = 6
+# The embedx slab's allocator: high-water mark and a free list threaded through column 0
+# (uint32 bits: next free row + 1, 0 = end) of its free rows.
+X_NEXT = 7
+X_FREE_HEAD = 8
+X_FREE_LEN = 9
+# The hot-counter side table's allocator (free list through the int64 bits of column 0).
+HOT_NEXT = 10
+HOT_FREE_HEAD = 11
+HOT_FREE_LEN = 12
+TABLE_META_SIZE = 16
+
+#: A key whose show, click or |delta_score| reaches this moves its three counters to the
+#: float64 side table (exact far past float32's 2^24); float32 still counts in steps of
+#: 1/8 here. ``shrink`` moves a key back once all three decay below a quarter of it.
+HOT_FROM = float(2**20)
+HOT_BACK = HOT_FROM / 4
+# ``todo`` bits ``update_rows`` leaves for the serial ``settle_rows`` pass.
+TODO_ADMIT = 1
+TODO_HOT = 2
+#: ``update_rows`` returns admissions + promotions * PROMOTED (both need room reserved).
+PROMOTED = 1 << 32
 
 # ``ip`` int64 layout parameters for kernels.
 IP_DIM = 0
 IP_KIND = 1
-IP_XW = 2
-IP_XS = 3
-IP_XFLAG = 4
-IP_SIZE = 5
+IP_XPTR = 2  # primary column of the embedx pointer == the full row's embedx_w column
+IP_SIZE = 3
 
 # Error codes of ``merge_push``.
 OK = 0
@@ -150,8 +172,11 @@ def merge_push(
 def update_rows(
     slab: npt.NDArray[np.float32],
     slab_u32: npt.NDArray[np.uint32],
+    xslab: npt.NDArray[np.float32],
+    hot: npt.NDArray[np.float64],
     rows: npt.NDArray[np.int64],
     created: npt.NDArray[np.bool_],
+    todo: npt.NDArray[np.uint8],
     start: Int,
     stop: Int,
     keys: npt.NDArray[np.uint64],
@@ -165,43 +190,123 @@ def update_rows(
     fp: npt.NDArray[np.float64],
     seed: np.uint64,
 ) -> Int:
-    """Apply merged pushes ``start:stop`` to their (distinct) rows; returns admissions.
+    """Apply merged pushes ``start:stop`` to their (distinct) rows. Keys that reach the
+    admission threshold or the hot-counter limit are marked in ``todo`` for ``settle_rows``;
+    returns admissions + promotions * ``PROMOTED``.
 
     The rows were found or created by ``index.insert_many`` first, so two threads may run
-    disjoint ranges of one push at once: they never touch the same row or the index.
+    disjoint ranges of one push at once: they never touch the same row, the index or an
+    allocator (admission and promotion allocate, so they run afterwards on one thread).
+    A hot key (show < 0, see ``pull_kernel``) counts in its float64 side-table entry.
     """
     dim = ip[IP_DIM]
     kind = ip[IP_KIND]
-    xw = ip[IP_XW]
-    xs = ip[IP_XS]
-    xflag = ip[IP_XFLAG]
+    xptr = ip[IP_XPTR]
     threshold = ap[AP_EMBEDX_THRESHOLD]
-    admitted = 0
+    pending = 0
+    half = PF // 2
     for i in range(start, stop):
         if i + PF < stop:
             ix.prefetch(slab, rows[i + PF])
+        if i + half < stop:  # its primary row was prefetched PF/2 keys ago
+            ahead = slab_u32[rows[i + half], xptr]
+            if ahead > 0:
+                ix.prefetch(xslab, ahead - 1)
         row = rows[i]
         key = keys[i]
-        if created[i]:  # the row is all zeros: embed part, then mark embedx "not admitted"
-            init_part(slab, row, EMBED_W, EMBED_STATE, 1, kind, kind == ADAM, seed, key, fp)
-            slab[row, xflag] = -1.0
+        if created[i]:  # the row is all zeros (xptr 0: embedx not admitted)
+            init_part(
+                slab, row, EMBED_W, EMBED_STATE, 1, kind, kind == ADAM, seed, key, fp, EMBED_W
+            )
         show = np.float64(shows[i])
         click = np.float64(clicks[i])
-        slab[row, SHOW] += shows[i]
-        slab[row, CLICK] += clicks[i]
-        slab[row, DELTA] += score(show, click, ap)
+        mark = 0
+        if slab[row, SHOW] < 0.0:  # hot: exact float64 counters in the side table
+            h = slab_u32[row, CLICK]
+            hot[h, 0] += show
+            hot[h, 1] += click
+            hot[h, 2] += score(show, click, ap)
+            now = score(hot[h, 0], hot[h, 1], ap)
+        else:
+            slab[row, SHOW] += shows[i]
+            slab[row, CLICK] += clicks[i]
+            slab[row, DELTA] += score(show, click, ap)
+            now = score(slab[row, SHOW], slab[row, CLICK], ap)  # float32 operands, as ever
+            if max(slab[row, SHOW], slab[row, CLICK], abs(slab[row, DELTA])) >= HOT_FROM:
+                mark = TODO_HOT
         slab[row, UNSEEN] = 0.0
         if has_slots:
             slab_u32[row, SLOT] = slots[i]
         scale = 1.0 / show if show > 0.0 else 1.0
         update_part(slab, row, EMBED_W, EMBED_STATE, 1, kind, grads, i, 0, scale, fp)
-        if slab[row, xflag] >= 0.0:
-            update_part(slab, row, xw, xs, dim, kind, grads, i, 1, scale, fp)
-        elif score(slab[row, SHOW], slab[row, CLICK], ap) >= threshold:
+        xr = slab_u32[row, xptr]
+        if xr > 0:
+            update_part(xslab, xr - 1, 0, dim, dim, kind, grads, i, 1, scale, fp)
+        elif now >= threshold:
             # Admission: this push's embedx gradient was computed against zeros; drop it.
-            init_part(slab, row, xw, xs, dim, kind, True, seed, key, fp)
-            admitted += 1
-    return admitted
+            mark |= TODO_ADMIT
+            pending += 1
+        if mark & TODO_HOT:
+            pending += PROMOTED
+        todo[i] = mark
+    return pending
+
+
+@njit(nogil=True, cache=True)
+def settle_rows(
+    slab: npt.NDArray[np.float32],
+    slab_u32: npt.NDArray[np.uint32],
+    xslab: npt.NDArray[np.float32],
+    xslab_u32: npt.NDArray[np.uint32],
+    hot: npt.NDArray[np.float64],
+    meta: npt.NDArray[np.int64],
+    rows: npt.NDArray[np.int64],
+    todo: npt.NDArray[np.uint8],
+    n: Int,
+    keys: npt.NDArray[np.uint64],
+    ip: npt.NDArray[np.int64],
+    fp: npt.NDArray[np.float64],
+    seed: np.uint64,
+) -> Int:
+    """The allocating half of a push, on one thread (the caller reserved room): every key
+    marked ``TODO_ADMIT`` in ``todo[:n]`` gets an embedx row (a freed one first) with its
+    initial weights; every key marked ``TODO_HOT`` moves its counters to the side table.
+    Pointers are written last, so readers see a part either before or after. Returns
+    admissions."""
+    dim = ip[IP_DIM]
+    kind = ip[IP_KIND]
+    xptr = ip[IP_XPTR]
+    hot_i64 = hot.view(np.int64)
+    done = 0
+    for i in range(n):
+        if todo[i] & TODO_HOT:
+            if meta[HOT_FREE_LEN] > 0:
+                h = meta[HOT_FREE_HEAD]
+                meta[HOT_FREE_HEAD] = hot_i64[h, 0] - 1
+                meta[HOT_FREE_LEN] -= 1
+            else:
+                h = meta[HOT_NEXT]
+                meta[HOT_NEXT] += 1
+            row = rows[i]
+            hot[h, 0] = slab[row, SHOW]
+            hot[h, 1] = slab[row, CLICK]
+            hot[h, 2] = slab[row, DELTA]
+            slab[row, DELTA] = 0.0
+            slab_u32[row, CLICK] = np.uint32(h)
+            slab[row, SHOW] = -1.0
+        if not todo[i] & TODO_ADMIT:
+            continue
+        if meta[X_FREE_LEN] > 0:
+            xr = meta[X_FREE_HEAD]
+            meta[X_FREE_HEAD] = np.int64(xslab_u32[xr, 0]) - 1
+            meta[X_FREE_LEN] -= 1
+        else:
+            xr = meta[X_NEXT]
+            meta[X_NEXT] += 1
+        init_part(xslab, xr, 0, dim, dim, kind, True, seed, keys[i], fp, xptr)
+        slab_u32[rows[i], xptr] = np.uint32(xr + 1)
+        done += 1
+    return done
 
 
 @njit(nogil=True, cache=True)
@@ -209,13 +314,22 @@ def pull_kernel(
     arr_slots: npt.NDArray[np.int32],
     arr_keys: npt.NDArray[np.uint64],
     slab: npt.NDArray[np.float32],
+    slab_u32: npt.NDArray[np.uint32],
+    xslab: npt.NDArray[np.float32],
+    hot: npt.NDArray[np.float64],
     keys: npt.NDArray[np.uint64],
     out: npt.NDArray[np.float32],
-    xw: Int,
-) -> None:
+    xptr: Int,
+) -> Int:
+    """Pull rows; returns how many keys were *stale*: hot keys whose side-table entry lies
+    beyond the ``hot`` array this caller holds (the table grew it meanwhile). The caller
+    pulls again with the current arrays then."""
     dim = out.shape[1] - 3
+    stale = 0
+    hcap = hot.shape[0]
     homes = ix.homes_of(arr_slots, keys)
     n = keys.size
+    xcap = xslab.shape[0]
     for i in range(n):
         if i + 2 * PF < n:  # see index.lookup_many
             ix.prefetch(arr_slots, homes[i + 2 * PF])
@@ -228,12 +342,28 @@ def pull_kernel(
         if r < 0:
             for j in range(dim + 3):
                 out[i, j] = 0.0
+            continue
+        show = slab[r, SHOW]
+        if show < 0.0:  # hot key: counters in the side table at the index in CLICK's bits
+            h = slab_u32[r, CLICK]
+            if h >= hcap:
+                stale += 1
+                continue
+            out[i, 0] = hot[h, 0]
+            out[i, 1] = hot[h, 1]
         else:
-            out[i, 0] = slab[r, SHOW]
+            out[i, 0] = show
             out[i, 1] = slab[r, CLICK]
-            out[i, 2] = slab[r, EMBED_W]
+        out[i, 2] = slab[r, EMBED_W]
+        xr = np.int64(slab_u32[r, xptr]) - 1
+        # A pointer past the slab we hold: admitted after we took the arrays (pulls as 0).
+        if 0 <= xr < xcap:
             for j in range(dim):
-                out[i, 3 + j] = slab[r, xw + j]
+                out[i, 3 + j] = xslab[xr, j]
+        else:
+            for j in range(dim):
+                out[i, 3 + j] = 0.0
+    return stale
 
 
 @njit(nogil=True, cache=True)
@@ -242,76 +372,58 @@ def shrink_kernel(
     arr_keys: npt.NDArray[np.uint64],
     meta: npt.NDArray[np.int64],
     slab: npt.NDArray[np.float32],
+    slab_u32: npt.NDArray[np.uint32],
+    xslab: npt.NDArray[np.float32],
+    xslab_u32: npt.NDArray[np.uint32],
+    hot: npt.NDArray[np.float64],
     ap: npt.NDArray[np.float64],
-    xflag: Int,
+    xptr: Int,
     deleted: npt.NDArray[np.uint64],
 ) -> Int:
+    """Decay and delete (§4). Hot keys decay in float64 and return to float32 counters
+    once all three fall below ``HOT_BACK``; a deleted key frees its embedx row and its
+    side-table entry."""
     rows = np.empty(meta[ix.COUNT], dtype=np.int64)
     n = ix.live_rows(arr_slots, rows)
     nd = 0
+    hot_i64 = hot.view(np.int64)
+    rate = ap[AP_DECAY]
     for t in range(n):
         row = rows[t]
-        if decay_and_test(slab, row, ap):
+        if slab[row, SHOW] < 0.0:
+            h = np.int64(slab_u32[row, CLICK])
+            show = hot[h, 0] * rate
+            click = hot[h, 1] * rate
+            hot[h, 0] = show
+            hot[h, 1] = click
+            gone = (
+                score(show, click, ap) < ap[AP_DELETE_THRESHOLD]
+                or slab[row, UNSEEN] > ap[AP_DELETE_AFTER_DAYS]
+            )
+            back = max(show, click, abs(hot[h, 2])) < HOT_BACK
+            if back and not gone:
+                slab[row, SHOW] = show
+                slab[row, CLICK] = click
+                slab[row, DELTA] = hot[h, 2]
+            if gone or back:
+                hot[h, :] = 0.0
+                hot_i64[h, 0] = meta[HOT_FREE_HEAD] + 1 if meta[HOT_FREE_LEN] else 0
+                meta[HOT_FREE_HEAD] = h
+                meta[HOT_FREE_LEN] += 1
+        else:
+            gone = decay_and_test(slab, row, ap)
+        if gone:
             key = arr_keys[row]
-            if slab[row, xflag] >= 0.0:
+            xr = np.int64(slab_u32[row, xptr]) - 1
+            if xr >= 0:  # free the embedx row: zeroed, then on the free list
                 meta[EXPANDED] -= 1
+                xslab[xr, :] = 0.0
+                xslab_u32[xr, 0] = np.uint32(meta[X_FREE_HEAD] + 1) if meta[X_FREE_LEN] else 0
+                meta[X_FREE_HEAD] = xr
+                meta[X_FREE_LEN] += 1
             ix.remove(arr_slots, arr_keys, meta, key)
             slab[row, :] = 0.0  # a reused row starts from zeros, like a fresh one
             deleted[nd] = key
             nd += 1
     meta[EVICTIONS] += nd
     return nd
-
-
-@njit(nogil=True, cache=True)
-def group_rows(
-    arr_slots: npt.NDArray[np.int32],
-    arr_keys: npt.NDArray[np.uint64],
-    count: Int,
-    logical_shards: Int,
-    rows_out: npt.NDArray[np.int64],
-    offsets: npt.NDArray[np.int64],
-) -> None:
-    """Counting sort of live rows by logical shard: rows of shard s are
-    ``rows_out[offsets[s]:offsets[s + 1]]``."""
-    rows = np.empty(count, dtype=np.int64)
-    n = ix.live_rows(arr_slots, rows)
-    shard = np.empty(n, dtype=np.int64)
-    for t in range(n):
-        shard[t] = np.int64(ix.mix64(arr_keys[rows[t]]) % np.uint64(logical_shards))
-        offsets[shard[t] + 1] += 1
-    for s in range(logical_shards):
-        offsets[s + 1] += offsets[s]
-    fill = offsets[:-1].copy()
-    for t in range(n):
-        rows_out[fill[shard[t]]] = rows[t]
-        fill[shard[t]] += 1
-
-
-@njit(nogil=True, cache=True)
-def gather(
-    arr_keys: npt.NDArray[np.uint64],
-    slab: npt.NDArray[np.float32],
-    rows: npt.NDArray[np.int64],
-    keys_out: npt.NDArray[np.uint64],
-    rows_out: npt.NDArray[np.float32],
-) -> None:
-    for t in range(rows.size):
-        keys_out[t] = arr_keys[rows[t]]
-        rows_out[t, :] = slab[rows[t], :]
-
-
-@njit(nogil=True, cache=True)
-def after_save(
-    slab: npt.NDArray[np.float32],
-    rows: npt.NDArray[np.int64],
-    saved_delta: npt.NDArray[np.float32],
-    unseen_inc: bool,
-) -> None:
-    """Side effects of a successful save: delta_score -= what was saved (so pushes that
-    arrived meanwhile still count towards the next delta), or unseen_days += 1."""
-    for t in range(rows.size):
-        if unseen_inc:
-            slab[rows[t], UNSEEN] += 1.0
-        else:
-            slab[rows[t], DELTA] -= saved_delta[t]

@@ -93,12 +93,17 @@ def init_part(
     seed: np.uint64,
     key: np.uint64,
     fp: npt.NDArray[np.float64],
+    hcol: Int,
 ) -> None:
-    """Initialise weights (U(±range) if ``random`` else 0, clipped) and zero state."""
+    """Initialise weights (U(±range) if ``random`` else 0, clipped) and zero state.
+
+    ``hcol`` is the weights' column in the *logical* full row (``RowLayout.columns``), the
+    column the init hash uses: the same key gets the same weights whichever slab stores them.
+    """
     lo = fp[FP_WLO]
     hi = fp[FP_WHI]
     for j in range(dim):
-        w = uniform_init(seed, key, wcol + j, fp[FP_RANGE]) if random else 0.0
+        w = uniform_init(seed, key, hcol + j, fp[FP_RANGE]) if random else 0.0
         slab[row, wcol + j] = min(max(w, lo), hi)
     width = 1 if kind == ADAGRAD else (dim if kind == STD_ADAGRAD else 2 * dim + 2)
     for j in range(width):

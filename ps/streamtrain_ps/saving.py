@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from streamtrain_ps import api, checkpoint, sharding
-from streamtrain_ps.accessor import DELTA, save_filter
+from streamtrain_ps.accessor import DELTA
 from streamtrain_ps.dense import DenseState
 from streamtrain_ps.staging import TableEffects
 from streamtrain_ps.table import SparseTable
@@ -38,7 +38,7 @@ def write_tables(
     saved = tomb_total = 0
     with_effects = mode != api.SaveMode.CHECKPOINT
     for t in tables:
-        rows, offsets = t.rows_by_logical_shard(L)
+        rows, offsets = t.rows_by_logical_shard(L, mode)
         with_tombs = mode in (api.SaveMode.CHECKPOINT, api.SaveMode.DELTA)
         pending, mark = t.tombstones_marked()
         if not with_tombs:
@@ -50,9 +50,9 @@ def write_tables(
         lay = t.layout
         for logical in owned:
             part_rows = rows[offsets[logical] : offsets[logical + 1]]
-            keys, full = t.copy_rows(part_rows)
-            keep = save_filter(full, mode, t.config)
-            keys, full, part_rows = keys[keep], full[keep], part_rows[keep]
+            part_rows, keys, full, hot = t.snapshot(part_rows, mode)  # save_filter applied
+            delta = full[:, DELTA].astype(np.float64)
+            delta[hot.positions] = hot.counts[:, 2]  # exact for keys past float32's range
             tomb = pending[pending_ls == logical]
             if mode == api.SaveMode.DELTA:
                 tomb = np.setdiff1d(tomb, keys)
@@ -69,13 +69,17 @@ def write_tables(
                 if mode == api.SaveMode.CHECKPOINT
                 else ["show", "click", "embed_w"] + [f"embedx_w{j}" for j in range(lay.embedx_dim)],
             }
-            data = checkpoint.encode_part(
-                header, {"keys": keys, "values": values, "tombstones": tomb}
-            )
+            arrays = {"keys": keys, "values": values, "tombstones": tomb}
+            if mode == api.SaveMode.CHECKPOINT and hot.positions.size:
+                # Exact counters of hot keys (float64; the rows hold them rounded). Only
+                # present when there are any, so other parts are unchanged.
+                arrays["hot_rows"] = hot.positions
+                arrays["hot_counts"] = hot.counts
+            data = checkpoint.encode_part(header, arrays)
             path = checkpoint.sparse_path(writer.data_dir, t.name, logical)
             files.append(writer.write(path, data, rows=int(keys.size)))
             if with_effects:
-                parts.append((keys, part_rows, full[:, DELTA].copy()))
+                parts.append((keys, part_rows, delta))
             saved += int(keys.size)
             tomb_total += int(tomb.size)
         if with_effects:
@@ -120,7 +124,7 @@ def _table_effects(
         table=t,
         keys=cat(0, np.uint64),
         rows=cat(1, np.int64),
-        saved_delta=cat(2, np.float32),
+        saved_delta=cat(2, np.float64),
         unseen_inc=mode == api.SaveMode.BATCH,
         tombstone_mark=tombstone_mark,
     )

@@ -33,7 +33,13 @@ from streamtrain_ps.errors import (
 )
 from streamtrain_ps.kernels import BAD_CLICK, BAD_GRAD, BAD_SHOW, NOT_OWNED, OVERFLOW
 from streamtrain_ps.staging import Pending, SaveEffects
-from streamtrain_ps.table import Merged, SparseTable, TableContent, release_scratch_memory
+from streamtrain_ps.table import (
+    HotCounters,
+    Merged,
+    SparseTable,
+    TableContent,
+    release_scratch_memory,
+)
 from streamtrain_ps.validation import require_array
 
 
@@ -310,9 +316,10 @@ class Shard:
         except Exception as exc:  # storage errors of any fsspec backend
             raise CheckpointError(f"load from {uri} failed: {type(exc).__name__}: {exc}") from exc
         tables = {}
-        for name, (keys, rows, tombs) in payload.tables.items():
+        for name, tp in payload.tables.items():
+            hot = HotCounters(tp.hot_rows, tp.hot_counts)
             try:
-                tables[name] = self._tables[name].build(keys, rows, tombs)
+                tables[name] = self._tables[name].build(tp.keys, tp.rows, tp.tombstones, hot)
             except ValueError as exc:
                 raise CheckpointError(f"{uri}: table {name!r}: {exc}") from exc
         keys_total = sum(int(v[0].size) for v in payload.tables.values())

@@ -1,10 +1,13 @@
-"""One sparse table of one shard: hash index + contiguous float32 row slab + its locking.
+"""One sparse table of one shard: hash index + compact row slabs (``slabs``) + its locking.
 
-State is one immutable ``_Arrays`` tuple (slots, keys column, slab) swapped as a whole when
-anything grows, so a reader that took ``self._arrays`` once sees arrays that belong
-together (a row id found in ``slots`` is always inside ``keys`` and ``slab``), even while a
-writer reallocates. Growth is geometric with ``np.zeros`` (untouched pages are not
-resident), done before a kernel runs, so kernels never reallocate.
+State is one immutable ``slabs.Arrays`` tuple (index, primary and embedx slabs, hot
+counters) swapped as a whole when anything grows, so a reader that took ``self._arrays``
+once sees arrays that belong together (a row id found in ``slots`` is always inside
+``keys`` and ``slab``), even while a writer reallocates. Growth is geometric with
+``np.zeros`` (untouched pages are not resident), done before a kernel runs, so kernels
+never reallocate. Embedx rows and hot-counter entries are allocated after a push's
+parallel row updates, on one thread (room reserved first); a pull that meets a side-table
+index beyond its arrays pulls again with the current ones.
 
 Consistency (``TableLock``):
 
@@ -23,10 +26,8 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Executor
-from contextlib import contextmanager
 from functools import partial
 from typing import Any, NamedTuple, cast
 
@@ -35,10 +36,15 @@ import numpy.typing as npt
 
 from streamtrain_ps import index as ix
 from streamtrain_ps import kernels as kn
+from streamtrain_ps import snapshot as sn
 from streamtrain_ps.accessor import RowLayout, accessor_params
+from streamtrain_ps.api import SaveMode
 from streamtrain_ps.config import TableConfig
 from streamtrain_ps.kernels import ADMISSIONS, EVICTIONS, EXPANDED
 from streamtrain_ps.optim import params_vector
+from streamtrain_ps.sharding import logical_shard
+from streamtrain_ps.slabs import Arrays, HotCounters, TableContent, build_content, empty_arrays
+from streamtrain_ps.table_lock import TableLock
 
 #: Pulls and pushes of at least this many keys are split over two threads.
 SPLIT_MIN_KEYS = 32_768
@@ -51,56 +57,6 @@ MERGE_SPLIT_MAX_KEYS = 262_144
 APPLY_CHUNK = 131_072
 
 
-class TableLock:
-    """Readers share; one writer at a time alongside readers; exclusive excludes all."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
-        self._readers = 0
-        self._exclusive = False
-        self._writer = threading.Lock()
-        self.maintenance = threading.Lock()
-
-    @contextmanager
-    def read(self) -> Iterator[None]:
-        with self._cond:
-            while self._exclusive:
-                self._cond.wait()
-            self._readers += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._readers -= 1
-                if self._readers == 0:
-                    self._cond.notify_all()
-
-    @contextmanager
-    def write(self) -> Iterator[None]:
-        with self._writer:
-            yield
-
-    @contextmanager
-    def exclusive(self) -> Iterator[None]:
-        with self._writer:
-            with self._cond:
-                self._exclusive = True
-                while self._readers:
-                    self._cond.wait()
-            try:
-                yield
-            finally:
-                with self._cond:
-                    self._exclusive = False
-                    self._cond.notify_all()
-
-
-class _Arrays(NamedTuple):
-    slots: npt.NDArray[np.int32]
-    keys: npt.NDArray[np.uint64]
-    slab: npt.NDArray[np.float32]
-
-
 class Merged(NamedTuple):
     """One part of a merged push, as ``kernels.merge_push`` returns it."""
 
@@ -111,14 +67,6 @@ class Merged(NamedTuple):
     shows: npt.NDArray[np.float32]
     clicks: npt.NDArray[np.float32]
     slots: npt.NDArray[np.uint32]
-
-
-class TableContent(NamedTuple):
-    """A table's whole state, built by ``SparseTable.build`` for a load."""
-
-    arrays: _Arrays
-    meta: npt.NDArray[np.int64]
-    tombstones: npt.NDArray[np.uint64]
 
 
 class SparseTable:
@@ -150,25 +98,23 @@ class SparseTable:
         )
         self._ap = accessor_params(config)
         lay = self.layout
-        self._ip = np.array(
-            [lay.embedx_dim, lay.kind, lay.embedx_w, lay.embedx_state, lay.xflag], dtype=np.int64
-        )
+        self._ip = np.array([lay.embedx_dim, lay.kind, lay.xptr], dtype=np.int64)
         self._seed = table_seed(seed, config.name)
-        self._meta = ix.new_meta()
-        self._arrays = _empty_arrays(capacity, lay.width)
+        self._meta = ix.new_meta(kn.TABLE_META_SIZE)
+        self._arrays = empty_arrays(capacity, 0, lay)
         self._tombstones: list[npt.NDArray[np.uint64]] = []
 
     # -- hot paths ------------------------------------------------------------------------
 
     def pull(self, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]:
         out = np.empty((keys.size, self.layout.pull_dim), dtype=np.float32)
-        xw = self.layout.embedx_w
+        xp = self.layout.xptr
         with self.lock.read():
-            a = self._arrays
-            self._split(
-                keys.size,
-                lambda lo, hi: kn.pull_kernel(a.slots, a.keys, a.slab, keys[lo:hi], out[lo:hi], xw),
-            )
+            while True:  # again if a hot key moved into a side table grown after we looked
+                a = self._arrays
+                args = (a.slots, a.keys, a.slab, a.slab_u32, a.xslab, a.hot)
+                if not self._split(keys.size, partial(_pull, args, keys, out, xp)):
+                    break
         return out
 
     def rows_of(self, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
@@ -213,15 +159,15 @@ class SparseTable:
         chunk = min(max(total, 1), APPLY_CHUNK)
         rows = np.empty(chunk, dtype=np.int64)
         created = np.empty(chunk, dtype=np.bool_)
+        todo = np.empty(chunk, dtype=np.uint8)
         with self.lock.write():
-            a = self._reserve(total)
-            slab_u32 = a.slab.view(np.uint32)
+            a = self._reserve(self._new_keys(parts, total))
             for p in parts:
                 n = int(p.n)
                 for c0 in range(0, n, APPLY_CHUNK):
                     c1 = min(n, c0 + APPLY_CHUNK)
                     k = p.keys[c0:c1]
-                    r, cr = rows[: c1 - c0], created[: c1 - c0]
+                    r, cr, ad = rows[: c1 - c0], created[: c1 - c0], todo[: c1 - c0]
                     ix.insert_many(a.slots, a.keys, self._meta, k, r, cr)
                     tail = (
                         k,
@@ -235,11 +181,31 @@ class SparseTable:
                         self._fp,
                         self._seed,
                     )
-                    admitted = self._split(
-                        c1 - c0, partial(_update, (a.slab, slab_u32, r, cr), tail)
+                    pending = self._split(
+                        c1 - c0,
+                        partial(_update, (a.slab, a.slab_u32, a.xslab, a.hot, r, cr, ad), tail),
                     )
-                    self._meta[EXPANDED] += admitted
-                    self._meta[ADMISSIONS] += admitted
+                    if pending:
+                        a = self._reserve_x(pending % kn.PROMOTED, pending // kn.PROMOTED)
+                        admitted = int(
+                            kn.settle_rows(
+                                a.slab,
+                                a.slab_u32,
+                                a.xslab,
+                                a.xslab_u32,
+                                a.hot,
+                                self._meta,
+                                r,
+                                ad,
+                                c1 - c0,
+                                k,
+                                self._ip,
+                                self._fp,
+                                self._seed,
+                            )
+                        )
+                        self._meta[EXPANDED] += admitted
+                        self._meta[ADMISSIONS] += admitted
 
     def _split(self, n: int, work: Callable[[int, int], Any]) -> int:
         """Run ``work(lo, hi)`` over ``range(n)``: in two halves on two threads when the
@@ -257,7 +223,19 @@ class SparseTable:
             return first + int(work(mid, n) or 0)
         return first + int(other.result() or 0)
 
-    def _reserve(self, extra: int) -> _Arrays:
+    def _new_keys(self, parts: list[Merged], total: int) -> int:
+        """How many of a merged push's keys are new; call with the writer lock held (only
+        the writer creates keys). Counted only when the worst case (every key new) would not
+        fit the current arrays: pushing keys that exist must never grow or rehash a table."""
+        a = self._arrays
+        count = int(self._meta[ix.COUNT])
+        high = int(self._meta[ix.NEXT_ROW])
+        fits_rows = high + max(0, total - int(self._meta[ix.FREE_LEN])) <= a.keys.shape[0]
+        if fits_rows and ix.needed_capacity(count + total) <= a.slots.size:
+            return total
+        return sum(int(ix.count_missing(a.slots, a.keys, p.keys[: int(p.n)])) for p in parts)
+
+    def _reserve(self, extra: int) -> Arrays:
         """Arrays with room for ``extra`` new keys; call with the writer lock held."""
         a = self._arrays
         count = int(self._meta[ix.COUNT])
@@ -267,7 +245,21 @@ class SparseTable:
         keys = ix.grown_rows(a.keys, high, need_rows)
         slab = ix.grown_rows(a.slab, high, need_rows)
         if slots is not a.slots or keys is not a.keys or slab is not a.slab:
-            a = _Arrays(slots, keys, slab)
+            a = a._replace(slots=slots, keys=keys, slab=slab)
+            self._arrays = a
+        return a
+
+    def _reserve_x(self, extra: int, extra_hot: int) -> Arrays:
+        """Arrays with room for ``extra`` more embedx rows and ``extra_hot`` more side-table
+        entries; writer lock held."""
+        a = self._arrays
+        m = self._meta
+        high = int(m[kn.X_NEXT])
+        xslab = ix.grown_rows(a.xslab, high, high + max(0, extra - int(m[kn.X_FREE_LEN])))
+        hhigh = int(m[kn.HOT_NEXT])
+        hot = ix.grown_rows(a.hot, hhigh, hhigh + max(0, extra_hot - int(m[kn.HOT_FREE_LEN])))
+        if xslab is not a.xslab or hot is not a.hot:
+            a = a._replace(xslab=xslab, hot=hot)
             self._arrays = a
         return a
 
@@ -287,7 +279,17 @@ class SparseTable:
             deleted = np.empty(before, dtype=np.uint64)
             nd = int(
                 kn.shrink_kernel(
-                    a.slots, a.keys, self._meta, a.slab, self._ap, self.layout.xflag, deleted
+                    a.slots,
+                    a.keys,
+                    self._meta,
+                    a.slab,
+                    a.slab_u32,
+                    a.xslab,
+                    a.xslab_u32,
+                    a.hot,
+                    self._ap,
+                    self.layout.xptr,
+                    deleted,
                 )
             )
             gone = deleted[:nd].copy()
@@ -296,33 +298,88 @@ class SparseTable:
         return before, gone
 
     def rows_by_logical_shard(
-        self, logical_shards: int
+        self, logical_shards: int, mode: SaveMode = SaveMode.CHECKPOINT
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-        """(rows, offsets): live rows grouped by logical shard. Hold ``lock.maintenance``."""
+        """(rows, offsets): live rows grouped by logical shard (those of shard s are
+        ``rows[offsets[s]:offsets[s + 1]]``). Hold ``lock.maintenance``.
+
+        For a delta or base only the rows passing its filter now, by a sequential scan
+        (``snapshot`` tests them again when it copies them)."""
         with self.lock.write():
             a = self._arrays
             count = int(self._meta[ix.COUNT])
-            rows = np.empty(count, dtype=np.int64)
+            rows = np.empty(count, dtype=np.int64)  # pages never written stay unmapped
             offsets = np.zeros(logical_shards + 1, dtype=np.int64)
-            kn.group_rows(a.slots, a.keys, count, logical_shards, rows, offsets)
-        return rows, offsets
+            if mode in (SaveMode.CHECKPOINT, SaveMode.BATCH):
+                sn.group_rows(a.slots, a.keys, count, logical_shards, rows, offsets)
+                return rows, offsets
+            high = int(self._meta[ix.NEXT_ROW])
+            args = (a.slots, a.keys, a.slab, a.slab_u32, a.hot, high, self._save_params())
+            n = int(sn.select_rows(*args, mode == SaveMode.DELTA, rows))
+            rows = rows[:n].copy()
+            shard = logical_shard(a.keys[rows], logical_shards)
+        order = np.argsort(shard, kind="stable")
+        offsets[1:] = np.cumsum(np.bincount(shard, minlength=logical_shards))
+        return rows[order], offsets
+
+    def _save_params(self) -> npt.NDArray[np.float64]:
+        c = self.config
+        return np.array(
+            [c.nonclkCoeff, c.clickCoeff, c.baseThreshold, c.deltaKeepDays, c.deltaThreshold]
+        )
 
     def copy_rows(
         self, rows: npt.NDArray[np.int64]
     ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32]]:
-        """Keys and full rows of ``rows``, copied under the writer lock (a consistent view)."""
-        keys = np.empty(rows.size, dtype=np.uint64)
-        values = np.empty((rows.size, self.layout.width), dtype=np.float32)
-        with self.lock.write():
-            a = self._arrays
-            kn.gather(a.keys, a.slab, rows, keys, values)
+        """Keys and full rows of ``rows``, copied under the writer lock (a consistent view);
+        hot keys' counters rounded to float32 (``copy_rows_exact`` has them exactly)."""
+        keys, values, _ = self.copy_rows_exact(rows)
         return keys, values
 
-    def after_save(
-        self, rows: npt.NDArray[np.int64], saved_delta: npt.NDArray[np.float32], unseen_inc: bool
-    ) -> None:
+    def copy_rows_exact(
+        self, rows: npt.NDArray[np.int64]
+    ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32], HotCounters]:
+        """``copy_rows`` plus the exact float64 counters of the hot keys among them."""
         with self.lock.write():
-            kn.after_save(self._arrays.slab, rows, saved_delta, unseen_inc)
+            return self._gather(rows)
+
+    def _gather(
+        self, rows: npt.NDArray[np.int64]
+    ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32], HotCounters]:
+        keys = np.empty(rows.size, dtype=np.uint64)
+        values = np.empty((rows.size, self.layout.width), dtype=np.float32)
+        lay = self.layout
+        a = self._arrays
+        nhot = int(self._meta[kn.HOT_NEXT] - self._meta[kn.HOT_FREE_LEN])
+        pos = np.empty(min(nhot, rows.size), dtype=np.int64)
+        counts = np.empty((pos.size, 3), dtype=np.float64)
+        args = (a.keys, a.slab, a.slab_u32, a.xslab, a.hot, rows, keys, values, pos, counts)
+        nh = int(sn.gather(*args, lay.xptr, lay.xflag))
+        return keys, values, HotCounters(pos[:nh], counts[:nh])
+
+    def snapshot(
+        self, rows: npt.NDArray[np.int64], mode: SaveMode
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint64], npt.NDArray[np.float32], HotCounters]:
+        """The rows a save of ``mode`` writes (``accessor.save_filter``), with their keys,
+        full rows and exact hot counters: tested and copied in one hold of the writer lock
+        (a consistent copy), and only the kept rows are copied."""
+        if mode in (SaveMode.CHECKPOINT, SaveMode.BATCH):
+            return (rows, *self.copy_rows_exact(rows))
+        sp = self._save_params()
+        keep = np.empty(rows.size, dtype=np.bool_)
+        with self.lock.write():
+            a = self._arrays
+            sn.save_keep(a.slab, a.slab_u32, a.hot, rows, sp, mode == SaveMode.DELTA, keep)
+            kept = rows[keep]
+            return (kept, *self._gather(kept))
+
+    def after_save(
+        self, rows: npt.NDArray[np.int64], saved_delta: npt.NDArray[np.floating], unseen_inc: bool
+    ) -> None:
+        """Commit a save: ``delta_score -= saved_delta`` per row, or ``unseen_days += 1``."""
+        with self.lock.write():
+            a = self._arrays
+            sn.after_save(a.slab, a.slab_u32, a.hot, rows, saved_delta, unseen_inc)
 
     def tombstones(self) -> npt.NDArray[np.uint64]:
         """Keys deleted since tombstones were last cleared (unique, sorted)."""
@@ -346,22 +403,14 @@ class SparseTable:
         keys: npt.NDArray[np.uint64],
         rows: npt.NDArray[np.float32],
         tombstones: npt.NDArray[np.uint64],
+        hot: HotCounters | None = None,
     ) -> TableContent:
         """A complete new content for this table (load), built without touching the table.
+        ``hot``: exact counters of the hot keys among ``rows`` (a checkpoint has them).
 
         Raises ``ValueError`` naming a key listed twice.
         """
-        lay = self.layout
-        meta = ix.new_meta()
-        a = _empty_arrays(keys.size, lay.width)
-        out = np.empty(keys.size, dtype=np.int64)
-        created = np.zeros(keys.size, dtype=np.bool_)
-        ix.insert_many(a.slots, a.keys, meta, keys, out, created)
-        if not created.all():
-            raise ValueError(f"key {int(keys[np.argmin(created)])} is listed twice")
-        a.slab[: keys.size] = rows  # a fresh index hands out rows 0, 1, 2, ... in order
-        meta[EXPANDED] = int(np.count_nonzero(rows[:, lay.xflag] >= 0))
-        return TableContent(a, meta, tombstones.copy())
+        return build_content(self.layout, keys, rows, tombstones, hot)
 
     def install(self, content: TableContent) -> None:
         """Swap in a content from ``build`` (waits for readers; counters carry over)."""
@@ -389,12 +438,38 @@ class SparseTable:
     def evictions_total(self) -> int:
         return int(self._meta[EVICTIONS])
 
+    @property
+    def slot_capacity(self) -> int:
+        """Size of the hash index's slot array (a power of two; grows only for new keys)."""
+        return int(self._arrays.slots.size)
+
     def memory_bytes(self) -> int:
         """Bytes in use: the slot array plus key and row storage up to the high-water mark
         (capacity beyond it is reserved address space that was never touched)."""
         a = self._arrays
         high = int(self._meta[ix.NEXT_ROW])
-        return int(a.slots.nbytes + high * (a.keys.itemsize + a.slab.shape[1] * 4))
+        xhigh = int(self._meta[kn.X_NEXT])
+        per_row = a.keys.itemsize + a.slab.shape[1] * 4
+        hot = int(self._meta[kn.HOT_NEXT]) * a.hot.shape[1] * 8
+        return int(a.slots.nbytes + high * per_row + xhigh * a.xslab.shape[1] * 4 + hot)
+
+    @property
+    def hot_keys(self) -> int:
+        """Keys whose counters live in the exact float64 side table."""
+        return int(self._meta[kn.HOT_NEXT] - self._meta[kn.HOT_FREE_LEN])
+
+
+def _pull(
+    arrays: tuple[Any, ...],
+    keys: npt.NDArray[np.uint64],
+    out: npt.NDArray[np.float32],
+    xptr: int,
+    lo: int,
+    hi: int,
+) -> int:
+    """``kernels.pull_kernel`` over ``lo:hi``; returns the stale keys (see there)."""
+    kernel: Any = kn.pull_kernel  # numba's Dispatcher stub does not model *args
+    return int(kernel(*arrays, keys[lo:hi], out[lo:hi], xptr))
 
 
 def _update(head: tuple[Any, ...], tail: tuple[Any, ...], lo: int, hi: int) -> int:
@@ -423,12 +498,3 @@ def table_seed(seed: int, name: str) -> np.uint64:
     for byte in name.encode():
         h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
     return np.uint64(h ^ ((seed * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF))
-
-
-def _empty_arrays(capacity: int, width: int) -> _Arrays:
-    rows = max(capacity, 1024)
-    return _Arrays(
-        ix.full_aligned(ix.needed_capacity(capacity), ix.EMPTY, np.int32),
-        ix.zeros_aligned((rows,), np.uint64),
-        ix.zeros_aligned((rows, width), np.float32),
-    )

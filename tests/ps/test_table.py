@@ -209,3 +209,17 @@ def test_dense_bad_input() -> None:
         shard.init_dense("", np.zeros(3, np.float32))
     with pytest.raises(InvalidRequestError):
         shard.init_dense("w2", np.zeros(3, np.float64))  # type: ignore[arg-type]
+
+
+def test_pushing_existing_keys_never_grows_the_index() -> None:
+    # 700 keys fill a 1,024-slot index to 0.68; counting 400 pushed keys as new would need
+    # 1,100 keys' room and double it (a rehash under the writer lock).
+    shard = Shard(PSConfig(tables=(TableConfig(embedxDim=D),), maxKeysPerRequest=1000))
+    t = shard.table(T)
+    keys = list(range(1, 701))
+    _push(shard, keys, [1] * 700)
+    assert t.slot_capacity == 1024
+    _push(shard, keys[:400], [1] * 400)
+    assert t.slot_capacity == 1024 and len(t) == 700
+    _push(shard, keys[:400] + list(range(701, 801)), [1] * 500)  # 100 new: 800 > 768
+    assert t.slot_capacity == 2048 and len(t) == 800

@@ -1,0 +1,126 @@
+"""Compact rows: embedx (and its optimizer state) exists only for admitted keys.
+
+The update rules themselves are checked against the NumPy transcription in test_optim.py;
+these tests pin what the second slab changes: memory, freeing and reuse of embedx rows at
+shrink, and that a table rebuilt from its own checkpoint behaves bit-identically.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from streamtrain_ps import checkpoint
+from streamtrain_ps.accessor import RowLayout, save_filter
+from streamtrain_ps.api import SaveMode
+from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
+from streamtrain_ps.shard import Shard
+
+D = 8
+T = "embedding"
+
+
+def _shard(kind: str = "adagrad", **table: object) -> Shard:
+    opt = SparseOptimizerConfig(type=kind)  # type: ignore[arg-type]
+    tc = TableConfig(embedxDim=D, optimizer=opt, **table)  # type: ignore[arg-type]
+    return Shard(PSConfig(tables=(tc,), logicalShards=4, maxKeysPerRequest=100_000))
+
+
+def _push(shard: Shard, keys: np.ndarray, shows: np.ndarray, seed: int = 0) -> None:
+    rng = np.random.default_rng(seed)
+    grads = rng.normal(0, 1, (keys.size, D + 1)).astype(np.float32)
+    clicks = ((rng.random(keys.size) < 0.2) * np.minimum(shows, 1)).astype(np.float32)
+    shard.push_sparse(T, keys.astype(np.uint64), grads, shows.astype(np.float32), clicks)
+
+
+def test_unadmitted_keys_cost_no_embedx_memory() -> None:
+    shard = _shard(embedxThreshold=1e9)
+    t = shard.table(T)
+    n = 20_000
+    _push(shard, np.arange(1, n + 1), np.ones(n))
+    lay = t.layout
+    assert lay.primary_width == 8, "slot, unseen, delta, show, click, embed_w, G, xptr"
+    assert t.expanded_keys == 0
+    assert t.memory_bytes() == t.slot_capacity * 4 + n * (8 + 4 * lay.primary_width)
+    pulled = shard.pull_sparse(T, np.arange(1, n + 1, dtype=np.uint64))
+    assert not pulled[:, 3:].any() and pulled[:, 2].any()
+
+
+def test_shrink_frees_embedx_rows_and_admission_reuses_them() -> None:
+    cfg = {"embedxThreshold": 1.0, "deleteThreshold": 0.5, "showClickDecayRate": 0.01}
+    shard = _shard(**cfg)
+    t = shard.table(T)
+    hot = np.arange(1, 101)
+    _push(shard, hot, np.full(100, 20.0))  # score >= 2: admitted
+    keep = hot[50:]
+    _push(shard, keep, np.full(50, 5000.0))
+    assert t.expanded_keys == 100
+    high = t.memory_bytes()
+    # Decay x0.01: the first 50 fall to score < 0.5 and are deleted, embedx rows and all.
+    result = shard.shrink(T)
+    assert result.deleted == 50 and len(t) == 50 and t.expanded_keys == 50
+    fresh = np.arange(5000, 5050)
+    _push(shard, fresh, np.full(50, 20.0))  # admitted into the freed rows
+    assert t.expanded_keys == 100
+    assert t.memory_bytes() == high, "rows and embedx rows were reused, nothing grew"
+    # A reused embedx row holds exactly what a fresh one would (init is a hash of the key).
+    ref = _shard(**cfg)
+    _push(ref, fresh, np.full(50, 20.0))
+    np.testing.assert_array_equal(
+        shard.pull_sparse(T, fresh.astype(np.uint64)), ref.pull_sparse(T, fresh.astype(np.uint64))
+    )
+
+
+@pytest.mark.parametrize("kind", ["adagrad", "std_adagrad", "adam"])
+def test_a_checkpoint_round_trip_is_bit_identical_and_keeps_training_identically(
+    tmp_path: Path, kind: str
+) -> None:
+    rng = np.random.default_rng(5)
+    space = np.unique(rng.integers(1, 2**63, 3000, dtype=np.uint64))
+    src = _shard(kind, embedxThreshold=3.0)
+    for step in range(4):  # a long tail: few keys reach the threshold
+        keys = space[np.minimum(rng.zipf(1.3, 4000) - 1, space.size - 1)]
+        _push(src, keys, rng.integers(0, 4, keys.size).astype(np.float64), seed=step)
+    t = src.table(T)
+    assert 0 < t.expanded_keys < len(t)
+    uri = str(tmp_path / "ck")
+    checkpoint.publish(uri, [src.save(uri, SaveMode.CHECKPOINT)], config=src.config)
+    dst = _shard(kind, embedxThreshold=3.0)
+    dst.load(uri)
+    live = space[t.rows_of(space) >= 0]
+    full_src = t.copy_rows(t.rows_of(live))[1]
+    full_dst = dst.table(T).copy_rows(dst.table(T).rows_of(live))[1]
+    np.testing.assert_array_equal(full_src.view(np.uint32), full_dst.view(np.uint32))
+    lay = RowLayout.of(src.config.tables[0])
+    assert full_src.shape[1] == lay.width
+    assert dst.table(T).expanded_keys == t.expanded_keys
+    for step in range(3):
+        keys = space[rng.integers(0, space.size, 2000)]
+        shows = rng.integers(0, 4, keys.size).astype(np.float64)
+        _push(src, keys, shows, seed=10 + step)
+        _push(dst, keys, shows, seed=10 + step)
+    a = src.pull_sparse(T, space)
+    b = dst.pull_sparse(T, space)
+    np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+@pytest.mark.parametrize("mode", [SaveMode.DELTA, SaveMode.BASE, SaveMode.BATCH])
+def test_a_save_selects_exactly_the_rows_the_save_filter_keeps(mode: SaveMode) -> None:
+    rng = np.random.default_rng(8)
+    shard = _shard(embedxThreshold=3.0, deltaKeepDays=1)
+    t = shard.table(T)
+    space = np.arange(1, 5001, dtype=np.uint64)
+    for step in range(3):
+        keys = space[rng.integers(0, space.size, 6000)]
+        _push(shard, keys, rng.integers(0, 3, keys.size).astype(np.float64), seed=step)
+        t.after_save(t.rows_of(keys[:500]), np.zeros(500, np.float32), unseen_inc=True)
+    rows = t.rows_of(space)
+    rows = rows[rows >= 0]
+    kept, keys, full, _ = t.snapshot(rows, mode)
+    _, everything = t.copy_rows(rows)
+    want = save_filter(everything, mode, t.config)
+    assert 0 < want.sum() <= rows.size
+    np.testing.assert_array_equal(kept, rows[want])
+    np.testing.assert_array_equal(full, everything[want])
