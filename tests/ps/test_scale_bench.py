@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from streamtrain_tools.bench import ps_scale
 
 
