@@ -24,6 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from streamtrain_ps.remote import RemotePS, RetryPolicy
 from streamtrain_ps.server import PSServer
 from streamtrain_ps.shard import Shard
+from streamtrain_ps.startup import listening_address
 from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.control import SERVICE_NAME, WorkerServer, WorkerServicer
 from streamtrain_worker.data.reader import PassReader
@@ -270,10 +271,10 @@ def test_main_prints_its_port_and_stops_on_sigterm(tmp_path: Path) -> None:
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
-        assert line.startswith("listening on 127.0.0.1:"), line + (
+        address = listening_address(line)
+        assert address is not None and address.startswith("127.0.0.1:"), line + (
             proc.stderr.read() if proc.stderr else ""
         )
-        address = line.split()[-1]
         with grpc.insecure_channel(address) as channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=10
