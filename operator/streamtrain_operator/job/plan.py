@@ -13,11 +13,11 @@ never ends without a restore point, so a restart never redoes a shrink already c
 a checkpoint).
 
 A job opens with the *genesis checkpoint*, keyed ``(startDay, 0, checkpoint)`` and written
-to ``<checkpoint>/<startDay>/pass-0-g<generation>``: the PS state before any training (the
-workers' initial dense parameters, no sparse keys). Every later restore therefore has a
-checkpoint to reload, so the passes before the first regular checkpoint are replayed on a
-known state too (on a PS with several shards, or whose pods outlive the operator, the
-surviving state would otherwise see those passes twice).
+to ``<checkpoint>/<startDay>/pass-0-g<generation>`` (``checkpoints``): the PS state before
+any training (the workers' initial dense parameters, no sparse keys). Every later restore
+therefore has a checkpoint to reload, so the passes before the first regular checkpoint are
+replayed on a known state too (on a PS with several shards, or whose pods outlive the
+operator, the surviving state would otherwise see those passes twice).
 
 The order is total, so durable progress is one step key, and "everything after the last
 checkpoint up to the last completed step" is well defined (that is what a restart replays).
@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from streamtrain_operator.job.checkpoints import CheckpointName
 from streamtrain_operator.job.spec import JobSpec, parse_day
 
 
@@ -208,4 +209,5 @@ class PassPlan:
 
     def checkpoint_uri(self, key: StepKey, generation: int) -> str:
         """A fresh directory per attempt: a published checkpoint is never overwritten."""
-        return join_uri(self.checkpoint_root, key.day, f"pass-{key.pass_index}-g{generation}")
+        name = CheckpointName(key.day, key.pass_index, generation)
+        return join_uri(self.checkpoint_root, name.path)

@@ -22,7 +22,8 @@ from typing import Any, Protocol
 
 import fsspec
 
-from streamtrain_operator.job import render
+from streamtrain_operator.job import checkpoints, render
+from streamtrain_operator.job.checkpoints import CheckpointName
 from streamtrain_operator.job.plan import PassPlan, StepKey, StepKind, join_uri
 from streamtrain_operator.job.progress import Phase, Progress
 from streamtrain_operator.job.scheduler import (
@@ -48,6 +49,7 @@ from streamtrain_operator.run import export
 from streamtrain_operator.run.pause import PauseHook
 from streamtrain_operator.run.state import StateStore
 from streamtrain_ps.api import PSLike, SaveMode
+from streamtrain_ps.checkpoint import MANIFEST
 from streamtrain_ps.errors import CheckpointError, PSUnavailableError
 from streamtrain_worker.config import MetricsConfig
 from streamtrain_worker.data import layout
@@ -468,12 +470,13 @@ class Driver:
     def _prune_checkpoints(self, newest: str) -> None:
         """Keep the newest ``checkpoint.keep`` published checkpoints (best effort)."""
         fs, root = fsspec.core.url_to_fs(self.plan.checkpoint_root)
-        found: list[tuple[tuple[str, int, int], str]] = []
-        for manifest in fs.glob(f"{str(root).rstrip('/')}/*/pass-*-g*/MANIFEST.json"):
+        found: list[tuple[CheckpointName, str]] = []
+        for manifest in fs.glob(f"{str(root).rstrip('/')}/{checkpoints.GLOB}/{MANIFEST}"):
             directory = str(manifest).rsplit("/", 1)[0]
-            day = directory.rsplit("/", 2)[-2]
-            _, p, g = directory.rsplit("/", 1)[-1].split("-")
-            found.append(((day, int(p), int(g[1:])), directory))
+            try:
+                found.append((CheckpointName.parse(directory), directory))
+            except ValueError:  # matches the glob but is no checkpoint of ours: leave it
+                continue
         found.sort()
         newest_path = str(fsspec.core.url_to_fs(newest)[1]).rstrip("/")
         for _, directory in found[: -self.spec.checkpoint.keep]:
