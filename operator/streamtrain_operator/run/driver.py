@@ -55,6 +55,7 @@ from streamtrain_worker.config import MetricsConfig
 from streamtrain_worker.data import layout
 from streamtrain_worker.data.sharding import assign_files
 from streamtrain_worker.metrics import PassMetrics
+from streamtrain_worker.refusals import is_busy
 
 log = logging.getLogger(__name__)
 
@@ -424,12 +425,13 @@ class Driver:
         ``RunPass`` they were given keeps pulling and pushing until its share is done (a
         worker finishes what it started; cancelling the call does not stop it). Those
         pushes, landing after the checkpoint was loaded, would count that part of the pass
-        twice once it is redone; and the ``ResetWorkers`` after the load would fail with
-        "busy". ``Reset`` with this driver's (newer) generation makes the worker cancel such
-        a pass at its next batch boundary, flush its pushes, and only then answer, so once
-        every worker has answered, nothing old can push any more. A worker that is busy
-        with something else (an export) answers "busy" and is asked again; bounded by
-        ``passTimeoutSeconds``, unbounded without it, like the pass itself.
+        twice once it is redone; and the ``ResetWorkers`` after the load would be refused as
+        busy (``refusals.Reason.BUSY``). ``Reset`` with this driver's (newer) generation
+        makes the worker cancel such a pass at its next batch boundary, flush its pushes,
+        and only then answer, so once every worker has answered, nothing old can push any
+        more. A worker that is busy with something else (an export) refuses as busy and is
+        asked again; bounded by ``passTimeoutSeconds``, unbounded without it, like the pass
+        itself.
 
         Only a driver that took over a job from an earlier one waits (at its first reload):
         within one driver a restore follows an action whose calls have all returned.
@@ -449,7 +451,7 @@ class Driver:
                     await worker.reset(generation)
                     return
                 except Exception as exc:
-                    if not _busy(exc) or (limit is not None and waited >= limit):
+                    if not is_busy(exc) or (limit is not None and waited >= limit):
                         raise
                 if waited == 0.0:
                     log.warning(
@@ -488,15 +490,6 @@ def _remove(uri: str) -> None:
     fs, path = fsspec.core.url_to_fs(uri)
     if fs.exists(path):
         fs.rm(path, recursive=True)
-
-
-def _busy(exc: BaseException) -> bool:
-    """The worker refused a call because it runs another one (``control.py``: one call at
-    a time, ``FAILED_PRECONDITION`` "... worker is busy with another call")."""
-    details, code = getattr(exc, "details", None), getattr(exc, "code", None)
-    if not (callable(details) and callable(code)):
-        return False
-    return getattr(code(), "name", "") == "FAILED_PRECONDITION" and "busy" in str(details())
 
 
 def _describe(exc: BaseException, worker: str) -> str:
