@@ -33,6 +33,7 @@ from typing import Any
 
 from streamtrain_operator.job.checkpoints import CheckpointName
 from streamtrain_operator.job.spec import JobSpec, parse_day
+from streamtrain_worker.model_folder import ModelKind, model_key
 
 
 class StepKind(StrEnum):
@@ -194,18 +195,18 @@ class PassPlan:
         so it lives under D+1.
         """
         if key.kind == StepKind.DELTA:
-            return join_uri(self.export_root, key.day, f"delta-{key.pass_index}")
+            return join_uri(self.export_root, model_key(ModelKind.DELTA, key.day, key.pass_index))
         if key.kind == StepKind.BASE:
-            return join_uri(self.export_root, next_day(key.day), "base")
+            return join_uri(self.export_root, model_key(ModelKind.BASE, next_day(key.day)))
         if key.kind == StepKind.BATCH:
-            return join_uri(self.export_root, key.day, "batch")
+            return join_uri(self.export_root, model_key(ModelKind.BATCH, key.day))
         raise ValueError(f"{key} is not an export step")
 
     def base_of_delta(self, key: StepKey) -> str | None:
         """Export key (relative to the export root) of the base a delta applies to."""
         if key.day == self.start_day or not self.base:
             return None
-        return f"{key.day}/base"
+        return model_key(ModelKind.BASE, key.day)
 
     def checkpoint_uri(self, key: StepKey, generation: int) -> str:
         """A fresh directory per attempt: a published checkpoint is never overwritten."""

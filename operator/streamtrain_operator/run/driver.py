@@ -55,6 +55,7 @@ from streamtrain_worker.config import MetricsConfig
 from streamtrain_worker.data import layout
 from streamtrain_worker.data.sharding import assign_files
 from streamtrain_worker.metrics import PassMetrics
+from streamtrain_worker.model_folder import ModelKind, Serving
 from streamtrain_worker.refusals import is_busy
 
 log = logging.getLogger(__name__)
@@ -379,7 +380,7 @@ class Driver:
         target = export.ModelTarget(
             root=self.plan.export_root,
             key=rel,
-            kind=key.kind.value,
+            kind=ModelKind(key.kind.value),
             day=key.day,
             pass_index=key.pass_index,
             base=self.plan.base_of_delta(key) if key.kind == StepKind.DELTA else None,
@@ -394,12 +395,12 @@ class Driver:
                 policy=self.retry,
                 sleep=self.sleep,
                 clock=self.clock,
-                extra={
-                    "data": self.spec.data.data_config().to_dict(),
-                    "table": render.TABLE,
-                    "numBuckets": MetricsConfig().numBuckets,
-                    "model": self.spec.model.type,
-                },
+                serving=Serving(
+                    data=self.spec.data.data_config().to_dict(),
+                    table=render.TABLE,
+                    num_buckets=MetricsConfig().numBuckets,
+                    model=self.spec.model.type,
+                ),
             )
         except Exception as exc:
             log.exception("export %s", target.uri)
