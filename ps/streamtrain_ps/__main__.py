@@ -1,9 +1,9 @@
 """``python -m streamtrain_ps``: run one PS shard until SIGTERM.
 
-Prints ``listening on HOST:PORT`` (flushed) once the server accepts RPCs, so a launcher that
-passes ``--port 0`` reads the bound port from the first line of output. In a StatefulSet the
-shard index comes from the pod's hostname (``<name>-<ordinal>``) with
-``--shard-index-from-hostname``.
+Prints ``listening on HOST:PORT`` (flushed, ``streamtrain_ps.startup``) once the server
+accepts RPCs, so a launcher that passes ``--port 0`` reads the bound port from the first
+line of output. In a StatefulSet the shard index comes from the pod's hostname
+(``<name>-<ordinal>``) with ``--shard-index-from-hostname``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from streamtrain_ps.config import ConfigError, PSConfig
 from streamtrain_ps.server import DEFAULT_WORKERS, PSServer, serve_until_signal
 from streamtrain_ps.shard import Shard
+from streamtrain_ps.startup import announce
 from streamtrain_ps.tls import TLSConfigError, TLSFiles
 
 log = logging.getLogger("streamtrain_ps")
@@ -101,9 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.metrics_port is not None:
         http, _ = start_http_server(args.metrics_port, addr=args.host, registry=registry)
         log.info("metrics on http://%s:%d/metrics", args.host, http.server_port)
-    print(
-        f"listening on {server.address} (shard {args.shard_index} of {args.num_shards})", flush=True
-    )
+    announce(server.address, f"shard {args.shard_index} of {args.num_shards}")
     try:
         serve_until_signal(server, args.grace)
     finally:

@@ -1,8 +1,9 @@
 """Run ``python -m streamtrain_ps`` as a child process on a free port (demo and bench).
 
-The child binds port 0 and prints ``listening on HOST:PORT`` first; we read that line, so
-there is no port race and no polling. Leaving the context sends SIGTERM and waits for the
-graceful stop. (The operator's local launcher does the same for whole jobs.)
+The child binds port 0 and prints its start-up line first (``streamtrain_ps.startup``); we
+read that line, so there is no port race and no polling. Leaving the context sends SIGTERM
+and waits for the graceful stop. (The operator's local launcher does the same for whole
+jobs.)
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import streamtrain_ps
 from streamtrain_ps.config import PSConfig
+from streamtrain_ps.startup import listening_address
 
 
 @dataclass(frozen=True)
@@ -65,9 +67,10 @@ def shard_process(
     try:
         assert proc.stdout is not None
         banner = proc.stdout.readline().strip()
-        if "listening on " not in banner:
+        address = listening_address(banner)
+        if address is None:
             raise RuntimeError(f"PS shard {index} did not start (exit {proc.wait()}): {banner!r}")
-        yield ShardProcess(proc, banner.split("listening on ", 1)[1].split()[0], banner)
+        yield ShardProcess(proc, address, banner)
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)

@@ -34,13 +34,13 @@ from streamtrain_operator.job.spec import load_job
 from streamtrain_operator.kube.metrics import OperatorMetrics
 from streamtrain_ps.api import SaveMode
 from streamtrain_ps.remote import RemotePS
+from streamtrain_ps.startup import LISTENING
 
 from .processes import OutputProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = sorted((ROOT / "charts/streamtrain/dashboards").glob("*.json"))
 NAMESPACE, JOB = "ads", "ctr-test"
-LISTENING = re.compile(r"listening on (\S+:\d+)")
 METRICS = re.compile(r"metrics on http://(\S+:\d+)/metrics")
 
 

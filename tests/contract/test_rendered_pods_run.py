@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-import re
 import sys
 import time
 from collections.abc import Mapping
@@ -34,13 +33,13 @@ from prometheus_client import CollectorRegistry
 from streamtrain_operator.kube import resources as r
 from streamtrain_operator.kube.daemon import GrpcConnector, JobSupervisor, Runtime
 from streamtrain_operator.kube.metrics import OperatorMetrics
+from streamtrain_ps.startup import listening_address
 from streamtrain_worker.synth import SynthConfig, generate
 
 from .processes import OutputProcess
 
 DAY = "20261101"
 SECRET = {"AWS_ACCESS_KEY_ID": "local-test-key", "AWS_SECRET_ACCESS_KEY": "local-test-secret"}
-LISTENING = re.compile(r"listening on (\S+:\d+)")
 
 
 class LocalPod(OutputProcess):
@@ -112,8 +111,8 @@ class LocalPod(OutputProcess):
             line = self.next_line(deadline)
             if line is None:
                 raise AssertionError(f"{self.name} did not start:\n" + "".join(self.output))
-            if (m := LISTENING.search(line)) is not None:
-                return m.group(1)
+            if (address := listening_address(line)) is not None:
+                return address
 
 
 class LocalCluster:

@@ -52,8 +52,8 @@ def test_two_days_auc_rises_exports_are_complete_and_shrink_runs_once_a_day(
     assert [k for k in keys if k.endswith("base")] == ["20261102/base", "20261103/base"]
     for line in lines:
         manifest = verify_model(str(root / "export"), line.key)
-        assert manifest["kind"] == line.kind
-        assert any(f["path"] == "dense/dense.pt" for f in manifest["files"])
+        assert manifest.kind == line.kind
+        assert any(f.path == "dense/dense.pt" for f in manifest.files)
     deltas_day2 = [d for d in lines if d.kind == "delta" and d.day == "20261102"]
     assert {d.base for d in deltas_day2} == {"20261102/base"}
 

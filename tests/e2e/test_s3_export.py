@@ -64,7 +64,7 @@ def test_run_publishes_models_and_checkpoints_to_s3(
     ]
     for line in lines:
         manifest = verify_model("s3://models/serving", line.key)
-        assert manifest["keys"] > 0
+        assert manifest.keys > 0
     fs = fsspec.filesystem("s3", skip_instance_cache=True)
     assert fs.exists("models/ckpt/20261101/pass-4-g1/MANIFEST.json")
     # The state lives next to the rendered configs when checkpoints are remote.

@@ -25,6 +25,8 @@ import numpy as np
 import numpy.typing as npt
 import yaml
 
+from streamtrain_operator.job import checkpoints
+from streamtrain_operator.job.checkpoints import CheckpointName
 from streamtrain_operator.job.plan import StepKind
 from streamtrain_operator.job.progress import Phase, Progress
 from streamtrain_ps import checkpoint
@@ -389,13 +391,11 @@ def assert_same_model(got: ModelState, want: ModelState) -> None:
 
 def checkpoint_of(root: Path, day: str, pass_index: int) -> Path:
     """The newest checkpoint directory of ``day``/``pass_index`` (highest generation)."""
-    found = sorted(
-        (root / "ckpt" / day).glob(f"pass-{pass_index}-g*"),
-        key=lambda p: int(p.name.rsplit("-g", 1)[1]),
-    )
+    names = [CheckpointName.parse(str(p)) for p in (root / "ckpt").glob(checkpoints.GLOB)]
+    found = sorted(n for n in names if (n.day, n.pass_index) == (day, pass_index))
     if not found:
         raise AssertionError(f"no checkpoint of {day}/{pass_index} under {root / 'ckpt'}")
-    return found[-1]
+    return root / "ckpt" / found[-1].path
 
 
 def data_totals(folder: Path, label_slot: str = "click") -> tuple[int, int]:

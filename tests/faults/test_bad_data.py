@@ -115,5 +115,5 @@ def test_empty_pass_completes_with_zero_examples(job: Job) -> None:
     keys = [d.key for d in read_donefile(str(job.root / "export"))]
     assert f"{START}/delta-2" in keys
     delta = verify_model(str(job.root / "export"), f"{START}/delta-2")
-    assert delta["pass"] == 2 and delta["metrics"]["examples"] == 0
-    assert "auc" not in delta["metrics"]  # the manifest carries no placeholder either
+    assert delta.pass_index == 2 and delta.metrics["examples"] == 0
+    assert "auc" not in delta.metrics  # the manifest carries no placeholder either

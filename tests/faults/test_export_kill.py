@@ -29,8 +29,9 @@ import pytest
 
 from streamtrain_operator.job.plan import StepKind
 from streamtrain_operator.job.progress import Phase
-from streamtrain_operator.run.export import DONEFILE, MODEL_MANIFEST, read_donefile, verify_model
+from streamtrain_operator.run.export import read_donefile, verify_model
 from streamtrain_ps.checkpoint import read_sparse
+from streamtrain_worker.model_folder import DONEFILE, MODEL_MANIFEST
 from streamtrain_worker.predict import ModelNotFoundError, load_model, model_chain
 
 from .harness import (
@@ -50,7 +51,7 @@ HALF = f"{START}/delta-2"
 def assert_invisible(export: Path) -> None:
     """Readers, who go by the donefile only, cannot reach the half-written delta-2."""
     assert [d.key for d in read_donefile(str(export))] == [f"{START}/delta-1"]
-    assert [d["key"] for d in model_chain(str(export))] == [f"{START}/delta-1"]
+    assert [d.key for d in model_chain(str(export))] == [f"{START}/delta-1"]
     with pytest.raises(ModelNotFoundError, match="no published model"):
         load_model(str(export), HALF)
 
@@ -110,7 +111,7 @@ def test_a_kill_between_an_exports_parts_redoes_it_once_and_never_shows_the_half
     # Complete: every file of the redone model is listed with its size and checksum (no
     # leftover of the killed attempt), and the checksums verify.
     manifest = verify_model(str(export), HALF)
-    listed = {f["path"]: (f["size"], f["sha256"]) for f in manifest["files"]}
+    listed = {f.path: (f.size, f.sha256) for f in manifest.files}
     on_disk = files_under(half)
     assert on_disk.pop(MODEL_MANIFEST)
     assert on_disk == listed
@@ -118,10 +119,10 @@ def test_a_kill_between_an_exports_parts_redoes_it_once_and_never_shows_the_half
     assert any(name.startswith("dense/") for name in listed)
     assert json.loads((half / MODEL_MANIFEST).read_text())["pass"] == 2
     for line in lines:
-        assert verify_model(str(export), line.key)["kind"] == line.kind
+        assert verify_model(str(export), line.key).kind == line.kind
     loaded = load_model(str(export), HALF)
     assert loaded.chain == [f"{START}/delta-1", HALF]
-    assert loaded.sparse.keys.shape[0] >= manifest["keys"] > 0
+    assert loaded.sparse.keys.shape[0] >= manifest.keys > 0
     # ... and it is the very model the clean run published: same keys, rows, tombstones.
     redone: tuple[npt.NDArray[Any], ...] = read_sparse(str(half / "sparse"), "embedding")
     expected: tuple[npt.NDArray[Any], ...] = read_sparse(

@@ -118,7 +118,7 @@ def check_outcome(kube: KubeJob, status: dict[str, Any]) -> Counts:
     lines = read_donefile(export)
     assert [d.key for d in lines] == MODELS
     for line in lines:
-        assert verify_model(export, line.key)["kind"] == line.kind
+        assert verify_model(export, line.key).kind == line.kind
     model = load_model(export)  # base + deltas, every checksum verified on the way
     assert model is not None
     # The day-end checkpoint is the last one, published and readable.

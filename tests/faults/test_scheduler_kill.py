@@ -68,6 +68,6 @@ def test_killed_scheduler_resumes_the_same_step_exactly_once(
     lines = read_donefile(str(job.root / "export"))
     assert [d.key for d in lines] == ONE_DAY_MODELS
     for line in lines:
-        assert verify_model(str(job.root / "export"), line.key)["kind"] == line.kind
+        assert verify_model(str(job.root / "export"), line.key).kind == line.kind
     # The model saw every pass and the shrink once: bit-identical to the clean run.
     assert_same_model(read_checkpoint(checkpoint_of(job.root, START, 4)), reference.model)

@@ -135,7 +135,8 @@ def test_a_day_runs_assigns_every_file_once_and_publishes_everything(tmp_path: P
         "20261101/batch",
     ]
     manifest = verify_model(str(tmp_path / "export"), "20261101/delta-2")
-    assert manifest["data"]["format"] == "criteo" and manifest["table"] == "embedding"
+    assert manifest.serving is not None
+    assert manifest.serving.data["format"] == "criteo" and manifest.serving.table == "embedding"
     # keep: 1 — the older checkpoint was pruned, the newest is the one recorded.
     kept = sorted(p.parent.name for p in (tmp_path / "ckpt").glob("*/*/MANIFEST.json"))
     assert kept == ["pass-2-g1"]

@@ -115,8 +115,8 @@ def test_an_empty_pass_has_no_auc_in_status_and_leaves_the_gauges(tmp_path: Path
     # The day's models are still published (the chain stays whole); the empty pass's
     # delta manifest carries its metrics as they are — without an AUC.
     manifest = verify_model(str(tmp_path / "export"), f"{DAY}/delta-2")
-    assert manifest["metrics"]["examples"] == 0 and "auc" not in manifest["metrics"]
-    assert verify_model(str(tmp_path / "export"), f"{DAY}/delta-1")["metrics"]["auc"] == 1.0
+    assert manifest.metrics["examples"] == 0 and "auc" not in manifest.metrics
+    assert verify_model(str(tmp_path / "export"), f"{DAY}/delta-1").metrics["auc"] == 1.0
     # The progress line (streamtrain run, streamtrain status) says what happened.
     line = format_pass(empty, 2)
     assert f"pass  2/2  {EMPTY_PASS}         0 ex" in line and "auc" not in line

@@ -19,6 +19,7 @@ from streamtrain_operator.run.export import (
     verify_model,
 )
 from streamtrain_ps.api import SavedFile, SaveMode, SaveResult
+from streamtrain_worker.model_folder import ModelFormatError, ModelKind, Serving
 
 
 class FakeParts:
@@ -53,7 +54,7 @@ class FakeParts:
 
 def target(root: Path, pass_index: int = 3) -> ModelTarget:
     return ModelTarget(
-        str(root), f"20261101/delta-{pass_index}", "delta", "20261101", pass_index, None
+        str(root), f"20261101/delta-{pass_index}", ModelKind.DELTA, "20261101", pass_index, None
     )
 
 
@@ -70,7 +71,9 @@ def publish(parts: FakeParts, tgt: ModelTarget, sleeps: list[float], retries: in
             policy=RetryPolicy(retries=retries, backoff_seconds=0.5),
             sleep=sleep,
             clock=lambda: 1000.0,
-            extra={"table": "embedding"},
+            serving=Serving(
+                data={"format": "criteo"}, table="embedding", num_buckets=64, model="dnn"
+            ),
         )
     )
 
@@ -119,7 +122,7 @@ def test_redo_after_a_crash_rewrites_the_target_and_publishes_once(tmp_path: Pat
 def test_verify_model_detects_a_changed_file(tmp_path: Path) -> None:
     publish(FakeParts(), target(tmp_path), [])
     (tmp_path / "20261101/delta-3/dense/dense.pt").write_bytes(b"tampered!!!")
-    with pytest.raises(ExportError, match="checksum mismatch"):
+    with pytest.raises(ModelFormatError, match=r"delta-3/dense/dense\.pt: size or checksum"):
         verify_model(str(tmp_path), "20261101/delta-3")
 
 
@@ -153,5 +156,5 @@ def test_parts_of_a_failed_attempt_do_not_survive_into_the_published_model(
     publish(LeakyParts(fail_sparse=2, fail_dense=1), target(tmp_path), [])
     model = tmp_path / "20261101/delta-3"
     on_disk = {str(p.relative_to(model)) for p in model.rglob("*") if p.is_file()}
-    listed = {f["path"] for f in verify_model(str(tmp_path), "20261101/delta-3")["files"]}
+    listed = {f.path for f in verify_model(str(tmp_path), "20261101/delta-3").files}
     assert on_disk == listed | {"MODEL.json"}

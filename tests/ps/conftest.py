@@ -2,13 +2,15 @@
 
 ``ps_cluster(n)`` starts ``n`` in-process servers (one ``Shard`` each) and stops them at
 teardown; ``spawn_ps(...)`` runs ``python -m streamtrain_ps`` as a subprocess and reads the
-bound port from its ``listening on`` line. Engine fixtures may be appended below.
+bound port from its start-up line (``streamtrain_ps.startup``). Engine fixtures may be
+appended below.
 """
 
 from __future__ import annotations
 
 import os
 import queue
+import re
 import subprocess
 import sys
 import threading
@@ -23,6 +25,7 @@ from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
 from streamtrain_ps.remote import RemotePS, RetryPolicy
 from streamtrain_ps.server import PSServer
 from streamtrain_ps.shard import Shard
+from streamtrain_ps.startup import LISTENING, listening_address
 
 PS_SOURCE_ROOT = Path(streamtrain_ps.__file__).resolve().parents[1]
 
@@ -104,16 +107,16 @@ class SpawnedPS:
     process: subprocess.Popen[str]
     address: str
     output: queue.Queue[str]
-    #: Output up to and including the ``listening on`` line.
+    #: Output up to and including the start-up line.
     startup: list[str] = field(default_factory=list)
 
-    def lines_until(self, needle: str, timeout: float = 20.0) -> list[str]:
-        """Output lines up to and including the first one containing ``needle``."""
+    def lines_until(self, needle: str | re.Pattern[str], timeout: float = 20.0) -> list[str]:
+        """Output lines up to and including the first one containing (matching) ``needle``."""
         seen: list[str] = []
         while True:
             line = self.output.get(timeout=timeout)
             seen.append(line)
-            if needle in line:
+            if needle.search(line) if isinstance(needle, re.Pattern) else needle in line:
                 return seen
 
 
@@ -154,8 +157,10 @@ def spawn_ps(tmp_path: Path) -> Iterator[Callable[..., SpawnedPS]]:
         out: queue.Queue[str] = queue.Queue()
         threading.Thread(target=_pump, args=(proc.stdout, out), daemon=True).start()
         spawned = SpawnedPS(proc, "", out)
-        spawned.startup = spawned.lines_until("listening on ", timeout=timeout)
-        spawned.address = spawned.startup[-1].split("listening on ", 1)[1].split()[0]
+        spawned.startup = spawned.lines_until(LISTENING, timeout=timeout)
+        address = listening_address(spawned.startup[-1])
+        assert address is not None
+        spawned.address = address
         return spawned
 
     yield spawn

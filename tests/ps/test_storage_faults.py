@@ -33,6 +33,7 @@ from streamtrain_ps.api import SaveMode, SaveResult
 from streamtrain_ps.config import PSConfig, TableConfig
 from streamtrain_ps.errors import CheckpointError
 from streamtrain_ps.local import LocalPS
+from streamtrain_worker.model_folder import MODEL_MANIFEST, DoneLine, ModelKind
 
 from . import faultfs
 from .conftest import Cluster
@@ -216,7 +217,7 @@ EXPORT = "failfs://models/export"
 
 def run_export(
     ps: LocalPS, pass_index: int, policy: export.RetryPolicy, sleeps: list[float]
-) -> export.DoneLine:
+) -> DoneLine:
     async def save_sparse(uri: str) -> SaveResult:
         return await asyncio.to_thread(ps.save, uri, SaveMode.DELTA)
 
@@ -232,7 +233,7 @@ def run_export(
     target = export.ModelTarget(
         root=EXPORT,
         key=f"20261101/delta-{pass_index}",
-        kind="delta",
+        kind=ModelKind.DELTA,
         day="20261101",
         pass_index=pass_index,
         base=None,
@@ -280,7 +281,7 @@ def test_export_retries_with_backoff_then_fails_cleanly(failfs: Faults) -> None:
     after = faultfs.FailingFileSystem.store["/models/export/donefile.txt"].getvalue()
     assert after == done_before, "a failed export changed the donefile"
     assert not any(
-        p.endswith(export.MODEL_MANIFEST) for p in faultfs.files("models/export/20261101/delta-3")
+        p.endswith(MODEL_MANIFEST) for p in faultfs.files("models/export/20261101/delta-3")
     )
     for key in keys:
         export.verify_model(EXPORT, key)

@@ -3,6 +3,7 @@ RemotePS, the Criteo sample as data."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from streamtrain_ps.remote import RemotePS, RetryPolicy
 from streamtrain_ps.server import PSServer
 from streamtrain_ps.shard import Shard
+from streamtrain_ps.startup import listening_address
 from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.control import SERVICE_NAME, WorkerServer, WorkerServicer
 from streamtrain_worker.data.reader import PassReader
@@ -31,6 +33,7 @@ from streamtrain_worker.embedding import Lookup, prepare
 from streamtrain_worker.export import load_dense
 from streamtrain_worker.metrics import PassMetrics
 from streamtrain_worker.proto import worker_pb2, worker_pb2_grpc
+from streamtrain_worker.refusals import Reason, is_busy, reason_of
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 CRITEO = DATA / "criteo_kaggle_sample_train.txt"
@@ -160,6 +163,7 @@ class GatedWorker:
     servicer: WorkerServicer
     stub: worker_pb2_grpc.WorkerStub
     pool: ThreadPoolExecutor
+    address: str
 
 
 @contextmanager
@@ -170,9 +174,20 @@ def gated_worker(setup: Setup) -> Iterator[GatedWorker]:
     server.start()
     try:
         with grpc.insecure_channel(server.address) as channel, ThreadPoolExecutor(2) as pool:
-            yield GatedWorker(gated, servicer, worker_pb2_grpc.WorkerStub(channel), pool)
+            stub = worker_pb2_grpc.WorkerStub(channel)
+            yield GatedWorker(gated, servicer, stub, pool, server.address)
     finally:
         server.close(grace=0)
+
+
+async def reset_over_aio(address: str) -> Reason | None:
+    """A Reset through ``grpc.aio``, as the driver sends it; the refusal's reason."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        try:
+            await worker_pb2_grpc.WorkerStub(channel).Reset(worker_pb2.ResetRequest(), timeout=30)
+        except grpc.aio.AioRpcError as exc:
+            return reason_of(exc)
+    return None
 
 
 def test_a_second_concurrent_pass_is_rejected(setup: Setup, chunk: str) -> None:
@@ -182,7 +197,9 @@ def test_a_second_concurrent_pass_is_rejected(setup: Setup, chunk: str) -> None:
         with pytest.raises(grpc.RpcError) as err:
             run_pass(w.stub, [chunk])
         assert err.value.code() is grpc.StatusCode.FAILED_PRECONDITION
-        assert "busy" in (err.value.details() or "")
+        assert reason_of(err.value) is Reason.BUSY
+        assert "busy" in (err.value.details() or "")  # and says so to people
+        assert asyncio.run(reset_over_aio(w.address)) is Reason.BUSY  # the driver's client
         w.gated.gate.set()
         assert first.result(timeout=60).examples == 1000
         assert run_pass(w.stub, [chunk]).examples == 1000  # free again
@@ -197,6 +214,7 @@ def test_a_reset_of_a_newer_generation_cancels_an_older_pass(setup: Setup, chunk
         with pytest.raises(grpc.RpcError) as busy:  # generation 0: no takeover, as before
             w.stub.Reset(worker_pb2.ResetRequest(), timeout=30)
         assert busy.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert is_busy(busy.value)
         reset = w.pool.submit(w.stub.Reset, worker_pb2.ResetRequest(generation=2), timeout=60)
         wait_until(w.servicer._cancel.is_set)
         w.gated.gate.set()
@@ -205,10 +223,12 @@ def test_a_reset_of_a_newer_generation_cancels_an_older_pass(setup: Setup, chunk
         with pytest.raises(grpc.RpcError) as cancelled:
             old.result()
         assert cancelled.value.code() is grpc.StatusCode.ABORTED
+        assert reason_of(cancelled.value) is Reason.CANCELLED
         assert "cancelled" in (cancelled.value.details() or "")
         assert setup.ps.stats().tables[0].keys == 0  # stopped before its first push
         with pytest.raises(grpc.RpcError) as stale:
             run_pass(w.stub, [chunk], 1)
+        assert reason_of(stale.value) is Reason.STALE_GENERATION
         assert "stale generation 1" in (stale.value.details() or "")
         assert run_pass(w.stub, [chunk], 2).examples == 1000
 
@@ -220,6 +240,7 @@ def test_stale_generation_and_bad_data_are_clear_errors(
     with pytest.raises(grpc.RpcError) as err:
         run_pass(setup.stub, [chunk], generation=4)
     assert err.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert reason_of(err.value) is Reason.STALE_GENERATION
     assert "stale generation 4" in (err.value.details() or "")
     bad = tmp_path / "bad-part"
     good = Path(chunk).read_text().splitlines(keepends=True)[:100]
@@ -227,6 +248,7 @@ def test_stale_generation_and_bad_data_are_clear_errors(
     with pytest.raises(grpc.RpcError) as err:
         run_pass(setup.stub, [str(bad)], generation=5)
     assert err.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert reason_of(err.value) is None  # bad data: not a refusal the driver acts on
     assert str(bad) in (err.value.details() or "")
     with pytest.raises(grpc.RpcError) as err:
         run_pass(setup.stub, [str(tmp_path / "missing")], generation=5)
@@ -270,10 +292,10 @@ def test_main_prints_its_port_and_stops_on_sigterm(tmp_path: Path) -> None:
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
-        assert line.startswith("listening on 127.0.0.1:"), line + (
+        address = listening_address(line)
+        assert address is not None and address.startswith("127.0.0.1:"), line + (
             proc.stderr.read() if proc.stderr else ""
         )
-        address = line.split()[-1]
         with grpc.insecure_channel(address) as channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=10

@@ -1,9 +1,9 @@
 """``python -m streamtrain_worker``: run one worker's control server until SIGTERM.
 
-Prints ``listening on HOST:PORT`` (flushed) once the server accepts RPCs, so a launcher that
-passes ``--port 0`` reads the bound port from the first line of output; with
-``--metrics-port`` (0 picks a free one) the next line is
-``metrics on http://HOST:PORT/metrics``. The PS servers are reached through ``RemotePS`` at
+Prints ``listening on HOST:PORT`` (flushed, ``streamtrain_ps.startup``) once the server
+accepts RPCs, so a launcher that passes ``--port 0`` reads the bound port from the first
+line of output; with ``--metrics-port`` (0 picks a free one) the next line is ``metrics on
+http://HOST:PORT/metrics``. The PS servers are reached through ``RemotePS`` at
 ``ps.endpoints`` of the config; a PS that is down at start is not an error (the first
 RunPass waits for it within ``ps.maxRetrySeconds``).
 """
@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from streamtrain_ps.config import ConfigError
 from streamtrain_ps.grpc_serving import stop_on_signals
 from streamtrain_ps.remote import RemotePS, RetryPolicy
+from streamtrain_ps.startup import announce
 from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.control import WorkerServer, WorkerServicer
 from streamtrain_worker.monitoring import WorkerMetrics
@@ -77,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     http = None
     if args.metrics_port is not None:
         http, _ = start_http_server(args.metrics_port, addr=args.host, registry=registry)
-    print(f"listening on {server.address}", flush=True)
+    announce(server.address)
     if http is not None:  # second line, after the one launchers wait for
         print(f"metrics on http://{args.host}:{http.server_port}/metrics", flush=True)
     with stop_on_signals(args.grace) as stop:

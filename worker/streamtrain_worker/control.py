@@ -3,15 +3,18 @@
 ``WorkerServicer`` is thin: it turns a request into a ``PassReader`` + ``Trainer.run_pass``
 call (or an export) and maps failures to gRPC status codes in one place (``_status``):
 
-- a second concurrent RunPass/ExportDense/Reset -> ``FAILED_PRECONDITION`` (one at a time:
-  a worker trains one pass; overlapping passes would double-count and race the model);
-- a request from an older generation than one already seen -> ``FAILED_PRECONDITION``;
-- a pass cancelled by a ``Reset`` of a newer generation -> ``ABORTED``;
+- a second concurrent RunPass/ExportDense/Reset -> ``FAILED_PRECONDITION``, reason ``BUSY``
+  (one at a time: a worker trains one pass; overlapping passes would double-count and race
+  the model);
+- a request from an older generation than one already seen -> ``FAILED_PRECONDITION``,
+  reason ``STALE_GENERATION``;
+- a pass cancelled by a ``Reset`` of a newer generation -> ``ABORTED``, reason ``CANCELLED``;
 - PS unreachable after the client's retries (``PSUnavailableError``) -> ``UNAVAILABLE``;
 - too many bad lines -> ``FAILED_PRECONDITION``; corrupt/missing data -> ``DATA_LOSS`` /
   ``NOT_FOUND``; a listed path that is a directory or unreadable -> ``FAILED_PRECONDITION``;
   anything else -> ``INTERNAL``. Every status carries a message naming the
-  cause (file, endpoint, field).
+  cause (file, endpoint, field), for people; callers branch on the code and on the
+  ``refusals.Reason`` in the trailing metadata, never on the message.
 
 ``Reset(generation)`` is how a new scheduler generation takes over (after an operator or PS
 restart the old one's ``RunPass`` may still be running here, pushing into a model that is
@@ -47,6 +50,7 @@ from streamtrain_worker.export import export_dense
 from streamtrain_worker.metrics import format_metric
 from streamtrain_worker.monitoring import WorkerMetrics
 from streamtrain_worker.proto import worker_pb2, worker_pb2_grpc
+from streamtrain_worker.refusals import Reason, trailing_metadata
 from streamtrain_worker.train import PassCancelledError, Trainer
 
 log = logging.getLogger(__name__)
@@ -54,6 +58,19 @@ log = logging.getLogger(__name__)
 SERVICE_NAME: str = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
 #: PassResults carry two histograms of ``numBuckets`` uint64s; leave room for large ones.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+class StaleGenerationError(ValueError):
+    """A request of an older scheduler generation than one this worker already served."""
+
+
+def _reason(exc: BaseException) -> Reason | None:
+    """The refusal a caller may act on, sent beside the status code."""
+    if isinstance(exc, PassCancelledError):
+        return Reason.CANCELLED
+    if isinstance(exc, StaleGenerationError):
+        return Reason.STALE_GENERATION
+    return None
 
 
 def _status(exc: BaseException) -> grpc.StatusCode:
@@ -122,6 +139,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 context,
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"{what}: worker is busy with another call",
+                Reason.BUSY,
             )
         try:
             yield
@@ -135,7 +153,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             except Exception as exc:
                 code = _status(exc)
                 log.exception("worker %d: %s failed", self.worker_index, what)
-                _abort(context, code, f"{what}: {type(exc).__name__}: {exc}")
+                _abort(context, code, f"{what}: {type(exc).__name__}: {exc}", _reason(exc))
 
     def RunPass(  # noqa: N802 - gRPC method name
         self, request: Any, context: grpc.ServicerContext
@@ -144,7 +162,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
         def run() -> Any:
             if request.generation < self._generation:
-                raise ValueError(
+                raise StaleGenerationError(
                     f"stale generation {request.generation}: already at {self._generation}"
                 )
             self._generation = request.generation
@@ -217,7 +235,14 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             self._trainer.close()
 
 
-def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
+def _abort(
+    context: grpc.ServicerContext,
+    code: grpc.StatusCode,
+    message: str,
+    reason: Reason | None = None,
+) -> NoReturn:
+    if reason is not None:
+        context.set_trailing_metadata(trailing_metadata(reason))
     context.abort(code, message)
     raise AssertionError("context.abort returned")  # grpc raises; this line is unreachable
 

@@ -2,7 +2,7 @@
 
 ``python -m streamtrain_worker.predict --export ROOT [--model KEY] FILE...`` (also
 ``streamtrain predict``). A model is found through the export donefile (``ROOT/donefile.txt``,
-one JSON line per published model; the layout is specified in ``docs/scheduler.md``):
+one JSON line per published model; the folder's format is ``model_folder``):
 
 - a ``base`` or ``batch`` model is complete on its own;
 - a ``delta-<pass>`` model is its base (``null`` for the first day: an empty table) plus
@@ -20,7 +20,6 @@ same model state the AUC equals what an evaluate-only ``RunPass`` reports.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 from collections.abc import Sequence
@@ -39,9 +38,15 @@ from streamtrain_worker.data.reader import PassReader
 from streamtrain_worker.embedding import Lookup, prepare
 from streamtrain_worker.export import load_dense
 from streamtrain_worker.metrics import DERIVED_METRICS, PassMetrics, format_metric
+from streamtrain_worker.model_folder import (
+    MODEL_MANIFEST,
+    DoneLine,
+    ModelKind,
+    read_donefile,
+    read_manifest,
+    verify_files,
+)
 
-DONEFILE = "donefile.txt"
-MODEL_MANIFEST = "MODEL.json"
 EPS = 1e-7
 
 
@@ -54,60 +59,35 @@ def _fs(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
     return fs, str(path).rstrip("/")
 
 
-def read_donefile(root: str) -> list[dict[str, Any]]:
-    """Published models, oldest first."""
-    fs, base = _fs(root)
-    path = f"{base}/{DONEFILE}"
-    if not fs.exists(path):
-        return []
-    text = fs.cat_file(path).decode()
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
-def model_chain(root: str, key: str | None = None) -> list[dict[str, Any]]:
+def model_chain(root: str, key: str | None = None) -> list[DoneLine]:
     """The donefile lines to apply, in order, to build model ``key`` (default: the newest
     base or delta)."""
-    lines = read_donefile(root)
-    servable = [d for d in lines if d["kind"] in ("base", "delta")]
+    lines = read_donefile(*_fs(root))
+    servable = [d for d in lines if d.kind in (ModelKind.BASE, ModelKind.DELTA)]
     if key is None:
         if not servable:
             raise ModelNotFoundError(f"{root}: no published base or delta model")
         target = servable[-1]
     else:
-        found = [d for d in lines if d["key"] == key.strip("/")]
+        found = [d for d in lines if d.key == key.strip("/")]
         if not found:
-            known = ", ".join(d["key"] for d in lines[-10:]) or "none"
+            known = ", ".join(d.key for d in lines[-10:]) or "none"
             raise ModelNotFoundError(f"{root}: no published model {key!r} (latest: {known})")
         target = found[0]
-    if target["kind"] != "delta":
+    if target.kind is not ModelKind.DELTA:
         return [target]
-    chain = [d for d in lines if d["key"] == target["base"]] if target["base"] else []
-    if target["base"] and not chain:
-        raise ModelNotFoundError(f"{root}: delta {target['key']} needs base {target['base']}")
+    chain = [d for d in lines if d.key == target.base] if target.base else []
+    if target.base and not chain:
+        raise ModelNotFoundError(f"{root}: delta {target.key} needs base {target.base}")
     deltas = [
         d
         for d in lines
-        if d["kind"] == "delta"
-        and d["day"] == target["day"]
-        and d["base"] == target["base"]
-        and d["pass"] <= target["pass"]
+        if d.kind is ModelKind.DELTA
+        and d.day == target.day
+        and d.base == target.base
+        and d.pass_index <= target.pass_index
     ]
     return chain + deltas
-
-
-def read_model_manifest(root: str, key: str) -> dict[str, Any]:
-    fs, base = _fs(root)
-    manifest: dict[str, Any] = json.loads(fs.cat_file(f"{base}/{key}/{MODEL_MANIFEST}"))
-    return manifest
-
-
-def _verify_dense(root: str, key: str, manifest: dict[str, Any]) -> None:
-    fs, base = _fs(root)
-    for f in manifest["files"]:
-        if f["path"].startswith("dense/"):
-            data = fs.cat_file(f"{base}/{key}/{f['path']}")
-            if len(data) != f["size"] or hashlib.sha256(data).hexdigest() != f["sha256"]:
-                raise ValueError(f"{root}/{key}/{f['path']}: size or checksum mismatch")
 
 
 @dataclass(frozen=True)
@@ -157,22 +137,23 @@ def load_model(root: str, key: str | None = None) -> LoadedModel:
     """Base + deltas (tombstones applied) and the dense network of model ``key``."""
     chain = model_chain(root, key)
     target = chain[-1]
-    manifest = read_model_manifest(root, target["key"])
-    _verify_dense(root, target["key"], manifest)
-    table = str(manifest["table"])
+    fs, path = _fs(root)
+    manifest = read_manifest(fs, path, target.key)
+    serving = manifest.serving_info(f"{path}/{target.key}/{MODEL_MANIFEST}")
+    verify_files(fs, path, manifest, lambda f: f.path.startswith("dense/"))
     base = root.rstrip("/")
-    dense, meta = load_dense(f"{base}/{target['key']}/dense")
+    dense, meta = load_dense(f"{base}/{target.key}/dense")
     dim = 3 + int(meta["embeddingDim"])
-    parts = [read_sparse(f"{base}/{d['key']}/sparse", table) for d in chain]
+    parts = [read_sparse(f"{base}/{d.key}/sparse", serving.table) for d in chain]
     return LoadedModel(
-        key=target["key"],
-        chain=[d["key"] for d in chain],
+        key=target.key,
+        chain=[d.key for d in chain],
         sparse=apply_chain(parts, dim),
         dense=dense,
         meta=meta,
-        data=DataConfig.from_dict(manifest["data"]),
-        table=table,
-        num_buckets=int(manifest["numBuckets"]),
+        data=DataConfig.from_dict(serving.data),
+        table=serving.table,
+        num_buckets=serving.num_buckets,
     )
 
 

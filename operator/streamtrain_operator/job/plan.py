@@ -13,11 +13,11 @@ never ends without a restore point, so a restart never redoes a shrink already c
 a checkpoint).
 
 A job opens with the *genesis checkpoint*, keyed ``(startDay, 0, checkpoint)`` and written
-to ``<checkpoint>/<startDay>/pass-0-g<generation>``: the PS state before any training (the
-workers' initial dense parameters, no sparse keys). Every later restore therefore has a
-checkpoint to reload, so the passes before the first regular checkpoint are replayed on a
-known state too (on a PS with several shards, or whose pods outlive the operator, the
-surviving state would otherwise see those passes twice).
+to ``<checkpoint>/<startDay>/pass-0-g<generation>`` (``checkpoints``): the PS state before
+any training (the workers' initial dense parameters, no sparse keys). Every later restore
+therefore has a checkpoint to reload, so the passes before the first regular checkpoint are
+replayed on a known state too (on a PS with several shards, or whose pods outlive the
+operator, the surviving state would otherwise see those passes twice).
 
 The order is total, so durable progress is one step key, and "everything after the last
 checkpoint up to the last completed step" is well defined (that is what a restart replays).
@@ -31,7 +31,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from streamtrain_operator.job.checkpoints import CheckpointName
 from streamtrain_operator.job.spec import JobSpec, parse_day
+from streamtrain_worker.model_folder import ModelKind, model_key
 
 
 class StepKind(StrEnum):
@@ -193,19 +195,20 @@ class PassPlan:
         so it lives under D+1.
         """
         if key.kind == StepKind.DELTA:
-            return join_uri(self.export_root, key.day, f"delta-{key.pass_index}")
+            return join_uri(self.export_root, model_key(ModelKind.DELTA, key.day, key.pass_index))
         if key.kind == StepKind.BASE:
-            return join_uri(self.export_root, next_day(key.day), "base")
+            return join_uri(self.export_root, model_key(ModelKind.BASE, next_day(key.day)))
         if key.kind == StepKind.BATCH:
-            return join_uri(self.export_root, key.day, "batch")
+            return join_uri(self.export_root, model_key(ModelKind.BATCH, key.day))
         raise ValueError(f"{key} is not an export step")
 
     def base_of_delta(self, key: StepKey) -> str | None:
         """Export key (relative to the export root) of the base a delta applies to."""
         if key.day == self.start_day or not self.base:
             return None
-        return f"{key.day}/base"
+        return model_key(ModelKind.BASE, key.day)
 
     def checkpoint_uri(self, key: StepKey, generation: int) -> str:
         """A fresh directory per attempt: a published checkpoint is never overwritten."""
-        return join_uri(self.checkpoint_root, key.day, f"pass-{key.pass_index}-g{generation}")
+        name = CheckpointName(key.day, key.pass_index, generation)
+        return join_uri(self.checkpoint_root, name.path)

@@ -1,14 +1,14 @@
 """Local mode: the job's PS shards and workers as child processes of ``streamtrain run``.
 
 Each child is started with ``--port 0`` on 127.0.0.1 and announces its bound address on its
-first output line (``listening on HOST:PORT``); everything else it prints goes to
-``<workdir>/logs/<name>.log``. Children are tied to this process three ways, so none
-outlives it: a normal exit stops them (SIGTERM, then SIGKILL after a grace period), a signal
-or an exception runs the same ``finally``, and on Linux each child has ``PR_SET_PDEATHSIG``
-so even a SIGKILLed ``streamtrain run`` takes its children with it. The death signal is set
-by a two-line prelude in the child's own fresh interpreter, which then ``exec``s the real
-command (the setting survives ``execve``): no ``preexec_fn``, which is unsafe to run after
-``fork`` in a process with gRPC threads.
+first output line (``listening on HOST:PORT``, ``streamtrain_ps.startup``); everything else
+it prints goes to ``<workdir>/logs/<name>.log``. Children are tied to this process three
+ways, so none outlives it: a normal exit stops them (SIGTERM, then SIGKILL after a grace
+period), a signal or an exception runs the same ``finally``, and on Linux each child has
+``PR_SET_PDEATHSIG`` so even a SIGKILLed ``streamtrain run`` takes its children with it. The
+death signal is set by a two-line prelude in the child's own fresh interpreter, which then
+``exec``s the real command (the setting survives ``execve``): no ``preexec_fn``, which is
+unsafe to run after ``fork`` in a process with gRPC threads.
 
 A child that dies while the job runs is restarted on its old port (``heal``), so clients
 reconnect by address; a PS restart comes back empty, which the driver turns into a reload of
@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -40,8 +39,8 @@ from streamtrain_operator.run.state import LocalStateFile
 from streamtrain_operator.run.worker_client import GrpcWorker
 from streamtrain_ps.errors import PSUnavailableError
 from streamtrain_ps.remote import RemotePS
+from streamtrain_ps.startup import listening_address
 
-LISTENING = re.compile(r"listening on (\S+:\d+)")
 PR_SET_PDEATHSIG = 1
 
 
@@ -197,8 +196,8 @@ class LocalCluster:
         def read() -> None:
             with child.log_path.open("a") as log:
                 for line in stdout:
-                    if not found and (m := LISTENING.search(line)):
-                        found.append(m.group(1))
+                    if not found and (address := listening_address(line)) is not None:
+                        found.append(address)
                         done.set()
                     log.write(line)
                     log.flush()

@@ -22,7 +22,8 @@ from typing import Any, Protocol
 
 import fsspec
 
-from streamtrain_operator.job import render
+from streamtrain_operator.job import checkpoints, render
+from streamtrain_operator.job.checkpoints import CheckpointName
 from streamtrain_operator.job.plan import PassPlan, StepKey, StepKind, join_uri
 from streamtrain_operator.job.progress import Phase, Progress
 from streamtrain_operator.job.scheduler import (
@@ -48,11 +49,14 @@ from streamtrain_operator.run import export
 from streamtrain_operator.run.pause import PauseHook
 from streamtrain_operator.run.state import StateStore
 from streamtrain_ps.api import PSLike, SaveMode
+from streamtrain_ps.checkpoint import MANIFEST
 from streamtrain_ps.errors import CheckpointError, PSUnavailableError
 from streamtrain_worker.config import MetricsConfig
 from streamtrain_worker.data import layout
 from streamtrain_worker.data.sharding import assign_files
 from streamtrain_worker.metrics import PassMetrics
+from streamtrain_worker.model_folder import ModelKind, Serving
+from streamtrain_worker.refusals import is_busy
 
 log = logging.getLogger(__name__)
 
@@ -376,7 +380,7 @@ class Driver:
         target = export.ModelTarget(
             root=self.plan.export_root,
             key=rel,
-            kind=key.kind.value,
+            kind=ModelKind(key.kind.value),
             day=key.day,
             pass_index=key.pass_index,
             base=self.plan.base_of_delta(key) if key.kind == StepKind.DELTA else None,
@@ -391,12 +395,12 @@ class Driver:
                 policy=self.retry,
                 sleep=self.sleep,
                 clock=self.clock,
-                extra={
-                    "data": self.spec.data.data_config().to_dict(),
-                    "table": render.TABLE,
-                    "numBuckets": MetricsConfig().numBuckets,
-                    "model": self.spec.model.type,
-                },
+                serving=Serving(
+                    data=self.spec.data.data_config().to_dict(),
+                    table=render.TABLE,
+                    num_buckets=MetricsConfig().numBuckets,
+                    model=self.spec.model.type,
+                ),
             )
         except Exception as exc:
             log.exception("export %s", target.uri)
@@ -422,12 +426,13 @@ class Driver:
         ``RunPass`` they were given keeps pulling and pushing until its share is done (a
         worker finishes what it started; cancelling the call does not stop it). Those
         pushes, landing after the checkpoint was loaded, would count that part of the pass
-        twice once it is redone; and the ``ResetWorkers`` after the load would fail with
-        "busy". ``Reset`` with this driver's (newer) generation makes the worker cancel such
-        a pass at its next batch boundary, flush its pushes, and only then answer, so once
-        every worker has answered, nothing old can push any more. A worker that is busy
-        with something else (an export) answers "busy" and is asked again; bounded by
-        ``passTimeoutSeconds``, unbounded without it, like the pass itself.
+        twice once it is redone; and the ``ResetWorkers`` after the load would be refused as
+        busy (``refusals.Reason.BUSY``). ``Reset`` with this driver's (newer) generation
+        makes the worker cancel such a pass at its next batch boundary, flush its pushes,
+        and only then answer, so once every worker has answered, nothing old can push any
+        more. A worker that is busy with something else (an export) refuses as busy and is
+        asked again; bounded by ``passTimeoutSeconds``, unbounded without it, like the pass
+        itself.
 
         Only a driver that took over a job from an earlier one waits (at its first reload):
         within one driver a restore follows an action whose calls have all returned.
@@ -447,7 +452,7 @@ class Driver:
                     await worker.reset(generation)
                     return
                 except Exception as exc:
-                    if not _busy(exc) or (limit is not None and waited >= limit):
+                    if not is_busy(exc) or (limit is not None and waited >= limit):
                         raise
                 if waited == 0.0:
                     log.warning(
@@ -468,12 +473,13 @@ class Driver:
     def _prune_checkpoints(self, newest: str) -> None:
         """Keep the newest ``checkpoint.keep`` published checkpoints (best effort)."""
         fs, root = fsspec.core.url_to_fs(self.plan.checkpoint_root)
-        found: list[tuple[tuple[str, int, int], str]] = []
-        for manifest in fs.glob(f"{str(root).rstrip('/')}/*/pass-*-g*/MANIFEST.json"):
+        found: list[tuple[CheckpointName, str]] = []
+        for manifest in fs.glob(f"{str(root).rstrip('/')}/{checkpoints.GLOB}/{MANIFEST}"):
             directory = str(manifest).rsplit("/", 1)[0]
-            day = directory.rsplit("/", 2)[-2]
-            _, p, g = directory.rsplit("/", 1)[-1].split("-")
-            found.append(((day, int(p), int(g[1:])), directory))
+            try:
+                found.append((CheckpointName.parse(directory), directory))
+            except ValueError:  # matches the glob but is no checkpoint of ours: leave it
+                continue
         found.sort()
         newest_path = str(fsspec.core.url_to_fs(newest)[1]).rstrip("/")
         for _, directory in found[: -self.spec.checkpoint.keep]:
@@ -485,15 +491,6 @@ def _remove(uri: str) -> None:
     fs, path = fsspec.core.url_to_fs(uri)
     if fs.exists(path):
         fs.rm(path, recursive=True)
-
-
-def _busy(exc: BaseException) -> bool:
-    """The worker refused a call because it runs another one (``control.py``: one call at
-    a time, ``FAILED_PRECONDITION`` "... worker is busy with another call")."""
-    details, code = getattr(exc, "details", None), getattr(exc, "code", None)
-    if not (callable(details) and callable(code)):
-        return False
-    return getattr(code(), "name", "") == "FAILED_PRECONDITION" and "busy" in str(details())
 
 
 def _describe(exc: BaseException, worker: str) -> str:

@@ -1,37 +1,24 @@
 """Publishing inference models: parts first, then a manifest, then one donefile line.
 
-Layout under the export root (any fsspec URL)::
-
-    <root>/donefile.txt                       one JSON line per published model, in order
-    <root>/<day>/delta-<pass>/MODEL.json      the model's manifest (written after its parts)
-    <root>/<day>/delta-<pass>/sparse/...      PS save, mode 1 (KV + tombstones) with its own
-                                              MANIFEST.json (streamtrain_ps.checkpoint)
-    <root>/<day>/delta-<pass>/dense/dense.pt  TorchScript dense network (+ dense.json)
-    <root>/<day>/base/...                     mode 2, published at the end of day-1
-    <root>/<day>/batch/...                    mode 3 (all keys), the day's batch model
-
-A model exists for readers only once its donefile line exists; the line is written after
+The folder's format (names, keys, donefile line, ``MODEL.json``) is
+``streamtrain_worker.model_folder``, shared with the predictor that reads it; this module
+writes it. A model exists for readers only once its donefile line exists; the line is written after
 ``MODEL.json``, which is written after every part and lists each with size and sha256
 (plus the pass metrics and, for a delta, the key of the base it applies to). So a crash at
 any point leaves either no visible model or a complete one, and redoing an interrupted
 export rewrites the same target from scratch (its stale parts are removed first) before
 publishing it once. Every storage step is retried with exponential backoff, each retry of a
 part from an empty directory, so a published model holds exactly the files its manifest lists.
-
-Readers: ``streamtrain_worker.predict`` parses the same files (the worker may not import
-the operator), following ``docs/scheduler.md``.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -39,11 +26,17 @@ from fsspec.implementations.local import LocalFileSystem
 from streamtrain_operator.job.plan import StepKey, StepKind
 from streamtrain_operator.run.pause import PARTS, PauseHook
 from streamtrain_ps.api import SaveResult
-
-DONEFILE = "donefile.txt"
-MODEL_MANIFEST = "MODEL.json"
-FORMAT = "streamtrain-model"
-FORMAT_VERSION = 1
+from streamtrain_ps.checkpoint import MANIFEST
+from streamtrain_worker import model_folder
+from streamtrain_worker.model_folder import (
+    DONEFILE,
+    MODEL_MANIFEST,
+    DoneLine,
+    ModelFile,
+    ModelKind,
+    ModelManifest,
+    Serving,
+)
 
 T = TypeVar("T")
 Sleep = Callable[[float], Awaitable[None]]
@@ -77,37 +70,6 @@ async def with_retries(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-@dataclass(frozen=True)
-class DoneLine:
-    """One published model, as listed in the export donefile."""
-
-    key: str  # "20261101/delta-3", relative to the export root
-    kind: str  # delta | base | batch
-    day: str
-    pass_index: int
-    base: str | None  # key of the base a delta applies to (None: an empty model)
-    published_at: float
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {
-                "key": self.key,
-                "kind": self.kind,
-                "day": self.day,
-                "pass": self.pass_index,
-                "base": self.base,
-                "manifest": f"{self.key}/{MODEL_MANIFEST}",
-                "publishedAt": self.published_at,
-            },
-            sort_keys=True,
-        )
-
-    @classmethod
-    def from_json(cls, line: str) -> DoneLine:
-        d = json.loads(line)
-        return cls(d["key"], d["kind"], d["day"], int(d["pass"]), d["base"], d["publishedAt"])
-
-
 def _fs(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
     fs, path = fsspec.core.url_to_fs(uri)
     return fs, str(path).rstrip("/")
@@ -137,22 +99,12 @@ def _atomic_write(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None
 
 
 def read_donefile(root: str) -> list[DoneLine]:
-    """Every published model, oldest first (an absent donefile: none yet)."""
-    fs, base = _fs(root)
-    path = f"{base}/{DONEFILE}"
-    if not fs.exists(path):
-        return []
-    text = fs.cat_file(path).decode()
-    return [DoneLine.from_json(line) for line in text.splitlines() if line.strip()]
+    """Every published model below the export ``root`` URL, oldest first (none yet: [])."""
+    return model_folder.read_donefile(*_fs(root))
 
 
 def published(root: str, key: str) -> DoneLine | None:
     return next((d for d in read_donefile(root) if d.key == key), None)
-
-
-def _sha256_of(fs: fsspec.AbstractFileSystem, path: str) -> tuple[int, str]:
-    data = fs.cat_file(path)
-    return len(data), hashlib.sha256(data).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -160,8 +112,8 @@ class ModelTarget:
     """What to publish and where."""
 
     root: str  # export root
-    key: str  # "<day>/delta-<pass>" | "<day>/base" | "<day>/batch"
-    kind: str
+    key: str  # model_folder.model_key: "<day>/delta-<pass>" | "<day>/base" | "<day>/batch"
+    kind: ModelKind
     day: str
     pass_index: int
     base: str | None
@@ -180,14 +132,14 @@ async def publish_model(
     policy: RetryPolicy,
     sleep: Sleep,
     clock: Callable[[], float] = time.time,
-    extra: Mapping[str, Any] | None = None,
+    serving: Serving | None = None,
     pause: PauseHook | None = None,
 ) -> DoneLine:
     """Write the parts, ``MODEL.json`` and the donefile line (idempotent per target).
 
     ``save_sparse(uri)`` is the PS save (it publishes its own ``MANIFEST.json`` below
-    ``uri``); ``export_dense(uri)`` is a worker's ``ExportDense``. ``extra`` goes into
-    ``MODEL.json`` as is (the data config, table and metric buckets the predictor needs).
+    ``uri``); ``export_dense(uri)`` is a worker's ``ExportDense``. ``serving`` goes into
+    ``MODEL.json`` (the data config, table and metric buckets the predictor needs).
     ``pause`` is the test-only hold point between the sparse parts and the rest
     (``pause.PauseHook``, ``parts:<kind>``); by default it comes from the environment,
     which outside the fault-injection tests makes it a no-op.
@@ -221,36 +173,25 @@ async def publish_model(
     await with_retries(f"{dense_uri}: dense export", fresh_dense, policy, sleep)
 
     async def write_manifest() -> None:
-        files: list[dict[str, Any]] = [
-            {"path": f"sparse/{f.path}", "size": f.size, "sha256": f.sha256, "rows": f.rows}
-            for f in sparse.files
-        ]
-        unlisted = ["sparse/MANIFEST.json"] + [
+        files = [ModelFile(f"sparse/{f.path}", f.size, f.sha256, f.rows) for f in sparse.files]
+        unlisted = [f"sparse/{MANIFEST}"] + [
             f"dense/{name}" for name in sorted(_names(fs, f"{model_dir}/dense"))
         ]
-        for rel in unlisted:
-            size, digest = _sha256_of(fs, f"{model_dir}/{rel}")
-            files.append({"path": rel, "size": size, "sha256": digest})
-        manifest: dict[str, Any] = {
-            "format": FORMAT,
-            "version": FORMAT_VERSION,
-            "key": target.key,
-            "kind": target.kind,
-            "day": target.day,
-            "pass": target.pass_index,
-            "base": target.base,
-            "saveMode": int(sparse.mode),
-            "keys": sparse.keys_saved,
-            "tombstones": sparse.tombstones,
-            "metrics": dict(metrics),
-            "files": files,
-        }
-        manifest.update(extra or {})
-        _atomic_write(
-            fs,
-            f"{model_dir}/{MODEL_MANIFEST}",
-            json.dumps(manifest, indent=1, sort_keys=True).encode(),
+        files += [ModelFile.of(rel, fs.cat_file(f"{model_dir}/{rel}")) for rel in unlisted]
+        manifest = ModelManifest(
+            key=target.key,
+            kind=target.kind,
+            day=target.day,
+            pass_index=target.pass_index,
+            base=target.base,
+            save_mode=int(sparse.mode),
+            keys=sparse.keys_saved,
+            tombstones=sparse.tombstones,
+            metrics=dict(metrics),
+            files=tuple(files),
+            serving=serving,
         )
+        _atomic_write(fs, f"{model_dir}/{MODEL_MANIFEST}", manifest.render())
 
     await with_retries(f"{target.uri}: {MODEL_MANIFEST}", write_manifest, policy, sleep)
     line = DoneLine(target.key, target.kind, target.day, target.pass_index, target.base, clock())
@@ -259,9 +200,9 @@ async def publish_model(
         rfs, root = _fs(target.root)
         path = f"{root}/{DONEFILE}"
         old = rfs.cat_file(path).decode() if rfs.exists(path) else ""
-        if any(DoneLine.from_json(x).key == target.key for x in old.splitlines() if x.strip()):
-            return
-        _atomic_write(rfs, path, (old + line.to_json() + "\n").encode())
+        new = model_folder.with_line(old, line, path)
+        if new is not None:
+            _atomic_write(rfs, path, new.encode())
 
     await with_retries(f"{target.root}/{DONEFILE}", append_line, policy, sleep)
     return line
@@ -278,13 +219,10 @@ def _names(fs: fsspec.AbstractFileSystem, directory: str) -> list[str]:
     return [str(p).rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(directory, detail=False)]
 
 
-def verify_model(root: str, key: str) -> dict[str, Any]:
-    """Read a published model's manifest and check every listed file (size and sha256)."""
+def verify_model(root: str, key: str) -> ModelManifest:
+    """Read a published model's manifest and check every listed file (size and sha256);
+    ``model_folder.ModelFormatError`` names what does not match."""
     fs, base = _fs(root)
-    model_dir = f"{base}/{key}"
-    manifest: dict[str, Any] = json.loads(fs.cat_file(f"{model_dir}/{MODEL_MANIFEST}"))
-    for f in manifest["files"]:
-        size, digest = _sha256_of(fs, f"{model_dir}/{f['path']}")
-        if (size, digest) != (f["size"], f["sha256"]):
-            raise ExportError(f"{root}/{key}/{f['path']}: size or checksum mismatch")
+    manifest = model_folder.read_manifest(fs, base, key)
+    model_folder.verify_files(fs, base, manifest)
     return manifest
