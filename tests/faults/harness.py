@@ -3,9 +3,10 @@
 Every case runs the real CLI as a subprocess (PS and workers are its children) on a
 synthetic stream of a few hundred rows per folder, injects one fault, and asserts the
 outcome from the state file, the export donefile, the checkpoints and the CLI output.
-Waiting is always polling with a deadline; the driver's test-only pause hook
-(``STREAMTRAIN_PAUSE``, see ``driver.PauseHook``) holds a run at an exact step when a step
-is too short to hit by polling.
+Waiting is always polling with a deadline; the pause hook (``pause.PauseHook``, armed by
+``STREAMTRAIN_PAUSE`` and injected by the test entry points ``faults.run_cli`` and
+``faults.operator_main``) holds a run at an exact step when a step is too short to hit by
+polling.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from streamtrain_operator.job.progress import Phase, Progress
 from streamtrain_ps import checkpoint
 from streamtrain_worker.synth import SynthConfig, generate
 
+#: The folder holding the ``faults`` package: the test entry points' subprocesses import it.
+TESTS_ROOT = Path(__file__).resolve().parents[1]
 START = "20261101"
 NAME = "faults"
 SLOTS = ["user", "item", "category", "device", "position", "hour", "hist"]
@@ -117,12 +120,13 @@ def start_logged(
     pause_file: Path,
 ) -> subprocess.Popen[bytes]:
     """``python -m <module_args>`` in the background, as the fault tests start a scheduler
-    or an operator: in ``cwd``, its output to ``log`` (a pipe nobody reads could fill and
-    block it), no stdin, and the driver's test-only pause hook armed at ``pause``
-    (``after:train@1`` ...; it writes ``pause_file`` when it holds) or disarmed — a
-    ``STREAMTRAIN_PAUSE`` inherited from the test's environment would hold a run that
-    nobody releases."""
+    or an operator (through ``faults.run_cli`` / ``faults.operator_main``, so ``tests`` is
+    put on its ``PYTHONPATH``): in ``cwd``, its output to ``log`` (a pipe nobody reads could
+    fill and block it), no stdin, and the pause hook armed at ``pause`` (``after:train@1``
+    ...; it writes ``pause_file`` when it holds) or disarmed — a ``STREAMTRAIN_PAUSE``
+    inherited from the test's environment would hold a run that nobody releases."""
     env = dict(env)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS_ROOT), env.get("PYTHONPATH")) if p)
     env.pop("STREAMTRAIN_PAUSE", None)
     if pause is not None:
         env["STREAMTRAIN_PAUSE"] = pause
@@ -229,7 +233,7 @@ class Job:
         """``streamtrain run job.yaml`` in the background (``pause``: ``before:shrink`` ...)."""
         log = self.root / f"run-{len(self._runs)}.log"
         process = start_logged(
-            ["streamtrain_operator.cli", "run", str(self.path)],
+            ["faults.run_cli", "run", str(self.path)],
             cwd=self.root,
             log=log,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},

@@ -3,11 +3,12 @@
 
 :class:`KubeJob` wires the three parts — the emulated API (``kmock_api.ApiServer``), the
 kubelet, and the operator as a real subprocess (``python -m kopf run -m
-streamtrain_operator.main --standalone``), which the tests SIGKILL like a node losing the
+faults.operator_main --standalone``), which the tests SIGKILL like a node losing the
 operator pod and start again like its Deployment would. The operator reaches the pods
 through ``STREAMTRAIN_ENDPOINT_MAP`` (the stable DNS names -> the kubelet's local ports),
-and its exact crash points come from the driver's test-only pause hook
-(``STREAMTRAIN_PAUSE``, ``streamtrain_operator.run.pause``). Waiting is polling with a deadline.
+and its exact crash points come from the pause hook (``pause.PauseHook``, armed by
+``STREAMTRAIN_PAUSE``), which ``faults.operator_main`` injects into the operator's runtime.
+Waiting is polling with a deadline.
 """
 
 from __future__ import annotations
@@ -221,7 +222,7 @@ class KubeJob:
             ) from None
 
     def start_operator(self, pause: str | None = None) -> OperatorProcess:
-        """``kopf run`` the operator (``pause``: e.g. ``after:train@1``, see pause.py)."""
+        """``kopf run`` the operator (``pause``: e.g. ``after:train@1``, see ``pause.py``)."""
         env = {
             **os.environ,
             "PYTHONUNBUFFERED": "1",
@@ -233,7 +234,7 @@ class KubeJob:
             "STREAMTRAIN_ENDPOINT_MAP": self.kubelet.endpoint_map(),
         }
         log = self.root / f"operator-{len(self.operators)}.log"
-        args = ["run", "-m", "streamtrain_operator.main", "--standalone", "--all-namespaces"]
+        args = ["run", "-m", "faults.operator_main", "--standalone", "--all-namespaces"]
         process = start_logged(
             ["kopf", *args],
             cwd=self.root,

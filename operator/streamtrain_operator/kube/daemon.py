@@ -40,6 +40,7 @@ from streamtrain_operator.kube import status as st
 from streamtrain_operator.kube.api import KubeAPI
 from streamtrain_operator.kube.metrics import OperatorMetrics
 from streamtrain_operator.run.driver import Driver, Observer, WorkerClient
+from streamtrain_operator.run.hooks import NO_HOOK, StepHook
 from streamtrain_operator.run.state import StateStore
 from streamtrain_operator.run.worker_client import GrpcWorker
 from streamtrain_ps.api import PSLike
@@ -139,6 +140,8 @@ class Runtime:
     restart_poll_seconds: float = 15.0
     #: How often a suspended or invalid job re-reads its (live) spec.
     idle_poll_seconds: float = 5.0
+    #: Given to every driver (``run.hooks``): the fault tests hold a run at a step with it.
+    step_hook: StepHook = NO_HOOK
 
 
 def manifest(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -447,6 +450,7 @@ class JobSupervisor:
             clock=self.rt.clock,
             observer=Observer(on_action=self._on_action, on_progress=self._on_progress),
             supervisor=restarts,
+            step_hook=self.rt.step_hook,
         )
 
     async def _after_run(self, job: Job, progress: Progress) -> bool:

@@ -36,6 +36,7 @@ from streamtrain_operator.job.progress import Phase, Progress
 from streamtrain_operator.job.spec import Job
 from streamtrain_operator.local.reporting import ProgressPrinter
 from streamtrain_operator.run.driver import Driver, Observer
+from streamtrain_operator.run.hooks import NO_HOOK, StepHook
 from streamtrain_operator.run.state import LocalStateFile
 from streamtrain_operator.run.worker_client import GrpcWorker
 from streamtrain_ps.errors import PSUnavailableError
@@ -248,6 +249,8 @@ class RunOptions:
     workdir: Path
     out: TextIO = sys.stdout
     start_timeout: float = 120.0
+    #: Given to the driver (``run.hooks``): the fault tests hold a run at a step with it.
+    step_hook: StepHook = NO_HOOK
 
 
 async def connect(
@@ -314,6 +317,7 @@ async def run_job(job: Job, options: RunOptions) -> Progress:
                 on_restart=lambda what: printer.line(f"  {what}"),
             ),
             supervisor=cluster,
+            step_hook=options.step_hook,
         )
         monitor = asyncio.create_task(_monitor(cluster, printer))
         try:
