@@ -31,7 +31,7 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class SparseOptimizerConfig:
-    """Update rule for one sparse table (ARCHITECTURE.md §4)."""
+    """Update rule for one sparse table (docs/design.md §4)."""
 
     type: SparseOptimizerType = "adagrad"
     learningRate: float = 0.05

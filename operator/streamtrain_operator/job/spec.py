@@ -99,7 +99,7 @@ def parse_day(value: str, path: str) -> dt.date:
 
 @dataclass(frozen=True)
 class DataSpec:
-    """Where the logs land and how they are cut into passes (ARCHITECTURE.md §3)."""
+    """Where the logs land and how they are cut into passes (docs/design.md §3)."""
 
     path: str = _f(
         doc="Root of the time-sliced logs: <path>/<YYYYMMDD>/<HHMM>/part-*. Any "
@@ -270,7 +270,7 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class SparseOptimizerSpec:
-    """Update rule of the sparse table (ARCHITECTURE.md §4)."""
+    """Update rule of the sparse table (docs/design.md §4)."""
 
     type: SparseOptimizerType = _f(
         _SPARSE_OPT.type, "adagrad (one accumulator per part), std_adagrad (per dimension) or adam."
@@ -298,7 +298,7 @@ class SparseOptimizerSpec:
 
 @dataclass(frozen=True)
 class SparseSpec:
-    """The sparse table with the CTR accessor (ARCHITECTURE.md §4)."""
+    """The sparse table with the CTR accessor (docs/design.md §4)."""
 
     embedxThreshold: float = _f(
         _TABLE.embedxThreshold, "embedx is admitted once a key's score reaches this.", minimum=0
@@ -466,7 +466,7 @@ class CheckpointSpec:
 
 @dataclass(frozen=True)
 class ExportSpec:
-    """Inference models for serving (ARCHITECTURE.md §6)."""
+    """Inference models for serving (docs/design.md §6)."""
 
     path: str = _f(
         doc="Export root (fsspec URL): <path>/<day>/base/ and "
