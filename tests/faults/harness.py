@@ -15,7 +15,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ import yaml
 from streamtrain_operator.job.plan import StepKind
 from streamtrain_operator.job.progress import Phase, Progress
 from streamtrain_ps import checkpoint
+from streamtrain_ps.launch import launch, python_argv
 from streamtrain_worker.synth import SynthConfig, generate
 
 #: The folder holding the ``faults`` package: the test entry points' subprocesses import it.
@@ -118,11 +118,11 @@ def start_logged(
     env: dict[str, str],
     pause: str | None,
     pause_file: Path,
-) -> subprocess.Popen[bytes]:
-    """``python -m <module_args>`` in the background, as the fault tests start a scheduler
-    or an operator (through ``faults.run_cli`` / ``faults.operator_main``, so ``tests`` is
-    put on its ``PYTHONPATH``): in ``cwd``, its output to ``log`` (a pipe nobody reads could
-    fill and block it), no stdin, and the pause hook armed at ``pause`` (``after:train@1``
+) -> subprocess.Popen[str]:
+    """``python -m <module_args>`` in the background (``streamtrain_ps.launch``), as the
+    fault tests start a scheduler or an operator (through ``faults.run_cli`` /
+    ``faults.operator_main``, so ``tests`` is put on its ``PYTHONPATH``): in ``cwd``, its
+    output to ``log``, no stdin, and the pause hook armed at ``pause`` (``after:train@1``
     ...; it writes ``pause_file`` when it holds) or disarmed — a ``STREAMTRAIN_PAUSE``
     inherited from the test's environment would hold a run that nobody releases."""
     env = dict(env)
@@ -131,15 +131,7 @@ def start_logged(
     if pause is not None:
         env["STREAMTRAIN_PAUSE"] = pause
         env["STREAMTRAIN_PAUSE_FILE"] = str(pause_file)
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", *module_args],
-            cwd=cwd,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-        )
+    return launch(log.stem, python_argv(["-m", *module_args]), log, env=env, cwd=cwd).process
 
 
 def children(pid: int) -> list[int]:
@@ -163,7 +155,7 @@ def alive(pid: int) -> bool:
 class Run:
     """One ``streamtrain run`` subprocess; its output goes to a file (a pipe could fill)."""
 
-    process: subprocess.Popen[bytes]
+    process: subprocess.Popen[str]
     log: Path
     seen_children: set[int] = field(default_factory=set)
 

@@ -93,7 +93,7 @@ def manifest(root: Path) -> dict[str, Any]:
 class OperatorProcess:
     """One ``kopf run`` of the operator; its output goes to a file (a pipe could fill)."""
 
-    process: subprocess.Popen[bytes]
+    process: subprocess.Popen[str]
     log: Path
 
     @property
