@@ -25,15 +25,14 @@ import numpy as np
 import numpy.typing as npt
 import yaml
 
+from streams import START, write_stream
 from streamtrain_operator.job.plan import StepKind
 from streamtrain_operator.job.progress import Phase, Progress
 from streamtrain_ps import checkpoint
 from streamtrain_ps.launch import launch, python_argv
-from streamtrain_worker.synth import SynthConfig, generate
 
 #: The folder holding the ``faults`` package: the test entry points' subprocesses import it.
 TESTS_ROOT = Path(__file__).resolve().parents[1]
-START = "20261101"
 NAME = "faults"
 SLOTS = ["user", "item", "category", "device", "position", "hour", "hist"]
 #: Overrides for a job whose final checkpoint is bit-reproducible (one worker, one thread,
@@ -46,25 +45,6 @@ DETERMINISTIC: dict[str, Any] = {
 #: The models a one-day job over :func:`write_stream` publishes, in donefile order: a delta
 #: per pass, the next day's base, the day's batch model.
 ONE_DAY_MODELS = [f"{START}/delta-{p}" for p in (1, 2, 3, 4)] + ["20261102/base", f"{START}/batch"]
-
-
-def write_stream(root: Path, days: int = 1, rows_per_folder: int = 120, seed: int = 3) -> Path:
-    """A 6-hourly synthetic stream (4 passes a day) with donefiles, under ``root/data``."""
-    data = root / "data"
-    generate(
-        SynthConfig(
-            out=str(data),
-            days=days,
-            start=START,
-            split_interval_minutes=360,
-            rows_per_folder=rows_per_folder,
-            files_per_folder=2,
-            num_users=200,
-            num_items=100,
-            seed=seed,
-        )
-    )
-    return data
 
 
 def manifest(days: int = 1, **overrides: Any) -> dict[str, Any]:
@@ -214,7 +194,7 @@ class Job:
         self._runs = runs
 
     def write(self, days: int = 1, rows_per_folder: int = 120, **overrides: Any) -> Job:
-        write_stream(self.root, days, rows_per_folder)
+        write_stream(self.root, days=days, rows_per_folder=rows_per_folder)
         return self.configure(days, **overrides)
 
     def configure(self, days: int = 1, **overrides: Any) -> Job:

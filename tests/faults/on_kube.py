@@ -27,7 +27,6 @@ from kubernetes.client.exceptions import ApiException
 from streamtrain_operator.job.progress import Progress
 from streamtrain_operator.job.spec import parse_job
 from streamtrain_operator.kube import resources
-from streamtrain_worker.synth import SynthConfig, generate
 
 from .gate import Gate, owners
 from .harness import SLOTS, START, start_logged, wait_for
@@ -38,25 +37,6 @@ NAMESPACE = "ads"
 NAME = "online"
 #: Two 12-hour folders a day: two passes.
 SPLIT_MINUTES = 720
-
-
-def write_stream(root: Path, rows_per_folder: int) -> Path:
-    """One day of a synthetic stream (two folders with donefiles) under ``root/data``."""
-    data = root / "data"
-    generate(
-        SynthConfig(
-            out=str(data),
-            days=1,
-            start=START,
-            split_interval_minutes=SPLIT_MINUTES,
-            rows_per_folder=rows_per_folder,
-            files_per_folder=2,
-            num_users=200,
-            num_items=100,
-            seed=5,
-        )
-    )
-    return data
 
 
 def manifest(root: Path) -> dict[str, Any]:
