@@ -40,10 +40,20 @@ fmt: $(STAMP) ## Format and autofix with ruff
 typecheck: $(STAMP) ## mypy over the three packages
 	$(VENV)/bin/mypy ps/streamtrain_ps worker/streamtrain_worker operator/streamtrain_operator tools/streamtrain_tools
 
-pytest: $(STAMP) ## Only the test suite
+# The alert and dashboard contract tests start a real Prometheus and run promtool (Debian's
+# prometheus package). Installed only when missing, so reruns never touch apt.
+test-deps: ## Install the system tools the tests need (prometheus, promtool) when missing
+	@if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then \
+	  SUDO=""; if [ "$$(id -u)" -ne 0 ]; then SUDO="sudo"; fi; \
+	  set -x; \
+	  $$SUDO apt-get update -qq && \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; \
+	fi
+
+pytest: $(STAMP) test-deps ## Only the test suite
 	$(PY) -m pytest -q --durations=15
 
-test: $(STAMP) proto-check lint typecheck pytest ## Everything CI checks: generated code, lint, types, tests
+test: $(STAMP) test-deps proto-check lint typecheck pytest ## Everything CI checks: generated code, lint, types, tests
 
 test-faults: $(STAMP) ## Fault-injection suite (also part of `make test`)
 	$(PY) -m pytest -q -m faults
@@ -85,7 +95,7 @@ images: ## Build the ps, operator and worker images (docker, else buildah)
 	$$B -f Dockerfile.ps --target operator -t $(IMAGE_PREFIX)-operator:$(IMAGE_TAG) . && \
 	$$B -f Dockerfile.worker -t $(IMAGE_PREFIX)-worker:$(IMAGE_TAG) .
 
-lint-manifests: $(STAMP) ## hadolint, chart lint/render, kubernetes-validate, promtool on the alerts
+lint-manifests: $(STAMP) test-deps ## hadolint, chart lint/render, kubernetes-validate, promtool on the alerts
 	$(VENV)/bin/hadolint Dockerfile.ps Dockerfile.worker
 	$(PY) -m pytest -q tests/contract/test_chart.py tests/contract/test_manifests.py \
 	  tests/contract/test_images.py tests/contract/test_alerts.py
@@ -93,4 +103,4 @@ lint-manifests: $(STAMP) ## hadolint, chart lint/render, kubernetes-validate, pr
 clean: ## Remove caches and demo output (keeps .venv)
 	rm -rf .pytest_cache .mypy_cache .ruff_cache demo-run
 
-.PHONY: help install proto proto-check lint fmt typecheck pytest test test-faults bench bench-ps bench-worker bench-e2e bench-load bench-ps-scale demo crds crds-check images lint-manifests clean
+.PHONY: help install proto proto-check lint fmt typecheck test-deps pytest test test-faults bench bench-ps bench-worker bench-e2e bench-load bench-ps-scale demo crds crds-check images lint-manifests clean

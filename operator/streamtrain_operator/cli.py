@@ -1,6 +1,6 @@
 """``streamtrain``: run a job locally, show its status, score with an exported model.
 
-- ``streamtrain run job.yaml``: the whole job on this machine (``local.py``).
+- ``streamtrain run job.yaml``: the whole job on this machine (``local/cluster.py``).
 - ``streamtrain status job.yaml`` (or ``--state FILE``): phase, position, last metrics.
 - ``streamtrain predict ...`` and ``streamtrain synth ...``: run in a separate Python
   process (``python -m streamtrain_worker.predict`` / ``.synth``), because the predictor needs
@@ -24,9 +24,11 @@ from pathlib import Path
 
 from streamtrain_operator.job.progress import Phase
 from streamtrain_operator.job.spec import Job, SpecError, is_local_path, load_job
-from streamtrain_operator.local.cluster import LaunchError, RunOptions, run_job
+from streamtrain_operator.local.cluster import RunOptions, run_job
 from streamtrain_operator.local.reporting import format_pass
+from streamtrain_operator.run.hooks import NO_HOOK, StepHook
 from streamtrain_operator.run.state import LocalStateFile, StateError
+from streamtrain_ps.launch import LaunchError
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -78,10 +80,12 @@ def _paths(args: argparse.Namespace, job: Job) -> tuple[Path, Path]:
     return args.state or default_state_path(job, workdir), workdir
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def cmd_run(args: argparse.Namespace, step_hook: StepHook = NO_HOOK) -> int:
     job = _load(args.manifest)
     state, workdir = _paths(args, job)
-    options = RunOptions(state_path=state, workdir=workdir, start_timeout=args.start_timeout)
+    options = RunOptions(
+        state_path=state, workdir=workdir, start_timeout=args.start_timeout, step_hook=step_hook
+    )
     try:
         progress = asyncio.run(run_job(job, options))
     except LaunchError as exc:
@@ -152,13 +156,14 @@ def _exec_module(module: str, argv: Sequence[str]) -> int:
     return 0  # pragma: no cover - execv does not return
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, step_hook: StepHook = NO_HOOK) -> int:
+    """The command line; ``step_hook`` is for ``run`` (``run.hooks``: tests hold a step)."""
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list and args_list[0] in ("predict", "synth"):
         return _exec_module(f"streamtrain_worker.{args_list[0]}", args_list[1:])
     args = _parser().parse_args(args_list)
     if args.command == "run":
-        return cmd_run(args)
+        return cmd_run(args, step_hook)
     return cmd_status(args)
 
 

@@ -158,6 +158,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     cfg = OperatorConfig.from_env(os.environ)
     configure(settings, cfg)
     registry = CollectorRegistry()
+    memo.config = cfg
     memo.runtime = build_runtime(cfg, registry)
     memo.metrics_server = (
         start_http_server(cfg.metrics_port, registry=registry) if cfg.metrics_port else None
@@ -178,11 +179,15 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 
 
 @kopf.on.login()
-def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-    server = os.environ.get("STREAMTRAIN_KUBE_SERVER")
-    if server:
-        return kopf.ConnectionInfo(server=server, insecure=True, default_namespace="default")
-    return kopf.login_via_client(**kwargs)
+def login(memo: kopf.Memo, **kwargs: Any) -> kopf.ConnectionInfo | None:
+    """kopf's own connection: the configured URL (tests), else the kubernetes client's
+    (in-cluster or kubeconfig). kopf logs in after the startup handler set ``memo.config``."""
+    cfg: OperatorConfig = memo.config
+    if cfg.kube_server:
+        return kopf.ConnectionInfo(
+            server=cfg.kube_server, insecure=True, default_namespace="default"
+        )
+    return kopf.login_via_client(memo=memo, **kwargs)
 
 
 kopf.on.create(**RESOURCE)(handlers.reconcile)

@@ -22,7 +22,7 @@ import numpy.typing as npt
 
 
 class SaveMode(IntEnum):
-    """What a save writes (ARCHITECTURE.md §4)."""
+    """What a save writes (docs/design.md §4)."""
 
     CHECKPOINT = 0  # all keys, all state (optimizer slots, dense tables)
     DELTA = 1  # score >= base, delta_score >= delta, unseen <= keep days; + tombstones

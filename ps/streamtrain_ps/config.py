@@ -41,7 +41,7 @@ DenseOptimizerType = Literal["adam", "sgd"]
 
 @dataclass(frozen=True)
 class SparseOptimizerConfig:
-    """Update rule of the sparse table (ARCHITECTURE.md §4)."""
+    """Update rule of the sparse table (docs/design.md §4)."""
 
     type: SparseOptimizerType = setting(
         "adagrad", "adagrad (one accumulator per part), std_adagrad (per dimension) or adam."
@@ -65,7 +65,7 @@ class SparseOptimizerConfig:
 
 @dataclass(frozen=True)
 class SparseConfig:
-    """The sparse table with the CTR accessor (ARCHITECTURE.md §4).
+    """The sparse table with the CTR accessor (docs/design.md §4).
 
     Everything a job sets for its sparse table (``spec.sparse``); :class:`TableConfig` adds
     the table's name and width.

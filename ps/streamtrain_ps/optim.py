@@ -1,4 +1,4 @@
-"""Sparse update rules (ARCHITECTURE.md §4) as nogil kernels over one row of a slab.
+"""Sparse update rules (docs/design.md §4) as nogil kernels over one row of a slab.
 
 A row has two *parts* that the rules update independently: ``embed`` (width 1) and
 ``embedx`` (width ``embedxDim``). Each part is weights followed by the rule's state:

@@ -11,28 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from streamtrain_worker.synth import SynthConfig, generate
-
-START = "20261101"
-
-
-def write_stream(root: Path, days: int, rows_per_folder: int = 150) -> Path:
-    """A 6-hourly synthetic stream (4 passes a day) with donefiles, under ``root/data``."""
-    data = root / "data"
-    generate(
-        SynthConfig(
-            out=str(data),
-            days=days,
-            start=START,
-            split_interval_minutes=360,
-            rows_per_folder=rows_per_folder,
-            files_per_folder=2,
-            num_users=300,
-            num_items=200,
-            seed=3,
-        )
-    )
-    return data
+from streams import START, write_stream
 
 
 def manifest(root: Path, days: int, **overrides: Any) -> dict[str, Any]:
@@ -74,7 +53,9 @@ def job_file(tmp_path: Path) -> Callable[..., Path]:
     """``job_file(days, **overrides)``: write the stream and the manifest; the manifest path."""
 
     def make(days: int = 2, rows_per_folder: int = 150, **overrides: Any) -> Path:
-        write_stream(tmp_path, days, rows_per_folder)
+        write_stream(
+            tmp_path, days=days, rows_per_folder=rows_per_folder, num_users=300, num_items=200
+        )
         path = tmp_path / "job.yaml"
         path.write_text(yaml.safe_dump(manifest(tmp_path, days, **overrides)))
         return path

@@ -3,9 +3,10 @@
 Every case runs the real CLI as a subprocess (PS and workers are its children) on a
 synthetic stream of a few hundred rows per folder, injects one fault, and asserts the
 outcome from the state file, the export donefile, the checkpoints and the CLI output.
-Waiting is always polling with a deadline; the driver's test-only pause hook
-(``STREAMTRAIN_PAUSE``, see ``driver.PauseHook``) holds a run at an exact step when a step
-is too short to hit by polling.
+Waiting is always polling with a deadline; the pause hook (``pause.PauseHook``, armed by
+``STREAMTRAIN_PAUSE`` and injected by the test entry points ``faults.run_cli`` and
+``faults.operator_main``) holds a run at an exact step when a step is too short to hit by
+polling.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,14 +25,16 @@ import numpy as np
 import numpy.typing as npt
 import yaml
 
+from streams import START, write_stream
 from streamtrain_operator.job import checkpoints
 from streamtrain_operator.job.checkpoints import CheckpointName
 from streamtrain_operator.job.plan import StepKind
 from streamtrain_operator.job.progress import Phase, Progress
 from streamtrain_ps import checkpoint
-from streamtrain_worker.synth import SynthConfig, generate
+from streamtrain_ps.launch import launch, python_argv
 
-START = "20261101"
+#: The folder holding the ``faults`` package: the test entry points' subprocesses import it.
+TESTS_ROOT = Path(__file__).resolve().parents[1]
 NAME = "faults"
 SLOTS = ["user", "item", "category", "device", "position", "hour", "hist"]
 #: Overrides for a job whose final checkpoint is bit-reproducible (one worker, one thread,
@@ -45,25 +47,6 @@ DETERMINISTIC: dict[str, Any] = {
 #: The models a one-day job over :func:`write_stream` publishes, in donefile order: a delta
 #: per pass, the next day's base, the day's batch model.
 ONE_DAY_MODELS = [f"{START}/delta-{p}" for p in (1, 2, 3, 4)] + ["20261102/base", f"{START}/batch"]
-
-
-def write_stream(root: Path, days: int = 1, rows_per_folder: int = 120, seed: int = 3) -> Path:
-    """A 6-hourly synthetic stream (4 passes a day) with donefiles, under ``root/data``."""
-    data = root / "data"
-    generate(
-        SynthConfig(
-            out=str(data),
-            days=days,
-            start=START,
-            split_interval_minutes=360,
-            rows_per_folder=rows_per_folder,
-            files_per_folder=2,
-            num_users=200,
-            num_items=100,
-            seed=seed,
-        )
-    )
-    return data
 
 
 def manifest(days: int = 1, **overrides: Any) -> dict[str, Any]:
@@ -117,27 +100,20 @@ def start_logged(
     env: dict[str, str],
     pause: str | None,
     pause_file: Path,
-) -> subprocess.Popen[bytes]:
-    """``python -m <module_args>`` in the background, as the fault tests start a scheduler
-    or an operator: in ``cwd``, its output to ``log`` (a pipe nobody reads could fill and
-    block it), no stdin, and the driver's test-only pause hook armed at ``pause``
-    (``after:train@1`` ...; it writes ``pause_file`` when it holds) or disarmed — a
-    ``STREAMTRAIN_PAUSE`` inherited from the test's environment would hold a run that
-    nobody releases."""
+) -> subprocess.Popen[str]:
+    """``python -m <module_args>`` in the background (``streamtrain_ps.launch``), as the
+    fault tests start a scheduler or an operator (through ``faults.run_cli`` /
+    ``faults.operator_main``, so ``tests`` is put on its ``PYTHONPATH``): in ``cwd``, its
+    output to ``log``, no stdin, and the pause hook armed at ``pause`` (``after:train@1``
+    ...; it writes ``pause_file`` when it holds) or disarmed — a ``STREAMTRAIN_PAUSE``
+    inherited from the test's environment would hold a run that nobody releases."""
     env = dict(env)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS_ROOT), env.get("PYTHONPATH")) if p)
     env.pop("STREAMTRAIN_PAUSE", None)
     if pause is not None:
         env["STREAMTRAIN_PAUSE"] = pause
         env["STREAMTRAIN_PAUSE_FILE"] = str(pause_file)
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", *module_args],
-            cwd=cwd,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-        )
+    return launch(log.stem, python_argv(["-m", *module_args]), log, env=env, cwd=cwd).process
 
 
 def children(pid: int) -> list[int]:
@@ -161,7 +137,7 @@ def alive(pid: int) -> bool:
 class Run:
     """One ``streamtrain run`` subprocess; its output goes to a file (a pipe could fill)."""
 
-    process: subprocess.Popen[bytes]
+    process: subprocess.Popen[str]
     log: Path
     seen_children: set[int] = field(default_factory=set)
 
@@ -220,7 +196,7 @@ class Job:
         self._runs = runs
 
     def write(self, days: int = 1, rows_per_folder: int = 120, **overrides: Any) -> Job:
-        write_stream(self.root, days, rows_per_folder)
+        write_stream(self.root, days=days, rows_per_folder=rows_per_folder)
         return self.configure(days, **overrides)
 
     def configure(self, days: int = 1, **overrides: Any) -> Job:
@@ -231,7 +207,7 @@ class Job:
         """``streamtrain run job.yaml`` in the background (``pause``: ``before:shrink`` ...)."""
         log = self.root / f"run-{len(self._runs)}.log"
         process = start_logged(
-            ["streamtrain_operator.cli", "run", str(self.path)],
+            ["faults.run_cli", "run", str(self.path)],
             cwd=self.root,
             log=log,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},

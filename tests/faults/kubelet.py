@@ -31,9 +31,7 @@ import contextlib
 import json
 import logging
 import random
-import signal
 import socket
-import subprocess
 import sys
 import threading
 from collections.abc import Iterable, Iterator, Mapping
@@ -43,6 +41,8 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+
+from streamtrain_ps.launch import Launched, launch
 
 log = logging.getLogger(__name__)
 
@@ -73,50 +73,46 @@ def free_port() -> int:
 
 @dataclass
 class Container:
-    """One pod's process; ``restarts`` counts how often the kubelet restarted it."""
+    """One pod's process (``streamtrain_ps.launch``, the launcher of local mode, in a
+    session of its own so a signal to the test's group does not reach it); ``restarts``
+    counts how often the kubelet restarted it, each run logging to its own file."""
 
     pod: str
     args: list[str]
     env: dict[str, str]
     workdir: Path
     template: str  # the template it was made from (JSON): a change replaces the pod
-    process: subprocess.Popen[bytes] | None = None
+    launched: Launched | None = None
     restarts: int = 0
     logs: list[Path] = field(default_factory=list)
 
     def start(self) -> None:
         path = self.workdir / f"container-{self.restarts}.log"
         self.logs.append(path)
-        with path.open("wb") as out:
-            self.process = subprocess.Popen(
-                self.args,
-                cwd=self.workdir,
-                env=self.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,  # a signal to the test's group does not reach it
-            )
+        self.launched = launch(
+            self.pod, self.args, path, env=self.env, cwd=self.workdir, new_session=True
+        )
 
     @property
     def pid(self) -> int:
-        assert self.process is not None
-        return self.process.pid
+        assert self.launched is not None
+        return self.launched.pid
+
+    def running(self) -> bool:
+        return self.launched is not None and not self.launched.exited()
 
     def exited(self) -> bool:
-        return self.process is not None and self.process.poll() is not None
+        return self.launched is not None and self.launched.exited()
+
+    def kill(self) -> None:
+        """SIGKILL (a crash)."""
+        assert self.launched is not None
+        self.launched.kill()
 
     def stop(self) -> None:
         """SIGTERM (graceful, as Kubernetes does), SIGKILL after the grace period."""
-        proc = self.process
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(GRACE_SECONDS)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        if self.launched is not None:
+            self.launched.stop(GRACE_SECONDS)
 
     def output(self) -> str:
         return "".join(p.read_text(errors="replace") for p in self.logs if p.exists())
@@ -163,18 +159,13 @@ class Kubelet:
     def running(self) -> dict[str, int]:
         """Pod name -> pid of the pods whose process is alive."""
         with self._lock:
-            return {
-                name: c.pid
-                for name, c in self.containers.items()
-                if c.process is not None and not c.exited()
-            }
+            return {name: c.pid for name, c in self.containers.items() if c.running()}
 
     def kill(self, pod: str) -> int:
         """SIGKILL a pod's process (a crash); the kubelet restarts it. Returns its pid."""
         with self._lock:
             container = self.containers[pod]
-            assert container.process is not None
-            container.process.kill()
+            container.kill()
             return container.pid
 
     def restarts(self, pod: str) -> int:

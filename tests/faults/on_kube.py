@@ -3,11 +3,12 @@
 
 :class:`KubeJob` wires the three parts — the emulated API (``kmock_api.ApiServer``), the
 kubelet, and the operator as a real subprocess (``python -m kopf run -m
-streamtrain_operator.main --standalone``), which the tests SIGKILL like a node losing the
+faults.operator_main --standalone``), which the tests SIGKILL like a node losing the
 operator pod and start again like its Deployment would. The operator reaches the pods
 through ``STREAMTRAIN_ENDPOINT_MAP`` (the stable DNS names -> the kubelet's local ports),
-and its exact crash points come from the driver's test-only pause hook
-(``STREAMTRAIN_PAUSE``, ``streamtrain_operator.run.pause``). Waiting is polling with a deadline.
+and its exact crash points come from the pause hook (``pause.PauseHook``, armed by
+``STREAMTRAIN_PAUSE``), which ``faults.operator_main`` injects into the operator's runtime.
+Waiting is polling with a deadline.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from kubernetes.client.exceptions import ApiException
 from streamtrain_operator.job.progress import Progress
 from streamtrain_operator.job.spec import parse_job
 from streamtrain_operator.kube import resources
-from streamtrain_worker.synth import SynthConfig, generate
 
 from .gate import Gate, owners
 from .harness import SLOTS, START, start_logged, wait_for
@@ -37,25 +37,6 @@ NAMESPACE = "ads"
 NAME = "online"
 #: Two 12-hour folders a day: two passes.
 SPLIT_MINUTES = 720
-
-
-def write_stream(root: Path, rows_per_folder: int) -> Path:
-    """One day of a synthetic stream (two folders with donefiles) under ``root/data``."""
-    data = root / "data"
-    generate(
-        SynthConfig(
-            out=str(data),
-            days=1,
-            start=START,
-            split_interval_minutes=SPLIT_MINUTES,
-            rows_per_folder=rows_per_folder,
-            files_per_folder=2,
-            num_users=200,
-            num_items=100,
-            seed=5,
-        )
-    )
-    return data
 
 
 def manifest(root: Path) -> dict[str, Any]:
@@ -92,7 +73,7 @@ def manifest(root: Path) -> dict[str, Any]:
 class OperatorProcess:
     """One ``kopf run`` of the operator; its output goes to a file (a pipe could fill)."""
 
-    process: subprocess.Popen[bytes]
+    process: subprocess.Popen[str]
     log: Path
 
     @property
@@ -221,7 +202,7 @@ class KubeJob:
             ) from None
 
     def start_operator(self, pause: str | None = None) -> OperatorProcess:
-        """``kopf run`` the operator (``pause``: e.g. ``after:train@1``, see pause.py)."""
+        """``kopf run`` the operator (``pause``: e.g. ``after:train@1``, see ``pause.py``)."""
         env = {
             **os.environ,
             "PYTHONUNBUFFERED": "1",
@@ -233,7 +214,7 @@ class KubeJob:
             "STREAMTRAIN_ENDPOINT_MAP": self.kubelet.endpoint_map(),
         }
         log = self.root / f"operator-{len(self.operators)}.log"
-        args = ["run", "-m", "streamtrain_operator.main", "--standalone", "--all-namespaces"]
+        args = ["run", "-m", "faults.operator_main", "--standalone", "--all-namespaces"]
         process = start_logged(
             ["kopf", *args],
             cwd=self.root,

@@ -27,13 +27,14 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from streams import write_stream
 from streamtrain_operator.job.progress import Phase, Progress
 from streamtrain_operator.run.export import read_donefile, verify_model
 from streamtrain_ps import checkpoint
 from streamtrain_worker.predict import load_model
 
 from .harness import START, data_totals, read_sparse_table, wait_for
-from .on_kube import KubeJob, write_stream
+from .on_kube import SPLIT_MINUTES, KubeJob
 
 ROWS = 150
 PASSES = [(START, 1), (START, 2)]
@@ -83,7 +84,7 @@ def clean(tmp_path_factory: pytest.TempPathFactory) -> CleanRun:
     """Run the job once without a fault (its outcome is checked by the first test and is
     the reference of the others)."""
     root = tmp_path_factory.mktemp("clean")
-    write_stream(root, ROWS)
+    write_stream(root, rows_per_folder=ROWS, split_interval_minutes=SPLIT_MINUTES, seed=5)
     with KubeJob(root) as job:
         op = job.start_operator()
         job.create()
@@ -98,7 +99,7 @@ def clean(tmp_path_factory: pytest.TempPathFactory) -> CleanRun:
 def kube(tmp_path: Path) -> Iterator[KubeJob]:
     """A job on the operator against KMock; operators, pods and the API are stopped at
     teardown, also when the test fails."""
-    write_stream(tmp_path, ROWS)
+    write_stream(tmp_path, rows_per_folder=ROWS, split_interval_minutes=SPLIT_MINUTES, seed=5)
     with KubeJob(tmp_path) as job:
         yield job
 

@@ -1,4 +1,4 @@
-"""Each sparse update rule against a direct NumPy transcription of ARCHITECTURE.md §4.
+"""Each sparse update rule against a direct NumPy transcription of docs/design.md §4.
 
 The reference keeps its own float64 copy of every key's state, applies the formulas to the
 merged pushes, and must agree with the engine's float32 rows (pulled values *and* the

@@ -29,7 +29,7 @@ def test_reference_protocol_and_both_sides_score_every_pass() -> None:
     every pass) and both sides return one progressive AUC per pass."""
     from streamtrain_tools.bench import reference as ref
 
-    passes = ref.load_passes(ref.DEFAULT_DATA)
+    passes = ref.load_passes(ref.SAMPLES_DIR)
     assert len(passes) == 24
     assert [b.size for b in passes[0]] == [32] * 9 + [12]
     assert all(sum(b.size for b in p) == 300 for p in passes)

@@ -7,14 +7,12 @@ drive the parsers the same way; one copy keeps their notion of "a parsed block" 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
+from streamtrain_tools.samples import SAMPLES_DIR
 from streamtrain_worker.data.formats import Format, ParsedBlock
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
-AVAZU = DATA / "avazu_sample_train.csv"
+AVAZU = SAMPLES_DIR / "avazu_sample_train.csv"
 #: The key a missing numeric value hashes from (the kernels' sentinel).
 MISSING = 1 << 63
 

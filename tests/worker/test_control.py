@@ -26,6 +26,7 @@ from streamtrain_ps.remote import RemotePS, RetryPolicy
 from streamtrain_ps.server import PSServer
 from streamtrain_ps.shard import Shard
 from streamtrain_ps.startup import listening_address
+from streamtrain_tools.samples import SAMPLES_DIR
 from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.control import SERVICE_NAME, WorkerServer, WorkerServicer
 from streamtrain_worker.data.reader import PassReader
@@ -35,8 +36,7 @@ from streamtrain_worker.metrics import PassMetrics
 from streamtrain_worker.proto import worker_pb2, worker_pb2_grpc
 from streamtrain_worker.refusals import Reason, is_busy, reason_of
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
-CRITEO = DATA / "criteo_kaggle_sample_train.txt"
+CRITEO = SAMPLES_DIR / "criteo_kaggle_sample_train.txt"
 CONFIG = {
     "data": {"format": "criteo", "maxBadLineFraction": 0.01},
     "model": {"hiddenUnits": [16, 8], "batchSize": 128, "denseSyncSteps": 2},

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streamtrain_tools.samples import SAMPLES_DIR
 from streamtrain_worker.data.config import AVAZU_CATEGORICAL, AVAZU_SLOTS, DataConfig
 from streamtrain_worker.data.errors import CorruptFileError, DataConfigError
 from streamtrain_worker.data.formats import make_format
@@ -23,11 +24,11 @@ from streamtrain_worker.data.formats.kernel import (
 )
 from streamtrain_worker.data.hashing import feature_sign
 
-from .conftest import AVAZU, DATA, MISSING, bags, parse
+from .conftest import AVAZU, MISSING, bags, parse
 
-CRITEO = DATA / "criteo_kaggle_sample_train.txt"
-IPINYOU = DATA / "ipinyou_deepctr_train.fm.txt"
-FEATINDEX = DATA / "ipinyou_deepctr_featindex.fm.txt"
+CRITEO = SAMPLES_DIR / "criteo_kaggle_sample_train.txt"
+IPINYOU = SAMPLES_DIR / "ipinyou_deepctr_train.fm.txt"
+FEATINDEX = SAMPLES_DIR / "ipinyou_deepctr_featindex.fm.txt"
 
 
 def reference_bucket(v: int) -> int:

@@ -15,6 +15,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from streamtrain_tools.bench import quoting as bench_quoting
+from streamtrain_tools.samples import SAMPLES_DIR
 from streamtrain_worker.data.config import AVAZU_CATEGORICAL, AVAZU_SLOTS, DataConfig
 from streamtrain_worker.data.errors import BadDataError, CorruptFileError, DataConfigError
 from streamtrain_worker.data.formats import Format, ParsedBlock, make_format
@@ -27,7 +28,7 @@ from streamtrain_worker.data.formats.kernel import (
 from streamtrain_worker.data.hashing import feature_sign
 from streamtrain_worker.data.reader import iter_batches
 
-from .conftest import AVAZU, DATA, MISSING, bags, parse
+from .conftest import AVAZU, MISSING, bags, parse
 
 #: sha256 of (keys, offsets, labels) of the Avazu sample parsed by the kernels of commit
 #: bb3c5c2, before quoting existed: the sample has no quotes, so nothing may change.
@@ -303,7 +304,7 @@ def test_bench_quoting_compares_two_kernels_on_the_samples(tmp_path: Path) -> No
         "def _kernel(data, first_line, delimiter, *rest):\n"
         "    new_kernel(data, first_line, delimiter, -1, *rest)\n"
     )
-    results = bench_quoting.run(old, DATA, repeats=2, copies=1)
+    results = bench_quoting.run(old, SAMPLES_DIR, repeats=2, copies=1)
     for name in bench_quoting.FORMATS:
         entry = results[name]
         assert isinstance(entry, dict)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from streamtrain_tools.bench import parse as bench_parse
+from streamtrain_tools.samples import SAMPLES_DIR
 from streamtrain_worker.data import layout
 from streamtrain_worker.data.batch import Batch, concat_batches
 from streamtrain_worker.data.config import DataConfig
@@ -18,9 +19,8 @@ from streamtrain_worker.data.errors import BadDataError, CorruptFileError
 from streamtrain_worker.data.formats import make_format
 from streamtrain_worker.data.reader import PassReader, iter_batches
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
-CRITEO = DATA / "criteo_kaggle_sample_train.txt"
-AVAZU = DATA / "avazu_sample_train.csv"
+CRITEO = SAMPLES_DIR / "criteo_kaggle_sample_train.txt"
+AVAZU = SAMPLES_DIR / "avazu_sample_train.csv"
 CRITEO_CFG = DataConfig.from_dict({"format": "criteo"})
 
 
@@ -162,12 +162,12 @@ def test_close_mid_file_with_a_full_queue(tmp_path: Path) -> None:
 
 
 def test_bench_parse_measures_every_format() -> None:
-    rates = bench_parse.measure_all(DATA, min_seconds=0.0)
+    rates = bench_parse.measure_all(SAMPLES_DIR, min_seconds=0.0)
     assert set(rates) == {"criteo", "avazu", "libsvm", "csv", "slot"}
     assert all(rate > 0 for rate in rates.values())
-    assert bench_parse.measure("criteo", CRITEO, min_seconds=0.0, data_dir=DATA) > 0
+    assert bench_parse.measure("criteo", CRITEO, min_seconds=0.0, data_dir=SAMPLES_DIR) > 0
     with pytest.raises(ValueError, match="no sample config for format 'slot'"):
-        bench_parse.measure("slot", CRITEO, data_dir=DATA)
+        bench_parse.measure("slot", CRITEO, data_dir=SAMPLES_DIR)
 
 
 def test_dropping_the_iterator_stops_the_thread(tmp_path: Path) -> None:

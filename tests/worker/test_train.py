@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from streamtrain_ps.errors import PSUnavailableError
 from streamtrain_ps.local import LocalPS
+from streamtrain_tools.samples import SAMPLES_DIR
 from streamtrain_worker import synth
 from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.data.batch import Batch
@@ -19,8 +20,7 @@ from streamtrain_worker.data.reader import PassReader
 from streamtrain_worker.monitoring import WorkerMetrics
 from streamtrain_worker.train import Trainer
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
-CRITEO = DATA / "criteo_kaggle_sample_train.txt"
+CRITEO = SAMPLES_DIR / "criteo_kaggle_sample_train.txt"
 
 
 def worker_config(**model: object) -> WorkerConfig:

@@ -1,4 +1,4 @@
-"""Lay out the real data samples of ``../shared/data/`` as time-sliced folders with donefiles.
+"""Lay out the real data samples of ``data/samples/`` as time-sliced folders with donefiles.
 
 ``python -m streamtrain_tools.samples criteo --out DIR`` writes
 ``DIR/<YYYYMMDD>/<HHMM>/part-00000`` plus ``_SUCCESS`` per folder, so the example manifests
@@ -26,8 +26,9 @@ from pathlib import Path
 from streamtrain_operator.job.plan import day_str
 from streamtrain_operator.job.spec import parse_day
 
-#: ``../shared/data`` as seen from a checkout at ``/work/main``.
-DEFAULT_DATA_DIR = Path(__file__).resolve().parents[3] / "shared" / "data"
+#: The repository's real data samples (``data/samples/``, sources and licences in its README):
+#: the one place tests, tools and benchmarks find them.
+SAMPLES_DIR = Path(__file__).resolve().parents[2] / "data" / "samples"
 SAMPLES = {
     "criteo": ("criteo_kaggle_sample_train.txt", False),
     "avazu": ("avazu_sample_train.csv", True),
@@ -46,7 +47,7 @@ def lay_out(
     sample: str,
     out: Path,
     *,
-    data_dir: Path = DEFAULT_DATA_DIR,
+    data_dir: Path = SAMPLES_DIR,
     start_day: str = "20261101",
     rows_per_folder: int = 300,
     interval_minutes: int = 60,
@@ -62,7 +63,7 @@ def lay_out(
     name, has_header = SAMPLES[sample]
     source = data_dir / name
     if not source.exists():
-        raise FileNotFoundError(f"{source}: the shared data sample is missing")
+        raise FileNotFoundError(f"{source}: the data sample is missing")
     lines = source.read_text().splitlines(keepends=True)
     header = lines.pop(0) if has_header else ""
     start = dt.datetime.combine(parse_day(start_day, "start_day"), dt.time())
@@ -82,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m streamtrain_tools.samples", description=__doc__)
     p.add_argument("sample", choices=sorted(SAMPLES))
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
+    p.add_argument("--data-dir", type=Path, default=SAMPLES_DIR)
     p.add_argument("--start-day", default="20261101")
     p.add_argument("--rows-per-folder", type=int, default=300)
     p.add_argument("--repeat", type=int, default=1)

@@ -1,6 +1,6 @@
 """Inference export of the dense network: TorchScript plus a JSON description of its inputs.
 
-The inference network starts after the embedding layer (ARCHITECTURE.md §6): its inputs are
+The inference network starts after the embedding layer (docs/design.md §6): its inputs are
 the pooled slot embeddings ``(B, S, W)`` — built by the predictor from the sparse KV files
 the PS shards export — and, for sequence models, the unpooled behaviour embeddings and
 their mask. The output is the predicted CTR (sigmoid of the training logit).

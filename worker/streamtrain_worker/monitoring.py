@@ -1,6 +1,6 @@
 r"""The worker's Prometheus series, registered on an injected registry.
 
-Names follow ARCHITECTURE.md §5: ``streamtrain_worker_`` prefix, ``_total`` counters,
+Names follow docs/design.md §5: ``streamtrain_worker_`` prefix, ``_total`` counters,
 ``_seconds`` durations. No pass/day labels (unbounded cardinality); the pass-level view
 comes from the scheduler's merged metrics.
 

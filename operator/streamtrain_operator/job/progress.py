@@ -6,7 +6,7 @@ it and the steps after it are replayed), the generation (bumped on every start, 
 results of older processes), the last export, the last pass's metrics and the conditions.
 
 The record is plain data with a JSON form (:meth:`Progress.to_dict`) that is also the
-shape of the custom resource's ``status`` (ARCHITECTURE.md §1), so the local state file
+shape of the custom resource's ``status`` (docs/design.md §1), so the local state file
 and the Kubernetes status store the same thing. No I/O here (see ``state.py``).
 """
 
@@ -163,7 +163,7 @@ class Progress:
     # ------------------------------------------------------------------ JSON / status
 
     def to_dict(self) -> dict[str, Any]:
-        """The ``status`` shape of ARCHITECTURE.md §1 plus what a restart needs."""
+        """The ``status`` shape of docs/design.md §1 plus what a restart needs."""
         last = self.last_pass
         return {
             "generation": self.generation,

@@ -9,7 +9,7 @@ The driver (``driver.py``) runs the loop::
         machine.handle(event, now)
         store.save(machine.progress)               # "X done" is durable
 
-Restart semantics (ARCHITECTURE.md §3): every start bumps the generation, loads the last
+Restart semantics (docs/design.md §3): every start bumps the generation, loads the last
 published checkpoint into the PS (the PS state after a crash is either lost or partially
 updated by an interrupted step, so only a checkpoint is a known state) and replays the
 steps after it up to the last completed one — trains, shrinks and the state side effects

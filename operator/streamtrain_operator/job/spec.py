@@ -80,7 +80,7 @@ def parse_day(value: str, path: str) -> dt.date:
 
 @dataclass(frozen=True)
 class DataSpec(DataConfig):
-    """Where the logs land and how they are cut into passes (ARCHITECTURE.md §3).
+    """Where the logs land and how they are cut into passes (docs/design.md §3).
 
     The worker's data section, with the two fields a job cannot do without required.
     """
@@ -174,7 +174,7 @@ class CheckpointSpec:
 
 @dataclass(frozen=True)
 class ExportSpec:
-    """Inference models for serving (ARCHITECTURE.md §6)."""
+    """Inference models for serving (docs/design.md §6)."""
 
     path: str = setting(
         doc="Export root (fsspec URL): <path>/<day>/base/ and "

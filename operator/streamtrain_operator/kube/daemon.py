@@ -42,6 +42,7 @@ from streamtrain_operator.kube.desired import desired, read_job
 from streamtrain_operator.kube.metrics import OperatorMetrics
 from streamtrain_operator.run.connection import Connection, dial
 from streamtrain_operator.run.driver import Driver, Observer
+from streamtrain_operator.run.hooks import NO_HOOK, StepHook
 from streamtrain_operator.run.state import StateStore
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,8 @@ class Runtime:
     restart_poll_seconds: float = 15.0
     #: How often a suspended or invalid job re-reads its (live) spec.
     idle_poll_seconds: float = 5.0
+    #: Given to every driver (``run.hooks``): the fault tests hold a run at a step with it.
+    step_hook: StepHook = NO_HOOK
 
 
 class PodRestarts:
@@ -347,6 +350,7 @@ class JobSupervisor:
             clock=self.rt.clock,
             observer=Observer(on_action=self._on_action, on_progress=self._on_progress),
             supervisor=restarts,
+            step_hook=self.rt.step_hook,
         )
 
     async def _after_run(self, job: Job, progress: Progress) -> bool:

@@ -1,7 +1,7 @@
 """The operator's Prometheus metrics: job-level series, one registry injected by ``main``.
 
 PS shards and workers export their own series (keys, memory, RPC latency, examples); the
-operator adds what only the control plane knows (ARCHITECTURE.md §5): the phase of every
+operator adds what only the control plane knows (docs/design.md §5): the phase of every
 job, passes completed, pass duration and donefile wait, the last *global* AUC, loss and
 COPC (from summed histograms, never a mean of per-worker values), restarts by role and
 published models. Labels are ``namespace``, ``job`` and ``role`` (plus the bounded

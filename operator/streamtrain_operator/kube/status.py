@@ -4,7 +4,7 @@ Two kinds of status content meet here:
 
 - the scheduler's :class:`~streamtrain_operator.job.progress.Progress` — phase, current and last
   completed step, last checkpoint and export, last metrics, its conditions — shown in the
-  printer-friendly fields of ARCHITECTURE.md §1 and stored whole (pass history trimmed)
+  printer-friendly fields of docs/design.md §1 and stored whole (pass history trimmed)
   under ``status.scheduler``, which is what an operator restart resumes from;
 - the operator's own conditions (``SpecValid``, ``PodsReady``) and ``observedGeneration``.
 
@@ -30,7 +30,7 @@ STATUS_HISTORY = 24
 SPEC_VALID = "SpecValid"
 PODS_READY = "PodsReady"
 READY = "Ready"
-#: Metrics shown in ``status.metrics`` (decimal strings, as ARCHITECTURE.md §1 shows them).
+#: Metrics shown in ``status.metrics`` (decimal strings, as docs/design.md §1 shows them).
 #: One the last pass does not define (an empty pass has no auc/loss/copc, a pass of one
 #: class no auc) is *removed* from the status (``null`` in the merge-patch), so the AUC
 #: column of ``kubectl get stj`` is blank rather than a number of an older pass or a

@@ -1,14 +1,12 @@
 """Local mode: the job's PS shards and workers as child processes of ``streamtrain run``.
 
-Each child is started with ``--port 0`` on 127.0.0.1 and announces its bound address on its
-first output line (``listening on HOST:PORT``, ``streamtrain_ps.startup``); everything else
-it prints goes to ``<workdir>/logs/<name>.log``. Children are tied to this process three
-ways, so none outlives it: a normal exit stops them (SIGTERM, then SIGKILL after a grace
-period), a signal or an exception runs the same ``finally``, and on Linux each child has
-``PR_SET_PDEATHSIG`` so even a SIGKILLed ``streamtrain run`` takes its children with it. The
-death signal is set by a two-line prelude in the child's own fresh interpreter, which then
-``exec``s the real command (the setting survives ``execve``): no ``preexec_fn``, which is
-unsafe to run after ``fork`` in a process with gRPC threads.
+Each child is started (``streamtrain_ps.launch``) with ``--port 0`` on 127.0.0.1 and
+announces its bound address (``listening on HOST:PORT``); everything it prints goes to
+``<workdir>/logs/<name>.log``. Children are tied to this process three ways, so none
+outlives it: a normal exit stops them (SIGTERM, then SIGKILL after a grace period), a signal
+or an exception runs the same ``finally``, and on Linux each child has ``PR_SET_PDEATHSIG``
+(the launcher's ``die_with_parent``), so even a SIGKILLed ``streamtrain run`` takes its
+children with it.
 
 A child that dies while the job runs is restarted on its old port (``heal``), so clients
 reconnect by address; a PS restart comes back empty, which the driver turns into a reload of
@@ -19,14 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
-import subprocess
 import sys
-import threading
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
@@ -35,40 +29,31 @@ from streamtrain_operator.job.progress import Phase, Progress
 from streamtrain_operator.job.spec import Job
 from streamtrain_operator.local.reporting import ProgressPrinter
 from streamtrain_operator.run.driver import Driver, Observer
+from streamtrain_operator.run.hooks import NO_HOOK, StepHook
 from streamtrain_operator.run.state import LocalStateFile
 from streamtrain_operator.run.worker_client import GrpcWorker
 from streamtrain_ps.errors import PSUnavailableError
+from streamtrain_ps.launch import Launched, LaunchError, launch, python_argv, stop_all
 from streamtrain_ps.remote import RemotePS
-from streamtrain_ps.startup import listening_address
-
-PR_SET_PDEATHSIG = 1
-
-
-class LaunchError(RuntimeError):
-    """A child process did not start (its log file is named in the message)."""
-
-
-#: Run by ``python -c`` in the child: die with the parent, then become the real command.
-_PRELUDE = (
-    "import ctypes, ctypes.util, os, sys\n"
-    "libc = ctypes.util.find_library('c')\n"
-    f"if libc: ctypes.CDLL(libc).prctl({PR_SET_PDEATHSIG}, {int(signal.SIGKILL)})\n"
-    "if os.getppid() != int(sys.argv[1]): sys.exit(1)  # the parent died before prctl\n"
-    "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])\n"
-)
 
 
 @dataclass
 class Child:
-    name: str
+    """A PS shard or worker: what to start again after it exits, and the running process."""
+
     role: str  # "ps" | "worker"
     args: tuple[str, ...]  # after the interpreter; "--port 0" until the first start
-    process: subprocess.Popen[str]
-    log_path: Path
-    address: str = ""
+    launched: Launched
     #: The port it listens on (kept across restarts: clients know the address).
     port: str = "0"
-    _drain: threading.Thread | None = field(default=None, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.launched.name
+
+    @property
+    def address(self) -> str:
+        return self.launched.address
 
 
 class LocalCluster:
@@ -137,20 +122,13 @@ class LocalCluster:
         self.worker_endpoints = [self._await_listening(c) for c in workers]
 
     def _spawn(self, name: str, role: str, args: Sequence[str]) -> Child:
-        log_path = self.workdir / "logs" / f"{name}.log"
-        log_file = log_path.open("a")
-        command = [self.python, *args]
-        if sys.platform == "linux":
-            command = [self.python, "-c", _PRELUDE, str(os.getpid()), *args]
-        process = subprocess.Popen(
-            command,
-            stdout=subprocess.PIPE,
-            stderr=log_file,
-            stdin=subprocess.DEVNULL,
-            text=True,
+        launched = launch(
+            name,
+            python_argv(args, python=self.python, die_with_parent=True),
+            self.workdir / "logs" / f"{name}.log",
+            announce=True,
         )
-        log_file.close()
-        child = Child(name, role, tuple(args), process, log_path)
+        child = Child(role, tuple(args), launched)
         self.children.append(child)
         return child
 
@@ -162,7 +140,7 @@ class LocalCluster:
         """
         async with self._healing:
             healed = []
-            for old in [c for c in self.children if c.process.poll() is not None]:
+            for old in [c for c in self.children if c.launched.exited()]:
                 args = list(old.args)
                 args[args.index("--port") + 1] = old.port
                 self.children.remove(old)
@@ -174,7 +152,7 @@ class LocalCluster:
                     healed.append(f"{old.name} could not be restarted: {exc}")
                     continue
                 what = (
-                    f"{old.name} exited with code {old.process.returncode}; "
+                    f"{old.name} exited with code {old.launched.process.returncode}; "
                     f"restarted on {new.address}"
                 )
                 if old.role == "ps":
@@ -187,56 +165,15 @@ class LocalCluster:
             return healed
 
     def _await_listening(self, child: Child) -> str:
-        """Read the child's first lines until ``listening on``; then drain the rest to its log."""
-        assert child.process.stdout is not None
-        stdout = child.process.stdout
-        found: list[str] = []
-        done = threading.Event()
-
-        def read() -> None:
-            with child.log_path.open("a") as log:
-                for line in stdout:
-                    if not found and (address := listening_address(line)) is not None:
-                        found.append(address)
-                        done.set()
-                    log.write(line)
-                    log.flush()
-            done.set()
-
-        child._drain = threading.Thread(target=read, name=f"drain-{child.name}", daemon=True)
-        child._drain.start()
-        if not done.wait(self.start_timeout) or not found:
-            code = child.process.poll()
-            tail = _tail(child.log_path)
-            raise LaunchError(
-                f"{child.name} did not start (exit code {code}); see {child.log_path}:\n{tail}"
-            )
-        child.address = found[0]
-        child.port = child.address.rsplit(":", 1)[1]
-        return child.address
+        """Wait for the child's ``listening on`` line; its port is kept for restarts."""
+        address = child.launched.wait_listening(self.start_timeout)
+        child.port = address.rsplit(":", 1)[1]
+        return address
 
     def stop(self, grace: float = 5.0) -> None:
         """SIGTERM every child, wait up to ``grace`` seconds, SIGKILL what is left."""
-        for child in self.children:
-            if child.process.poll() is None:
-                child.process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        for child in self.children:
-            try:
-                child.process.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                child.process.kill()
-                child.process.wait()
-            if child._drain is not None:
-                child._drain.join(timeout=5)
+        stop_all([c.launched for c in self.children], grace)
         self.children.clear()
-
-
-def _tail(path: Path, lines: int = 20) -> str:
-    try:
-        return "\n".join(path.read_text().splitlines()[-lines:])
-    except OSError:
-        return ""
 
 
 @dataclass(frozen=True)
@@ -247,6 +184,8 @@ class RunOptions:
     workdir: Path
     out: TextIO = sys.stdout
     start_timeout: float = 120.0
+    #: Given to the driver (``run.hooks``): the fault tests hold a run at a step with it.
+    step_hook: StepHook = NO_HOOK
 
 
 async def connect(
@@ -313,6 +252,7 @@ async def run_job(job: Job, options: RunOptions) -> Progress:
                 on_restart=lambda what: printer.line(f"  {what}"),
             ),
             supervisor=cluster,
+            step_hook=options.step_hook,
         )
         monitor = asyncio.create_task(_monitor(cluster, printer))
         try:

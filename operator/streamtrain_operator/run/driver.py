@@ -46,7 +46,7 @@ from streamtrain_operator.job.scheduler import (
 )
 from streamtrain_operator.job.spec import JobSpec
 from streamtrain_operator.run import export
-from streamtrain_operator.run.pause import PauseHook
+from streamtrain_operator.run.hooks import AFTER, BEFORE, NO_HOOK, StepHook
 from streamtrain_operator.run.state import StateStore
 from streamtrain_ps.api import PSLike, SaveMode
 from streamtrain_ps.checkpoint import MANIFEST
@@ -144,6 +144,7 @@ class Driver:
         observer: Observer | None = None,
         supervisor: Supervisor | None = None,
         retry_on: tuple[type[BaseException], ...] = (OSError, CheckpointError, PSUnavailableError),
+        step_hook: StepHook = NO_HOOK,
     ) -> None:
         if len(workers) != spec.workers.replicas:
             raise ValueError(
@@ -173,9 +174,16 @@ class Driver:
         self._results: dict[int, PassMetrics] = {}
         self._results_key: StepKey | None = None
         self._pass_started = 0.0
-        self._pause = PauseHook.from_env()
+        #: Offered every first run of a step (``hooks``): a no-op outside the fault tests.
+        self.step_hook = step_hook
         # Restores after a worker loss, by pass: bounded by passRetries, then shares retry.
         self._worker_restores: dict[StepKey, int] = {}
+
+    async def _hold(self, point: str, action: Action) -> None:
+        """Offer a step to the hook: only real steps run for the first time (a replay
+        redoes one already recorded)."""
+        if isinstance(action, RunPass | Save | Shrink) and not action.replay:
+            await self.step_hook.hold(point, action.key)
 
     def _scratch_root(self) -> str:
         """Where replayed exports save (they only want the save's PS-side effects)."""
@@ -197,13 +205,13 @@ class Driver:
             if self.observer.on_action is not None:
                 self.observer.on_action(action, self.machine.progress)
             restarts = self._restarts()
-            await self._pause.at("before", action)
+            await self._hold(BEFORE, action)
             try:
                 event = await self.execute(action)
             except Exception as exc:  # a bug or an unforeseen error: a condition, not a crash
                 log.exception("%s", action)
                 event = Failed("InternalError", f"{action}: {type(exc).__name__}: {exc}")
-            await self._pause.at("after", action)
+            await self._hold(AFTER, action)
             if self.supervisor is not None:
                 healed = await self.supervisor.heal()
                 for what in healed:
@@ -401,6 +409,7 @@ class Driver:
                     num_buckets=MetricsConfig().numBuckets,
                     model=self.spec.model.type,
                 ),
+                hook=self.step_hook,
             )
         except Exception as exc:
             log.exception("export %s", target.uri)

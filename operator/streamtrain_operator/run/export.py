@@ -24,7 +24,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from streamtrain_operator.job.plan import StepKey, StepKind
-from streamtrain_operator.run.pause import PARTS, PauseHook
+from streamtrain_operator.run.hooks import NO_HOOK, PARTS, StepHook
 from streamtrain_ps.api import SaveResult
 from streamtrain_ps.checkpoint import MANIFEST
 from streamtrain_worker import model_folder
@@ -133,18 +133,16 @@ async def publish_model(
     sleep: Sleep,
     clock: Callable[[], float] = time.time,
     serving: Serving | None = None,
-    pause: PauseHook | None = None,
+    hook: StepHook = NO_HOOK,
 ) -> DoneLine:
     """Write the parts, ``MODEL.json`` and the donefile line (idempotent per target).
 
     ``save_sparse(uri)`` is the PS save (it publishes its own ``MANIFEST.json`` below
     ``uri``); ``export_dense(uri)`` is a worker's ``ExportDense``. ``serving`` goes into
     ``MODEL.json`` (the data config, table and metric buckets the predictor needs).
-    ``pause`` is the test-only hold point between the sparse parts and the rest
-    (``pause.PauseHook``, ``parts:<kind>``); by default it comes from the environment,
-    which outside the fault-injection tests makes it a no-op.
+    ``hook`` is offered the ``parts`` point between the sparse parts and the rest
+    (``hooks.PARTS``: a half-written model); the default never holds.
     """
-    hook = PauseHook.from_env() if pause is None else pause
     existing = published(target.root, target.key)
     if existing is not None:
         return existing
@@ -168,8 +166,7 @@ async def publish_model(
         return await export_dense(dense_uri)
 
     sparse = await with_retries(f"{sparse_uri}: sparse save", fresh_sparse, policy, sleep)
-    if hook.when == PARTS:  # test-only: a model half written (parts, no manifest)
-        await hook.hold(PARTS, StepKey(target.day, target.pass_index, StepKind(target.kind)))
+    await hook.hold(PARTS, StepKey(target.day, target.pass_index, StepKind(target.kind)))
     await with_retries(f"{dense_uri}: dense export", fresh_dense, policy, sleep)
 
     async def write_manifest() -> None:

@@ -33,7 +33,7 @@ import yaml
 from streamtrain_operator.job.progress import Phase, Progress
 from streamtrain_operator.job.spec import load_job
 from streamtrain_operator.local.cluster import RunOptions, run_job
-from streamtrain_tools.samples import DEFAULT_DATA_DIR, lay_out
+from streamtrain_tools.samples import SAMPLES_DIR, lay_out
 
 DAY = "20261101"
 
@@ -82,7 +82,7 @@ def run(
     root: Path, *, repeat: int, batch_size: int, workers: int, lr: float, log: io.TextIOBase
 ) -> tuple[Progress, float]:
     """Lay out the data, run the job; the final progress and launch-to-finish seconds."""
-    lay_out("criteo", root / "data", data_dir=DEFAULT_DATA_DIR, start_day=DAY, repeat=repeat)
+    lay_out("criteo", root / "data", data_dir=SAMPLES_DIR, start_day=DAY, repeat=repeat)
     path = root / "job.yaml"
     path.write_text(yaml.safe_dump(manifest(batch_size, workers, lr)))
     job = load_job(path)

@@ -17,13 +17,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from streamtrain_tools.samples import SAMPLES_DIR
 from streamtrain_worker import synth
 from streamtrain_worker.data import layout
 from streamtrain_worker.data.config import AVAZU_CATEGORICAL, DataConfig
 from streamtrain_worker.data.formats import make_format
 from streamtrain_worker.data.reader import iter_batches
 
-DEFAULT_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 BATCH_SIZE = 512
 
 
@@ -58,7 +58,7 @@ def measure(
     path: Path | str,
     *,
     min_seconds: float = 0.5,
-    data_dir: Path = DEFAULT_DATA,
+    data_dir: Path = SAMPLES_DIR,
 ) -> float:
     """Lines per second of reading ``path`` through ``iter_batches``.
 
@@ -105,7 +105,7 @@ def measure_slot(workdir: Path, *, min_seconds: float = 0.5) -> float:
     return measure(data, path, min_seconds=min_seconds)
 
 
-def measure_all(data_dir: Path = DEFAULT_DATA, *, min_seconds: float = 0.5) -> dict[str, float]:
+def measure_all(data_dir: Path = SAMPLES_DIR, *, min_seconds: float = 0.5) -> dict[str, float]:
     """Lines/s of every format (real samples; synthetic for the slot format)."""
     results = {
         name: measure(cfg, path, min_seconds=min_seconds)
@@ -119,7 +119,7 @@ def measure_all(data_dir: Path = DEFAULT_DATA, *, min_seconds: float = 0.5) -> d
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m streamtrain_tools.bench.parse")
     parser.add_argument("--json", action="store_true", help="only the JSON result line")
-    parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--data-dir", type=Path, default=SAMPLES_DIR)
     parser.add_argument("--min-seconds", type=float, default=1.0)
     args = parser.parse_args(argv)
     results = measure_all(args.data_dir, min_seconds=args.min_seconds)

@@ -34,6 +34,7 @@ from types import ModuleType
 import numpy as np
 
 from streamtrain_tools.bench import parse as bench_parse
+from streamtrain_tools.samples import SAMPLES_DIR
 from streamtrain_worker.data.formats import make_format
 from streamtrain_worker.data.formats.delimited import DelimitedParser
 from streamtrain_worker.data.formats.kernel import U8, run_kernel
@@ -151,7 +152,7 @@ def run(old_path: Path, data_dir: Path, repeats: int, copies: int) -> dict[str, 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m streamtrain_tools.bench.quoting")
     parser.add_argument("--old", type=Path, required=True, help="an older delimited.py")
-    parser.add_argument("--data-dir", type=Path, default=bench_parse.DEFAULT_DATA)
+    parser.add_argument("--data-dir", type=Path, default=SAMPLES_DIR)
     parser.add_argument("--repeats", type=int, default=40, help="timed pairs per format")
     parser.add_argument("--copies", type=int, default=3, help="sample copies per block")
     parser.add_argument("--json", action="store_true", help="only the JSON result line")

@@ -38,6 +38,7 @@ from torch import nn
 from torch.nn import functional as nnf
 
 from streamtrain_ps.local import LocalPS
+from streamtrain_tools.samples import SAMPLES_DIR
 from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.data.batch import Batch, slice_batch
 from streamtrain_worker.data.config import DataConfig
@@ -46,7 +47,6 @@ from streamtrain_worker.metrics import PassMetrics
 from streamtrain_worker.models import ModelSpec, build_model
 from streamtrain_worker.train import Trainer
 
-DEFAULT_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 SAMPLE = "criteo_kaggle_sample_train.txt"
 ROWS_PER_PASS = 300
 PASSES = 24
@@ -65,7 +65,7 @@ def load_passes(data_dir: Path, batch_size: int = BATCH) -> list[list[Batch]]:
     config = DataConfig.from_dict({"format": "criteo"})
     path = data_dir / SAMPLE
     if not path.exists():
-        raise FileNotFoundError(f"{path}: the shared Criteo sample is missing")
+        raise FileNotFoundError(f"{path}: the Criteo sample is missing")
     passes: list[list[Batch]] = []
     for block in iter_batches([str(path)], config, ROWS_PER_PASS):
         if block.size < ROWS_PER_PASS or len(passes) == PASSES:
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(
         prog="python -m streamtrain_tools.bench.reference", description=__doc__
     )
-    p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder of the samples")
+    p.add_argument("--data", type=Path, default=SAMPLES_DIR, help="folder of the samples")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--sides", nargs="+", choices=["torch", "ps"], default=["torch", "ps"])
     p.add_argument(

@@ -35,13 +35,13 @@ from torch import nn
 
 from streamtrain_ps.local import LocalPS
 from streamtrain_tools.bench import parse as bench_parse
+from streamtrain_tools.samples import SAMPLES_DIR
 from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.data.batch import Batch
 from streamtrain_worker.data.reader import iter_batches
 from streamtrain_worker.models import ModelSpec, build_model
 from streamtrain_worker.train import Trainer
 
-DEFAULT_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 HIDDEN = (512, 256, 128)
 DIM = 8
 BATCH = 512
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(
         prog="python -m streamtrain_tools.bench.worker", description=__doc__
     )
-    p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder of the samples")
+    p.add_argument("--data", type=Path, default=SAMPLES_DIR, help="folder of the samples")
     p.add_argument("--repeats", type=int, default=4, help="sample repetitions per round")
     p.add_argument("--rounds", type=int, default=3, help="alternating timed rounds per side")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (both sides)")

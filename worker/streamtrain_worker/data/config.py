@@ -90,7 +90,7 @@ class CsvColumnOptions:
 
 @dataclass(frozen=True)
 class DataConfig:
-    """Where the logs land and how they are cut into passes (ARCHITECTURE.md §3).
+    """Where the logs land and how they are cut into passes (docs/design.md §3).
 
     The worker reads only the format options; the scheduling fields (path, days, splits,
     donefile, deadlines) are the operator's, declared here so ``spec.data`` has one owner.

@@ -1,4 +1,4 @@
-"""The test-only pause hook: parsing, and where ``parts:`` holds (inside an export)."""
+"""The fault tests' pause hook: parsing, and where ``parts:`` holds (inside an export)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from streamtrain_operator.job.plan import StepKey, StepKind
-from streamtrain_operator.run.pause import PARTS, PauseHook
+from streamtrain_operator.run.hooks import PARTS
+
+from .pause import PauseHook
 
 
 def test_parts_is_only_for_models_and_a_bad_value_names_the_forms(

@@ -1,4 +1,8 @@
-"""Test-only pause points of the driver (``STREAMTRAIN_PAUSE``): see :class:`PauseHook`."""
+"""The fault tests' step hook: hold a run at one step, set from ``STREAMTRAIN_PAUSE``.
+
+The product takes any :class:`~streamtrain_operator.run.hooks.StepHook`; the test entry
+points (``faults.run_cli``, ``faults.operator_main``) build this one from the environment
+their test gave the subprocess and inject it."""
 
 from __future__ import annotations
 
@@ -8,19 +12,16 @@ import os
 from dataclasses import dataclass
 
 from streamtrain_operator.job.plan import StepKey, StepKind
-from streamtrain_operator.job.scheduler import Action, RunPass, Save, Shrink
+from streamtrain_operator.run.hooks import PARTS, POINTS
 
 log = logging.getLogger(__name__)
 
-#: Held inside ``export.publish_model`` between the sparse parts and the rest of the model.
-PARTS = "parts"
-WHENS = ("before", "after", PARTS)
 MODEL_STEPS = (StepKind.DELTA.value, StepKind.BASE.value, StepKind.BATCH.value)
 
 
 @dataclass
 class PauseHook:
-    """Test-only: hold the driver at one step so a fault can be injected exactly there.
+    """Hold the run at one step so a fault can be injected exactly there.
 
     ``STREAMTRAIN_PAUSE=<before|after|parts>:<step>[@<pass>]`` (``step``: train, delta,
     checkpoint, shrink, base, batch; ``pass``: its index in the day, any if omitted) with
@@ -31,8 +32,7 @@ class PauseHook:
     publication of that model (``export.publish_model``): its sparse parts are written, its
     dense part, ``MODEL.json`` and donefile line are not — a half-written model. The
     fault-injection suite (``tests/faults``) uses it to SIGKILL ``streamtrain run`` mid-shrink
-    or mid-export, which is otherwise a race against a step of milliseconds. Unset (always,
-    outside tests): a no-op.
+    or mid-export, which is otherwise a race against a step of milliseconds. Unset: a no-op.
     """
 
     when: str = ""
@@ -51,7 +51,7 @@ class PauseHook:
         when, _, rest = where.partition(":")
         step, _, index = rest.partition("@")
         if (
-            when not in WHENS
+            when not in POINTS
             or step not in {k.value for k in StepKind}
             or (when == PARTS and step not in MODEL_STEPS)
             or (index and not index.isdigit())
@@ -61,12 +61,6 @@ class PauseHook:
                 f"or parts:<{'|'.join(MODEL_STEPS)}>[@<pass>]"
             )
         return cls(when, step, int(index) if index else None, path)
-
-    async def at(self, when: str, action: Action) -> None:
-        """The driver's hold points: ``before`` / ``after`` a non-replay step."""
-        if not isinstance(action, RunPass | Save | Shrink) or action.replay:
-            return
-        await self.hold(when, action.key)
 
     async def hold(self, when: str, key: StepKey) -> None:
         """Hold here if ``when`` and ``key`` match the configured point (once per hook)."""
@@ -79,4 +73,4 @@ class PauseHook:
             f.write(f"{when} {key.kind.value} {key.day}/{key.pass_index}\n")
         log.warning("paused %s %s (remove %s to go on)", when, key, self.path)
         while os.path.exists(self.path):
-            await asyncio.sleep(0.05)  # test-only hold, released by the test
+            await asyncio.sleep(0.05)  # held until the test removes the file
