@@ -24,8 +24,8 @@ from pathlib import Path
 
 from streamtrain_operator.job.progress import Phase
 from streamtrain_operator.job.spec import Job, SpecError, is_local_path, load_job
-from streamtrain_operator.local.cluster import RunOptions, run_job
 from streamtrain_operator.local.reporting import format_pass
+from streamtrain_operator.local.runner import RunOptions, run_job
 from streamtrain_operator.run.hooks import NO_HOOK, StepHook
 from streamtrain_operator.run.state import LocalStateFile, StateError
 from streamtrain_ps.launch import LaunchError

@@ -11,7 +11,7 @@ import pytest
 
 from streamtrain_operator.job.progress import Phase
 from streamtrain_operator.job.spec import load_job
-from streamtrain_operator.local.cluster import LocalCluster, connect
+from streamtrain_operator.local.cluster import LocalCluster
 from streamtrain_operator.run.driver import Driver
 from streamtrain_operator.run.state import MemoryStateStore
 from streamtrain_worker.metrics import PassMetrics
@@ -34,17 +34,17 @@ def test_predictor_auc_equals_evaluate_only_run_pass(job_file: Callable[..., Pat
     cluster = LocalCluster(job, root / "work")
 
     async def train_then_evaluate() -> PassMetrics:
-        ps, workers = await connect(cluster, job, 60)
+        conn = await cluster.connect(60)
         try:
-            progress = await Driver(job.spec, ps, workers, MemoryStateStore()).run()
+            progress = await Driver(job.spec, conn.ps, conn.workers, MemoryStateStore()).run()
             assert progress.phase == Phase.SUCCEEDED, progress.message
             # Worker 0 exported the dense network (with the PS's data-norm statistics).
-            result = await workers[0].run_pass("20261101", 3, files, progress.generation, False)
+            result = await conn.workers[0].run_pass(
+                "20261101", 3, files, progress.generation, False
+            )
             return PassMetrics.from_proto(result)
         finally:
-            for w in workers:
-                await w.close()
-            ps.close()
+            await conn.close()
 
     try:
         cluster.start()

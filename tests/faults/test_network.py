@@ -20,11 +20,10 @@ from ps.netproxy import NetProxy
 from streamtrain_operator.job.progress import Phase, Progress
 from streamtrain_operator.job.scheduler import Action, RunPass
 from streamtrain_operator.job.spec import load_job
-from streamtrain_operator.local.cluster import LocalCluster, connect
+from streamtrain_operator.local.cluster import LocalCluster
+from streamtrain_operator.run.connection import GrpcConnection
 from streamtrain_operator.run.driver import Driver, Observer
 from streamtrain_operator.run.state import LocalStateFile
-from streamtrain_operator.run.worker_client import GrpcWorker
-from streamtrain_ps.remote import RemotePS
 
 from .harness import START, Job, assert_same_model, checkpoint_of, read_checkpoint
 
@@ -46,25 +45,22 @@ def _run(job: Job, proxies: list[NetProxy], faults: bool) -> Progress:
 
     async def main() -> Progress:
         cluster = LocalCluster(spec, job.root / "work", ps_route=route)
-        ps: RemotePS | None = None
-        workers: list[GrpcWorker] = []
+        conn: GrpcConnection | None = None
         try:
             cluster.start()
-            ps, workers = await connect(cluster, spec, 60)
+            conn = await cluster.connect(60)
             driver = Driver(
                 spec.spec,
-                ps,
-                workers,
+                conn.ps,
+                conn.workers,
                 LocalStateFile(job.state_path),
                 observer=Observer(on_action=on_action),
                 supervisor=cluster,
             )
             return await driver.run()
         finally:
-            for w in workers:
-                await w.close()
-            if ps is not None:
-                ps.close()
+            if conn is not None:
+                await conn.close()
             cluster.stop()
 
     return asyncio.run(main())

@@ -30,8 +30,8 @@ import yaml
 
 from streamtrain_operator.job.progress import Phase, Progress
 from streamtrain_operator.job.spec import load_job
-from streamtrain_operator.local.cluster import RunOptions, run_job
 from streamtrain_operator.local.reporting import metric
+from streamtrain_operator.local.runner import RunOptions, run_job
 from streamtrain_operator.run.export import read_donefile
 from streamtrain_worker.synth import SEQUENCE_SLOT, SLOTS, SynthConfig, generate_delayed
 

@@ -16,25 +16,15 @@ the last checkpoint and a replay (``Scheduler.restore``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import signal
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
 
 from streamtrain_operator.job import render
-from streamtrain_operator.job.progress import Phase, Progress
 from streamtrain_operator.job.spec import Job
-from streamtrain_operator.local.reporting import ProgressPrinter
-from streamtrain_operator.run.driver import Driver, Observer
-from streamtrain_operator.run.hooks import NO_HOOK, StepHook
-from streamtrain_operator.run.state import LocalStateFile
-from streamtrain_operator.run.worker_client import GrpcWorker
-from streamtrain_ps.errors import PSUnavailableError
+from streamtrain_operator.run.connection import GrpcConnection, dial
 from streamtrain_ps.launch import Launched, LaunchError, launch, python_argv, stop_all
-from streamtrain_ps.remote import RemotePS
 
 
 @dataclass
@@ -175,105 +165,12 @@ class LocalCluster:
         stop_all([c.launched for c in self.children], grace)
         self.children.clear()
 
-
-@dataclass(frozen=True)
-class RunOptions:
-    """How ``streamtrain run`` runs one job locally."""
-
-    state_path: Path
-    workdir: Path
-    out: TextIO = sys.stdout
-    start_timeout: float = 120.0
-    #: Given to the driver (``run.hooks``): the fault tests hold a run at a step with it.
-    step_hook: StepHook = NO_HOOK
-
-
-async def connect(
-    cluster: LocalCluster, job: Job, timeout: float
-) -> tuple[RemotePS, list[GrpcWorker]]:
-    ps = RemotePS(cluster.ps_endpoints, render.ps_config(job.spec))
-    try:
-        await asyncio.to_thread(ps.wait_ready, timeout)
-    except PSUnavailableError:
-        ps.close()
-        raise
-    workers = [GrpcWorker(ep, name=f"worker-{i}") for i, ep in enumerate(cluster.worker_endpoints)]
-    await asyncio.gather(*(w.wait_ready(timeout) for w in workers))
-    return ps, workers
-
-
-async def _monitor(cluster: LocalCluster, printer: ProgressPrinter, every: float = 1.0) -> None:
-    """Restart dead children promptly, so clients retrying against them find them back."""
-    while True:
-        await asyncio.sleep(every)
-        for what in await cluster.heal():
-            printer.line(f"  {what}")
-
-
-async def run_job(job: Job, options: RunOptions) -> Progress:
-    """Start the processes, run the scheduler to the end (or a signal), stop everything."""
-    out = options.out
-    store = LocalStateFile(options.state_path)
-    printer = ProgressPrinter(job, out)
-    previous = store.load()
-    finished = previous is not None and previous.phase == Phase.SUCCEEDED
-    if previous is not None and finished and printer.plan.next_step(previous.completed) is None:
-        printer.line(f"{job.name}: already {previous.phase} ({previous.message})")
-        return previous
-    cluster = LocalCluster(job, options.workdir, start_timeout=options.start_timeout)
-    loop = asyncio.get_running_loop()
-    task = asyncio.current_task()
-    stopping: list[str] = []
-
-    def on_signal(signum: int) -> None:
-        stopping.append(signal.Signals(signum).name)
-        if task is not None:
-            task.cancel()
-
-    for s in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(s, on_signal, s)
-    ps: RemotePS | None = None
-    workers: list[GrpcWorker] = []
-    try:
-        printer.line(
-            f"{job.name}: starting {job.spec.ps.replicas} PS shard(s) and "
-            f"{job.spec.workers.replicas} worker(s) (logs in {options.workdir / 'logs'})"
-        )
-        cluster.start()
-        ps, workers = await connect(cluster, job, options.start_timeout)
-        driver = Driver(
-            job.spec,
-            ps,
-            workers,
-            store,
-            observer=Observer(
-                on_action=printer.on_action,
-                on_progress=printer.on_progress,
-                on_restart=lambda what: printer.line(f"  {what}"),
-            ),
-            supervisor=cluster,
-            step_hook=options.step_hook,
-        )
-        monitor = asyncio.create_task(_monitor(cluster, printer))
+    async def connect(self, timeout: float) -> GrpcConnection:
+        """Clients of every started shard and worker, once all of them answer."""
+        conn = dial(self.ps_endpoints, self.worker_endpoints, render.ps_config(self.job.spec))
         try:
-            progress = await driver.run()
-        finally:
-            monitor.cancel()
-        printer.finish(progress)
-        return progress
-    except asyncio.CancelledError:
-        progress = store.load() or Progress()
-        printer.line(
-            f"{job.name}: stopped by {', '.join(stopping) or 'cancel'}; progress saved in "
-            f"{options.state_path} (run again to resume)"
-        )
-        return progress
-    finally:
-        for s in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(s)
-        for w in workers:
-            with contextlib.suppress(Exception):
-                await w.close()
-        if ps is not None:
-            ps.close()
-        cluster.stop()
+            await conn.wait_ready(timeout)
+        except BaseException:
+            await conn.close()
+            raise
+        return conn

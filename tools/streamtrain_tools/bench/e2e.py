@@ -32,7 +32,7 @@ import yaml
 
 from streamtrain_operator.job.progress import Phase, Progress
 from streamtrain_operator.job.spec import load_job
-from streamtrain_operator.local.cluster import RunOptions, run_job
+from streamtrain_operator.local.runner import RunOptions, run_job
 from streamtrain_tools.samples import SAMPLES_DIR, lay_out
 
 DAY = "20261101"

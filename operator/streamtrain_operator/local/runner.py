@@ -1,0 +1,110 @@
+"""``streamtrain run``: one job on this machine, from start to a terminal phase or a signal.
+
+Starts the job's processes (``cluster``), connects to them, runs the driver with progress in
+a local state file and a live terminal report (``reporting``), restarts children that die
+(the driver restores after a PS restart), and on SIGINT/SIGTERM stops after saving progress,
+so the same command resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from streamtrain_operator.job.progress import Phase, Progress
+from streamtrain_operator.job.spec import Job
+from streamtrain_operator.local.cluster import LocalCluster
+from streamtrain_operator.local.reporting import ProgressPrinter
+from streamtrain_operator.run.connection import GrpcConnection
+from streamtrain_operator.run.driver import Driver, Observer
+from streamtrain_operator.run.hooks import NO_HOOK, StepHook
+from streamtrain_operator.run.state import LocalStateFile
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How ``streamtrain run`` runs one job locally."""
+
+    state_path: Path
+    workdir: Path
+    out: TextIO = sys.stdout
+    start_timeout: float = 120.0
+    #: Given to the driver (``run.hooks``): the fault tests hold a run at a step with it.
+    step_hook: StepHook = NO_HOOK
+
+
+async def _monitor(cluster: LocalCluster, printer: ProgressPrinter, every: float = 1.0) -> None:
+    """Restart dead children promptly, so clients retrying against them find them back."""
+    while True:
+        await asyncio.sleep(every)
+        for what in await cluster.heal():
+            printer.line(f"  {what}")
+
+
+async def run_job(job: Job, options: RunOptions) -> Progress:
+    """Start the processes, run the scheduler to the end (or a signal), stop everything."""
+    out = options.out
+    store = LocalStateFile(options.state_path)
+    printer = ProgressPrinter(job, out)
+    previous = store.load()
+    finished = previous is not None and previous.phase == Phase.SUCCEEDED
+    if previous is not None and finished and printer.plan.next_step(previous.completed) is None:
+        printer.line(f"{job.name}: already {previous.phase} ({previous.message})")
+        return previous
+    cluster = LocalCluster(job, options.workdir, start_timeout=options.start_timeout)
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    stopping: list[str] = []
+
+    def on_signal(signum: int) -> None:
+        stopping.append(signal.Signals(signum).name)
+        if task is not None:
+            task.cancel()
+
+    for s in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(s, on_signal, s)
+    conn: GrpcConnection | None = None
+    try:
+        printer.line(
+            f"{job.name}: starting {job.spec.ps.replicas} PS shard(s) and "
+            f"{job.spec.workers.replicas} worker(s) (logs in {options.workdir / 'logs'})"
+        )
+        cluster.start()
+        conn = await cluster.connect(options.start_timeout)
+        driver = Driver(
+            job.spec,
+            conn.ps,
+            conn.workers,
+            store,
+            observer=Observer(
+                on_action=printer.on_action,
+                on_progress=printer.on_progress,
+                on_restart=lambda what: printer.line(f"  {what}"),
+            ),
+            supervisor=cluster,
+            step_hook=options.step_hook,
+        )
+        monitor = asyncio.create_task(_monitor(cluster, printer))
+        try:
+            progress = await driver.run()
+        finally:
+            monitor.cancel()
+        printer.finish(progress)
+        return progress
+    except asyncio.CancelledError:
+        progress = store.load() or Progress()
+        printer.line(
+            f"{job.name}: stopped by {', '.join(stopping) or 'cancel'}; progress saved in "
+            f"{options.state_path} (run again to resume)"
+        )
+        return progress
+    finally:
+        for s in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(s)
+        if conn is not None:
+            await conn.close()
+        cluster.stop()
