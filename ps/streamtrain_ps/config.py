@@ -161,10 +161,10 @@ class PSConfig:
     maxKeysPerRequest: int = setting(
         4_000_000, "Most keys one PullSparse/PushSparse request may carry.", minimum=1
     )
-    memoryLimit: int = setting(
-        0,
+    memoryLimit: int | None = setting(
+        None,
         "Bytes the sparse tables of one shard may hold in RAM; past it the coldest keys move "
-        "to the disk tier. 0: unlimited.",
+        "to the disk tier. Omitted or 0: unlimited.",
         minimum=0,
     )
     diskLimit: int = setting(

@@ -114,7 +114,7 @@ class Shard:
             )
             for t in config.tables
         }
-        self._memory = MemoryGovernor(config.memoryLimit, list(self._tables.values()))
+        self._memory = MemoryGovernor(config.memoryLimit or 0, list(self._tables.values()))
         self._dense = DenseStore(config.dense.optimizer)
         self._last_save = 0.0
         self._last_load = 0.0
@@ -340,7 +340,7 @@ class Shard:
         except Exception as exc:  # storage errors of any fsspec backend
             raise CheckpointError(f"load from {uri} failed: {type(exc).__name__}: {exc}") from exc
         tables = {}
-        budget = int(self.config.memoryLimit * LOW_WATER / max(1, len(self._tables)))
+        budget = int((self.config.memoryLimit or 0) * LOW_WATER / max(1, len(self._tables)))
         for name, tp in payload.tables.items():
             hot = HotCounters(tp.hot_rows, tp.hot_counts)
             t = self._tables[name]
@@ -413,7 +413,7 @@ class Shard:
             dense_names=self._dense.names(),
             last_save_seconds=self._last_save,
             last_load_seconds=self._last_load,
-            memory_limit_bytes=self.config.memoryLimit,
+            memory_limit_bytes=self.config.memoryLimit or 0,
             peak_rss_bytes=peak_rss_bytes(),
             working_set_bytes=self._memory.working_set_bytes,
         )
