@@ -35,6 +35,7 @@ from streamtrain_ps.slabs import HotCounters
 #: overhead after compaction (measured: ~118 B on disk for a 108-byte entry).
 ENTRY_OVERHEAD = 20
 HOT_BYTES = 24
+WRITE_BUFFER_BYTES = 16 << 20
 
 
 class DiskFullError(OSError):
@@ -59,6 +60,9 @@ class DiskStore:
         table = BlockBasedOptions()
         table.set_bloom_filter(10, False)  # a miss (a key that is in no tier) skips the disk
         opts.set_block_based_table_factory(table)
+        # Its memory counts against the pod too: two 16 MiB memtables, not 64 MiB ones.
+        opts.set_write_buffer_size(WRITE_BUFFER_BYTES)
+        opts.set_max_write_buffer_number(2)
         self._db: Any = Rdict(str(path), opts)
         self._wo = WriteOptions()
         self._wo.disable_wal = True  # type: ignore[method-assign,assignment]  # a property
