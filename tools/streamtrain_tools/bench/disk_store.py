@@ -98,9 +98,9 @@ def bench_rocksdb(
     from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
     opts = Options(raw_mode=True)
-    db = Rdict(path, opts)
+    db: Any = Rdict(path, opts)
     wo = WriteOptions()
-    wo.disable_wal = True
+    wo.disable_wal = True  # type: ignore[method-assign,assignment]  # a property
 
     def put() -> None:
         for i in range(0, len(kb), BATCH):
