@@ -9,6 +9,7 @@ line of output. In a StatefulSet the shard index comes from the pod's hostname
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import re
 import socket
@@ -50,6 +51,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tls-cert", type=Path, help="PEM certificate chain: serve TLS")
     p.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
     p.add_argument("--tls-ca", type=Path, help="PEM CA: require client certificates it signed")
+    p.add_argument(
+        "--memory-limit",
+        type=int,
+        help="bytes of sparse-table RAM (overrides the config's memoryLimit; 0: unlimited)",
+    )
+    p.add_argument("--disk-path", help="directory of the disk tier (overrides diskPath)")
     args = p.parse_args(argv)
     if args.shard_index_from_hostname:
         try:
@@ -73,6 +80,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, ConfigError) as exc:
         print(f"error: --config {args.config}: {exc}", file=sys.stderr)
         return 2
+    if args.memory_limit is not None:
+        if args.memory_limit < 0:
+            print(f"error: --memory-limit must be >= 0, got {args.memory_limit}", file=sys.stderr)
+            return 2
+        config = dataclasses.replace(config, memoryLimit=args.memory_limit)
+    if args.disk_path:
+        config = dataclasses.replace(config, diskPath=args.disk_path)
     tls = None
     if args.tls_cert or args.tls_key or args.tls_ca:
         try:

@@ -161,6 +161,23 @@ class PSConfig:
     maxKeysPerRequest: int = setting(
         4_000_000, "Most keys one PullSparse/PushSparse request may carry.", minimum=1
     )
+    memoryLimit: int | None = setting(
+        None,
+        "Bytes the sparse tables of one shard may hold in RAM; past it the coldest keys move "
+        "to the disk tier. Omitted or 0: unlimited.",
+        minimum=0,
+    )
+    diskLimit: int = setting(
+        0,
+        "Bytes the disk tier of one shard may hold; when RAM and disk are full the coldest "
+        "keys are evicted (counted). 0: only the filesystem's size.",
+        minimum=0,
+    )
+    diskPath: str = setting(
+        "",
+        "Directory of the disk tier (a fresh subdirectory per shard); empty: a temporary "
+        "directory.",
+    )
 
     def _validate(self, path: str) -> None:
         names = [t.name for t in self.tables]

@@ -61,6 +61,18 @@ class TableStatsLike(Protocol):
     def admissions_total(self) -> int: ...
     @property
     def evictions_total(self) -> int: ...
+    @property
+    def ram_bytes(self) -> int: ...
+    @property
+    def disk_keys(self) -> int: ...
+    @property
+    def disk_bytes(self) -> int: ...
+    @property
+    def promotions_total(self) -> int: ...
+    @property
+    def demotions_total(self) -> int: ...
+    @property
+    def pressure_evictions_total(self) -> int: ...
 
 
 class ShardStatsLike(Protocol):
@@ -70,6 +82,10 @@ class ShardStatsLike(Protocol):
     def last_save_seconds(self) -> float: ...
     @property
     def last_load_seconds(self) -> float: ...
+    @property
+    def memory_limit_bytes(self) -> int: ...
+    @property
+    def peak_rss_bytes(self) -> int: ...
 
 
 class ShardCollector(Collector):
@@ -82,7 +98,7 @@ class ShardCollector(Collector):
     def describe(self) -> Iterable[Metric]:
         # Declaring the families without reading the shard keeps registration cheap and
         # lets the registry detect duplicate names.
-        return [*self._families(), *self._last_families()]
+        return [*self._families(), *self._last_families(), *self._tier_families()]
 
     def collect(self) -> Iterable[Metric]:
         families = self._families()
@@ -98,7 +114,55 @@ class ShardCollector(Collector):
         last_save, last_load = self._last_families()
         last_save.add_metric([self._shard], stats.last_save_seconds)
         last_load.add_metric([self._shard], stats.last_load_seconds)
-        return [*families, last_save, last_load]
+        tier = self._tier_families()
+        disk_keys, tier_bytes, promotions, demotions, pressure, limit, peak = tier
+        for t in stats.tables:
+            labels = [t.name, self._shard]
+            disk_keys.add_metric(labels, t.disk_keys)
+            tier_bytes.add_metric([*labels, "ram"], t.ram_bytes)
+            tier_bytes.add_metric([*labels, "disk"], t.disk_bytes)
+            promotions.add_metric(labels, t.promotions_total)
+            demotions.add_metric(labels, t.demotions_total)
+            pressure.add_metric(labels, t.pressure_evictions_total)
+        limit.add_metric([self._shard], stats.memory_limit_bytes)
+        peak.add_metric([self._shard], stats.peak_rss_bytes)
+        return [*families, last_save, last_load, *tier]
+
+    @staticmethod
+    def _tier_families() -> tuple[GaugeMetricFamily | CounterMetricFamily, ...]:
+        """The memory limit and the disk tier (``streamtrain_ps.tiering``)."""
+        labels = ["table", "shard"]
+        return (
+            GaugeMetricFamily(
+                "streamtrain_ps_disk_keys", "Keys held by the disk tier.", labels=labels
+            ),
+            GaugeMetricFamily(
+                "streamtrain_ps_tier_bytes",
+                "Live bytes of the table per tier (ram: what memoryLimit counts; disk).",
+                labels=[*labels, "tier"],
+            ),
+            CounterMetricFamily(
+                "streamtrain_ps_promotions", "Keys moved from disk to RAM.", labels=labels
+            ),
+            CounterMetricFamily(
+                "streamtrain_ps_demotions", "Keys moved from RAM to disk.", labels=labels
+            ),
+            CounterMetricFamily(
+                "streamtrain_ps_pressure_evictions",
+                "Keys evicted because RAM and the disk tier were full (also in evictions).",
+                labels=labels,
+            ),
+            GaugeMetricFamily(
+                "streamtrain_ps_memory_limit_bytes",
+                "The shard's memoryLimit (0: unlimited).",
+                labels=["shard"],
+            ),
+            GaugeMetricFamily(
+                "streamtrain_ps_peak_rss_bytes",
+                "Peak resident memory of the shard process.",
+                labels=["shard"],
+            ),
+        )
 
     @staticmethod
     def _last_families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:

@@ -17,12 +17,12 @@ from streamtrain_ps import api, checkpoint, sharding
 from streamtrain_ps.accessor import DELTA
 from streamtrain_ps.dense import DenseState
 from streamtrain_ps.staging import TableEffects
-from streamtrain_ps.table import SparseTable
+from streamtrain_ps.tiering import TieredTable
 
 
 def write_tables(
     writer: checkpoint.PartWriter,
-    tables: list[SparseTable],
+    tables: list[TieredTable],
     mode: api.SaveMode,
     logical_shards: int,
     owned: Sequence[int],
@@ -50,7 +50,7 @@ def write_tables(
         lay = t.layout
         for logical in owned:
             part_rows = rows[offsets[logical] : offsets[logical + 1]]
-            part_rows, keys, full, hot = t.snapshot(part_rows, mode)  # save_filter applied
+            part_rows, keys, full, hot = t.snapshot_part(part_rows, mode, logical)  # both tiers
             delta = full[:, DELTA].astype(np.float64)
             delta[hot.positions] = hot.counts[:, 2]  # exact for keys past float32's range
             tomb = pending[pending_ls == logical]
@@ -112,7 +112,7 @@ def write_dense(
 
 
 def _table_effects(
-    t: SparseTable,
+    t: TieredTable,
     parts: list[tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64], npt.NDArray[Any]]],
     mode: api.SaveMode,
     tombstone_mark: int,
@@ -127,4 +127,5 @@ def _table_effects(
         saved_delta=cat(2, np.float64),
         unseen_inc=mode == api.SaveMode.BATCH,
         tombstone_mark=tombstone_mark,
+        moves=t.moves,
     )

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import functools
 import os
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,6 +26,7 @@ import numpy.typing as npt
 from streamtrain_ps import api, checkpoint, saving, sharding
 from streamtrain_ps.config import PSConfig
 from streamtrain_ps.dense import DenseState, DenseStore
+from streamtrain_ps.disk_store import DiskFullError
 from streamtrain_ps.errors import (
     CheckpointError,
     InvalidRequestError,
@@ -32,14 +35,10 @@ from streamtrain_ps.errors import (
     UnknownTableError,
 )
 from streamtrain_ps.kernels import BAD_CLICK, BAD_GRAD, BAD_SHOW, NOT_OWNED, OVERFLOW
+from streamtrain_ps.memory_limit import LOW_WATER, MemoryGovernor, peak_rss_bytes
 from streamtrain_ps.staging import Pending, SaveEffects
-from streamtrain_ps.table import (
-    HotCounters,
-    Merged,
-    SparseTable,
-    TableContent,
-    release_scratch_memory,
-)
+from streamtrain_ps.table import HotCounters, Merged, release_scratch_memory
+from streamtrain_ps.tiering import DiskOptions, TieredContent, TieredTable
 from streamtrain_ps.validation import require_array
 
 
@@ -51,6 +50,14 @@ class TableShardStats:
     memory_bytes: int
     admissions_total: int
     evictions_total: int
+    #: Disk tier (``tiering``): keys and bytes there, moves between tiers, evictions
+    #: because both tiers were full (included in ``evictions_total``).
+    ram_bytes: int = 0
+    disk_keys: int = 0
+    disk_bytes: int = 0
+    promotions_total: int = 0
+    demotions_total: int = 0
+    pressure_evictions_total: int = 0
 
 
 @dataclass(frozen=True)
@@ -61,13 +68,16 @@ class ShardStats:
     dense_names: tuple[str, ...]
     last_save_seconds: float
     last_load_seconds: float
+    memory_limit_bytes: int = 0
+    peak_rss_bytes: int = 0
+    working_set_bytes: int = 0
 
 
 @dataclass(frozen=True)
 class PreparedLoad:
     """A verified, fully built load waiting to be swapped in (``Shard.read_save``)."""
 
-    tables: dict[str, TableContent]
+    tables: dict[str, TieredContent]
     dense: dict[str, DenseState] | None
     keys: int
 
@@ -92,9 +102,19 @@ class Shard:
         self._helpers = (
             ThreadPoolExecutor(cores - 1, f"shard{shard_index}-kernel") if cores > 1 else None
         )
+        self._disk_root = _disk_root(config, shard_index)
         self._tables = {
-            t.name: SparseTable(t, seed=config.seed, helpers=self._helpers) for t in config.tables
+            t.name: TieredTable(
+                t,
+                seed=config.seed,
+                helpers=self._helpers,
+                disk=DiskOptions(
+                    self._disk_root / t.name.encode().hex(), config.diskLimit, config.logicalShards
+                ),
+            )
+            for t in config.tables
         }
+        self._memory = MemoryGovernor(config.memoryLimit or 0, list(self._tables.values()))
         self._dense = DenseStore(config.dense.optimizer)
         self._last_save = 0.0
         self._last_load = 0.0
@@ -109,7 +129,9 @@ class Shard:
     def pull_sparse(self, table: str, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]:
         """Rows ``[show, click, embed_w, embedx_w...]``; unknown keys are zeros (not created)."""
         t = self._table(table)
-        return t.pull(self._keys(keys))
+        out = t.pull(self._keys(keys))
+        self._memory.enforce()  # promotions may have filled RAM
+        return out
 
     def push_sparse(
         self,
@@ -131,8 +153,10 @@ class Shard:
         route = (self.config.logicalShards, self.num_shards, self.shard_index)
         parts = t.merge(k, g, s, c, sl, route)
         self._raise_push_errors(parts, k, s, c)
-        t.push_merged(parts, has_slots=slots is not None)
         unique = sum(int(part.n) for part in parts)
+        self._memory.check_request(t, unique)
+        t.push_merged(parts, has_slots=slots is not None)
+        self._memory.enforce()
         if n >= BULK_PUSH_KEYS:
             del parts  # the last reference to the scratch arrays
             release_scratch_memory()
@@ -316,12 +340,16 @@ class Shard:
         except Exception as exc:  # storage errors of any fsspec backend
             raise CheckpointError(f"load from {uri} failed: {type(exc).__name__}: {exc}") from exc
         tables = {}
+        budget = int((self.config.memoryLimit or 0) * LOW_WATER / max(1, len(self._tables)))
         for name, tp in payload.tables.items():
             hot = HotCounters(tp.hot_rows, tp.hot_counts)
+            t = self._tables[name]
             try:
-                tables[name] = self._tables[name].build(tp.keys, tp.rows, tp.tombstones, hot)
+                tables[name] = t.build_tiered(tp.keys, tp.rows, tp.tombstones, hot, budget)
             except ValueError as exc:
                 raise CheckpointError(f"{uri}: table {name!r}: {exc}") from exc
+            except DiskFullError as exc:
+                raise CheckpointError(f"{uri}: table {name!r}: spilling to disk: {exc}") from exc
         keys_total = sum(int(v[0].size) for v in payload.tables.values())
         return PreparedLoad(tables, payload.dense, keys_total)
 
@@ -355,7 +383,7 @@ class Shard:
                 stack.enter_context(t.lock.maintenance)
             self._saves.clear("a load replaced the shard's content")
             for t in tables:
-                t.install(prepared.tables[t.name])
+                t.install_tiered(prepared.tables[t.name])
             if prepared.dense is not None:
                 self._dense.replace(prepared.dense)
         return prepared.keys
@@ -364,11 +392,17 @@ class Shard:
         tables = tuple(
             TableShardStats(
                 name=t.name,
-                keys=len(t),
+                keys=t.total_keys,
                 expanded_keys=t.expanded_keys,
                 memory_bytes=t.memory_bytes(),
                 admissions_total=t.admissions_total,
                 evictions_total=t.evictions_total,
+                ram_bytes=t.ram_bytes(),
+                disk_keys=t.disk_keys,
+                disk_bytes=t.disk_bytes(),
+                promotions_total=t.promotions_total,
+                demotions_total=t.demotions_total,
+                pressure_evictions_total=t.pressure_evictions_total,
             )
             for t in self._tables.values()
         )
@@ -379,6 +413,9 @@ class Shard:
             dense_names=self._dense.names(),
             last_save_seconds=self._last_save,
             last_load_seconds=self._last_load,
+            memory_limit_bytes=self.config.memoryLimit or 0,
+            peak_rss_bytes=peak_rss_bytes(),
+            working_set_bytes=self._memory.working_set_bytes,
         )
 
     def dense_snapshot(self) -> dict[str, DenseState]:
@@ -389,14 +426,16 @@ class Shard:
         """Stop the helper threads (idle ones cost nothing; this is for tidy shutdowns)."""
         if self._helpers is not None:
             self._helpers.shutdown(wait=True)
+        for t in self._tables.values():
+            t.close()
 
-    def table(self, name: str) -> SparseTable:
+    def table(self, name: str) -> TieredTable:
         """The engine table behind ``name`` (tools and tests that need full rows)."""
         return self._table(name)
 
     # -- validation -------------------------------------------------------------------------
 
-    def _table(self, name: str) -> SparseTable:
+    def _table(self, name: str) -> TieredTable:
         if not isinstance(name, str) or not name:
             raise InvalidRequestError("table", "must name a sparse table")
         t = self._tables.get(name)
@@ -404,7 +443,7 @@ class Shard:
             raise UnknownTableError("table", name)
         return t
 
-    def _selected(self, table: str | None) -> list[SparseTable]:
+    def _selected(self, table: str | None) -> list[TieredTable]:
         return list(self._tables.values()) if table is None else [self._table(table)]
 
     def _keys(self, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
@@ -419,11 +458,19 @@ class Shard:
 
 
 def _forget(
-    effects: SaveEffects, *, table: SparseTable, gone: npt.NDArray[np.uint64]
+    effects: SaveEffects, *, table: TieredTable, gone: npt.NDArray[np.uint64]
 ) -> SaveEffects:
     """``effects`` without the keys a shrink of ``t`` deleted (their rows get reused)."""
     tables = tuple(e.forget(gone) if e.table is table else e for e in effects.tables)
     return SaveEffects(effects.save_id, effects.uri, tables)
+
+
+def _disk_root(config: PSConfig, shard_index: int) -> Path:
+    """Where this shard's disk tier lives: ``diskPath/shard-<i>``, or a fresh temporary
+    directory (created only when a table first spills)."""
+    if config.diskPath:
+        return Path(config.diskPath) / f"shard-{shard_index}"
+    return Path(tempfile.gettempdir()) / f"streamtrain-ps-{os.getpid()}-shard-{shard_index}"
 
 
 def _array(

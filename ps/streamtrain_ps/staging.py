@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from streamtrain_ps.errors import CheckpointError
-from streamtrain_ps.table import SparseTable
+from streamtrain_ps.tiering import TieredTable
 
 log = logging.getLogger(__name__)
 
@@ -39,18 +39,22 @@ T = TypeVar("T")
 class TableEffects:
     """What one table's part of a save changes once it counts as done.
 
-    ``rows`` are stable while the key lives (rows never move; growth copies them in place;
-    shrink frees deleted keys' rows, which ``forget`` removes first; a load discards the
-    whole staged save). ``tombstone_mark`` is how many tombstone batches the save read
+    ``rows`` are stable while the key lives in RAM (rows never move; growth copies them in
+    place; shrink frees deleted keys' rows, which ``forget`` removes first; a load discards
+    the whole staged save). A key saved from the disk tier has row -1, and a demotion
+    after the save (``moves``) sends every key through a lookup in both tiers.
+    ``tombstone_mark`` is how many tombstone batches the save read
     (``SparseTable.tombstones_marked``), or -1 if the mode does not clear tombstones.
     """
 
-    table: SparseTable
+    table: TieredTable
     keys: npt.NDArray[np.uint64]
     rows: npt.NDArray[np.int64]
     saved_delta: npt.NDArray[np.float32]
     unseen_inc: bool
     tombstone_mark: int
+    #: ``table.moves`` when the rows were recorded (a demotion since makes them stale).
+    moves: int = 0
 
     def apply_locked(self) -> None:
         """Apply; the caller holds ``table.lock.maintenance`` (no shrink or load meanwhile).
@@ -60,7 +64,8 @@ class TableEffects:
         keeps keys deleted by a later shrink pending.
         """
         if self.rows.size:
-            self.table.after_save(self.rows, self.saved_delta, self.unseen_inc)
+            t = self.table
+            t.apply_save(self.keys, self.rows, self.saved_delta, self.unseen_inc, self.moves)
         if self.tombstone_mark >= 0:
             self.table.clear_tombstones(upto=self.tombstone_mark)
 

@@ -161,6 +161,7 @@ class SparseTable:
         created = np.empty(chunk, dtype=np.bool_)
         todo = np.empty(chunk, dtype=np.uint8)
         with self.lock.write():
+            self._before_push(parts)
             a = self._reserve(self._new_keys(parts, total))
             for p in parts:
                 n = int(p.n)
@@ -206,6 +207,10 @@ class SparseTable:
                         )
                         self._meta[EXPANDED] += admitted
                         self._meta[ADMISSIONS] += admitted
+
+    def _before_push(self, parts: list[Merged]) -> None:
+        """Hook run under the writer lock before a push resolves its keys (the disk tier
+        promotes the push's disk-resident keys here, so promotion and push are atomic)."""
 
     def _split(self, n: int, work: Callable[[int, int], Any]) -> int:
         """Run ``work(lo, hi)`` over ``range(n)``: in two halves on two threads when the
@@ -274,27 +279,31 @@ class SparseTable:
         """``shrink`` returning the deleted keys (a staged save must forget them: their rows
         are reused by later creations)."""
         with self.lock.maintenance, self.lock.exclusive():
-            a = self._arrays
-            before = int(self._meta[ix.COUNT])
-            deleted = np.empty(before, dtype=np.uint64)
-            nd = int(
-                kn.shrink_kernel(
-                    a.slots,
-                    a.keys,
-                    self._meta,
-                    a.slab,
-                    a.slab_u32,
-                    a.xslab,
-                    a.xslab_u32,
-                    a.hot,
-                    self._ap,
-                    self.layout.xptr,
-                    deleted,
-                )
+            return self._shrink_locked()
+
+    def _shrink_locked(self) -> tuple[int, npt.NDArray[np.uint64]]:
+        """``shrink_keys`` of the RAM rows; hold maintenance and exclusive."""
+        a = self._arrays
+        before = int(self._meta[ix.COUNT])
+        deleted = np.empty(before, dtype=np.uint64)
+        nd = int(
+            kn.shrink_kernel(
+                a.slots,
+                a.keys,
+                self._meta,
+                a.slab,
+                a.slab_u32,
+                a.xslab,
+                a.xslab_u32,
+                a.hot,
+                self._ap,
+                self.layout.xptr,
+                deleted,
             )
-            gone = deleted[:nd].copy()
-            if nd:
-                self._tombstones.append(gone)
+        )
+        gone = deleted[:nd].copy()
+        if nd:
+            self._tombstones.append(gone)
         return before, gone
 
     def rows_by_logical_shard(

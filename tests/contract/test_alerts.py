@@ -16,6 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "streamtrain"
 RULES = CHART / "rules" / "alerts.yaml"
 JOB = 'namespace="ads", job="ctr"'
+TABLE0 = 'shard="0", table="embedding"'
+RAM0 = TABLE0 + ', tier="ram"'
+RAM1 = 'shard="1", table="embedding", tier="ram"'
 
 
 def _promtool(*args: str) -> subprocess.CompletedProcess[str]:
@@ -24,8 +27,9 @@ def _promtool(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([binary, *args], capture_output=True, text=True, check=False, timeout=60)
 
 
-def _alert(name: str, severity: str) -> dict[str, Any]:
-    """The expected alert with its annotations rendered as Alertmanager would get them."""
+def _alert(name: str, severity: str, **labels: str) -> dict[str, Any]:
+    """The expected alert with its annotations rendered as Alertmanager would get them;
+    ``labels``: the alert's labels besides namespace and job (e.g. ``shard``)."""
     for group in yaml.safe_load(RULES.read_text())["groups"]:
         for rule in group["rules"]:
             if rule["alert"] == name:
@@ -33,10 +37,16 @@ def _alert(name: str, severity: str) -> dict[str, Any]:
                     k: v.replace("{{ $labels.namespace }}", "ads")
                     .replace("{{ $labels.job }}", "ctr")
                     .replace('{{ $value | printf "%.4f" }}', "0.7600")
+                    .replace("{{ $labels.shard }}", labels.get("shard", ""))
                     for k, v in rule["annotations"].items()
                 }
                 return {
-                    "exp_labels": {"severity": severity, "namespace": "ads", "job": "ctr"},
+                    "exp_labels": {
+                        "severity": severity,
+                        "namespace": "ads",
+                        "job": "ctr",
+                        **labels,
+                    },
                     "exp_annotations": annotations,
                 }
     raise KeyError(name)
@@ -45,7 +55,7 @@ def _alert(name: str, severity: str) -> dict[str, Any]:
 def test_rules_are_valid() -> None:
     result = _promtool("check", "rules", str(RULES))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 5 rules found" in result.stdout
+    assert "SUCCESS: 7 rules found" in result.stdout
 
 
 def test_every_alert_fires_when_it_should_and_only_then(tmp_path: Path) -> None:
@@ -113,6 +123,41 @@ def test_every_alert_fires_when_it_should_and_only_then(tmp_path: Path) -> None:
                     {"eval_time": "23h", "alertname": "StreamtrainAUCDrop", "exp_alerts": []},
                     {"eval_time": "26h", "alertname": "StreamtrainAUCDrop",
                      "exp_alerts": [_alert("StreamtrainAUCDrop", "warning")]},
+                ],
+            },
+            {  # a shard's RAM tier climbs to 90 % of its memoryLimit and stays: the
+               # warning comes after 15 minutes above 85 %; an unlimited shard never warns
+                "interval": "1m",
+                "input_series": [
+                    {"series": f'streamtrain_ps_tier_bytes{{{JOB}, {RAM0}}}',
+                     "values": "500x30 900x60"},
+                    {"series": f'streamtrain_ps_memory_limit_bytes{{{JOB}, shard="0"}}',
+                     "values": "1000x90"},
+                    {"series": f'streamtrain_ps_tier_bytes{{{JOB}, {RAM1}}}',
+                     "values": "900x90"},
+                    {"series": f'streamtrain_ps_memory_limit_bytes{{{JOB}, shard="1"}}',
+                     "values": "0x90"},
+                ],
+                "alert_rule_test": [
+                    {"eval_time": "40m", "alertname": "StreamtrainPSNearMemoryLimit",
+                     "exp_alerts": []},
+                    {"eval_time": "60m", "alertname": "StreamtrainPSNearMemoryLimit",
+                     "exp_alerts": [_alert("StreamtrainPSNearMemoryLimit", "warning",
+                                           shard="0")]},
+                ],
+            },
+            {  # both tiers full: keys evicted under pressure
+                "interval": "1m",
+                "input_series": [
+                    {"series": f'streamtrain_ps_pressure_evictions_total{{{JOB}, {TABLE0}}}',
+                     "values": "0x30 0+10x30"},
+                ],
+                "alert_rule_test": [
+                    {"eval_time": "20m", "alertname": "StreamtrainPSEvictingUnderPressure",
+                     "exp_alerts": []},
+                    {"eval_time": "50m", "alertname": "StreamtrainPSEvictingUnderPressure",
+                     "exp_alerts": [_alert("StreamtrainPSEvictingUnderPressure", "warning",
+                                           shard="0")]},
                 ],
             },
             {  # a day of passes at AUC 0.79, then a quiet night of 8 empty passes (one an

@@ -129,6 +129,15 @@ class PSSpec:
     )
     logicalShards: int = same_as(PSConfig, "logicalShards")
     resources: ResourcesSpec = setting(ResourcesSpec, "Per-shard container resources.")
+    memoryLimit: int | None = same_as(
+        PSConfig,
+        "memoryLimit",
+        doc="Bytes of sparse-table RAM per shard; past it the coldest keys move to the disk "
+        "tier. Omitted: resources.limits.memory minus headroom for gRPC buffers and the "
+        "process (a quarter of it, at least 2 x 256 MiB), or unlimited without a limit. "
+        "0: unlimited.",
+    )
+    diskLimit: int = same_as(PSConfig, "diskLimit")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,220 @@
+"""The disk tier's storage: full rows of one table's cold keys in an embedded RocksDB.
+
+Why RocksDB (``rocksdict``) and not LMDB: ``docs/decisions.md`` (measured: 2x the batch put
+rate, 1.5x the batch get rate and 3.6x fewer disk bytes per key for random 64-bit keys).
+
+What is stored is exactly what a checkpoint stores: the key's *full* row (float32, the
+logical layout ``accessor.RowLayout.columns``) and, for a hot key, its exact float64
+counters — so a key restored from disk continues bit for bit as if it had never left RAM.
+
+- key: logical shard (u16, big-endian) + key (u64, big-endian), so a save reads one
+  logical shard's rows by one range scan;
+- value: the row's ``width * 4`` bytes, plus 24 bytes of float64 (show, click,
+  delta_score) for a hot key (told apart by the length).
+
+The content is a spill area of a running process, not a durable copy (checkpoints are): the
+write-ahead log is off, and opening a path wipes what an earlier process left there.
+A size cap (``limit_bytes``) is enforced here, by the live bytes this store accounts, since
+RocksDB's own space limit is not exposed by the binding; ``put`` refuses what would pass it
+(``DiskFullError``), and a filesystem that runs out first raises the same error.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from streamtrain_ps.sharding import logical_shard
+from streamtrain_ps.slabs import HotCounters
+
+#: Bytes per stored key besides its row: the 10-byte store key plus RocksDB's per-entry
+#: overhead after compaction (measured: ~118 B on disk for a 108-byte entry).
+ENTRY_OVERHEAD = 20
+HOT_BYTES = 24
+WRITE_BUFFER_BYTES = 16 << 20
+
+
+class DiskFullError(OSError):
+    """The disk tier is at its cap (or its filesystem is full)."""
+
+
+class DiskStore:
+    """Full rows of one table's disk-resident keys. Thread-safe (RocksDB is); the table's
+    locks decide who may change which keys."""
+
+    def __init__(self, path: Path, width: int, logical_shards: int, limit_bytes: int = 0) -> None:
+        from rocksdict import BlockBasedOptions, Options, Rdict, WriteOptions
+
+        shutil.rmtree(path, ignore_errors=True)  # a spill area: nothing to recover
+        path.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.width = width
+        self.limit_bytes = limit_bytes
+        self._L = logical_shards
+        opts = Options(raw_mode=True)
+        opts.create_if_missing(True)
+        table = BlockBasedOptions()
+        table.set_bloom_filter(10, False)  # a miss (a key that is in no tier) skips the disk
+        opts.set_block_based_table_factory(table)
+        # Its memory counts against the pod too: two 16 MiB memtables, not 64 MiB ones.
+        opts.set_write_buffer_size(WRITE_BUFFER_BYTES)
+        opts.set_max_write_buffer_number(2)
+        self._db: Any = Rdict(str(path), opts)
+        self._wo = WriteOptions()
+        self._wo.disable_wal = True  # type: ignore[method-assign,assignment]  # a property
+        self._count = 0
+        self._hot = 0
+
+    # -- accounting -------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self._count
+
+    @property
+    def row_bytes(self) -> int:
+        return self.width * 4 + ENTRY_OVERHEAD
+
+    def stored_bytes(self) -> int:
+        """Live bytes of the stored keys (what the cap counts)."""
+        return self._count * self.row_bytes + self._hot * HOT_BYTES
+
+    def room(self) -> int:
+        """How many more ordinary keys fit under the cap (a large number when uncapped)."""
+        if self.limit_bytes <= 0:
+            return 1 << 62
+        return max(0, (self.limit_bytes - self.stored_bytes()) // self.row_bytes)
+
+    # -- rows -------------------------------------------------------------------------------
+
+    def _store_keys(self, keys: npt.NDArray[np.uint64]) -> list[bytes]:
+        packed = np.empty(keys.size, dtype=[("s", ">u2"), ("k", ">u8")])
+        packed["s"] = logical_shard(keys, self._L)
+        packed["k"] = keys
+        raw = packed.tobytes()
+        return [raw[i : i + 10] for i in range(0, len(raw), 10)]
+
+    def put(
+        self, keys: npt.NDArray[np.uint64], rows: npt.NDArray[np.float32], hot: HotCounters
+    ) -> None:
+        """Store ``keys`` (none of them stored yet) with their full rows and hot counters.
+        Raises ``DiskFullError`` (nothing written) if they would pass the cap or the
+        filesystem is full."""
+        from rocksdict import WriteBatch
+
+        if not keys.size:
+            return
+        extra = keys.size * self.row_bytes + hot.positions.size * HOT_BYTES
+        if self.limit_bytes > 0 and self.stored_bytes() + extra > self.limit_bytes:
+            raise DiskFullError(f"disk tier {self.path} at its cap of {self.limit_bytes} bytes")
+        hot_of = dict(zip(hot.positions.tolist(), hot.counts, strict=True))
+        batch = WriteBatch(raw_mode=True)
+        rows = np.ascontiguousarray(rows, dtype=np.float32)
+        for i, sk in enumerate(self._store_keys(keys)):
+            value = rows[i].tobytes()
+            h = hot_of.get(i)
+            batch.put(sk, value if h is None else value + np.asarray(h, np.float64).tobytes())
+        self._write(batch)
+        self._count += int(keys.size)
+        self._hot += int(hot.positions.size)
+
+    def replace(
+        self, keys: npt.NDArray[np.uint64], rows: npt.NDArray[np.float32], hot: HotCounters
+    ) -> None:
+        """Overwrite stored keys' rows (a shrink or a save's side effects on disk rows)."""
+        old_hot = self.get(keys)[2].positions.size
+        self._count -= int(keys.size)
+        self._hot -= old_hot
+        limit, self.limit_bytes = self.limit_bytes, 0  # rewriting never needs more room
+        try:
+            self.put(keys, rows, hot)
+        finally:
+            self.limit_bytes = limit
+
+    def get(
+        self, keys: npt.NDArray[np.uint64]
+    ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.float32], HotCounters]:
+        """(found, rows of the found keys in order, their hot counters: positions index
+        those rows)."""
+        found = np.zeros(keys.size, dtype=np.bool_)
+        if not keys.size or not self._count:
+            return found, np.empty((0, self.width), np.float32), _no_hot()
+        values = self._db.get(self._store_keys(keys))
+        return (found, *self._decode(values, found))
+
+    def _decode(
+        self, values: list[bytes | None], found: npt.NDArray[np.bool_]
+    ) -> tuple[npt.NDArray[np.float32], HotCounters]:
+        nb = self.width * 4
+        rows: list[bytes] = []
+        pos: list[int] = []
+        counts: list[npt.NDArray[np.float64]] = []
+        for i, v in enumerate(values):
+            if v is None:
+                continue
+            found[i] = True
+            if len(v) > nb:
+                pos.append(len(rows))
+                counts.append(np.frombuffer(v, np.float64, 3, nb))
+            rows.append(v[:nb])
+        out = np.frombuffer(b"".join(rows), np.float32).reshape(len(rows), self.width).copy()
+        hot = HotCounters(np.asarray(pos, np.int64), np.asarray(counts, np.float64).reshape(-1, 3))
+        return out, hot
+
+    def delete(self, keys: npt.NDArray[np.uint64]) -> None:
+        """Remove stored keys (each must be stored)."""
+        from rocksdict import WriteBatch
+
+        if not keys.size:
+            return
+        nhot = self.get(keys)[2].positions.size
+        batch = WriteBatch(raw_mode=True)
+        for sk in self._store_keys(keys):
+            batch.delete(sk)
+        self._write(batch)
+        self._count -= int(keys.size)
+        self._hot -= nhot
+
+    def shard_rows(
+        self, logical: int
+    ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32], HotCounters]:
+        """Every stored key of one logical shard with its row and hot counters."""
+        if not self._count:
+            return np.empty(0, np.uint64), np.empty((0, self.width), np.float32), _no_hot()
+        prefix = int(logical).to_bytes(2, "big")
+        keys: list[bytes] = []
+        values: list[bytes | None] = []
+        it = self._db.iter()
+        it.seek(prefix)
+        while it.valid():
+            k = it.key()
+            if k[:2] != prefix:
+                break
+            keys.append(k[2:])
+            values.append(it.value())
+            it.next()
+        del it
+        found = np.zeros(len(values), dtype=np.bool_)
+        rows, hot = self._decode(values, found)
+        return np.frombuffer(b"".join(keys), ">u8").astype(np.uint64), rows, hot
+
+    def _write(self, batch: Any) -> None:
+        try:
+            self._db.write(batch, self._wo)
+        except Exception as exc:  # the binding raises a plain exception with RocksDB's text
+            if "space" in str(exc).lower() or "ENOSPC" in str(exc):
+                raise DiskFullError(f"disk tier {self.path}: {exc}") from exc
+            raise
+
+    def close(self, remove: bool = True) -> None:
+        """Close the store and (by default) delete its files."""
+        self._db.close()
+        if remove:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _no_hot() -> HotCounters:
+    return HotCounters(np.empty(0, np.int64), np.empty((0, 3), np.float64))

@@ -1,0 +1,142 @@
+"""Kernels that move rows between a table's RAM slabs and full rows (the disk tier's unit).
+
+- ``coldness``: every live row with its score (exact counters for hot keys) and
+  unseen_days, for choosing the coldest keys in the shrink rule's order.
+- ``release_rows``: take keys out of RAM (index, embedx row, side-table entry) without
+  counting them as evictions — they moved, they were not deleted.
+- ``place_rows``: put full rows (with exact hot counters) of keys absent from RAM back into
+  the slabs, exactly as they were gathered.
+
+No locking here; ``tiering.TieredTable`` holds the right lock around each.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+from numba import njit
+
+from streamtrain_ps import index as ix
+from streamtrain_ps.accessor import CLICK, DELTA, SHOW, UNSEEN, score
+from streamtrain_ps.index import Int
+from streamtrain_ps.kernels import (
+    EXPANDED,
+    HOT_FREE_HEAD,
+    HOT_FREE_LEN,
+    HOT_NEXT,
+    X_FREE_HEAD,
+    X_FREE_LEN,
+    X_NEXT,
+)
+
+
+@njit(nogil=True, cache=True)
+def coldness(
+    arr_slots: npt.NDArray[np.int32],
+    slab: npt.NDArray[np.float32],
+    slab_u32: npt.NDArray[np.uint32],
+    hot: npt.NDArray[np.float64],
+    count: Int,
+    ap: npt.NDArray[np.float64],
+    rows: npt.NDArray[np.int64],
+    scores: npt.NDArray[np.float64],
+    unseen: npt.NDArray[np.float32],
+) -> Int:
+    """Live rows into ``rows`` with their score and unseen_days; returns how many."""
+    n = ix.live_rows(arr_slots, rows)
+    for t in range(n):
+        r = rows[t]
+        if slab[r, SHOW] < 0.0:
+            h = slab_u32[r, CLICK]
+            scores[t] = score(hot[h, 0], hot[h, 1], ap)
+        else:
+            scores[t] = score(np.float64(slab[r, SHOW]), np.float64(slab[r, CLICK]), ap)
+        unseen[t] = slab[r, UNSEEN]
+    return n
+
+
+@njit(nogil=True, cache=True)
+def release_rows(
+    arr_slots: npt.NDArray[np.int32],
+    arr_keys: npt.NDArray[np.uint64],
+    meta: npt.NDArray[np.int64],
+    slab: npt.NDArray[np.float32],
+    slab_u32: npt.NDArray[np.uint32],
+    xslab: npt.NDArray[np.float32],
+    xslab_u32: npt.NDArray[np.uint32],
+    hot: npt.NDArray[np.float64],
+    xptr: Int,
+    rows: npt.NDArray[np.int64],
+) -> None:
+    """Remove the keys of live ``rows`` from RAM, freeing their embedx rows and side-table
+    entries (the caller copied them first, ``snapshot.gather``)."""
+    hot_i64 = hot.view(np.int64)
+    for t in range(rows.size):
+        r = rows[t]
+        if slab[r, SHOW] < 0.0:
+            h = np.int64(slab_u32[r, CLICK])
+            hot[h, :] = 0.0
+            hot_i64[h, 0] = meta[HOT_FREE_HEAD] + 1 if meta[HOT_FREE_LEN] else 0
+            meta[HOT_FREE_HEAD] = h
+            meta[HOT_FREE_LEN] += 1
+        xr = np.int64(slab_u32[r, xptr]) - 1
+        if xr >= 0:
+            meta[EXPANDED] -= 1
+            xslab[xr, :] = 0.0
+            xslab_u32[xr, 0] = np.uint32(meta[X_FREE_HEAD] + 1) if meta[X_FREE_LEN] else 0
+            meta[X_FREE_HEAD] = xr
+            meta[X_FREE_LEN] += 1
+        ix.remove(arr_slots, arr_keys, meta, arr_keys[r])
+        slab[r, :] = 0.0
+
+
+@njit(nogil=True, cache=True)
+def place_rows(
+    slab: npt.NDArray[np.float32],
+    slab_u32: npt.NDArray[np.uint32],
+    xslab: npt.NDArray[np.float32],
+    xslab_u32: npt.NDArray[np.uint32],
+    hot: npt.NDArray[np.float64],
+    meta: npt.NDArray[np.int64],
+    rows: npt.NDArray[np.int64],
+    full: npt.NDArray[np.float32],
+    hot_pos: npt.NDArray[np.int64],
+    hot_counts: npt.NDArray[np.float64],
+    xptr: Int,
+    xflag: Int,
+) -> None:
+    """Write full rows into fresh primary ``rows`` (keys just inserted; room reserved):
+    primary columns, an embedx row for admitted keys (a freed one first), a side-table
+    entry for hot keys. The embedx pointer is written last (readers see before/after)."""
+    hot_i64 = hot.view(np.int64)
+    width = full.shape[1]
+    for t in range(rows.size):
+        r = rows[t]
+        for j in range(xptr):
+            slab[r, j] = full[t, j]
+        if full[t, xflag] >= 0.0:
+            if meta[X_FREE_LEN] > 0:
+                xr = meta[X_FREE_HEAD]
+                meta[X_FREE_HEAD] = np.int64(xslab_u32[xr, 0]) - 1
+                meta[X_FREE_LEN] -= 1
+            else:
+                xr = meta[X_NEXT]
+                meta[X_NEXT] += 1
+            for j in range(xptr, width):
+                xslab[xr, j - xptr] = full[t, j]
+            meta[EXPANDED] += 1
+            slab_u32[r, xptr] = np.uint32(xr + 1)
+    for i in range(hot_pos.size):
+        r = rows[hot_pos[i]]
+        if meta[HOT_FREE_LEN] > 0:
+            h = meta[HOT_FREE_HEAD]
+            meta[HOT_FREE_HEAD] = hot_i64[h, 0] - 1
+            meta[HOT_FREE_LEN] -= 1
+        else:
+            h = meta[HOT_NEXT]
+            meta[HOT_NEXT] += 1
+        for j in range(3):
+            hot[h, j] = hot_counts[i, j]
+        slab[r, DELTA] = 0.0
+        slab_u32[r, CLICK] = np.uint32(h)
+        slab[r, SHOW] = -1.0

@@ -1,0 +1,507 @@
+"""A sparse table with a disk tier: RAM rows (``SparseTable``) plus cold keys' full rows in
+a ``DiskStore``, so a shard under a memory limit keeps every key instead of dying.
+
+- **Demotion** (``demote``, called by the shard when its RAM tier passes its budget): the
+  coldest keys in the shrink rule's order (lowest score, then longest unseen) are copied
+  out as full rows with exact counters and removed from RAM. Keys that do not fit under the
+  disk cap are evicted instead (tombstoned and counted: the shard never dies).
+- **Promotion**: a pull or push of a disk key puts its full row back into RAM first (under
+  the writer lock, atomically with the push), so its results are bit-identical to a key
+  that never left RAM.
+- **Maintenance covers both tiers**: a shrink decays and deletes disk rows with the same
+  kernel (on a scratch table built from them); a save writes a logical shard's RAM rows
+  plus its disk rows, through the same filter; a save's side effects apply by key to
+  whichever tier holds the key; a load fills RAM up to the budget and spills the rest.
+- **During a save** demotion waits (it needs ``lock.maintenance``) and a promotion leaves
+  the disk copy in place (a *shadow*), so a save that has not reached that key's logical
+  shard yet still finds it; shadows are deleted at the next demotion, shrink or load, and a
+  save prefers a key's RAM row over its shadow.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from streamtrain_ps import index as ix
+from streamtrain_ps import kernels as kn
+from streamtrain_ps import snapshot as sn
+from streamtrain_ps import tier_kernels as tk
+from streamtrain_ps.accessor import CLICK, DELTA, SHOW, UNSEEN
+from streamtrain_ps.api import SaveMode
+from streamtrain_ps.config import TableConfig
+from streamtrain_ps.disk_store import DiskFullError, DiskStore
+from streamtrain_ps.kernels import EVICTIONS
+from streamtrain_ps.slabs import Arrays, HotCounters, TableContent, build_content
+from streamtrain_ps.table import Merged, SparseTable
+
+log = logging.getLogger(__name__)
+
+#: A demotion moves at least this share of the RAM keys, so it runs rarely (it scans all).
+DEMOTE_MIN_SHARE = 0.05
+
+
+@dataclass(frozen=True)
+class DiskOptions:
+    """Where a table's disk tier lives and its cap (0 = only the filesystem's size)."""
+
+    path: Path
+    limit_bytes: int
+    logical_shards: int
+
+
+@dataclass(frozen=True)
+class TieredContent:
+    """A load's new content: RAM arrays plus the spilled rows' store (or None)."""
+
+    ram: TableContent
+    disk: DiskStore | None
+
+
+class TieredTable(SparseTable):
+    """``SparseTable`` whose cold keys may live on disk (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: TableConfig,
+        seed: int = 0,
+        capacity: int = 0,
+        helpers: Executor | None = None,
+        disk: DiskOptions | None = None,
+    ) -> None:
+        super().__init__(config, seed=seed, capacity=capacity, helpers=helpers)
+        self._disk_opts = disk
+        self._disk: DiskStore | None = None
+        self._generation = 0
+        self._shadows: list[npt.NDArray[np.uint64]] = []
+        #: Bumped by every demotion: rows recorded before it may hold other keys now.
+        self.moves = 0
+        self.promotions_total = 0
+        self.demotions_total = 0
+        self.pressure_evictions_total = 0
+
+    # -- accounting -------------------------------------------------------------------------
+
+    def ram_bytes(self) -> int:
+        """Bytes the RAM tier's *live* keys take (freed rows are reused before the slabs
+        grow, so this bounds the resident table): slot array, key + primary row per key,
+        embedx rows of admitted keys, hot entries."""
+        a = self._arrays
+        m = self._meta
+        per_key = a.keys.itemsize + a.slab.shape[1] * 4
+        xrows = int(m[kn.X_NEXT] - m[kn.X_FREE_LEN])
+        return int(
+            a.slots.nbytes
+            + len(self) * per_key
+            + xrows * a.xslab.shape[1] * 4
+            + self.hot_keys * a.hot.shape[1] * 8
+        )
+
+    def key_bytes(self) -> float:
+        """Average RAM bytes per key besides the slot array (a new key's cost estimate)."""
+        n = len(self)
+        if not n:
+            lay = self.layout
+            return 8 + 4 * lay.primary_width
+        return (self.ram_bytes() - self._arrays.slots.nbytes) / n
+
+    @property
+    def disk_keys(self) -> int:
+        return len(self._disk) - self._shadow_count() if self._disk is not None else 0
+
+    def disk_bytes(self) -> int:
+        return self._disk.stored_bytes() if self._disk is not None else 0
+
+    def __len__(self) -> int:
+        return int(self._meta[ix.COUNT])
+
+    @property
+    def total_keys(self) -> int:
+        """Keys in both tiers."""
+        return len(self) + self.disk_keys
+
+    def _shadow_count(self) -> int:
+        return sum(int(s.size) for s in self._shadows)
+
+    def _store(self) -> DiskStore:
+        if self._disk is None:
+            self._disk = self._new_store()
+        return self._disk
+
+    def _new_store(self) -> DiskStore:
+        o = self._disk_opts
+        if o is None:
+            raise RuntimeError(f"table {self.name!r} has no disk tier configured")
+        self._generation += 1
+        path = o.path / f"gen-{self._generation}"
+        return DiskStore(path, self.layout.width, o.logical_shards, o.limit_bytes)
+
+    # -- promotion --------------------------------------------------------------------------
+
+    def pull(self, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]:
+        out = super().pull(keys)
+        if self._disk is None or not len(self._disk):
+            return out
+        miss = np.flatnonzero(self.rows_of(keys) < 0)
+        if not miss.size:
+            return out
+        uniq, inverse = np.unique(keys[miss], return_inverse=True)
+        with self.lock.write():
+            values, found = self._fetch_locked(uniq)
+        cols = self.layout.inference_columns()
+        pulled = np.zeros((uniq.size, cols.size), dtype=np.float32)
+        pulled[found] = values[:, cols]
+        out[miss] = pulled[inverse]
+        return out
+
+    def _fetch_locked(
+        self, keys: npt.NDArray[np.uint64]
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.bool_]]:
+        """Full rows of unique ``keys`` that were not in RAM a moment ago: those in RAM now
+        (promoted by someone else) are gathered, disk ones promoted. Writer lock held."""
+        a = self._arrays
+        rows = np.empty(keys.size, dtype=np.int64)
+        ix.lookup_many(a.slots, a.keys, keys, rows)
+        in_ram = rows >= 0
+        full = np.zeros((keys.size, self.layout.width), dtype=np.float32)
+        if in_ram.any():
+            full[in_ram] = self._gather(rows[in_ram])[1]
+        rest = np.flatnonzero(~in_ram)
+        found_disk, disk_full, _ = self._promote_locked(keys[rest])
+        full[rest[found_disk]] = disk_full
+        found = in_ram.copy()
+        found[rest[found_disk]] = True
+        return full[found], found
+
+    def _before_push(self, parts: list[Merged]) -> None:
+        if self._disk is None or not len(self._disk):
+            return
+        for p in parts:
+            k = p.keys[: int(p.n)]
+            rows = np.empty(k.size, dtype=np.int64)
+            a = self._arrays
+            ix.lookup_many(a.slots, a.keys, k, rows)
+            self._promote_locked(k[rows < 0])
+
+    def _promote_locked(
+        self, keys: npt.NDArray[np.uint64]
+    ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.float32], HotCounters]:
+        """Move the disk-resident ones of ``keys`` (unique, absent from RAM) into RAM.
+        Returns (found on disk, their full rows, hot counters). Writer lock held."""
+        store = self._store() if self._disk_opts is not None else None
+        if store is None or not keys.size:
+            return (
+                np.zeros(keys.size, np.bool_),
+                np.empty((0, self.layout.width), np.float32),
+                _no_hot(),
+            )
+        found, full, hot = store.get(keys)
+        k = keys[found]
+        if k.size:
+            self._place_locked(k, full, hot)
+            self.promotions_total += int(k.size)
+            if self.lock.maintenance.locked():  # a save may still read the disk copy
+                self._shadows.append(k)
+            else:
+                self._flush_shadows_locked()
+                store.delete(k)
+        return found, full, hot
+
+    def _place_locked(
+        self, keys: npt.NDArray[np.uint64], full: npt.NDArray[np.float32], hot: HotCounters
+    ) -> None:
+        lay = self.layout
+        a = self._reserve(int(keys.size))
+        rows = np.empty(keys.size, dtype=np.int64)
+        created = np.empty(keys.size, dtype=np.bool_)
+        ix.insert_many(a.slots, a.keys, self._meta, keys, rows, created)
+        admitted = int(np.count_nonzero(full[:, lay.xflag] >= 0))
+        a = self._reserve_x(admitted, int(hot.positions.size))
+        tk.place_rows(
+            a.slab,
+            a.slab_u32,
+            a.xslab,
+            a.xslab_u32,
+            a.hot,
+            self._meta,
+            rows,
+            full,
+            hot.positions,
+            hot.counts,
+            lay.xptr,
+            lay.xflag,
+        )
+
+    def _flush_shadows_locked(self) -> None:
+        """Delete disk copies of keys promoted during a save (no save runs now)."""
+        if self._shadows and self._disk is not None:
+            self._disk.delete(np.unique(np.concatenate(self._shadows)))
+        self._shadows = []
+
+    # -- demotion ---------------------------------------------------------------------------
+
+    def demote(self, target_bytes: int) -> int:
+        """Move the coldest keys to disk until the RAM tier is at most ``target_bytes``
+        (at least ``DEMOTE_MIN_SHARE`` of the keys). Keys the disk cannot take are evicted
+        (tombstoned, counted). Waits for a running save. Returns keys moved or evicted."""
+        with self.lock.maintenance, self.lock.exclusive():
+            self._flush_shadows_locked()
+            excess = self.ram_bytes() - target_bytes
+            if excess <= 0 or not len(self):
+                return 0
+            n = max(int(np.ceil(excess / self.key_bytes())), int(len(self) * DEMOTE_MIN_SHARE))
+            rows = self._coldest_locked(min(n, len(self)))
+            keys, full, hot = self._gather(rows)
+            store = self._store()
+            keep = min(rows.size, store.room())
+            evict = rows.size - keep  # the coldest go first when the disk is full
+            try:
+                store.put(keys[evict:], full[evict:], _shift(hot, evict))
+            except DiskFullError as exc:
+                log.warning("table %s: %s; evicting %d keys instead", self.name, exc, keep)
+                evict = rows.size
+            a = self._arrays
+            tk.release_rows(
+                a.slots,
+                a.keys,
+                self._meta,
+                a.slab,
+                a.slab_u32,
+                a.xslab,
+                a.xslab_u32,
+                a.hot,
+                self.layout.xptr,
+                rows,
+            )
+            if evict:
+                self._tombstones.append(keys[:evict].copy())
+                self._meta[EVICTIONS] += evict
+                self.pressure_evictions_total += evict
+            self.demotions_total += rows.size - evict
+            self.moves += 1
+            return int(rows.size)
+
+    def _coldest_locked(self, n: int) -> npt.NDArray[np.int64]:
+        """The ``n`` coldest live rows, coldest first: lowest score, then longest unseen."""
+        a = self._arrays
+        count = len(self)
+        rows = np.empty(count, dtype=np.int64)
+        scores = np.empty(count, dtype=np.float64)
+        unseen = np.empty(count, dtype=np.float32)
+        m = int(
+            tk.coldness(a.slots, a.slab, a.slab_u32, a.hot, count, self._ap, rows, scores, unseen)
+        )
+        if n < m:
+            cut = np.argpartition(scores[:m], n - 1)[:n]
+            rows, scores, unseen = rows[cut], scores[cut], unseen[cut]
+        order = np.lexsort((-unseen[:n], scores[:n]))
+        return rows[order]
+
+    # -- shrink -----------------------------------------------------------------------------
+
+    def shrink_keys(self) -> tuple[int, npt.NDArray[np.uint64]]:
+        """Decay and delete in both tiers (the same kernel for disk rows)."""
+        with self.lock.maintenance, self.lock.exclusive():
+            self._flush_shadows_locked()
+            before_disk = self.disk_keys
+            before, gone = self._shrink_locked()
+            if self._disk is None or not len(self._disk):
+                return before, gone
+            gone_disk = [gone]
+            for logical in range(self._disk_opts.logical_shards if self._disk_opts else 0):
+                gone_disk.append(self._shrink_disk_shard(logical))
+            all_gone = np.concatenate(gone_disk)
+            if all_gone.size > gone.size:
+                self._tombstones.append(all_gone[gone.size :])
+            return before + before_disk, all_gone
+
+    def _shrink_disk_shard(self, logical: int) -> npt.NDArray[np.uint64]:
+        store = self._store()
+        keys, full, hot = store.shard_rows(logical)
+        if not keys.size:
+            return np.empty(0, np.uint64)
+        scratch = build_content(self.layout, keys, full, np.empty(0, np.uint64), hot)
+        a, meta = scratch.arrays, scratch.meta
+        deleted = np.empty(keys.size, dtype=np.uint64)
+        args = (a.slots, a.keys, meta, a.slab, a.slab_u32, a.xslab, a.xslab_u32, a.hot)
+        nd = int(kn.shrink_kernel(*args, self._ap, self.layout.xptr, deleted))
+        self._meta[EVICTIONS] += nd
+        gone = deleted[:nd].copy()
+        store.delete(gone)
+        live = np.empty(int(meta[ix.COUNT]), dtype=np.int64)
+        ix.live_rows(a.slots, live)
+        store.replace(*_gather_content(self, a, live))
+        return gone
+
+    # -- saves ------------------------------------------------------------------------------
+
+    def snapshot_part(
+        self, rows: npt.NDArray[np.int64], mode: SaveMode, logical: int
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint64], npt.NDArray[np.float32], HotCounters]:
+        """``snapshot`` of one logical shard's RAM ``rows`` plus its disk rows (row -1),
+        both through the save filter; a key in RAM and on disk (a shadow) is saved once,
+        from RAM."""
+        rows, keys, full, hot = self.snapshot(rows, mode)
+        if self._disk is None or not len(self._disk):
+            return rows, keys, full, hot
+        with self.lock.write():
+            dk, dfull, dhot = self._disk.shard_rows(logical)
+        keep = ~np.isin(dk, keys) & self._passes(dfull, dhot, mode)
+        dk, dfull, dhot = dk[keep], dfull[keep], _select_hot(dhot, keep)
+        all_hot = HotCounters(
+            np.concatenate([hot.positions, dhot.positions + keys.size]),
+            np.concatenate([hot.counts, dhot.counts]),
+        )
+        return (
+            np.concatenate([rows, np.full(dk.size, -1, np.int64)]),
+            np.concatenate([keys, dk]),
+            np.concatenate([full, dfull]),
+            all_hot,
+        )
+
+    def _passes(
+        self, full: npt.NDArray[np.float32], hot: HotCounters, mode: SaveMode
+    ) -> npt.NDArray[np.bool_]:
+        """``snapshot._passes`` on full rows (float64 arithmetic, exact hot counters)."""
+        if mode in (SaveMode.CHECKPOINT, SaveMode.BATCH):
+            return np.ones(full.shape[0], dtype=np.bool_)
+        show = full[:, SHOW].astype(np.float64)
+        click = full[:, CLICK].astype(np.float64)
+        delta = full[:, DELTA].astype(np.float64)
+        show[hot.positions], click[hot.positions], delta[hot.positions] = hot.counts.T
+        sp = self._save_params()
+        ok = ((show - click) * sp[0] + click * sp[1] >= sp[2]) & (full[:, UNSEEN] <= sp[3])
+        return ok & (delta >= sp[4]) if mode == SaveMode.DELTA else ok
+
+    def apply_save(
+        self,
+        keys: npt.NDArray[np.uint64],
+        rows: npt.NDArray[np.int64],
+        saved_delta: npt.NDArray[np.floating],
+        unseen_inc: bool,
+        moves: int,
+    ) -> None:
+        """A committed save's side effects. Rows recorded before a demotion (``moves``
+        changed) or read from disk (-1) are found again by key, in whichever tier."""
+        if moves == self.moves and (rows >= 0).all():
+            self.after_save(rows, saved_delta, unseen_inc)
+            return
+        with self.lock.write():
+            a = self._arrays
+            cur = np.empty(keys.size, dtype=np.int64)
+            ix.lookup_many(a.slots, a.keys, keys, cur)
+            ram = cur >= 0
+            sn.after_save(a.slab, a.slab_u32, a.hot, cur[ram], saved_delta[ram], unseen_inc)
+            if self._disk is None or ram.all():
+                return
+            found, full, hot = self._disk.get(keys[~ram])
+            if not found.any():
+                return
+            dk = keys[~ram][found]
+            scratch = build_content(self.layout, dk, full, np.empty(0, np.uint64), hot)
+            s = scratch.arrays
+            at = np.arange(dk.size, dtype=np.int64)  # a fresh build puts key i at row i
+            delta = saved_delta[~ram][found]
+            sn.after_save(s.slab, s.slab_u32, s.hot, at, delta, unseen_inc)
+            self._disk.replace(*_gather_content(self, s, at))
+
+    # -- load -------------------------------------------------------------------------------
+
+    def build_tiered(
+        self,
+        keys: npt.NDArray[np.uint64],
+        rows: npt.NDArray[np.float32],
+        tombstones: npt.NDArray[np.uint64],
+        hot: HotCounters | None,
+        ram_budget: int,
+    ) -> TieredContent:
+        """``build`` that keeps the hottest keys in RAM up to ``ram_budget`` bytes (0 = all)
+        and spills the rest into a fresh disk store (a load). Nothing is swapped in."""
+        hot = hot or _no_hot()
+        lay = self.layout
+        per_key = (
+            8
+            + 4 * lay.primary_width
+            + 4 * lay.x_width * float(np.mean(rows[:, lay.xflag] >= 0) if keys.size else 0.0)
+        )
+        slot_bytes = 4 * ix.needed_capacity(keys.size)
+        fits = int(max(0, ram_budget - slot_bytes) // per_key) if ram_budget > 0 else keys.size
+        if fits >= keys.size or self._disk_opts is None:
+            return TieredContent(self.build(keys, rows, tombstones, hot), None)
+        show = rows[:, SHOW].astype(np.float64)
+        click = rows[:, CLICK].astype(np.float64)
+        show[hot.positions], click[hot.positions] = hot.counts[:, 0], hot.counts[:, 1]
+        score = (show - click) * self.config.nonclkCoeff + click * self.config.clickCoeff
+        order = np.lexsort((-rows[:, UNSEEN], score))  # coldest first
+        spill, stay = np.sort(order[: keys.size - fits]), np.sort(order[keys.size - fits :])
+        store = self._new_store()
+        try:
+            store.put(keys[spill], rows[spill], _select_hot(hot, _mask(keys.size, spill)))
+            ram = self.build(
+                keys[stay], rows[stay], tombstones, _select_hot(hot, _mask(keys.size, stay))
+            )
+        except BaseException:
+            store.close()
+            raise
+        return TieredContent(ram, store)
+
+    def install_tiered(self, content: TieredContent) -> None:
+        """Swap in a ``build_tiered`` content: RAM arrays and disk store together. The
+        caller holds ``lock.maintenance`` (``Shard.install``)."""
+        old = self._disk
+        self.install(content.ram)
+        self._disk = content.disk
+        self._shadows = []
+        self.moves += 1
+        if old is not None:
+            old.close()
+
+    def close(self) -> None:
+        """Close and delete the disk tier's files."""
+        if self._disk is not None:
+            self._disk.close()
+            self._disk = None
+
+
+def _no_hot() -> HotCounters:
+    return HotCounters(np.empty(0, np.int64), np.empty((0, 3), np.float64))
+
+
+def _shift(hot: HotCounters, start: int) -> HotCounters:
+    """``hot`` for the rows ``start:`` of the array it indexes."""
+    keep = hot.positions >= start
+    return HotCounters(hot.positions[keep] - start, hot.counts[keep])
+
+
+def _mask(n: int, idx: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+    m = np.zeros(n, dtype=np.bool_)
+    m[idx] = True
+    return m
+
+
+def _select_hot(hot: HotCounters, keep: npt.NDArray[np.bool_]) -> HotCounters:
+    """``hot`` for ``rows[keep]`` (positions renumbered)."""
+    new_pos = np.cumsum(keep) - 1
+    sel = keep[hot.positions]
+    return HotCounters(new_pos[hot.positions[sel]], hot.counts[sel])
+
+
+def _gather_content(
+    t: TieredTable, a: Arrays, rows: npt.NDArray[np.int64]
+) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32], HotCounters]:
+    """Keys, full rows and exact hot counters of ``rows`` of scratch arrays ``a``."""
+    lay = t.layout
+    keys = np.empty(rows.size, dtype=np.uint64)
+    full = np.empty((rows.size, lay.width), dtype=np.float32)
+    pos = np.empty(rows.size, dtype=np.int64)
+    counts = np.empty((rows.size, 3), dtype=np.float64)
+    args: Any = (a.keys, a.slab, a.slab_u32, a.xslab, a.hot, rows, keys, full, pos, counts)
+    kernel: Any = sn.gather  # numba's Dispatcher stub does not model *args
+    nh = int(kernel(*args, lay.xptr, lay.xflag))
+    return keys, full, HotCounters(pos[:nh], counts[:nh])
