@@ -57,6 +57,9 @@ log = logging.getLogger(__name__)
 
 #: Seconds between two ``Reset`` calls to a worker still busy with an earlier pass.
 IDLE_POLL_SECONDS = 0.5
+#: How long a reload waits for a worker that does not answer (a pod being restarted: the
+#: kubelet's back-off reaches 5 minutes).
+RESTART_WAIT_SECONDS = 600.0
 
 SAVE_MODES = {
     StepKind.DELTA: SaveMode.DELTA,
@@ -106,7 +109,8 @@ class Supervisor(Protocol):
     ps_restarts: int
     #: What the last PS restart was (for the condition's message).
     last_ps_restart: str
-    #: How many worker restarts so far: one during a pass pushed part of its share.
+    #: How many worker restarts so far (reported only: a worker that died during a pass
+    #: failed its share, and the scheduler restores for that).
     worker_restarts: int
     last_worker_restart: str
 
@@ -158,19 +162,13 @@ class Driver:
             backoff_seconds=spec.export.retryBackoffSeconds,
             retry_on=retry_on,
         )
-        saved = store.load()
-        progress = saved or Progress()
-        #: Whether an earlier driver ran this job: its workers may still be in one of its
-        #: passes (see ``_wait_for_idle_workers``); cleared by the first reload.
-        self._inherited = saved is not None
+        progress = store.load() or Progress()
         self.machine = Scheduler(self.plan, policy_from_spec(spec), progress)
         # Results of the train step in progress, by worker (merged once all are in).
         self._results: dict[int, PassMetrics] = {}
         self._results_key: StepKey | None = None
         self._pass_started = 0.0
         self._pause = PauseHook.from_env()
-        # Restores after a worker loss, by pass: bounded by passRetries, then shares retry.
-        self._worker_restores: dict[StepKey, int] = {}
 
     def _scratch_root(self) -> str:
         """Where replayed exports save (they only want the save's PS-side effects)."""
@@ -218,34 +216,18 @@ class Driver:
         return self.supervisor.ps_restarts, self.supervisor.worker_restarts
 
     def _state_lost(self, action: Action, before: tuple[int, int]) -> tuple[str, str] | None:
-        """Did a restart during ``action`` make the PS state unknown? (cause, message)
+        """Did a PS restart during ``action`` make the PS state unknown? (cause, message)
 
-        A PS restart lost that shard's state. A worker that died during a pass had pushed
-        the gradients of part of its share; retrying the share alone would apply those
-        twice, so the model is restored (reload + replay) instead — exactly-once for worker
-        loss too, at the price of replaying the passes since the last checkpoint. Bounded by
-        ``workers.passRetries`` per pass: a worker that keeps dying on a pass falls back to
-        share retries, which then fail the job naming it. Every job opens with the genesis
-        checkpoint (``PassPlan.genesis``), so there is always one to reload; only a record
-        written by an operator from before the genesis, still without a checkpoint, has
-        nothing to reload (the PS has no reset), and then the share is retried as well.
+        A PS shard that came back empty voids the outcome of the action. A worker restart
+        needs nothing here: a worker that died during a pass failed its share, and the
+        scheduler restores after every share failure that may have pushed
+        (``Scheduler._on_share_failed``) — also when the restart is noticed only later,
+        as with a kubelet that restarts with back-off.
         """
         assert self.supervisor is not None
-        ps, workers = self._restarts()
-        if ps != before[0]:
-            # A PS shard came back empty: the outcome of this action is void.
+        if self.supervisor.ps_restarts != before[0]:
             return "PSRestarted", self.supervisor.last_ps_restart or "a PS shard restarted"
-        if workers == before[1] or not isinstance(action, RunPass):
-            return None
-        if self.machine.progress.checkpoint is None:
-            return None
-        done = self._worker_restores.get(action.key, 0)
-        if done >= self.spec.workers.passRetries:
-            return None
-        self._worker_restores[action.key] = done + 1
-        what = self.supervisor.last_worker_restart or "a worker restarted"
-        where = f"{action.key.day}/{action.key.pass_index}"
-        return "WorkerRestarted", f"{what} during pass {where}: its pushes are discarded"
+        return None
 
     def _save(self) -> None:
         self.store.save(self.machine.progress)
@@ -325,15 +307,18 @@ class Driver:
 
         outcomes = await asyncio.gather(*(one(w) for w in action.shares), return_exceptions=True)
         failed: dict[int, str] = {}
+        refused: set[int] = set()
         for w, outcome in zip(action.shares, outcomes, strict=True):
             if isinstance(outcome, BaseException):
                 if isinstance(outcome, asyncio.CancelledError):
                     raise outcome
                 failed[w] = _describe(outcome, self.workers[w].name)
+                if _refused(outcome):
+                    refused.add(w)
             else:
                 self._results[w] = outcome
         if failed:
-            return PassRan(failed)
+            return PassRan(failed, refused=frozenset(refused))
         parts = [self._results[w] for w in range(len(self.workers))]
         total = PassMetrics.sum(parts, parts[0].num_buckets)
         wall = max(self.clock() - self._pass_started, 1e-9)
@@ -407,37 +392,27 @@ class Driver:
         return Done({"deleted": float(result.deleted), "keys": float(result.keys_after)})
 
     async def _load(self, uri: str) -> Event:
-        if self._inherited:
-            await self._wait_for_idle_workers()
-            self._inherited = False
+        await self._wait_for_idle_workers()
         keys = await asyncio.to_thread(self.ps.load, uri)
         return Done({"keys": float(keys)})
 
     async def _wait_for_idle_workers(self) -> None:
-        """Before a reload: wait until no worker still runs a pass of an earlier generation.
+        """Before every reload: wait until no worker still runs a pass of an earlier generation.
 
-        On Kubernetes the workers outlive what stopped the previous driver — the operator
-        pod was lost, or the supervisor cancelled the driver after a PS restart — and a
-        ``RunPass`` they were given keeps pulling and pushing until its share is done (a
-        worker finishes what it started; cancelling the call does not stop it). Those
-        pushes, landing after the checkpoint was loaded, would count that part of the pass
-        twice once it is redone; and the ``ResetWorkers`` after the load would fail with
-        "busy". ``Reset`` with this driver's (newer) generation makes the worker cancel such
-        a pass at its next batch boundary, flush its pushes, and only then answer, so once
-        every worker has answered, nothing old can push any more. A worker that is busy
-        with something else (an export) answers "busy" and is asked again; bounded by
-        ``passTimeoutSeconds``, unbounded without it, like the pass itself.
-
-        Only a driver that took over a job from an earlier one waits (at its first reload):
-        within one driver a restore follows an action whose calls have all returned.
+        A worker finishes what it started: cancelling the ``RunPass`` call (a
+        ``passTimeoutSeconds`` timeout, a driver cancelled after a PS restart, an operator
+        pod that was lost) does not stop it, and it keeps pulling and pushing until its
+        share is done. Those pushes, landing after the checkpoint was loaded, would count
+        that part of the pass twice once it is redone. ``Reset`` with this driver's (newer)
+        generation makes the worker cancel such a pass at its next batch boundary, flush its
+        pushes, and only then answer, so once every worker has answered, nothing old can push
+        any more. A worker busy with something else (an export) answers "busy" and is asked
+        again, bounded by ``passTimeoutSeconds`` (unbounded without it, like the pass
+        itself); a worker that does not answer at all (its pod is being restarted, with the
+        kubelet's back-off) is asked again for up to ``RESTART_WAIT_SECONDS``.
         """
         limit = self.spec.workers.passTimeoutSeconds
         generation = self.machine.progress.generation
-        log.warning(
-            "generation %d took over the job: resetting the workers (a pass of an earlier "
-            "generation still running is cancelled first) before reloading the checkpoint",
-            generation,
-        )
 
         async def idle(worker: WorkerClient) -> None:
             waited = 0.0
@@ -446,12 +421,18 @@ class Driver:
                     await worker.reset(generation)
                     return
                 except Exception as exc:
-                    if not _busy(exc) or (limit is not None and waited >= limit):
+                    busy, down = _busy(exc), _unavailable(exc)
+                    if not (busy or down):
+                        raise
+                    if busy and limit is not None and waited >= limit:
+                        raise
+                    if down and waited >= RESTART_WAIT_SECONDS:
                         raise
                 if waited == 0.0:
                     log.warning(
-                        "%s is busy: generation %d waits for it before reloading the checkpoint",
+                        "%s is %s: generation %d waits for it before reloading the checkpoint",
                         worker.name,
+                        "busy" if busy else "not answering",
                         generation,
                     )
                 await self.sleep(IDLE_POLL_SECONDS)
@@ -493,6 +474,26 @@ def _busy(exc: BaseException) -> bool:
     if not (callable(details) and callable(code)):
         return False
     return getattr(code(), "name", "") == "FAILED_PRECONDITION" and "busy" in str(details())
+
+
+def _grpc_code(exc: BaseException) -> str:
+    code = getattr(exc, "code", None)
+    return getattr(code(), "name", "") if callable(code) else ""
+
+
+def _unavailable(exc: BaseException) -> bool:
+    """The worker could not be reached (down, restarting)."""
+    return _grpc_code(exc) == "UNAVAILABLE" or isinstance(exc, ConnectionError)
+
+
+def _refused(exc: BaseException) -> bool:
+    """The worker refused a ``RunPass`` before starting it (``control.py``): busy with
+    another call, or a request of a stale generation. Nothing of that share was pushed."""
+    if _grpc_code(exc) != "FAILED_PRECONDITION":
+        return False
+    details = getattr(exc, "details", None)
+    text = str(details()) if callable(details) else ""
+    return "worker is busy with another call" in text or "stale generation" in text
 
 
 def _describe(exc: BaseException, worker: str) -> str:
