@@ -317,6 +317,11 @@ class Driver:
                     refused.add(w)
             else:
                 self._results[w] = outcome
+        where = f"pass {action.key.day}/{action.key.pass_index}"
+        for w, outcome in zip(action.shares, outcomes, strict=True):
+            if isinstance(outcome, BaseException) and _grpc_code(outcome) == "DATA_LOSS":
+                # The data is wrong, not the worker: retrying would fail the same way.
+                return Failed("BadData", f"{where}: {failed[w]}")
         if failed:
             return PassRan(failed, refused=frozenset(refused))
         parts = [self._results[w] for w in range(len(self.workers))]

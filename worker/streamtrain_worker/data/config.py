@@ -88,7 +88,8 @@ class DataConfig:
     pollSeconds: float = 60.0
     missingDeadlineSeconds: float = 3600.0
     onMissing: str = "keepWaiting"
-    #: Bad lines / lines of a pass above this fails the pass (BadDataError).
+    #: Bad lines / lines of a file above this fails the pass (BadDataError), before any
+    #: example of that file is trained.
     maxBadLineFraction: float = 0.001
     #: Slot count (slot, libsvm); checked against the format's slots when given.
     numSlots: int | None = None
