@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import fsspec
 
-from streamtrain_operator import export, render
+from streamtrain_operator import export, passfiles, render
 from streamtrain_operator.pause import PauseHook
 from streamtrain_operator.plan import PassPlan, StepKey, StepKind, join_uri
 from streamtrain_operator.progress import Phase, Progress
@@ -277,21 +277,48 @@ class Driver:
         donefile = self.spec.data.donefile
         return [f for f in self._folders(key) if not layout.folder_ready(f, donefile)]
 
-    def _assignment(self, key: StepKey) -> list[list[str]]:
+    def _assignment(self, action: RunPass) -> tuple[list[list[str]], passfiles.PassFiles]:
+        """Every worker's files of the pass, from the pass's recorded file list.
+
+        The first dispatch lists the folders and records the list (``passfiles``); a replay
+        or a share retry uses the record after verifying it (``DataChangedError`` when a
+        file is gone or changed). A pass started afresh (attempt 1, not a replay) has
+        nothing in the model yet, so a changed folder is listed and recorded again.
+        """
         donefile = self.spec.data.donefile
-        files = [
-            f for folder in self._folders(key) for f in layout.list_part_files(folder, donefile)
-        ]
-        return assign_files(files, len(self.workers))
+        uri = passfiles.record_uri(self.plan.checkpoint_root, action.key)
+        where = f"pass {action.key.day}/{action.key.pass_index}"
+        recorded = passfiles.load(uri)
+        files = recorded
+        if recorded is not None:
+            try:
+                passfiles.verify(recorded, donefile, where, uri)
+            except passfiles.DataChangedError:
+                if action.replay or action.attempt > 1:
+                    raise
+                log.warning("%s: its data changed before it was trained; listing it again", where)
+                files = None
+        elif action.replay:
+            log.warning("%s: no recorded file list (an older record); listing it now", where)
+        if files is None:
+            files = passfiles.list_pass(self._folders(action.key), donefile)
+            passfiles.save(uri, files)
+        sized = [(f.path, f.size) for f in files.files]
+        return assign_files(sized, len(self.workers)), files
 
     async def _run_pass(self, action: RunPass) -> Event:
         if self._results_key != action.key or action.attempt == 1:
             self._results, self._results_key = {}, action.key
             self._pass_started = self.clock()
         try:
-            assignment = await asyncio.to_thread(self._assignment, action.key)
-        except OSError as exc:
-            return PassRan(dict.fromkeys(action.shares, f"cannot list the pass's files: {exc}"))
+            assignment, files = await asyncio.to_thread(self._assignment, action)
+        except passfiles.DataChangedError as exc:
+            return Failed("DataChanged", str(exc))
+        except OSError as exc:  # nothing was dispatched: a retry of every share is safe
+            return PassRan(
+                dict.fromkeys(action.shares, f"cannot list the pass's files: {exc}"),
+                refused=frozenset(action.shares),
+            )
         timeout = self.spec.workers.passTimeoutSeconds
 
         async def one(w: int) -> PassMetrics:
@@ -319,9 +346,12 @@ class Driver:
                 self._results[w] = outcome
         where = f"pass {action.key.day}/{action.key.pass_index}"
         for w, outcome in zip(action.shares, outcomes, strict=True):
-            if isinstance(outcome, BaseException) and _grpc_code(outcome) == "DATA_LOSS":
+            code = _grpc_code(outcome) if isinstance(outcome, BaseException) else ""
+            if code == "DATA_LOSS":
                 # The data is wrong, not the worker: retrying would fail the same way.
                 return Failed("BadData", f"{where}: {failed[w]}")
+            if code == "NOT_FOUND":  # a recorded file vanished after it was verified
+                return Failed("DataChanged", f"{where}: a file of the pass is gone: {failed[w]}")
         if failed:
             return PassRan(failed, refused=frozenset(refused))
         parts = [self._results[w] for w in range(len(self.workers))]
@@ -334,6 +364,7 @@ class Driver:
             "examplesPerSecond": total.examples / wall,
             "badLines": float(total.bad_lines),
             "files": float(total.files_read),
+            "skippedFiles": float(len(files.skipped)),
         }
         return PassRan({}, metrics)
 

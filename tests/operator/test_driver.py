@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import os
+import shutil
 import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -225,6 +227,39 @@ def test_restart_reloads_the_checkpoint_and_replays_a_published_export(tmp_path:
     assert not (tmp_path / "ckpt" / "_scratch").exists() or not any(
         (tmp_path / "ckpt" / "_scratch").iterdir()
     )
+
+
+@pytest.mark.parametrize("change", ["purged", "rewritten"])
+def test_a_replay_over_changed_data_stops_with_data_changed(tmp_path: Path, change: str) -> None:
+    """Pass 2 was trained from folder 1200 and the record is now replayed (the crash came
+    while its delta was recorded). Its folder was purged, or a file rewritten, in between:
+    the job stops with ``DataChanged`` naming the folder, and no worker trains anything."""
+    job = make_job(tmp_path)
+    for hhmm in ("0000", "1200"):
+        write_folder(tmp_path, "20261101", hhmm)
+    ps = LocalPS(render.ps_config(job.spec))
+    store = MemoryStateStore()
+    run(job, [FakeWorker(ps, 0), FakeWorker(ps, 1)], ps, store)
+    crashed = next(
+        p for p in store.saved if p.current is not None and str(p.current) == "20261101/2/delta"
+    )
+    folder = tmp_path / "data" / "20261101" / "1200"
+    if change == "purged":
+        shutil.rmtree(folder)
+    else:
+        (folder / "part-00001").write_text("y" * 11)  # same size, new mtime
+        os.utime(folder / "part-00001", (1, 1))
+    fresh_ps = LocalPS(render.ps_config(job.spec))
+    workers = [FakeWorker(fresh_ps, 0), FakeWorker(fresh_ps, 1)]
+    progress = run(job, workers, fresh_ps, MemoryStateStore(crashed))
+    assert progress.phase == Phase.FAILED
+    failed = progress.condition("Failed")
+    assert failed is not None and failed.reason == "DataChanged"
+    assert f"pass 20261101/2: the data in {folder} changed" in failed.message
+    what = "is gone" if change == "purged" else "changed (version"
+    assert f"{folder}/part-00001 {what}" in failed.message
+    assert "_passes/20261101/pass-2.json" in failed.message
+    assert all(not w.calls for w in workers)
 
 
 @pytest.mark.parametrize("replicas", [1, 3])
