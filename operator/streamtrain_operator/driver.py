@@ -449,6 +449,11 @@ class Driver:
         """
         limit = self.spec.workers.passTimeoutSeconds
         generation = self.machine.progress.generation
+        log.warning(
+            "generation %d reloads the checkpoint: resetting the workers first (a pass of an "
+            "earlier generation still running is cancelled and its pushes flushed)",
+            generation,
+        )
 
         async def idle(worker: WorkerClient) -> None:
             waited = 0.0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import os
 import shutil
 import zlib
@@ -144,6 +145,29 @@ def test_a_day_runs_assigns_every_file_once_and_publishes_everything(tmp_path: P
     assert kept == ["pass-2-g1"]
     assert progress.checkpoint is not None
     assert Path(progress.checkpoint.uri, "MANIFEST.json").exists()
+
+
+def test_skipped_names_are_counted_in_the_pass_record_and_recorded(tmp_path: Path) -> None:
+    job = make_job(tmp_path)
+    for hhmm in ("0000", "1200"):
+        write_folder(tmp_path, "20261101", hhmm)
+    folder = tmp_path / "data" / "20261101" / "0000"
+    for name in (".part-00000.crc", "_started", "part-00009.tmp"):
+        (folder / name).write_text("not data")
+    (folder / "nested").mkdir()
+    (folder / "nested" / "part-00000").write_text("not read either")
+    ps = LocalPS(render.ps_config(job.spec))
+    workers = [FakeWorker(ps, 0), FakeWorker(ps, 1)]
+    progress = run(job, workers, ps, MemoryStateStore())
+    assert progress.phase == Phase.SUCCEEDED
+    assert [r.metrics["skippedFiles"] for r in progress.history] == [4, 0]
+    trained = sorted(f for w in workers for c in w.calls if c[1] == 1 for f in c[2])
+    assert trained == [str(folder / f"part-{i:05d}") for i in range(3)]
+    record = json.loads((tmp_path / "ckpt" / "_passes" / "20261101" / "pass-1.json").read_text())
+    assert record["skipped"] == [
+        f"{folder}/{name}" for name in (".part-00000.crc", "_started", "nested/", "part-00009.tmp")
+    ]
+    assert [f["size"] for f in record["files"]] == [10, 11, 12]
 
 
 def test_a_replay_scratch_left_by_a_kill_is_removed_when_a_driver_starts(tmp_path: Path) -> None:
