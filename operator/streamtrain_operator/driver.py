@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import fsspec
 
-from streamtrain_operator import export, passfiles, render
+from streamtrain_operator import export, passfiles, render, worker_errors
 from streamtrain_operator.pause import PauseHook
 from streamtrain_operator.plan import PassPlan, StepKey, StepKind, join_uri
 from streamtrain_operator.progress import Phase, Progress
@@ -339,14 +339,14 @@ class Driver:
             if isinstance(outcome, BaseException):
                 if isinstance(outcome, asyncio.CancelledError):
                     raise outcome
-                failed[w] = _describe(outcome, self.workers[w].name)
-                if _refused(outcome):
+                failed[w] = worker_errors.describe(outcome, self.workers[w].name)
+                if worker_errors.refused(outcome):
                     refused.add(w)
             else:
                 self._results[w] = outcome
         where = f"pass {action.key.day}/{action.key.pass_index}"
         for w, outcome in zip(action.shares, outcomes, strict=True):
-            code = _grpc_code(outcome) if isinstance(outcome, BaseException) else ""
+            code = worker_errors.grpc_code(outcome) if isinstance(outcome, BaseException) else ""
             if code == "DATA_LOSS":
                 # The data is wrong, not the worker: retrying would fail the same way.
                 return Failed("BadData", f"{where}: {failed[w]}")
@@ -462,7 +462,7 @@ class Driver:
                     await worker.reset(generation)
                     return
                 except Exception as exc:
-                    busy, down = _busy(exc), _unavailable(exc)
+                    busy, down = worker_errors.busy(exc), worker_errors.unavailable(exc)
                     if not (busy or down):
                         raise
                     if busy and limit is not None and waited >= limit:
@@ -506,42 +506,3 @@ def _remove(uri: str) -> None:
     fs, path = fsspec.core.url_to_fs(uri)
     if fs.exists(path):
         fs.rm(path, recursive=True)
-
-
-def _busy(exc: BaseException) -> bool:
-    """The worker refused a call because it runs another one (``control.py``: one call at
-    a time, ``FAILED_PRECONDITION`` "... worker is busy with another call")."""
-    details, code = getattr(exc, "details", None), getattr(exc, "code", None)
-    if not (callable(details) and callable(code)):
-        return False
-    return getattr(code(), "name", "") == "FAILED_PRECONDITION" and "busy" in str(details())
-
-
-def _grpc_code(exc: BaseException) -> str:
-    code = getattr(exc, "code", None)
-    return getattr(code(), "name", "") if callable(code) else ""
-
-
-def _unavailable(exc: BaseException) -> bool:
-    """The worker could not be reached (down, restarting)."""
-    return _grpc_code(exc) == "UNAVAILABLE" or isinstance(exc, ConnectionError)
-
-
-def _refused(exc: BaseException) -> bool:
-    """The worker refused a ``RunPass`` before starting it (``control.py``): busy with
-    another call, or a request of a stale generation. Nothing of that share was pushed."""
-    if _grpc_code(exc) != "FAILED_PRECONDITION":
-        return False
-    details = getattr(exc, "details", None)
-    text = str(details()) if callable(details) else ""
-    return "worker is busy with another call" in text or "stale generation" in text
-
-
-def _describe(exc: BaseException, worker: str) -> str:
-    details = getattr(exc, "details", None)
-    code = getattr(exc, "code", None)
-    if callable(details) and callable(code):  # grpc.aio.AioRpcError
-        return f"{worker}: {code().name}: {details()}"
-    if isinstance(exc, TimeoutError):
-        return f"{worker}: no answer within passTimeoutSeconds"
-    return f"{worker}: {type(exc).__name__}: {exc}"
