@@ -202,7 +202,7 @@ class Driver:
                 for what in healed:
                     if self.observer.on_restart is not None:
                         self.observer.on_restart(what)
-                lost = self._state_lost(action, restarts)
+                lost = self._state_lost(restarts)
                 if lost is not None:
                     self.machine.restore(lost[1], self.clock(), cause=lost[0])
                     self._save()
@@ -215,8 +215,8 @@ class Driver:
             return 0, 0
         return self.supervisor.ps_restarts, self.supervisor.worker_restarts
 
-    def _state_lost(self, action: Action, before: tuple[int, int]) -> tuple[str, str] | None:
-        """Did a PS restart during ``action`` make the PS state unknown? (cause, message)
+    def _state_lost(self, before: tuple[int, int]) -> tuple[str, str] | None:
+        """Did a PS restart during the action make the PS state unknown? (cause, message)
 
         A PS shard that came back empty voids the outcome of the action. A worker restart
         needs nothing here: a worker that died during a pass failed its share, and the
