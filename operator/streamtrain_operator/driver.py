@@ -487,7 +487,9 @@ class Driver:
         return Done()
 
     def _prune_checkpoints(self, newest: str) -> None:
-        """Keep the newest ``checkpoint.keep`` published checkpoints (best effort)."""
+        """Keep the newest ``checkpoint.keep`` published checkpoints (best effort), and the
+        recorded file lists of the days from the oldest kept one on (a replay never reaches
+        back further than the newest checkpoint)."""
         fs, root = fsspec.core.url_to_fs(self.plan.checkpoint_root)
         found: list[tuple[tuple[str, int, int], str]] = []
         for manifest in fs.glob(f"{str(root).rstrip('/')}/*/pass-*-g*/MANIFEST.json"):
@@ -500,6 +502,13 @@ class Driver:
         for _, directory in found[: -self.spec.checkpoint.keep]:
             if directory.rstrip("/") != newest_path:
                 fs.rm(directory, recursive=True)
+        kept = found[-self.spec.checkpoint.keep :]
+        if kept:
+            oldest_day = kept[0][0][0]
+            records = f"{str(root).rstrip('/')}/{passfiles.PASSES_DIR}"
+            for day_dir in fs.glob(f"{records}/*"):
+                if str(day_dir).rstrip("/").rsplit("/", 1)[-1] < oldest_day:
+                    fs.rm(day_dir, recursive=True)
 
 
 def _remove(uri: str) -> None:
