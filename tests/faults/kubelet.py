@@ -7,8 +7,10 @@ template's container — its ``command`` + ``args`` exactly as rendered
 object in the API for it (labels of the template, a uid, ``containerStatuses`` with a
 restart count) because that is what the operator's supervisor watches to notice a
 restarted PS. Like the real kubelet it restarts a container that exits (same pod, same
-port, ``restartCount`` + 1), replaces pods whose template changed, and stops pods on
-scale-down or deletion. ``close`` stops everything.
+port, ``restartCount`` + 1) — after ``restart_delay`` seconds, standing for the real
+kubelet's crash-loop back-off (10 s, doubling up to 5 minutes), during which the pod's
+``restartCount`` has not changed yet and its port does not answer — replaces pods whose
+template changed, and stops pods on scale-down or deletion. ``close`` stops everything.
 
 Only what Kubernetes itself provides is substituted, each substitution explicit:
 
@@ -34,6 +36,7 @@ import random
 import socket
 import sys
 import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,6 +88,8 @@ class Container:
     launched: Launched | None = None
     restarts: int = 0
     logs: list[Path] = field(default_factory=list)
+    #: When the kubelet first saw the process exited (``None`` while it runs).
+    exited_at: float | None = None
 
     def start(self) -> None:
         path = self.workdir / f"container-{self.restarts}.log"
@@ -125,12 +130,16 @@ class Kubelet:
     ``failures`` collects what went wrong in the thread (the test asserts it is empty).
     """
 
-    def __init__(self, api_url: str, namespace: str, root: Path) -> None:
+    def __init__(
+        self, api_url: str, namespace: str, root: Path, restart_delay: float = 0.0
+    ) -> None:
         configuration = client.Configuration()
         configuration.host = api_url
         self.api = client.ApiClient(configuration)
         self.namespace = namespace
         self.root = root
+        #: Seconds between a container's exit and its restart (the back-off).
+        self.restart_delay = restart_delay
         #: ``<pod dns>:<port>`` -> ``127.0.0.1:<free port>``.
         self.endpoints: dict[str, str] = {}
         #: ``<pod dns>:<port>`` -> another local address, in the pods' configs only (the
@@ -222,7 +231,11 @@ class Kubelet:
             if existing is None:
                 self._create(core, name, sts, ordinal)
             elif existing.exited() and not self._stop.is_set():
-                self._restart(core, existing)
+                now = time.monotonic()
+                if existing.exited_at is None:
+                    existing.exited_at = now
+                if now - existing.exited_at >= self.restart_delay:
+                    self._restart(core, existing)
 
     def _remove(self, core: client.CoreV1Api, name: str, container: Container) -> None:
         container.stop()
@@ -235,6 +248,7 @@ class Kubelet:
         """A container that exited is started again in the same pod (restartPolicy
         Always), which only the restart count tells apart."""
         container.restarts += 1
+        container.exited_at = None
         container.start()
         core.patch_namespaced_pod(container.pod, self.namespace, {"status": _pod_status(container)})
 

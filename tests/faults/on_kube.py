@@ -117,8 +117,9 @@ class OperatorProcess:
 class KubeJob:
     """The API, the kubelet, the operator runs and the job's files under ``root``."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, restart_delay: float = 0.0) -> None:
         self.root = root
+        self.restart_delay = restart_delay
         self.pause_file = root / "paused"
         self.operators: list[OperatorProcess] = []
         self.body = manifest(root)
@@ -133,7 +134,9 @@ class KubeJob:
     def __enter__(self) -> KubeJob:
         self._api_server.__enter__()
         try:
-            self._kubelet = Kubelet(self._api_server.url, NAMESPACE, self.root / "pods")
+            self._kubelet = Kubelet(
+                self._api_server.url, NAMESPACE, self.root / "pods", self.restart_delay
+            )
             self._kubelet.__enter__()
             configuration = client.Configuration()
             configuration.host = self._api_server.url

@@ -70,27 +70,56 @@ def test_late_donefile_with_on_missing_fail_fails_naming_the_folder(job: Job) ->
 @pytest.mark.faults
 @pytest.mark.timeout(120)
 def test_truncated_gzip_fails_the_pass_naming_the_file(job: Job) -> None:
-    job.write(days=1, workers={"passRetries": 0})
+    job.write(days=1)
     part = job.root / FOLDER / "part-00001"
     packed = gzip.compress(part.read_bytes())
     truncated = part.with_name("part-00001.gz")
     truncated.write_bytes(packed[: len(packed) // 2])
     part.unlink()
-    output, failed = _failed_after_pass_1(job, "WorkerFailed")
+    output, failed = _failed_after_pass_1(job, "BadData")
     assert f"pass {START}/2" in failed.message
     assert f"{truncated}: truncated or corrupt gzip file" in failed.message
+    assert _pass_2_attempts(job) == 1  # permanent: not retried
     assert f"{truncated}: truncated or corrupt gzip file" in output
 
 
 @pytest.mark.faults
 @pytest.mark.timeout(120)
 def test_file_of_bad_lines_fails_the_pass_naming_the_file_and_lines(job: Job) -> None:
-    job.write(days=1, workers={"passRetries": 0})
+    job.write(days=1)
     bad = job.root / FOLDER / "part-00000"
     bad.write_text("".join(f"garbage line {i}\n" for i in range(50)))
-    output, failed = _failed_after_pass_1(job, "WorkerFailed")
-    assert f"{bad}: 50 bad of 50 lines, first bad lines" in failed.message
+    output, failed = _failed_after_pass_1(job, "BadData")
+    assert f"{bad}: 50 bad of 50 lines, first bad lines 1 (" in failed.message
     assert f"{bad}: 50 bad of 50 lines" in output
+    assert _pass_2_attempts(job) == 1
+
+
+@pytest.mark.faults
+@pytest.mark.timeout(120)
+def test_a_small_garbage_file_beside_a_large_good_one_fails_per_file(job: Job) -> None:
+    """5 garbage lines beside 3,000 good ones: 0.17 % of the pass, below the 0.2 % limit,
+    but 100 % of that file — the limit is per file (the CRD's promise). The garbage file
+    comes first in the worker's share, and a file's examples are held until its fraction
+    is known, so nothing of the share is pushed; the error is permanent: no retry."""
+    job.write(days=1, data={"maxBadLineFraction": 0.002})
+    bad, good = job.root / FOLDER / "part-00000", job.root / FOLDER / "part-00001"
+    good.write_text(good.read_text() * 50)
+    bad.write_text("".join(f"garbage {i}\n" for i in range(5)))
+    output, failed = _failed_after_pass_1(job, "BadData")
+    assert f"{bad}: 5 bad of 5 lines" in output
+    assert f"{bad}: 5 bad of 5 lines, first bad lines 1 (" in failed.message
+    assert "exceeds maxBadLineFraction=0.002 (per file)" in failed.message
+    assert str(good) not in failed.message
+    assert _pass_2_attempts(job) == 1
+    state = job.state()
+    assert state is not None and state.condition("Restored") is None
+
+
+def _pass_2_attempts(job: Job) -> int:
+    """How often the worker ran pass 2 (its log has one line per failed RunPass)."""
+    log = (job.root / ".streamtrain" / "faults" / "logs" / "worker-0.log").read_text()
+    return log.count(f"RunPass(day={START}, pass=2, ")
 
 
 @pytest.mark.faults

@@ -41,10 +41,10 @@ PASSES = [(START, 1), (START, 2)]
 MODELS = [f"{START}/delta-1", f"{START}/delta-2", "20261102/base", f"{START}/batch"]
 
 
-#: What a driver that took over logs before its workers' Reset, which cancels a pass of an
-#: earlier generation still running (here: held in the gate, so the Reset waits for it).
+#: What a driver logs before its workers' Reset ahead of every reload, which cancels a pass
+#: of an earlier generation still running (here: held in the gate, so the Reset waits for it).
 def taking_over(generation: int) -> str:
-    return f"generation {generation} took over the job: resetting the workers"
+    return f"generation {generation} reloads the checkpoint: resetting the workers first"
 
 
 def succeeded(status: dict[str, Any]) -> bool:

@@ -56,8 +56,8 @@ def test_worker_killed_mid_pass_counts_every_example_once(
     examples, positives = data_totals(job.root / BIG)
     assert examples == 120 * REPEAT
     restored = state.condition("Restored")
-    assert restored is not None and restored.reason == "WorkerRestarted"
-    assert f"during pass {START}/2: its pushes are discarded" in restored.message
+    assert restored is not None and restored.reason == "ShareFailed"
+    assert f"worker 1 failed pass {START}/2 after it may have pushed" in restored.message
     assert state.generation == 2 and record.generation == 2
     assert record.metrics["examples"] == examples
     assert round(record.metrics["actual_ctr"] * examples) == positives

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
+import os
+import shutil
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +51,10 @@ MANIFEST: dict[str, Any] = {
 }
 
 
-def make_job(root: Path, keep: int = 2, **data: Any) -> Job:
+def make_job(root: Path, keep: int = 2, workers: dict[str, Any] | None = None, **data: Any) -> Job:
     m = copy.deepcopy(MANIFEST)
     m["spec"]["data"].update(data)
+    m["spec"]["workers"].update(workers or {})
     m["spec"]["checkpoint"]["keep"] = keep
     for section in ("data", "checkpoint", "export"):
         path = m["spec"][section]["path"]
@@ -144,6 +148,46 @@ def test_a_day_runs_assigns_every_file_once_and_publishes_everything(tmp_path: P
     assert Path(progress.checkpoint.uri, "MANIFEST.json").exists()
 
 
+def test_skipped_names_are_counted_in_the_pass_record_and_recorded(tmp_path: Path) -> None:
+    job = make_job(tmp_path)
+    for hhmm in ("0000", "1200"):
+        write_folder(tmp_path, "20261101", hhmm)
+    folder = tmp_path / "data" / "20261101" / "0000"
+    for name in (".part-00000.crc", "_started", "part-00009.tmp"):
+        (folder / name).write_text("not data")
+    (folder / "nested").mkdir()
+    (folder / "nested" / "part-00000").write_text("not read either")
+    ps = LocalPS(render.ps_config(job.spec))
+    workers = [FakeWorker(ps, 0), FakeWorker(ps, 1)]
+    progress = run(job, workers, ps, MemoryStateStore())
+    assert progress.phase == Phase.SUCCEEDED
+    assert [r.metrics["skippedFiles"] for r in progress.history] == [4, 0]
+    trained = sorted(f for w in workers for c in w.calls if c[1] == 1 for f in c[2])
+    assert trained == [str(folder / f"part-{i:05d}") for i in range(3)]
+    record = json.loads((tmp_path / "ckpt" / "_passes" / "20261101" / "pass-1.json").read_text())
+    assert record["skipped"] == [
+        f"{folder}/{name}" for name in (".part-00000.crc", "_started", "nested/", "part-00009.tmp")
+    ]
+    assert [f["size"] for f in record["files"]] == [10, 11, 12]
+
+
+def test_recorded_file_lists_older_than_the_kept_checkpoints_are_pruned(tmp_path: Path) -> None:
+    job = make_job(tmp_path, keep=1)
+    for day, name in (("20261030", "pass-4-g1"), ("20261101", "pass-2-g1")):
+        (tmp_path / "ckpt" / day / name).mkdir(parents=True)
+        (tmp_path / "ckpt" / day / name / "MANIFEST.json").write_text("{}")
+    for day in ("20261030", "20261031", "20261101"):
+        (tmp_path / "ckpt" / "_passes" / day).mkdir(parents=True)
+        (tmp_path / "ckpt" / "_passes" / day / "pass-1.json").write_text("{}")
+    ps = LocalPS(render.ps_config(job.spec))
+    driver = Driver(job.spec, ps, [FakeWorker(ps, 0), FakeWorker(ps, 1)], MemoryStateStore())
+    driver._prune_checkpoints(str(tmp_path / "ckpt" / "20261101" / "pass-2-g1"))
+    assert [p.name for p in sorted((tmp_path / "ckpt" / "_passes").iterdir())] == ["20261101"]
+    assert not (tmp_path / "ckpt" / "20261030").exists() or not any(
+        (tmp_path / "ckpt" / "20261030").iterdir()
+    )
+
+
 def test_a_replay_scratch_left_by_a_kill_is_removed_when_a_driver_starts(tmp_path: Path) -> None:
     job = make_job(tmp_path)
     for hhmm in ("0000", "1200"):
@@ -157,7 +201,7 @@ def test_a_replay_scratch_left_by_a_kill_is_removed_when_a_driver_starts(tmp_pat
     assert not (tmp_path / "ckpt" / "_scratch").exists()
 
 
-def test_stale_generation_results_are_refused_and_the_share_retried(tmp_path: Path) -> None:
+def test_a_stale_generation_result_is_refused_and_the_pass_restored(tmp_path: Path) -> None:
     job = make_job(tmp_path)
     for hhmm in ("0000", "1200"):
         write_folder(tmp_path, "20261101", hhmm)
@@ -165,13 +209,15 @@ def test_stale_generation_results_are_refused_and_the_share_retried(tmp_path: Pa
     stale = FakeWorker(ps, 1)
     stale.stale = True
     progress = run(job, [FakeWorker(ps, 0), stale], ps, MemoryStateStore())
+    # The worker ran the share (it may have pushed): a restore (generation 2), not a share
+    # retry; passRetries (1) restores, then the job fails.
     assert progress.phase == Phase.FAILED
     assert "worker 1 failed pass 20261101/1 after 2 attempts" in progress.message
-    assert "generation 0, expected 1" in progress.message
-    assert len(stale.calls) == 2
+    assert "generation 1, expected 2" in progress.message
+    assert [c[3] for c in stale.calls] == [1, 2]
 
 
-def test_a_worker_error_is_retried_once_then_the_pass_completes(tmp_path: Path) -> None:
+def test_a_worker_error_restores_once_then_the_pass_completes(tmp_path: Path) -> None:
     job = make_job(tmp_path)
     for hhmm in ("0000", "1200"):
         write_folder(tmp_path, "20261101", hhmm)
@@ -180,9 +226,12 @@ def test_a_worker_error_is_retried_once_then_the_pass_completes(tmp_path: Path) 
     steady = FakeWorker(ps, 0)
     progress = run(job, [steady, flaky], ps, MemoryStateStore())
     assert progress.phase == Phase.SUCCEEDED
+    # Both workers redo pass 1 after the reload of the genesis (generation 2).
     assert [c[1] for c in flaky.calls] == [1, 1, 2]
-    assert [c[1] for c in steady.calls] == [1, 2]
+    assert [(c[1], c[3]) for c in steady.calls] == [(1, 1), (1, 2), (2, 2)]
     assert progress.history[0].attempts == 2
+    restored = progress.condition("Restored")
+    assert restored is not None and restored.reason == "ShareFailed"
 
 
 def test_missing_donefile_past_the_deadline_fails_naming_the_folder(tmp_path: Path) -> None:
@@ -220,6 +269,39 @@ def test_restart_reloads_the_checkpoint_and_replays_a_published_export(tmp_path:
     assert not (tmp_path / "ckpt" / "_scratch").exists() or not any(
         (tmp_path / "ckpt" / "_scratch").iterdir()
     )
+
+
+@pytest.mark.parametrize("change", ["purged", "rewritten"])
+def test_a_replay_over_changed_data_stops_with_data_changed(tmp_path: Path, change: str) -> None:
+    """Pass 2 was trained from folder 1200 and the record is now replayed (the crash came
+    while its delta was recorded). Its folder was purged, or a file rewritten, in between:
+    the job stops with ``DataChanged`` naming the folder, and no worker trains anything."""
+    job = make_job(tmp_path)
+    for hhmm in ("0000", "1200"):
+        write_folder(tmp_path, "20261101", hhmm)
+    ps = LocalPS(render.ps_config(job.spec))
+    store = MemoryStateStore()
+    run(job, [FakeWorker(ps, 0), FakeWorker(ps, 1)], ps, store)
+    crashed = next(
+        p for p in store.saved if p.current is not None and str(p.current) == "20261101/2/delta"
+    )
+    folder = tmp_path / "data" / "20261101" / "1200"
+    if change == "purged":
+        shutil.rmtree(folder)
+    else:
+        (folder / "part-00001").write_text("y" * 11)  # same size, new mtime
+        os.utime(folder / "part-00001", (1, 1))
+    fresh_ps = LocalPS(render.ps_config(job.spec))
+    workers = [FakeWorker(fresh_ps, 0), FakeWorker(fresh_ps, 1)]
+    progress = run(job, workers, fresh_ps, MemoryStateStore(crashed))
+    assert progress.phase == Phase.FAILED
+    failed = progress.condition("Failed")
+    assert failed is not None and failed.reason == "DataChanged"
+    assert f"pass 20261101/2: the data in {folder} changed" in failed.message
+    what = "is gone" if change == "purged" else "changed (version"
+    assert f"{folder}/part-00001 {what}" in failed.message
+    assert "_passes/20261101/pass-2.json" in failed.message
+    assert all(not w.calls for w in workers)
 
 
 @pytest.mark.parametrize("replicas", [1, 3])
@@ -304,16 +386,15 @@ def test_a_worker_dying_mid_pass_restores_the_checkpoint_at_most_pass_retries_ti
     progress = asyncio.run(driver.run())
     assert progress.phase == phase
     restored = progress.condition("Restored")
-    assert restored is not None and restored.reason == "WorkerRestarted"
-    assert "worker-1 exited with code -9 during pass 20261101/2" in restored.message
+    assert restored is not None and restored.reason == "ShareFailed"
+    assert "worker 1 failed pass 20261101/2 after it may have pushed" in restored.message
     pass2 = [c for c in dying.calls if c[1] == 2]
+    # One restore (generation 2: reload pass 1's checkpoint, redo pass 2), no share retry;
+    # a second death exhausts passRetries (1) and fails the job.
+    assert [c[3] for c in pass2] == [1, 2] and progress.generation == 2
     if deaths == 1:
-        # One restore (generation 2: reload pass 1's checkpoint, redo pass 2), no share retry.
-        assert [c[3] for c in pass2] == [1, 2] and progress.generation == 2
-        assert progress.history[1].attempts == 1
+        assert progress.history[1].attempts == 2
     else:
-        # passRetries (1) restores, then the share is retried until it fails the job.
-        assert [c[3] for c in pass2] == [1, 2, 2] and progress.generation == 2
         assert "worker 1 failed pass 20261101/2 after 2 attempts" in progress.message
 
 
@@ -370,15 +451,20 @@ def _key(path: str, i: int) -> int:
     return zlib.crc32(f"{Path(path).parent.name}/{Path(path).name}/{i}".encode())
 
 
-def _two_shard_run(
-    root: Path, lose_shard: int | None
+def _dense_run(
+    root: Path,
+    make_workers: Callable[[LocalPS, FakeSupervisor], list[DenseWorker]],
+    supervised: bool = True,
+    **workers_spec: Any,
 ) -> tuple[Progress, LocalPS, list[DenseWorker], list[str], list[str]]:
-    job = make_job(root)
+    """A one-day job of two passes on two PS shards: its progress, PS, workers, files and
+    the checkpoints it loaded."""
+    job = make_job(root, workers=workers_spec)
     for hhmm in ("0000", "1200"):
         write_folder(root, "20261101", hhmm)
     ps = LocalPS(render.ps_config(job.spec), num_shards=2)
     supervisor = FakeSupervisor()
-    workers = [DenseWorker(ps, 0, supervisor), DenseWorker(ps, 1, supervisor, lose_shard)]
+    workers = make_workers(ps, supervisor)
     clock = iter(range(10_000))
     loads: list[str] = []
 
@@ -393,11 +479,120 @@ def _two_shard_run(
         MemoryStateStore(),
         clock=lambda: float(next(clock)),
         sleep=_no_sleep,
-        supervisor=supervisor,
+        supervisor=supervisor if supervised else None,
         observer=Observer(on_action=on_action),
     )
     files = [str(f) for f in sorted((root / "data").glob("*/*/part-*"))]
     return asyncio.run(driver.run()), ps, workers, files, loads
+
+
+def _two_shard_run(
+    root: Path, lose_shard: int | None
+) -> tuple[Progress, LocalPS, list[DenseWorker], list[str], list[str]]:
+    return _dense_run(
+        root, lambda ps, sup: [DenseWorker(ps, 0, sup), DenseWorker(ps, 1, sup, lose_shard)]
+    )
+
+
+def _assert_same_model(ps: LocalPS, clean: LocalPS, files: list[str]) -> None:
+    """Every key's row (show, click, weights) and the dense vector equal a clean run's."""
+    keys = np.array(sorted({_key(f, i) for f in files for i in range(16)}), dtype=np.uint64)
+    # Pulled rows are [show, click, embed_w, embedx...].
+    got, want = ps.pull_sparse("embedding", keys), clean.pull_sparse("embedding", keys)
+    assert np.array_equal(got[:, 0], want[:, 0]), "show counts differ from a clean run"
+    assert np.array_equal(got[:, 1], want[:, 1]), "click counts differ from a clean run"
+    assert np.array_equal(got, want)
+    assert np.array_equal(ps.pull_dense(DenseWorker.DENSE), clean.pull_dense(DenseWorker.DENSE))
+
+
+class PushThenFailWorker(DenseWorker):
+    """Trains and pushes its whole share of pass 2, then fails once (as the trainer does:
+    it flushes its queued pushes before re-raising)."""
+
+    failures = 1
+
+    async def run_pass(
+        self, day: str, pass_index: int, files: Sequence[str], generation: int, train: bool
+    ) -> Any:
+        result = await super().run_pass(day, pass_index, files, generation, train)
+        if pass_index == 2 and train and self.failures:
+            self.failures -= 1
+            raise ConnectionError("failed after its pushes")
+        return result
+
+
+def test_a_share_failing_after_its_pushes_is_applied_once(tmp_path: Path) -> None:
+    """No supervisor, no restart: the worker stays up and reports an error after pushing.
+    Retrying its share alone would double its keys' show counts; the pass is redone on the
+    reloaded checkpoint instead, and the model equals a clean run's key by key."""
+    clean, clean_ps, _, files, _ = _two_shard_run(tmp_path / "clean", None)
+    progress, ps, workers, _, loads = _dense_run(
+        tmp_path / "failing",
+        lambda ps, sup: [DenseWorker(ps, 0, sup), PushThenFailWorker(ps, 1, sup)],
+        supervised=False,
+    )
+    assert clean.phase == progress.phase == Phase.SUCCEEDED
+    _assert_same_model(ps, clean_ps, files)
+    assert loads == [str(tmp_path / "failing" / "ckpt" / "20261101" / "pass-1-g1")]
+    assert [(c[1], c[3]) for c in workers[1].calls] == [(1, 1), (2, 1), (2, 2)]
+    assert progress.history[1].attempts == 2
+
+
+class HangingWorker(DenseWorker):
+    """Pass 2 of generation 1 never answers, and the worker keeps pushing after the call
+    is cancelled (a worker finishes what it started) until a ``Reset`` of a newer
+    generation cancels it — as ``control.py`` does."""
+
+    PUSHES = 500  # 5 s of pushes at most: the test never hangs, even when nothing resets
+
+    def __init__(self, ps: LocalPS, index: int, supervisor: FakeSupervisor) -> None:
+        super().__init__(ps, index, supervisor)
+        self.background: asyncio.Task[None] | None = None
+        self.cancelled = False
+        self.pushes = 0
+
+    async def run_pass(
+        self, day: str, pass_index: int, files: Sequence[str], generation: int, train: bool
+    ) -> Any:
+        if pass_index == 2 and generation == 1 and self.background is None:
+            self.background = asyncio.create_task(self._keep_pushing(files))
+            await asyncio.sleep(3600)  # cancelled by passTimeoutSeconds
+        return await super().run_pass(day, pass_index, files, generation, train)
+
+    async def _keep_pushing(self, files: Sequence[str]) -> None:
+        keys = np.array(sorted({_key(f, i) for f in files for i in range(16)}), dtype=np.uint64)
+        ones = np.ones(keys.size, dtype=np.float32)
+        grads = np.full((keys.size, 3), 0.1, dtype=np.float32)
+        while not self.cancelled and self.pushes < self.PUSHES:
+            self.ps.push_sparse("embedding", keys, grads, ones, ones * 0)
+            self.pushes += 1
+            await asyncio.sleep(0.01)
+
+    async def reset(self, generation: int) -> None:
+        if self.background is not None and generation > 1:
+            self.cancelled = True
+            await self.background  # the pass ends (pushes flushed) before Reset answers
+        await super().reset(generation)
+
+
+def test_a_pass_timeout_cancels_the_still_pushing_worker_before_the_reload(
+    tmp_path: Path,
+) -> None:
+    clean, clean_ps, _, files, _ = _two_shard_run(tmp_path / "clean", None)
+    progress, ps, workers, _, loads = _dense_run(
+        tmp_path / "slow",
+        lambda ps, sup: [DenseWorker(ps, 0, sup), HangingWorker(ps, 1, sup)],
+        passTimeoutSeconds=0.3,
+    )
+    assert clean.phase == progress.phase == Phase.SUCCEEDED
+    slow = workers[1]
+    assert isinstance(slow, HangingWorker)
+    # It was still pushing when the timeout fired; the reload's Reset stopped it.
+    assert slow.cancelled and 0 < slow.pushes < HangingWorker.PUSHES
+    assert loads == [str(tmp_path / "slow" / "ckpt" / "20261101" / "pass-1-g1")]
+    restored = progress.condition("Restored")
+    assert restored is not None and "no answer within passTimeoutSeconds" in restored.message
+    _assert_same_model(ps, clean_ps, files)
 
 
 def test_a_ps_loss_before_the_first_checkpoint_reloads_the_genesis_exactly_once(
@@ -419,7 +614,8 @@ def test_a_ps_loss_before_the_first_checkpoint_reloads_the_genesis_exactly_once(
     # Generation 1 trained pass 1 and lost it; generation 2 reloaded the genesis and redid it.
     assert [(c[1], c[3]) for c in workers[1].calls] == [(1, 1), (1, 2), (2, 2)]
     assert progress.generation == 2 and progress.replayed_steps == 0
-    assert workers[0].resets == 2  # the opening reset, and the one after the reload
+    # The opening reset, the wait for idle workers before the reload, the one after it.
+    assert workers[0].resets == 3
     # Both shards had pass-1 keys (the surviving one would have trained them twice).
     keys = np.array(sorted({_key(f, i) for f in files for i in range(16)}), dtype=np.uint64)
     servers = sharding.server_of_key(keys, ps.config.logicalShards, 2)

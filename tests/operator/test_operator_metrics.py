@@ -26,7 +26,8 @@ def test_series_names_labels_and_values() -> None:
     m.set_phase("ads", "ctr", "Training")  # a state set: the old phase series goes away
     m.pass_completed(
         "ads", "ctr", duration_seconds=95, wait_seconds=12,
-        metrics={"auc": 0.79, "loss": 0.44, "copc": 1.01, "examples": 1000.0},
+        metrics={"auc": 0.79, "loss": 0.44, "copc": 1.01, "examples": 1000.0,
+                 "skippedFiles": 3.0},
     )  # fmt: skip
     m.restarted("ads", "ctr", "ps")
     m.exported("ads", "ctr")
@@ -37,6 +38,7 @@ def test_series_names_labels_and_values() -> None:
     assert get("streamtrain_job_auc", job) == 0.79
     assert get("streamtrain_job_copc", job) == 1.01
     assert get("streamtrain_job_examples_total", job) == 1000
+    assert get("streamtrain_job_skipped_files_total", job) == 3
     assert get("streamtrain_job_passes_completed_total", job) == 1
     assert get("streamtrain_job_pass_duration_seconds_bucket", {**job, "le": "120.0"}) == 1
     assert get("streamtrain_job_pass_duration_seconds_bucket", {**job, "le": "60.0"}) == 0

@@ -48,7 +48,8 @@ class World:
 
     #: (day, pass) -> time at which its donefiles appear.
     data_at: dict[tuple[str, int], float] = field(default_factory=dict)
-    #: (day, pass, worker) -> errors to raise on its next attempts.
+    #: (day, pass, worker) -> errors to raise on its next attempts; one starting with
+    #: "refused" is a refusal (the worker never started the share).
     worker_errors: dict[tuple[str, int, int], list[str]] = field(default_factory=dict)
     now: float = 0.0
     log: list[Action] = field(default_factory=list)
@@ -70,7 +71,8 @@ class World:
                 if errors:
                     failed[w] = errors.pop(0)
             if failed:
-                return PassRan(failed)
+                refused = frozenset(w for w, e in failed.items() if e.startswith("refused"))
+                return PassRan(failed, refused=refused)
             return PassRan({}, {"auc": 0.7, "examples": 100.0})
         return Done()
 
@@ -220,17 +222,60 @@ def test_missing_past_deadline_fails_when_asked_to() -> None:
     assert not any(isinstance(a, RunPass) and a.key.pass_index == 2 for a in world.log)
 
 
-def test_worker_error_retries_only_that_share_and_counts_the_pass_once() -> None:
-    world = World(worker_errors={("20261101", 2, 1): ["connection reset"]})
+def test_a_refused_share_is_retried_alone_and_the_pass_counted_once() -> None:
+    world = World(worker_errors={("20261101", 2, 1): ["refused: worker is busy"]})
     machine = fresh()
     assert world.run(machine).phase == Phase.SUCCEEDED
     runs = [a for a in world.log if isinstance(a, RunPass) and a.key.pass_index == 2]
     runs = [a for a in runs if a.key.day == "20261101"]
     assert [(a.shares, a.attempt) for a in runs] == [((0, 1), 1), ((1,), 2)]
+    assert not any(isinstance(a, LoadCheckpoint) for a in world.log)
     records = [r for r in machine.progress.history if (r.day, r.pass_index) == ("20261101", 2)]
     assert len(records) == 1 and records[0].attempts == 2
     degraded = [p.condition("WorkerFailed") for p in world.saved]
-    assert any(c is not None and "connection reset" in c.message for c in degraded)
+    assert any(c is not None and "worker is busy" in c.message for c in degraded)
+
+
+def test_a_share_that_may_have_pushed_restores_and_redoes_the_whole_pass() -> None:
+    """A share that failed after it started may have pushed part of its gradients: it is
+    never retried alone (that would apply them twice). The PS is restored from the last
+    checkpoint (pass 1's is not due, checkpoint_every=2: the genesis), the completed pass 1
+    replayed, and pass 2 redone by every worker."""
+    world = World(worker_errors={("20261101", 2, 1): ["connection reset"]})
+    machine = fresh()
+    assert world.run(machine).phase == Phase.SUCCEEDED
+    after = world.log[next(i for i, a in enumerate(world.log) if isinstance(a, RunPass)) :]
+    assert steps(after)[:7] == [
+        "train 20261101/1",
+        "delta /exp/20261101/delta-1",
+        "train 20261101/2",
+        "load /ckpt/20261101/pass-0-g1",
+        "reset",
+        "replay train 20261101/1",
+        "replay delta /exp/20261101/delta-1",
+    ]
+    assert steps(after)[7] == "train 20261101/2"
+    runs = [a for a in world.log if isinstance(a, RunPass) and a.key.pass_index == 2]
+    runs = [a for a in runs if a.key.day == "20261101"]
+    assert [(a.shares, a.attempt, a.generation) for a in runs] == [((0, 1), 1, 1), ((0, 1), 1, 2)]
+    records = [r for r in machine.progress.history if (r.day, r.pass_index) == ("20261101", 2)]
+    assert len(records) == 1 and records[0].attempts == 2
+    restored = machine.progress.condition("Restored")
+    assert restored is not None and restored.reason == "ShareFailed"
+    assert "worker 1 failed pass 20261101/2 after it may have pushed: connection reset" in (
+        restored.message
+    )
+
+
+def test_a_replayed_pass_that_fails_restores_again_instead_of_retrying_its_share() -> None:
+    world = World()
+    world.run(fresh())
+    crashed = _crash_at(world, lambda a: isinstance(a, Shrink))  # after pass 3, not replayed
+    replay = World(worker_errors={("20261101", 3, 0): ["socket closed"]})
+    assert replay.run(restart(crashed)).phase == Phase.SUCCEEDED
+    loads = [a for a in replay.log if isinstance(a, LoadCheckpoint)]
+    assert len(loads) == 2  # the restart's reload, and the one after the failed replay
+    assert all(not (isinstance(a, RunPass) and a.shares == (0,)) for a in replay.log)
 
 
 def test_worker_error_beyond_retries_fails_with_a_clear_condition() -> None:
@@ -238,8 +283,17 @@ def test_worker_error_beyond_retries_fails_with_a_clear_condition() -> None:
     end = world.run(fresh(pass_retries=2))
     assert end.phase == Phase.FAILED
     assert "worker 0 failed pass 20261101/1 after 3 attempts: boom" in end.message
+    loads = [a for a in world.log if isinstance(a, LoadCheckpoint)]
+    assert len(loads) == 2  # passRetries restores, then the job fails
     failed = world.saved[-1].condition("Failed")
     assert failed is not None and failed.reason == "WorkerFailed"
+
+
+def test_refusals_beyond_retries_fail_with_a_clear_condition() -> None:
+    world = World(worker_errors={("20261101", 1, 0): ["refused: stale generation"] * 5})
+    end = world.run(fresh(pass_retries=2))
+    assert end.phase == Phase.FAILED
+    assert "worker 0 failed pass 20261101/1 after 3 attempts: refused" in end.message
 
 
 def _open(machine: Scheduler, world: World) -> None:

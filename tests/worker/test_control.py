@@ -236,20 +236,22 @@ def test_a_reset_of_a_newer_generation_cancels_an_older_pass(setup: Setup, chunk
 def test_stale_generation_and_bad_data_are_clear_errors(
     setup: Setup, chunk: str, tmp_path: Path
 ) -> None:
+    # A file over the bad-line limit is DATA_LOSS (permanent: the scheduler does not retry
+    # it) and none of its examples is trained: its lines are held until its fraction is known.
+    bad = tmp_path / "bad-part"
+    good = Path(chunk).read_text().splitlines(keepends=True)[:100]
+    bad.write_text("".join(good) + "not\ta\tcriteo\tline\n" * 5)
+    with pytest.raises(grpc.RpcError) as err:
+        run_pass(setup.stub, [str(bad), chunk], generation=5)
+    assert err.value.code() is grpc.StatusCode.DATA_LOSS
+    assert f"{bad}: 5 bad of 105 lines, first bad lines 101" in (err.value.details() or "")
+    assert setup.ps.stats().tables[0].keys == 0  # nothing pushed
     run_pass(setup.stub, [chunk], generation=5)
     with pytest.raises(grpc.RpcError) as err:
         run_pass(setup.stub, [chunk], generation=4)
     assert err.value.code() is grpc.StatusCode.FAILED_PRECONDITION
     assert reason_of(err.value) is Reason.STALE_GENERATION
     assert "stale generation 4" in (err.value.details() or "")
-    bad = tmp_path / "bad-part"
-    good = Path(chunk).read_text().splitlines(keepends=True)[:100]
-    bad.write_text("".join(good) + "not\ta\tcriteo\tline\n" * 5)
-    with pytest.raises(grpc.RpcError) as err:
-        run_pass(setup.stub, [str(bad)], generation=5)
-    assert err.value.code() is grpc.StatusCode.FAILED_PRECONDITION
-    assert reason_of(err.value) is None  # bad data: not a refusal the driver acts on
-    assert str(bad) in (err.value.details() or "")
     with pytest.raises(grpc.RpcError) as err:
         run_pass(setup.stub, [str(tmp_path / "missing")], generation=5)
     assert err.value.code() is grpc.StatusCode.NOT_FOUND

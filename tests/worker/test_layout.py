@@ -104,6 +104,24 @@ def test_folder_ready_and_listing_on_local_disk(tmp_path: Path) -> None:
     assert layout.list_part_files(str(tmp_path / "missing")) == []
 
 
+def test_scan_counts_what_it_skips_and_records_size_and_version(tmp_path: Path) -> None:
+    folder = tmp_path / "0000"
+    (folder / "_temporary" / "0").mkdir(parents=True)
+    (folder / "sub").mkdir()
+    for name in ("part-0", ".part-0.crc", "_started", "part-1.tmp", "part-2.crc", "_SUCCESS"):
+        (folder / name).write_bytes(b"abc")
+    listing = layout.scan_folder(str(folder))
+    # The donefile is expected, not skipped; everything else that is not data is counted.
+    assert listing.skipped == [".part-0.crc", "_started", "_temporary/", "part-1.tmp",
+                               "part-2.crc", "sub/"]  # fmt: skip
+    (data,) = listing.files
+    assert (data.path, data.size) == (str(folder / "part-0"), 3)
+    assert data.version == str((folder / "part-0").stat().st_mtime)
+    # An object store's etag wins over a modification time.
+    assert layout.file_version({"ETag": '"9a0364b9"', "mtime": 1.0}) == '"9a0364b9"'
+    assert layout.file_version({"size": 3}) == ""
+
+
 def test_listing_through_an_fsspec_url_keeps_the_protocol() -> None:
     fs = fsspec.filesystem("memory")
     fs.pipe({"/bucket/20261101/0100/part-1": b"abc", "/bucket/20261101/0100/part-0": b"a"})

@@ -133,7 +133,7 @@ def test_the_reader_reports_quote_errors_with_line_numbers(tmp_path: Path) -> No
         for _ in iter_batches([str(path)], cfg, 64, block_bytes=512):
             pass
     message = str(info.value)
-    assert "2 bad lines of 200" in message
+    assert "2 bad of 200 lines" in message
     assert "first bad lines 8 (unterminated quoted field" in message
     assert "152 (text between a closing quote and the delimiter)" in message
 

@@ -84,7 +84,7 @@ def test_truncated_gzip_names_the_file(tmp_path: Path) -> None:
         list(iter_batches([str(path)], CRITEO_CFG, 512, block_bytes=65536))
 
 
-def test_bad_line_threshold_names_files_and_lines(tmp_path: Path) -> None:
+def test_bad_line_threshold_is_per_file_and_names_the_file_and_lines(tmp_path: Path) -> None:
     good = CRITEO.read_bytes().split(b"\n")[:1000]
     broken = good[:]
     broken[4] = b"not\tenough"
@@ -92,23 +92,66 @@ def test_bad_line_threshold_names_files_and_lines(tmp_path: Path) -> None:
     (tmp_path / "part-0").write_bytes(b"\n".join(good) + b"\n")
     (tmp_path / "part-1").write_bytes(b"\n".join(broken) + b"\n")
     files = [str(tmp_path / "part-0"), str(tmp_path / "part-1")]
-    loose = DataConfig.from_dict({"format": "criteo", "maxBadLineFraction": 0.001})
+    loose = DataConfig.from_dict({"format": "criteo", "maxBadLineFraction": 0.002})
     with PassReader(files, loose, 256) as reader:
-        assert sum(b.size for b in reader) == 1998  # 2 bad of 2000 = 0.001: not above
+        assert sum(b.size for b in reader) == 1998  # 2 bad of part-1's 1000 = 0.002: not above
         assert reader.stats.bad_lines == 2
         report = reader.file_reports[1]
         assert report.first_bad == [(5, "wrong column count"), (10, "unparsable number")]
-    strict = DataConfig.from_dict({"format": "criteo", "maxBadLineFraction": 0.0005})
+    # 2 bad of 2000 lines in the pass is 0.001, but part-1 alone is 0.002: it fails.
+    strict = DataConfig.from_dict({"format": "criteo", "maxBadLineFraction": 0.0015})
     seen = 0
     with pytest.raises(BadDataError) as info:
         for batch in iter_batches(files, strict, 256):
             seen += batch.size
     message = str(info.value)
-    assert "2 bad lines of 2000" in message
-    assert f"{files[1]}: 2 bad of 1000 lines" in message
+    assert f"{files[1]}: 2 bad of 1000 lines, first bad lines " in message
     assert "5 (wrong column count), 10 (unparsable number)" in message
+    assert "0.2000% exceeds maxBadLineFraction=0.0015 (per file)" in message
     assert files[0] not in message
-    assert seen == 1792  # every full batch was yielded; the error replaced the last one
+    assert seen == 768  # part-0's full batches; nothing of part-1
+
+
+@pytest.mark.parametrize("hold_blocks", [1, 64])
+def test_a_file_of_garbage_hands_out_none_of_its_examples(tmp_path: Path, hold_blocks: int) -> None:
+    """A small all-garbage file beside a large good one: a per-pass limit would let it
+    through (5 of 5005 lines); per file it fails before anything of it is trained. With
+    ``hold_blocks=1`` the file is larger than what is held and counted ahead instead."""
+    good = CRITEO.read_bytes().split(b"\n")[:5000]
+    (tmp_path / "part-0").write_bytes(b"".join(b"garbage %d\n" % i for i in range(4)) + good[0])
+    (tmp_path / "part-1").write_bytes(b"\n".join(good) + b"\n")
+    files = [str(tmp_path / "part-0"), str(tmp_path / "part-1")]
+    cfg = DataConfig.from_dict({"format": "criteo", "maxBadLineFraction": 0.002})
+    seen = 0
+    with pytest.raises(BadDataError, match=r"part-0: 4 bad of 5 lines, first bad lines 1 \("):
+        for batch in iter_batches(files, cfg, 2, block_bytes=16, hold_blocks=hold_blocks):
+            seen += batch.size
+    assert seen == 0
+
+
+def test_a_file_larger_than_the_hold_is_counted_ahead_and_read_again_in_full(
+    tmp_path: Path,
+) -> None:
+    raw = CRITEO.read_bytes()
+    (tmp_path / "part-0").write_bytes(raw)
+    batches = list(
+        iter_batches([str(tmp_path / "part-0")], CRITEO_CFG, 500, hold_blocks=3, block_bytes=65536)
+    )
+    joined = concat_batches(batches)
+    expected = whole_file(CRITEO_CFG, raw)
+    assert np.array_equal(joined.keys, expected.keys)
+    assert np.array_equal(joined.labels, expected.labels)
+    broken = raw.split(b"\n")
+    broken[-2] = b"bad\tline"  # the last line: known only after the held blocks
+    (tmp_path / "part-1").write_bytes(b"\n".join(broken))
+    strict = DataConfig.from_dict({"format": "criteo", "maxBadLineFraction": 0.00001})
+    seen = 0
+    with pytest.raises(BadDataError, match="part-1: 1 bad of 7200 lines"):
+        for batch in iter_batches(
+            [str(tmp_path / "part-1")], strict, 500, hold_blocks=3, block_bytes=65536
+        ):
+            seen += batch.size
+    assert seen == 0
 
 
 def test_empty_files_and_empty_passes(tmp_path: Path) -> None:

@@ -10,10 +10,11 @@ call (or an export) and maps failures to gRPC status codes in one place (``_stat
   reason ``STALE_GENERATION``;
 - a pass cancelled by a ``Reset`` of a newer generation -> ``ABORTED``, reason ``CANCELLED``;
 - PS unreachable after the client's retries (``PSUnavailableError``) -> ``UNAVAILABLE``;
-- too many bad lines -> ``FAILED_PRECONDITION``; corrupt/missing data -> ``DATA_LOSS`` /
-  ``NOT_FOUND``; a listed path that is a directory or unreadable -> ``FAILED_PRECONDITION``;
-  anything else -> ``INTERNAL``. Every status carries a message naming the
-  cause (file, endpoint, field), for people; callers branch on the code and on the
+- a data error — a file over the bad-line limit, a corrupt file — -> ``DATA_LOSS`` (the
+  scheduler treats it as permanent: the job fails, no retry); a missing file -> ``NOT_FOUND``
+  (the scheduler's ``DataChanged``); a listed path that is a directory or unreadable ->
+  ``FAILED_PRECONDITION``; anything else -> ``INTERNAL``. Every status carries a message
+  naming the cause (file, endpoint, field), for people; callers branch on the code and on the
   ``refusals.Reason`` in the trailing metadata, never on the message.
 
 ``Reset(generation)`` is how a new scheduler generation takes over (after an operator or PS
@@ -44,7 +45,7 @@ from streamtrain_ps.api import PSLike
 from streamtrain_ps.errors import PSError, PSUnavailableError
 from streamtrain_ps.grpc_serving import GrpcServer
 from streamtrain_worker.config import WorkerConfig
-from streamtrain_worker.data.errors import BadDataError, CorruptFileError, DataError
+from streamtrain_worker.data.errors import DataError
 from streamtrain_worker.data.reader import PassReader
 from streamtrain_worker.export import export_dense
 from streamtrain_worker.metrics import format_metric
@@ -79,9 +80,7 @@ def _status(exc: BaseException) -> grpc.StatusCode:
         return grpc.StatusCode.UNAVAILABLE
     if isinstance(exc, PassCancelledError):
         return grpc.StatusCode.ABORTED
-    if isinstance(exc, BadDataError):
-        return grpc.StatusCode.FAILED_PRECONDITION
-    if isinstance(exc, CorruptFileError | DataError):
+    if isinstance(exc, DataError):  # BadDataError, CorruptFileError
         return grpc.StatusCode.DATA_LOSS
     if isinstance(exc, FileNotFoundError | NotADirectoryError):
         return grpc.StatusCode.NOT_FOUND

@@ -141,11 +141,19 @@ class PassRan:
     """Outcome of a ``RunPass``: failed shares with their error, or the global metrics.
 
     ``metrics`` (summed over every share of the pass, retries included) is given once no
-    share is failing.
+    share is failing. ``refused``: the failed shares whose worker provably never started
+    them (it refused the call: busy, or a stale generation) — nothing of theirs reached the
+    PS, so only they can be retried alone; any other failure may have pushed part of the
+    share (a worker error after some batches, a lost connection, a timeout).
     """
 
     failed: Mapping[int, str]
     metrics: Mapping[str, float] | None = None
+    refused: frozenset[int] = frozenset()
+
+    @property
+    def may_have_pushed(self) -> bool:
+        return any(w not in self.refused for w in self.failed)
 
 
 @dataclass(frozen=True)
@@ -191,6 +199,8 @@ class Scheduler:
         self._stop: tuple[str, str] | None = None
         self._sleep: float | None = None
         self._pass: _PassState | None = None
+        #: Restores caused by a failed share, by pass (bounded by ``pass_retries``).
+        self._share_restores: dict[StepKey, int] = {}
 
     # ------------------------------------------------------------------ public
 
@@ -202,7 +212,8 @@ class Scheduler:
         """The PS state is lost or unknown: start over from the last checkpoint.
 
         ``cause`` (the condition's reason): ``PSRestarted`` (a shard came back empty) or
-        ``WorkerRestarted`` (a worker died mid-pass after pushing part of its share).
+        ``ShareFailed`` (a share failed after it may have pushed part of its gradients:
+        the machine calls this itself, see ``_on_share_failed``).
 
         Whatever action is pending is abandoned (its outcome is unknown or was computed
         against a PS that lost state); the next action bumps the generation, reloads the
@@ -242,7 +253,9 @@ class Scheduler:
         if self._queue and action is self._queue[0]:
             self._queue.pop(0)
             if isinstance(action, RunPass) and _expect(event, PassRan).failed:
-                self._retry_or_fail(action, _expect(event, PassRan), now)
+                self._on_share_failed(action, _expect(event, PassRan), now)
+                if not self._started:  # restored: the start-up work is queued anew
+                    return
             if not self._queue:
                 self.progress = replace(self.progress, phase=Phase.PENDING)
             return
@@ -391,7 +404,7 @@ class Scheduler:
             st.attempts[w] = action.attempt
         st.pending = set(event.failed)
         if event.failed:
-            self._retry_or_fail(action, event, now)
+            self._on_share_failed(action, event, now)
             return
         if event.metrics is None:
             raise ProtocolError("PassRan without failures must carry the pass metrics")
@@ -401,7 +414,7 @@ class Scheduler:
             generation=action.generation,
             metrics=dict(event.metrics),
             wait_seconds=st.wait_seconds,
-            attempts=max(st.attempts.values(), default=1),
+            attempts=self._share_restores.get(action.key, 0) + max(st.attempts.values(), default=1),
         )
         self.progress = self.progress.add_pass(record).clear_condition(
             "WorkerFailed", now, "PassCompleted"
@@ -409,7 +422,49 @@ class Scheduler:
         self._complete(action.key)
         self._pass = None
 
+    def _on_share_failed(self, action: RunPass, event: PassRan, now: float) -> None:
+        """A share failed. Exactly-once: a share is applied once or not at all.
+
+        A share that may have pushed part of its gradients (anything but a refusal) cannot
+        be retried alone — the retry would apply those gradients again. The PS is restored
+        instead (reload the last checkpoint, replay, redo the pass whole), at most
+        ``pass_retries`` times per pass; then the job fails naming the worker and the error.
+        Only shares refused before they ran are retried alone. A record without any
+        checkpoint (written before the genesis existed) cannot be restored: it fails.
+        """
+        if not event.may_have_pushed:
+            self._retry_or_fail(action, event, now)
+            return
+        worker, error = min((w, e) for w, e in event.failed.items() if w not in event.refused)
+        where = f"pass {action.key.day}/{action.key.pass_index}"
+        restores = self._share_restores.get(action.key, 0)
+        if restores >= self.policy.pass_retries or self.progress.checkpoint is None:
+            why = (
+                "with no checkpoint to restore"
+                if self.progress.checkpoint is None
+                else f"after {restores + 1} attempts"
+            )
+            self._fail("WorkerFailed", f"worker {worker} failed {where} {why}: {error}", now)
+            return
+        self._share_restores[action.key] = restores + 1
+        self.progress = self.progress.with_condition(
+            Condition(
+                "WorkerFailed",
+                "True",
+                "RestoringPass",
+                f"worker {worker} failed {where} (attempt {restores + 1}): {error}",
+                now,
+            )
+        )
+        self.restore(
+            f"worker {worker} failed {where} after it may have pushed: {error}; the pushes "
+            "of the pass are discarded (reload the last checkpoint, replay, redo the pass)",
+            now,
+            cause="ShareFailed",
+        )
+
     def _retry_or_fail(self, action: RunPass, event: PassRan, now: float) -> None:
+        """Every failed share was refused before it ran: retry those shares alone."""
         worker, error = sorted(event.failed.items())[0]
         where = f"pass {action.key.day}/{action.key.pass_index}"
         if action.attempt > self.policy.pass_retries:

@@ -12,7 +12,8 @@ the pods' gRPC health, runs the driver with progress stored in the job's status,
   continues with the next step — so the change takes effect at the next pass;
 - a PS pod restarted or recreated (its memory is gone): the driver is cancelled and
   restarted, which bumps the generation, reloads every shard from the last checkpoint
-  and replays; a worker restart is only counted (the driver retries its share);
+  and replays; a worker restart is only counted and reported (a worker that died during a
+  pass failed its share, and the driver restores for that: ``Scheduler._on_share_failed``);
 - Succeeded (``endDay`` reached): the StatefulSets are deleted — pods removed, the models
   in object storage untouched; Failed: the pods scale to zero, the status says why.
 

@@ -89,6 +89,14 @@ class OperatorMetrics:
             JOB,
             registry=registry,
         )
+        self.skipped_files = Counter(
+            "streamtrain_job_skipped_files",
+            "Names in a pass's folders that were not trained as data: sub-folders, hidden "
+            "(.x), marker and temporary (_x, *.tmp, *.crc, ...) files; the donefile is not "
+            "counted.",
+            JOB,
+            registry=registry,
+        )
         self.restarts = Counter(
             "streamtrain_job_restarts",
             "Component restarts noticed by the operator (a PS restart triggers recovery).",
@@ -137,7 +145,7 @@ class OperatorMetrics:
         metrics: Mapping[str, float],
     ) -> None:
         """Record one finished pass with its global metrics (``auc``, ``loss``, ``copc``,
-        ``examples`` when present).
+        ``examples``, ``skippedFiles`` when present).
 
         A quality metric the pass left undefined (absent, or not a finite number) leaves
         its gauge at the last defined value (module docstring).
@@ -151,6 +159,8 @@ class OperatorMetrics:
                 gauge.labels(namespace, job).set(value)
         if metrics.get("examples", 0) > 0:
             self.examples.labels(namespace, job).inc(metrics["examples"])
+        if metrics.get("skippedFiles", 0) > 0:
+            self.skipped_files.labels(namespace, job).inc(metrics["skippedFiles"])
 
     def restarted(self, namespace: str, job: str, role: str, count: int = 1) -> None:
         if role not in ROLES:
@@ -172,6 +182,7 @@ class OperatorMetrics:
         for metric in (
             self.passes,
             self.examples,
+            self.skipped_files,
             self.pass_duration,
             self.donefile_wait,
             self.auc,

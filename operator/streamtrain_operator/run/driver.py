@@ -45,7 +45,7 @@ from streamtrain_operator.job.scheduler import (
     Terminal,
 )
 from streamtrain_operator.job.spec import JobSpec
-from streamtrain_operator.run import export
+from streamtrain_operator.run import export, passfiles, worker_errors
 from streamtrain_operator.run.hooks import AFTER, BEFORE, NO_HOOK, StepHook
 from streamtrain_operator.run.state import StateStore
 from streamtrain_ps.api import PSLike, SaveMode
@@ -56,12 +56,14 @@ from streamtrain_worker.data import layout
 from streamtrain_worker.data.sharding import assign_files
 from streamtrain_worker.metrics import PassMetrics
 from streamtrain_worker.model_folder import ModelKind, Serving
-from streamtrain_worker.refusals import is_busy
 
 log = logging.getLogger(__name__)
 
 #: Seconds between two ``Reset`` calls to a worker still busy with an earlier pass.
 IDLE_POLL_SECONDS = 0.5
+#: How long a reload waits for a worker that does not answer (a pod being restarted: the
+#: kubelet's back-off reaches 5 minutes).
+RESTART_WAIT_SECONDS = 600.0
 
 SAVE_MODES = {
     StepKind.DELTA: SaveMode.DELTA,
@@ -111,7 +113,8 @@ class Supervisor(Protocol):
     ps_restarts: int
     #: What the last PS restart was (for the condition's message).
     last_ps_restart: str
-    #: How many worker restarts so far: one during a pass pushed part of its share.
+    #: How many worker restarts so far (reported only: a worker that died during a pass
+    #: failed its share, and the scheduler restores for that).
     worker_restarts: int
     last_worker_restart: str
 
@@ -164,11 +167,7 @@ class Driver:
             backoff_seconds=spec.export.retryBackoffSeconds,
             retry_on=retry_on,
         )
-        saved = store.load()
-        progress = saved or Progress()
-        #: Whether an earlier driver ran this job: its workers may still be in one of its
-        #: passes (see ``_wait_for_idle_workers``); cleared by the first reload.
-        self._inherited = saved is not None
+        progress = store.load() or Progress()
         self.machine = Scheduler(self.plan, policy_from_spec(spec), progress)
         # Results of the train step in progress, by worker (merged once all are in).
         self._results: dict[int, PassMetrics] = {}
@@ -217,7 +216,7 @@ class Driver:
                 for what in healed:
                     if self.observer.on_restart is not None:
                         self.observer.on_restart(what)
-                lost = self._state_lost(action, restarts)
+                lost = self._state_lost(restarts)
                 if lost is not None:
                     self.machine.restore(lost[1], self.clock(), cause=lost[0])
                     self._save()
@@ -230,35 +229,19 @@ class Driver:
             return 0, 0
         return self.supervisor.ps_restarts, self.supervisor.worker_restarts
 
-    def _state_lost(self, action: Action, before: tuple[int, int]) -> tuple[str, str] | None:
-        """Did a restart during ``action`` make the PS state unknown? (cause, message)
+    def _state_lost(self, before: tuple[int, int]) -> tuple[str, str] | None:
+        """Did a PS restart during the action make the PS state unknown? (cause, message)
 
-        A PS restart lost that shard's state. A worker that died during a pass had pushed
-        the gradients of part of its share; retrying the share alone would apply those
-        twice, so the model is restored (reload + replay) instead — exactly-once for worker
-        loss too, at the price of replaying the passes since the last checkpoint. Bounded by
-        ``workers.passRetries`` per pass: a worker that keeps dying on a pass falls back to
-        share retries, which then fail the job naming it. Every job opens with the genesis
-        checkpoint (``PassPlan.genesis``), so there is always one to reload; only a record
-        written by an operator from before the genesis, still without a checkpoint, has
-        nothing to reload (the PS has no reset), and then the share is retried as well.
+        A PS shard that came back empty voids the outcome of the action. A worker restart
+        needs nothing here: a worker that died during a pass failed its share, and the
+        scheduler restores after every share failure that may have pushed
+        (``Scheduler._on_share_failed``) — also when the restart is noticed only later,
+        as with a kubelet that restarts with back-off.
         """
         assert self.supervisor is not None
-        ps, workers = self._restarts()
-        if ps != before[0]:
-            # A PS shard came back empty: the outcome of this action is void.
+        if self.supervisor.ps_restarts != before[0]:
             return "PSRestarted", self.supervisor.last_ps_restart or "a PS shard restarted"
-        if workers == before[1] or not isinstance(action, RunPass):
-            return None
-        if self.machine.progress.checkpoint is None:
-            return None
-        done = self._worker_restores.get(action.key, 0)
-        if done >= self.spec.workers.passRetries:
-            return None
-        self._worker_restores[action.key] = done + 1
-        what = self.supervisor.last_worker_restart or "a worker restarted"
-        where = f"{action.key.day}/{action.key.pass_index}"
-        return "WorkerRestarted", f"{what} during pass {where}: its pushes are discarded"
+        return None
 
     def _save(self) -> None:
         self.store.save(self.machine.progress)
@@ -308,21 +291,48 @@ class Driver:
         donefile = self.spec.data.donefile
         return [f for f in self._folders(key) if not layout.folder_ready(f, donefile)]
 
-    def _assignment(self, key: StepKey) -> list[list[str]]:
+    def _assignment(self, action: RunPass) -> tuple[list[list[str]], passfiles.PassFiles]:
+        """Every worker's files of the pass, from the pass's recorded file list.
+
+        The first dispatch lists the folders and records the list (``passfiles``); a replay
+        or a share retry uses the record after verifying it (``DataChangedError`` when a
+        file is gone or changed). A pass started afresh (attempt 1, not a replay) has
+        nothing in the model yet, so a changed folder is listed and recorded again.
+        """
         donefile = self.spec.data.donefile
-        files = [
-            f for folder in self._folders(key) for f in layout.list_part_files(folder, donefile)
-        ]
-        return assign_files(files, len(self.workers))
+        uri = passfiles.record_uri(self.plan.checkpoint_root, action.key)
+        where = f"pass {action.key.day}/{action.key.pass_index}"
+        recorded = passfiles.load(uri)
+        files = recorded
+        if recorded is not None:
+            try:
+                passfiles.verify(recorded, donefile, where, uri)
+            except passfiles.DataChangedError:
+                if action.replay or action.attempt > 1:
+                    raise
+                log.warning("%s: its data changed before it was trained; listing it again", where)
+                files = None
+        elif action.replay:
+            log.warning("%s: no recorded file list (an older record); listing it now", where)
+        if files is None:
+            files = passfiles.list_pass(self._folders(action.key), donefile)
+            passfiles.save(uri, files)
+        sized = [(f.path, f.size) for f in files.files]
+        return assign_files(sized, len(self.workers)), files
 
     async def _run_pass(self, action: RunPass) -> Event:
         if self._results_key != action.key or action.attempt == 1:
             self._results, self._results_key = {}, action.key
             self._pass_started = self.clock()
         try:
-            assignment = await asyncio.to_thread(self._assignment, action.key)
-        except OSError as exc:
-            return PassRan(dict.fromkeys(action.shares, f"cannot list the pass's files: {exc}"))
+            assignment, files = await asyncio.to_thread(self._assignment, action)
+        except passfiles.DataChangedError as exc:
+            return Failed("DataChanged", str(exc))
+        except OSError as exc:  # nothing was dispatched: a retry of every share is safe
+            return PassRan(
+                dict.fromkeys(action.shares, f"cannot list the pass's files: {exc}"),
+                refused=frozenset(action.shares),
+            )
         timeout = self.spec.workers.passTimeoutSeconds
 
         async def one(w: int) -> PassMetrics:
@@ -338,15 +348,26 @@ class Driver:
 
         outcomes = await asyncio.gather(*(one(w) for w in action.shares), return_exceptions=True)
         failed: dict[int, str] = {}
+        refused: set[int] = set()
         for w, outcome in zip(action.shares, outcomes, strict=True):
             if isinstance(outcome, BaseException):
                 if isinstance(outcome, asyncio.CancelledError):
                     raise outcome
-                failed[w] = _describe(outcome, self.workers[w].name)
+                failed[w] = worker_errors.describe(outcome, self.workers[w].name)
+                if worker_errors.refused(outcome):
+                    refused.add(w)
             else:
                 self._results[w] = outcome
+        where = f"pass {action.key.day}/{action.key.pass_index}"
+        for w, outcome in zip(action.shares, outcomes, strict=True):
+            code = worker_errors.grpc_code(outcome) if isinstance(outcome, BaseException) else ""
+            if code == "DATA_LOSS":
+                # The data is wrong, not the worker: retrying would fail the same way.
+                return Failed("BadData", f"{where}: {failed[w]}")
+            if code == "NOT_FOUND":  # a recorded file vanished after it was verified
+                return Failed("DataChanged", f"{where}: a file of the pass is gone: {failed[w]}")
         if failed:
-            return PassRan(failed)
+            return PassRan(failed, refused=frozenset(refused))
         parts = [self._results[w] for w in range(len(self.workers))]
         total = PassMetrics.sum(parts, parts[0].num_buckets)
         wall = max(self.clock() - self._pass_started, 1e-9)
@@ -357,6 +378,7 @@ class Driver:
             "examplesPerSecond": total.examples / wall,
             "badLines": float(total.bad_lines),
             "files": float(total.files_read),
+            "skippedFiles": float(len(files.skipped)),
         }
         return PassRan({}, metrics)
 
@@ -421,36 +443,30 @@ class Driver:
         return Done({"deleted": float(result.deleted), "keys": float(result.keys_after)})
 
     async def _load(self, uri: str) -> Event:
-        if self._inherited:
-            await self._wait_for_idle_workers()
-            self._inherited = False
+        await self._wait_for_idle_workers()
         keys = await asyncio.to_thread(self.ps.load, uri)
         return Done({"keys": float(keys)})
 
     async def _wait_for_idle_workers(self) -> None:
-        """Before a reload: wait until no worker still runs a pass of an earlier generation.
+        """Before every reload: wait until no worker still runs a pass of an earlier generation.
 
-        On Kubernetes the workers outlive what stopped the previous driver — the operator
-        pod was lost, or the supervisor cancelled the driver after a PS restart — and a
-        ``RunPass`` they were given keeps pulling and pushing until its share is done (a
-        worker finishes what it started; cancelling the call does not stop it). Those
-        pushes, landing after the checkpoint was loaded, would count that part of the pass
-        twice once it is redone; and the ``ResetWorkers`` after the load would be refused as
-        busy (``refusals.Reason.BUSY``). ``Reset`` with this driver's (newer) generation
-        makes the worker cancel such a pass at its next batch boundary, flush its pushes,
-        and only then answer, so once every worker has answered, nothing old can push any
-        more. A worker that is busy with something else (an export) refuses as busy and is
-        asked again; bounded by ``passTimeoutSeconds``, unbounded without it, like the pass
-        itself.
-
-        Only a driver that took over a job from an earlier one waits (at its first reload):
-        within one driver a restore follows an action whose calls have all returned.
+        A worker finishes what it started: cancelling the ``RunPass`` call (a
+        ``passTimeoutSeconds`` timeout, a driver cancelled after a PS restart, an operator
+        pod that was lost) does not stop it, and it keeps pulling and pushing until its
+        share is done. Those pushes, landing after the checkpoint was loaded, would count
+        that part of the pass twice once it is redone. ``Reset`` with this driver's (newer)
+        generation makes the worker cancel such a pass at its next batch boundary, flush its
+        pushes, and only then answer, so once every worker has answered, nothing old can push
+        any more. A worker busy with something else (an export) answers "busy" and is asked
+        again, bounded by ``passTimeoutSeconds`` (unbounded without it, like the pass
+        itself); a worker that does not answer at all (its pod is being restarted, with the
+        kubelet's back-off) is asked again for up to ``RESTART_WAIT_SECONDS``.
         """
         limit = self.spec.workers.passTimeoutSeconds
         generation = self.machine.progress.generation
         log.warning(
-            "generation %d took over the job: resetting the workers (a pass of an earlier "
-            "generation still running is cancelled first) before reloading the checkpoint",
+            "generation %d reloads the checkpoint: resetting the workers first (a pass of an "
+            "earlier generation still running is cancelled and its pushes flushed)",
             generation,
         )
 
@@ -461,12 +477,18 @@ class Driver:
                     await worker.reset(generation)
                     return
                 except Exception as exc:
-                    if not is_busy(exc) or (limit is not None and waited >= limit):
+                    busy, down = worker_errors.busy(exc), worker_errors.unavailable(exc)
+                    if not (busy or down):
+                        raise
+                    if busy and limit is not None and waited >= limit:
+                        raise
+                    if down and waited >= RESTART_WAIT_SECONDS:
                         raise
                 if waited == 0.0:
                     log.warning(
-                        "%s is busy: generation %d waits for it before reloading the checkpoint",
+                        "%s is %s: generation %d waits for it before reloading the checkpoint",
                         worker.name,
+                        "busy" if busy else "not answering",
                         generation,
                     )
                 await self.sleep(IDLE_POLL_SECONDS)
@@ -480,7 +502,9 @@ class Driver:
         return Done()
 
     def _prune_checkpoints(self, newest: str) -> None:
-        """Keep the newest ``checkpoint.keep`` published checkpoints (best effort)."""
+        """Keep the newest ``checkpoint.keep`` published checkpoints (best effort), and the
+        recorded file lists of the days from the oldest kept one on (a replay never reaches
+        back further than the newest checkpoint)."""
         fs, root = fsspec.core.url_to_fs(self.plan.checkpoint_root)
         found: list[tuple[CheckpointName, str]] = []
         for manifest in fs.glob(f"{str(root).rstrip('/')}/{checkpoints.GLOB}/{MANIFEST}"):
@@ -494,19 +518,16 @@ class Driver:
         for _, directory in found[: -self.spec.checkpoint.keep]:
             if directory.rstrip("/") != newest_path:
                 fs.rm(directory, recursive=True)
+        kept = found[-self.spec.checkpoint.keep :]
+        if kept:
+            oldest_day = kept[0][0].day
+            records = f"{str(root).rstrip('/')}/{passfiles.PASSES_DIR}"
+            for day_dir in fs.glob(f"{records}/*"):
+                if str(day_dir).rstrip("/").rsplit("/", 1)[-1] < oldest_day:
+                    fs.rm(day_dir, recursive=True)
 
 
 def _remove(uri: str) -> None:
     fs, path = fsspec.core.url_to_fs(uri)
     if fs.exists(path):
         fs.rm(path, recursive=True)
-
-
-def _describe(exc: BaseException, worker: str) -> str:
-    details = getattr(exc, "details", None)
-    code = getattr(exc, "code", None)
-    if callable(details) and callable(code):  # grpc.aio.AioRpcError
-        return f"{worker}: {code().name}: {details()}"
-    if isinstance(exc, TimeoutError):
-        return f"{worker}: no answer within passTimeoutSeconds"
-    return f"{worker}: {type(exc).__name__}: {exc}"

@@ -145,7 +145,9 @@ class DataConfig:
     )
     maxBadLineFraction: float = setting(
         0.001,
-        "A file with a larger fraction of unparsable lines fails the pass, naming the file.",
+        "A file with a larger fraction of unparsable lines fails the job, naming the file "
+        "and its first bad lines; checked per file before any of its examples is trained, "
+        "and not retried (condition reason BadData).",
         minimum=0,
         maximum=1,
     )

@@ -1,8 +1,9 @@
 """The data layer's exception tree, in one place so callers know what each error means.
 
 - ``DataError`` — base of every error raised while reading training data.
-  - ``BadDataError`` — too many unparsable lines in a pass (more than
-    ``maxBadLineFraction``); permanent for that pass: the data, not the worker, is wrong.
+  - ``BadDataError`` — too many unparsable lines in a file (more than
+    ``maxBadLineFraction`` of its lines); permanent: the data, not the worker, is wrong,
+    so the scheduler fails the job instead of retrying (reason ``BadData``).
   - ``CorruptFileError`` — a file cannot be read at all (truncated gzip, a header that does
     not name the configured columns); names the file.
 - ``LayoutError`` (also a ``ValueError``) — an invalid pass plan or day string
@@ -24,7 +25,7 @@ class DataError(Exception):
 
 
 class BadDataError(DataError):
-    """The bad-line fraction of a pass exceeded ``maxBadLineFraction``."""
+    """The bad-line fraction of a file exceeded ``maxBadLineFraction``."""
 
 
 class CorruptFileError(DataError):

@@ -7,12 +7,17 @@ consumer batches of exactly ``batch_size`` examples (the last one may be smaller
 queue of parsed blocks caps memory and lets the reader run at most ``prefetch_blocks`` ahead.
 
 Bad-line policy: a bad line (wrong column count, unparsable number or label, malformed token)
-is counted per file and skipped. When the whole pass has been read, the fraction ``bad /
-lines`` is compared with ``maxBadLineFraction``; above it, iteration raises ``BadDataError``
-naming the files and their first bad line numbers (with reasons) instead of yielding the
-final batch. The check is per pass, not per file, because one small file with one bad line
-must not fail a large healthy pass; it runs when reading ends, which is ahead of training by
-the prefetch depth.
+is counted per file and skipped. The limit is **per file**: a file whose fraction ``bad /
+lines`` exceeds ``maxBadLineFraction`` fails the pass — iteration raises ``BadDataError``
+naming the file, its counts and its first bad line numbers (with reasons) — and **none of
+that file's examples is handed out**: the producer holds a file's parsed blocks until the
+file's fraction is known. A per-pass limit would let a small file of garbage through beside
+a large healthy one, and checking only after the pass had been read would have trained (and
+pushed) the garbage first. Holding is bounded: past ``hold_blocks`` blocks of a file (256
+MiB of input by default) the rest of the file is parsed ahead only to count its bad lines,
+then the file is read again from the first block not held — parse work doubles only for
+files larger than that. A file of garbage sorted first in a share therefore pushes nothing;
+files before it were trained (the pass fails anyway, and a rerun reloads the checkpoint).
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ from streamtrain_worker.data.formats.kernel import BlockParser
 
 DEFAULT_BLOCK_BYTES = 4 << 20
 DEFAULT_PREFETCH_BLOCKS = 4
+#: Parsed blocks of one file held until its bad-line fraction is known (x 4 MiB of input).
+DEFAULT_HOLD_BLOCKS = 64
 #: Bad line numbers remembered per file (for the error message).
 FIRST_BAD_LINES = 10
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -98,11 +105,13 @@ class PassReader:
         fs: AbstractFileSystem | None = None,
         prefetch_blocks: int = DEFAULT_PREFETCH_BLOCKS,
         block_bytes: int = DEFAULT_BLOCK_BYTES,
+        hold_blocks: int = DEFAULT_HOLD_BLOCKS,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if prefetch_blocks < 1 or block_bytes < 1:
-            raise ValueError("prefetch_blocks and block_bytes must be >= 1")
+        if prefetch_blocks < 1 or block_bytes < 1 or hold_blocks < 1:
+            raise ValueError("prefetch_blocks, block_bytes and hold_blocks must be >= 1")
+        self._hold_blocks = hold_blocks
         self._files = list(files)
         self._config = config
         self._format = fmt if fmt is not None else make_format(config)
@@ -230,18 +239,40 @@ class PassReader:
                 report = FileReport(path)
                 with self._lock:
                     self._reports.append(report)
-                for parsed in self._read_file(path):
-                    self._record(report, parsed)
-                    if not self._put(parsed.batch):
-                        return
-                if self._stop.is_set():
+                if not self._produce_file(path, report):
                     return
                 with self._lock:
                     self._stats = _bump(self._stats, files=1)
-            error = self._check_bad_lines()
-            self._put(error if error is not None else _End())
+            self._put(_End())
         except BaseException as exc:  # handed to the consumer, which re-raises it
             self._put(exc)
+
+    def _produce_file(self, path: str, report: FileReport) -> bool:
+        """Hand out one file's batches once its bad-line fraction is known to be within the
+        limit (raises ``BadDataError`` otherwise); ``False`` when stopped."""
+        blocks = self._read_file(path)
+        held: list[Batch] = []
+        complete = True
+        for parsed in blocks:
+            self._record(report, parsed)
+            held.append(parsed.batch)
+            if len(held) >= self._hold_blocks:
+                complete = False
+                break
+        if not complete:  # a large file: count the rest ahead, re-read it afterwards
+            for parsed in blocks:
+                self._record(report, parsed)
+        if self._stop.is_set():
+            return False
+        self._check_file(report)
+        for batch in held:
+            if not self._put(batch):
+                return False
+        if not complete:
+            for i, parsed in enumerate(self._read_file(path)):
+                if i >= len(held) and not self._put(parsed.batch):
+                    return False
+        return not self._stop.is_set()
 
     def _record(self, report: FileReport, parsed: ParsedBlock) -> None:
         bad = int(parsed.bad_lines.shape[0])
@@ -304,22 +335,16 @@ class PassReader:
         except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
             raise CorruptFileError(f"{path}: truncated or corrupt gzip file ({exc})") from exc
 
-    def _check_bad_lines(self) -> BadDataError | None:
-        stats = self.stats
+    def _check_file(self, report: FileReport) -> None:
         limit = self._config.maxBadLineFraction
-        if stats.lines == 0 or stats.bad_lines <= limit * stats.lines:
-            return None
-        bad_files = [r for r in self.file_reports if r.bad_lines]
-        details = "; ".join(
-            f"{r.path}: {r.bad_lines} bad of {r.lines} lines, first bad lines "
-            + ", ".join(f"{n} ({why})" for n, why in r.first_bad)
-            for r in bad_files[:5]
-        )
-        more = f"; and {len(bad_files) - 5} more files" if len(bad_files) > 5 else ""
-        return BadDataError(
-            f"{stats.bad_lines} bad lines of {stats.lines} "
-            f"({stats.bad_lines / stats.lines:.4%}) exceed maxBadLineFraction="
-            f"{limit}: {details}{more}"
+        with self._lock:
+            lines, bad, first = report.lines, report.bad_lines, list(report.first_bad)
+        if lines == 0 or bad <= limit * lines:
+            return
+        raise BadDataError(
+            f"{report.path}: {bad} bad of {lines} lines, first bad lines "
+            + ", ".join(f"{n} ({why})" for n, why in first)
+            + f": {bad / lines:.4%} exceeds maxBadLineFraction={limit} (per file)"
         )
 
 
@@ -336,6 +361,7 @@ def iter_batches(
     **options: Any,
 ) -> Iterator[Batch]:
     """Batches of ``files`` in order (a ``PassReader`` that closes itself); ``options`` are
-    ``PassReader``'s keyword options (``fmt``, ``fs``, ``prefetch_blocks``, ``block_bytes``)."""
+    ``PassReader``'s keyword options (``fmt``, ``fs``, ``prefetch_blocks``, ``block_bytes``,
+    ``hold_blocks``)."""
     with PassReader(files, config, batch_size, **options) as reader:
         yield from reader

@@ -1,0 +1,46 @@
+"""What a worker's failed call means to the driver: the one reading of worker errors.
+
+A ``RunPass`` that failed is one of: refused before it started (busy with another call, or
+a request of a stale generation — nothing was pushed, the share may be retried alone), a
+data error (``DATA_LOSS``: permanent), a vanished file (``NOT_FOUND``), or anything else —
+which may have pushed part of the share. ``UNAVAILABLE`` (or a ``ConnectionError``) is a
+worker that cannot be reached: down, or restarting.
+"""
+
+from __future__ import annotations
+
+from streamtrain_worker.refusals import Reason, reason_of
+
+
+def busy(exc: BaseException) -> bool:
+    """The worker refused a call because it runs another one (``control.py``: one call at
+    a time; ``refusals.Reason.BUSY``)."""
+    return reason_of(exc) is Reason.BUSY
+
+
+def grpc_code(exc: BaseException) -> str:
+    """The status code's name of a gRPC error (``""`` for any other exception)."""
+    code = getattr(exc, "code", None)
+    return getattr(code(), "name", "") if callable(code) else ""
+
+
+def unavailable(exc: BaseException) -> bool:
+    """The worker could not be reached (down, restarting)."""
+    return grpc_code(exc) == "UNAVAILABLE" or isinstance(exc, ConnectionError)
+
+
+def refused(exc: BaseException) -> bool:
+    """The worker refused a ``RunPass`` before starting it (``control.py``): busy with
+    another call, or a request of a stale generation. Nothing of that share was pushed."""
+    return reason_of(exc) in (Reason.BUSY, Reason.STALE_GENERATION)
+
+
+def describe(exc: BaseException, worker: str) -> str:
+    """The error as a condition message names it: worker, status code, details."""
+    details = getattr(exc, "details", None)
+    code = getattr(exc, "code", None)
+    if callable(details) and callable(code):  # grpc.aio.AioRpcError
+        return f"{worker}: {code().name}: {details()}"
+    if isinstance(exc, TimeoutError):
+        return f"{worker}: no answer within passTimeoutSeconds"
+    return f"{worker}: {type(exc).__name__}: {exc}"
