@@ -12,7 +12,7 @@ Example::
 
     {"table": "embedding", "seed": 0,
      "model": {"type": "slot_dnn", "embeddingDim": 8, "hiddenUnits": [512, 256, 128],
-               "batchSize": 512, "cvm": true, "denseSyncSteps": 10,
+               "batchSize": 64, "cvm": true, "denseSyncSteps": 10,
                "normalizeEmbeddings": true, ...},
      "data": {...},                                    # streamtrain_worker.data.config
      "ps": {"endpoints": ["ps-0.ps:7000", "ps-1.ps:7000"], "timeoutSeconds": 60,
@@ -57,7 +57,7 @@ class ModelConfig:
     #: MLP hidden layer widths (ReLU between them, one sigmoid logit on top).
     hiddenUnits: tuple[int, ...] = (512, 256, 128)
     #: Examples per mini-batch (the last batch of a pass may be smaller).
-    batchSize: int = 512
+    batchSize: int = 64
     #: Add Paddle's continuous value model features log(show+1), log(click+1)-log(show+1)
     #: per slot, from the PS show/click statistics of the slot's keys.
     cvm: bool = True
@@ -73,7 +73,7 @@ class ModelConfig:
     #: (Paddle's ``summary_decay_rate``). 1 never forgets; lower adapts faster to drift.
     summaryDecayRate: float = 0.9999999
     #: Data norm: the statistics start as this many pseudo-examples of mean 0, variance 1.
-    dataNormPrior: float = 1.0
+    dataNormPrior: float = 100.0
     #: DIN only: the slot holding the target item (the behaviour sequence slot comes from
     #: the data config's ``sequenceSlot``).
     targetSlot: int = 0

@@ -240,7 +240,7 @@ class ModelSpec:
         8, "embedx width per key (the PS table's embedxDim).", minimum=1, maximum=1024
     )
     hiddenUnits: tuple[int, ...] = _f((512, 256, 128), "MLP hidden layer widths.", itemMinimum=1)
-    batchSize: int = _f(512, "Examples per mini-batch.", minimum=1)
+    batchSize: int = _f(64, "Examples per mini-batch.", minimum=1)
     cvm: bool = _f(
         True, "Add PaddlePaddle's continuous value model inputs (log show, log CTR) per slot."
     )

@@ -45,7 +45,7 @@ import torch
 from torch import nn
 
 #: Pseudo-examples of the initial statistics (mean 0, variance 1).
-DEFAULT_PRIOR = 1.0
+DEFAULT_PRIOR = 100.0
 #: Added to the variance: caps the scale at 100 (Paddle's ``squared_sum_epsilon``).
 DEFAULT_EPSILON = 1e-4
 
