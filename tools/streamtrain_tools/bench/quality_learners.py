@@ -114,7 +114,7 @@ def run_streamtrain(
     job = load_job(path)
     log = io.StringIO()
     progress = asyncio.run(
-        run_job(job, RunOptions(workdir / "state.json", workdir / "work", out=log))  # type: ignore[arg-type]
+        run_job(job, RunOptions(workdir / "state.json", workdir / "work", out=log))
     )
     if progress.phase != Phase.SUCCEEDED:
         raise RuntimeError(f"{stream.name}: job ended {progress.phase}: {progress.message}")
