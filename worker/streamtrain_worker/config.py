@@ -72,7 +72,8 @@ class ModelConfig:
     #: statistics are summed on the PS; each push decays the sums by this factor first
     #: (Paddle's ``summary_decay_rate``). 1 never forgets; lower adapts faster to drift.
     summaryDecayRate: float = 0.9999999
-    #: Data norm: the statistics start as this many pseudo-examples of mean 0, variance 1.
+    #: Data norm: the CVM columns' statistics start as this many pseudo-examples of mean 0,
+    #: variance 1 (the embedding columns' as one); ``models.data_norm`` says why.
     dataNormPrior: float = 100.0
     #: DIN only: the slot holding the target item (the behaviour sequence slot comes from
     #: the data config's ``sequenceSlot``).

@@ -261,7 +261,8 @@ class ModelSpec:
     )
     dataNormPrior: float = _f(
         _MODEL.dataNormPrior,
-        "Data norm: the statistics start as this many pseudo-examples of mean 0, variance 1.",
+        "Data norm: the CVM columns' statistics start as this many pseudo-examples of mean "
+        "0, variance 1 (the embedding columns' as one).",
         exclusiveMinimum=0,
     )
     targetSlot: int = _f(0, "DIN only: the slot holding the target item.", minimum=0)
