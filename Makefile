@@ -58,7 +58,7 @@ test: $(STAMP) test-deps proto-check lint typecheck pytest ## Everything CI chec
 test-faults: $(STAMP) ## Fault-injection suite (also part of `make test`)
 	$(PY) -m pytest -q -m faults
 
-bench: bench-ps bench-worker bench-e2e bench-load ## All benchmarks (results go in docs/benchmarks.md)
+bench: bench-ps bench-worker bench-e2e bench-load bench-quality ## All benchmarks (results go in docs/benchmarks.md)
 
 bench-ps: $(STAMP) ## PS shard throughput and memory per key
 	$(PY) -m streamtrain_tools.bench.ps --json
@@ -68,6 +68,9 @@ bench-worker: $(STAMP) ## Worker: plain PyTorch vs PS-backed training, parse thr
 
 bench-e2e: $(STAMP) ## Criteo sample as 24 hourly passes, end to end
 	$(PY) -m streamtrain_tools.bench.e2e --json
+
+bench-quality: $(STAMP) ## streamtrain's defaults vs Vowpal Wabbit vs plain PyTorch on 3 streams
+	$(PY) -m streamtrain_tools.bench.quality --json
 
 bench-load: $(STAMP) ## Concurrent clients against 2 PS shards
 	$(PY) -m streamtrain_tools.bench.ps_load --json
@@ -103,4 +106,4 @@ lint-manifests: $(STAMP) test-deps ## hadolint, chart lint/render, kubernetes-va
 clean: ## Remove caches and demo output (keeps .venv)
 	rm -rf .pytest_cache .mypy_cache .ruff_cache demo-run
 
-.PHONY: help install proto proto-check lint fmt typecheck test-deps pytest test test-faults bench bench-ps bench-worker bench-e2e bench-load bench-ps-scale demo crds crds-check images lint-manifests clean
+.PHONY: help install proto proto-check lint fmt typecheck test-deps pytest test test-faults bench bench-ps bench-worker bench-e2e bench-load bench-ps-scale bench-quality demo crds crds-check images lint-manifests clean

@@ -116,8 +116,11 @@ def test_statistics_are_summed_over_every_worker_on_the_ps(
         for trainer in trainers:
             trainer.sync_dense()
         stats = ps.pull_dense(cfg.norm_name).reshape(3, -1)
-        # count: prior + both workers' 2 x 1,200 examples, in every column
-        np.testing.assert_allclose(stats[0], 100.0 + 2400.0, rtol=1e-6)
+        # count: prior + both workers' 2 x 1,200 examples in every column; the prior is
+        # dataNormPrior on the CVM columns, 1 on the embedding columns
+        prior = np.ones((cfg.data.num_slots, 3 + cfg.model.embeddingDim))
+        prior[:, :2] = 100.0
+        np.testing.assert_allclose(stats[0], prior.reshape(-1) + 2400.0, rtol=1e-6)
         local = [gather_stats(norms_of(t.model)).numpy() for t in trainers]
         np.testing.assert_array_equal(local[0], local[1])  # one normalisation everywhere
         np.testing.assert_array_equal(local[0], stats.reshape(-1))
@@ -141,3 +144,25 @@ def _export(trainer: Trainer, model_type: str, root: Path) -> str:
 def test_summary_decay_rate_is_validated(decay: float) -> None:
     with pytest.raises(ValueError, match="summaryDecayRate"):
         worker_config(summaryDecayRate=decay)
+
+
+def test_cvm_columns_start_from_the_prior_and_embedding_columns_from_one() -> None:
+    """A fresh job's keys are all new, so its first batches' CVM inputs are all exactly 0:
+    a light prior would let them collapse the CVM columns' variance and blow up the
+    standardised log counts once keys have shows (docs/decisions.md, issue 10). The
+    embedding columns keep a prior of one, so their tiny spread is still amplified."""
+    from streamtrain_worker.models.base import SlotInputNorm
+
+    inputs = SlotInputNorm(num_slots=2, slot_width=5, cvm=True, embeddings=True, prior=100.0)
+    counts = inputs.norm.stats[0].view(2, 5)
+    assert counts[:, :2].eq(100.0).all() and counts[:, 2:].eq(1.0).all()
+    # 64 examples whose CVM columns are all 0: the CVM scale stays near 1, not ~8.
+    inputs.train()(torch.zeros(64, 2, 5))
+    norm = inputs.norm
+    assert isinstance(norm, DataNorm)
+    norm.stats += norm.pending
+    var = norm.stats[2] / norm.stats[0] - (norm.stats[1] / norm.stats[0]) ** 2
+    assert var.view(2, 5)[:, :2].min() > 0.5
+    assert var.view(2, 5)[:, 2:].max() < 0.02
+    with pytest.raises(ValueError, match="prior"):
+        DataNorm(3, prior=torch.tensor([1.0, 0.0, 1.0]))

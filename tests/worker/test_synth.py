@@ -137,3 +137,22 @@ def test_cli_writes_and_reports(tmp_path: Path, capsys: pytest.CaptureFixture[st
     summary = json.loads(lines[-1])
     assert (summary["folders"], summary["passes"]) == (2, 2)
     assert layout.folder_ready(str(tmp_path / "20261231" / "1200"))
+
+
+def test_group_interaction_adds_signal_only_when_asked(tmp_path: Path) -> None:
+    plain = synth.generate(small(tmp_path / "plain", seed=5))
+    same = synth.generate(small(tmp_path / "same", seed=5, num_groups=0, group_strength=3.0))
+    grouped = synth.generate(small(tmp_path / "grouped", seed=5, num_groups=4, group_strength=1.5))
+    part = Path("20261102") / "0400" / "part-00001"
+    # num_groups 0 draws nothing: the stream of a seed is what it was before the option.
+    assert (tmp_path / "plain" / part).read_bytes() == (tmp_path / "same" / part).read_bytes()
+    assert [p.oracle_auc for p in same.passes] == [p.oracle_auc for p in plain.passes]
+    # A strong hidden user-group x item-group term makes the clicks easier to rank for the
+    # generator (which knows the groups), on every pass.
+    for with_groups, without in zip(grouped.passes, plain.passes, strict=True):
+        assert with_groups.oracle_auc > without.oracle_auc
+
+
+def test_cli_rejects_a_negative_group_count(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="num_groups"):
+        synth.main(["--out", str(tmp_path), "--num-groups", "-1"])

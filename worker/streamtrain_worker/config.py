@@ -14,7 +14,7 @@ Example::
 
     {"table": "embedding", "seed": 0,
      "model": {"type": "slot_dnn", "embeddingDim": 8, "hiddenUnits": [512, 256, 128],
-               "batchSize": 512, "cvm": true, "denseSyncSteps": 10,
+               "batchSize": 64, "cvm": true, "denseSyncSteps": 10,
                "normalizeEmbeddings": true, ...},
      "data": {...},                                    # streamtrain_worker.data.config
      "ps": {"endpoints": ["ps-0.ps:7000", "ps-1.ps:7000"], "timeoutSeconds": 60,
@@ -60,7 +60,7 @@ class ModelConfig:
     hiddenUnits: tuple[int, ...] = setting(
         (512, 256, 128), "MLP hidden layer widths.", item_minimum=1
     )
-    batchSize: int = setting(512, "Examples per mini-batch.", minimum=1)
+    batchSize: int = setting(64, "Examples per mini-batch.", minimum=1)
     cvm: bool = setting(
         True, "Add PaddlePaddle's continuous value model inputs (log show, log CTR) per slot."
     )
@@ -82,8 +82,9 @@ class ModelConfig:
         maximum=1,
     )
     dataNormPrior: float = setting(
-        1.0,
-        "Data norm: the statistics start as this many pseudo-examples of mean 0, variance 1.",
+        100.0,
+        "Data norm: the CVM columns' statistics start as this many pseudo-examples of mean "
+        "0, variance 1 (the embedding columns' as one).",
         exclusive_minimum=0,
     )
     targetSlot: int = setting(0, "DIN only: the slot holding the target item.", minimum=0)

@@ -10,10 +10,14 @@ ids, which the data layer salts with the slot), a donefile per folder, and:
 - ``DIR/data.json``: the ``DataConfig`` JSON that reads this stream.
 
 The model: ``logit = bias + w_user + w_item + w_category + w_device + w_position + w_hour +
-interest · match``, where ``match`` is the fraction of the user's behaviour sequence (slot
-``hist``, 3–12 items, mostly from the user's favourite category, in order) that shares the
-target item's category — an interaction that DIN's attention can pick up. Users and items are
-Zipf-distributed over popularity ranks. Every day a fraction of the ranks is taken over by
+interest · match + affinity[user group, item group]``, where ``match`` is the fraction of the
+user's behaviour sequence (slot ``hist``, 3–12 items, mostly from the user's favourite
+category, in order) that shares the target item's category — an interaction that DIN's
+attention can pick up — and ``affinity`` is a ``num_groups x num_groups`` table over hidden
+user and item groups (``num_groups`` 0: no such term): an interaction no single id carries,
+which a model learns through the ids' embeddings (a factorisation) or per user-item pair (a
+linear learner's quadratic features). Users and items are Zipf-distributed over popularity
+ranks, so most ids are rare. Every day a fraction of the ranks is taken over by
 brand-new ids with fresh weights, and all weights drift (AR(1)), so a stale model degrades.
 
 ``donefile_delay_seconds`` holds each folder's donefile back (written in folder order by a
@@ -61,6 +65,10 @@ class SynthConfig:
     new_feature_fraction: float = 0.05
     #: Day-to-day AR(1) correlation of every weight (1.0: no drift).
     weight_persistence: float = 0.9
+    #: Hidden user and item groups of the ``affinity`` interaction (0: no interaction).
+    num_groups: int = 0
+    #: Standard deviation of the ``affinity`` table's entries.
+    group_strength: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -113,6 +121,14 @@ class _World:
         self.interest = 1.5
         self.bias = -2.2
         self.p_user = _zipf(cfg.num_users, 1.05)
+        # Drawn only when asked for, so the streams of num_groups 0 stay what they were.
+        self.user_group = np.zeros(cfg.num_users + extra, dtype=np.int64)
+        self.item_group = np.zeros(cfg.num_items + extra, dtype=np.int64)
+        self.affinity = np.zeros((1, 1))
+        if cfg.num_groups:
+            self.user_group = rng.integers(0, cfg.num_groups, cfg.num_users + extra)
+            self.item_group = rng.integers(0, cfg.num_groups, cfg.num_items + extra)
+            self.affinity = rng.normal(0.0, cfg.group_strength, (cfg.num_groups, cfg.num_groups))
         self.p_item = _zipf(cfg.num_items, 1.15)
 
     def new_day(self) -> None:
@@ -166,6 +182,7 @@ class _World:
             + self.w_position[position]
             + 0.3 * np.sin(2 * np.pi * hour / 24.0)
             + self.interest * match
+            + self.affinity[self.user_group[users], self.item_group[items]]
         )
         columns = {
             "user": users,
@@ -224,6 +241,8 @@ def generate(cfg: SynthConfig) -> SynthResult:
 def _generate(cfg: SynthConfig, write_donefiles: bool) -> SynthResult:
     if cfg.days < 1 or cfg.rows_per_folder < 0 or cfg.files_per_folder < 1:
         raise ValueError("days and files_per_folder must be >= 1, rows_per_folder >= 0")
+    if cfg.num_users < 1 or cfg.num_items < 1 or cfg.num_groups < 0:
+        raise ValueError("num_users and num_items must be >= 1, num_groups >= 0")
     total_passes = layout.passes_per_day(cfg.split_interval_minutes, cfg.splits_per_pass)
     fs, root = fsspec.core.url_to_fs(cfg.out)
     rng = np.random.default_rng(cfg.seed)
@@ -326,6 +345,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--donefile", default="_SUCCESS")
     parser.add_argument("--donefile-delay-seconds", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--num-users", type=int, default=SynthConfig.num_users)
+    parser.add_argument("--num-items", type=int, default=SynthConfig.num_items)
+    parser.add_argument(
+        "--new-feature-fraction", type=float, default=SynthConfig.new_feature_fraction
+    )
+    parser.add_argument("--weight-persistence", type=float, default=SynthConfig.weight_persistence)
+    parser.add_argument("--num-groups", type=int, default=SynthConfig.num_groups)
+    parser.add_argument("--group-strength", type=float, default=SynthConfig.group_strength)
     args = parser.parse_args(argv)
     cfg = SynthConfig(
         out=args.out,
@@ -337,6 +364,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         files_per_folder=args.files_per_folder,
         seed=args.seed,
         donefile=args.donefile,
+        num_users=args.num_users,
+        num_items=args.num_items,
+        new_feature_fraction=args.new_feature_fraction,
+        weight_persistence=args.weight_persistence,
+        num_groups=args.num_groups,
+        group_strength=args.group_strength,
     )
     if args.donefile_delay_seconds > 0:
         result, writer = generate_delayed(cfg, args.donefile_delay_seconds)

@@ -132,7 +132,11 @@ class TorchReference:
 
     def run(self) -> list[float]:
         """Test-then-train over every pass; the progressive AUC of each pass."""
-        aucs = []
+        return [pass_auc(m) for m in self.run_metrics()]
+
+    def run_metrics(self) -> list[PassMetrics]:
+        """Test-then-train over every pass; each pass's progressive metrics."""
+        passes = []
         for batches in self.passes:
             metrics = PassMetrics(num_buckets=NUM_BUCKETS)
             for ids, offsets, batch in batches:
@@ -148,8 +152,8 @@ class TorchReference:
                 losses.mean().backward()
                 self.sparse_opt.step()
                 self.dense_opt.step()
-            aucs.append(pass_auc(metrics))
-        return aucs
+            passes.append(metrics)
+        return passes
 
 
 def ps_config(seed: int, overrides: dict[str, Any] | None = None) -> WorkerConfig:

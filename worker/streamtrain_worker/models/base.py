@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from streamtrain_worker.config import ModelConfig
-from streamtrain_worker.models.data_norm import DEFAULT_PRIOR, DataNorm
+from streamtrain_worker.models.data_norm import DEFAULT_PRIOR, DataNorm, slot_prior
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,10 @@ class SlotInputNorm(nn.Module):
         super().__init__()
         self.cvm_only = cvm and not embeddings
         if embeddings:
-            self.norm: nn.Module = DataNorm(num_slots * slot_width, prior)
+            # The prior guards the CVM columns; the embedding columns keep a prior of one
+            # so their tiny spread is amplified soon (models.data_norm says why).
+            columns = slot_prior(num_slots, slot_width, cvm, prior)
+            self.norm: nn.Module = DataNorm(num_slots * slot_width, columns)
         elif cvm:
             self.norm = DataNorm(2 * num_slots, prior)
         else:

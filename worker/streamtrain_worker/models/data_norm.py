@@ -23,10 +23,14 @@ workers and decay. In float32 the variance of a column whose mean is 100x its st
 deviation loses ~3 digits, harmless for a normaliser (``var`` is clamped at 0).
 
 The statistics start from ``prior`` pseudo-examples with mean 0 and variance 1 (Paddle
-starts from 1e4 of them), so a model that has seen no data is the identity. The default, 1,
-is light because embeddings start with tiny variances that a heavy prior would overstate for
-thousands of examples, yet not negligible: with 0.01, statistics from the first, still
-near-zero embeddings scaled the grown ones up to 316-fold and the loss spiked. ``epsilon``
+starts from 1e4 of them), so a model that has seen no data is the identity; ``prior`` may
+be one count per column. ``SlotInputNorm`` gives the embedding columns 1: light, because
+embeddings start with tiny variances that a heavy prior would overstate for thousands of
+examples, yet not negligible: with 0.01, statistics from the first, still near-zero
+embeddings scaled the grown ones up to 316-fold and the loss spiked. The CVM columns get the
+job's ``dataNormPrior`` (default 100): a fresh job's keys are all new, so its first batches'
+log counts are all exactly 0, and one pseudo-example let them collapse the variance and blow
+the standardised counts up once keys had shows (docs/decisions.md, issue 10). ``epsilon``
 (1e-4, Paddle's ``squared_sum_epsilon``) is added to the variance: it caps the scale at 100
 and gives a column that is constant everywhere a finite one.
 
@@ -44,8 +48,8 @@ forward value is unchanged: the centring adds ``c - c.detach()``, exactly 0.
 import torch
 from torch import nn
 
-#: Pseudo-examples of the initial statistics (mean 0, variance 1).
-DEFAULT_PRIOR = 1.0
+#: Pseudo-examples of the initial statistics (mean 0, variance 1) of the CVM columns.
+DEFAULT_PRIOR = 100.0
 #: Added to the variance: caps the scale at 100 (Paddle's ``squared_sum_epsilon``).
 DEFAULT_EPSILON = 1e-4
 
@@ -66,14 +70,18 @@ class DataNorm(nn.Module):
     pending: torch.Tensor
 
     def __init__(
-        self, width: int, prior: float = DEFAULT_PRIOR, epsilon: float = DEFAULT_EPSILON
+        self,
+        width: int,
+        prior: float | torch.Tensor = DEFAULT_PRIOR,
+        epsilon: float = DEFAULT_EPSILON,
     ) -> None:
         super().__init__()
-        if prior <= 0:
+        counts = torch.as_tensor(prior, dtype=torch.float32).expand(width)
+        if bool((counts <= 0).any()):
             raise ValueError(f"data norm prior must be > 0, got {prior}")
         stats = torch.zeros(3, width)
-        stats[0] = prior
-        stats[2] = prior
+        stats[0] = counts  # per column: pseudo-examples of mean 0, variance 1
+        stats[2] = counts
         self.register_buffer("stats", stats)
         self.register_buffer("pending", torch.zeros(3, width), persistent=False)
         self.epsilon = epsilon
@@ -96,6 +104,17 @@ class DataNorm(nn.Module):
                 centre = x.mean(0) * scale
                 y = y - (centre - centre.detach())
         return y * self.weight + self.bias
+
+
+def slot_prior(
+    num_slots: int, slot_width: int, cvm: bool, prior: float, extra: int = 0
+) -> torch.Tensor:
+    """Per-column prior of ``num_slots`` pooled slots (CVM columns first when ``cvm``)
+    followed by ``extra`` embedding-like columns: ``prior`` on the CVM columns, 1 elsewhere."""
+    columns = torch.ones(num_slots, slot_width)
+    if cvm:
+        columns[:, :2] = prior
+    return torch.cat([columns.flatten(), torch.ones(extra)])
 
 
 def norms_of(model: nn.Module) -> list[DataNorm]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from streamtrain_worker.models.base import DenseModel, ModelSpec, mlp, register
-from streamtrain_worker.models.data_norm import DataNorm
+from streamtrain_worker.models.data_norm import DataNorm, slot_prior
 
 
 @register("din")
@@ -35,7 +35,9 @@ class DIN(DenseModel):
         item = 1 + spec.embedding_dim
         self.attention = mlp(4 * item, spec.attention_units)
         width = spec.num_slots * spec.slot_width + item
-        self.norm = DataNorm(width, spec.norm_prior)  # see slot_dnn: log counts vs embeddings
+        # See slot_dnn: log counts vs embeddings; the interest columns are embeddings.
+        prior = slot_prior(spec.num_slots, spec.slot_width, spec.cvm, spec.norm_prior, item)
+        self.norm = DataNorm(width, prior)
         self.mlp = mlp(width, spec.hidden_units)
 
     def forward(

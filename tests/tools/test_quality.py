@@ -1,0 +1,96 @@
+"""bench-quality's plumbing (not its numbers): every learner scores every pass of tiny
+streams, one JSON object last, each learner's AUCs those of a model that learned something."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streamtrain_tools.bench import quality
+from streamtrain_tools.bench.quality_streams import build
+
+AVAZU_HEADER = (
+    "id,click,hour,C1,banner_pos,site_id,site_domain,site_category,app_id,app_domain,"
+    "app_category,device_id,device_ip,device_model,device_type,device_conn_type,C14,C15,C16,"
+    "C17,C18,C19,C20,C21"
+)
+
+
+def tiny_samples(folder: Path, rows: int = 1200) -> Path:
+    """Criteo- and Avazu-shaped files whose click rate depends on one column (learnable)."""
+    rng = random.Random(0)
+    criteo, avazu = [], [AVAZU_HEADER]
+    for i in range(rows):
+        hot = rng.random() < 0.3
+        click = int(rng.random() < (0.6 if hot else 0.1))
+        ints = [str(rng.randint(0, 50)) if rng.random() < 0.9 else "" for _ in range(13)]
+        cats = [f"{rng.randrange(16):08x}" for _ in range(25)]
+        criteo.append("\t".join([str(click), *ints, "cafe0001" if hot else "beef0002", *cats]))
+        cells = [f"{rng.randrange(8):x}" for _ in range(21)]
+        cells[2] = "hotsite" if hot else "coldsite"
+        avazu.append(",".join([str(i), str(click), "14102100", *cells]))
+    (folder / "criteo_kaggle_sample_train.txt").write_text("\n".join(criteo) + "\n")
+    (folder / "avazu_sample_train.csv").write_text("\n".join(avazu) + "\n")
+    return folder
+
+
+def run(capsys: pytest.CaptureFixture[str], argv: list[str]) -> dict[str, Any]:
+    assert quality.main(["--json", "--quick", *argv]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
+
+
+def check_learner(summary: dict[str, Any], windows: list[str], passes: int) -> None:
+    assert list(summary["windows"]) == windows
+    assert len(summary["copc_per_pass"]) == passes
+    spread = summary["copc_spread"]
+    assert 0 <= spread["within_band"] <= spread["passes_min_clicks"] <= passes
+    for window in summary["windows"].values():
+        assert 0.5 < window["auc"] < 1.0
+        assert window["loss"] > 0 and window["copc"] > 0
+
+
+def test_the_three_learners_side_by_side_on_the_long_tail_stream(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    result = run(capsys, ["--streams", "longtail", "--workdir", str(tmp_path)])
+    stream = result["streams"]["longtail"]
+    assert (stream["passes"], stream["windows"]) == (8, ["day 1", "day 2"])
+    assert all(0.6 < auc < 1.0 for auc in stream["oracle_auc"].values())
+    learners = stream["learners"]
+    vw = [k for k in learners if k.startswith("vw ")]
+    assert len(vw) >= 3 and learners["vw_best"] in vw
+    for name in ["streamtrain", "torch", *vw]:
+        check_learner(learners[name], ["day 1", "day 2"], 8)
+    for key in ("streamtrain_minus_vw_best", "streamtrain_minus_torch"):
+        assert set(stream[key]) == {"day 1", "day 2"}
+
+
+def test_the_sample_streams_read_alike_by_vw_and_torch(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    data = tiny_samples(tmp_path)
+    argv = ["--streams", "criteo", "avazu", "--learners", "vw", "torch", "--data-dir", str(data)]
+    result = run(capsys, [*argv, "--workdir", str(tmp_path / "runs")])
+    for name in ("criteo", "avazu"):
+        stream = result["streams"][name]
+        assert (stream["passes"], stream["windows"]) == (8, ["passes 5-8"])
+        for learner, summary in stream["learners"].items():
+            if learner != "vw_best":
+                check_learner(summary, ["passes 5-8"], 8)
+
+
+def test_vw_sees_the_tokens_the_slots_hold(tmp_path: Path) -> None:
+    data = tiny_samples(tmp_path)
+    criteo = build("criteo", tmp_path / "c", quick=True, data_dir=data)
+    first = next(criteo.vw_lines(next(criteo.passes[0][1].glob("part-*"))))
+    label, _, features = first.partition(" |f ")
+    assert label in ("1", "-1")
+    tokens = features.split()
+    assert len([t for t in tokens if t.startswith("C")]) == 26
+    assert all(t.split("_")[1].lstrip("n").isdigit() for t in tokens if t.startswith("I"))

@@ -1,0 +1,197 @@
+"""The streams of ``make bench-quality``, laid out once and read alike by every learner.
+
+Each stream is written as time-sliced folders with donefiles (what ``streamtrain run``
+reads) and described by a :class:`Stream`: the manifest's ``data`` section, the folder of
+every pass in time order, the windows the report averages over, and how one raw line reads
+as a Vowpal Wabbit example (the linear baseline sees the same tokens the slots hold):
+
+- **criteo**: the Kaggle sample's chronological rows, 24 passes of 300 (the bench-e2e
+  protocol); reported: passes 13-24. VW tokens: ``I<j>_<floor(log2(x+1))>`` for the 13
+  integer columns (negative values keep their own token), ``C<j>_<value>`` for the 26
+  categorical ones, one namespace.
+- **avazu**: the sample's rows (all one hour) cut the same way, 24 passes of 300; reported:
+  passes 13-24. VW tokens: ``<column>_<value>`` for every column but ``id`` and ``click``.
+- **longtail**: ``streamtrain_worker.synth`` with long-tail users and items (Zipf over
+  200,000 and 50,000 ranks), 5% of the ranks taken by new ids every day, AR(1) drift and a
+  hidden 8 x 8 user-group x item-group interaction; 3 days of 24 hourly passes of 4,000
+  rows (288,000 rows); reported: each day. Its oracle AUC (the generator's own
+  probabilities) is the ceiling. VW namespaces: ``u`` user, ``i`` item, ``c`` category,
+  ``d`` device, ``p`` position, ``t`` hour, ``s`` the behaviour sequence.
+
+``quick`` shrinks every stream (fewer, smaller passes; a smaller world) for a smoke run.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from streamtrain_tools.samples import SAMPLES_DIR, lay_out
+from streamtrain_worker import synth
+
+START_DAY = "20261101"
+STREAMS = ("criteo", "avazu", "longtail")
+#: slot name -> VW namespace of the long-tail stream (``-q ui`` crosses users and items).
+LONGTAIL_NAMESPACES = {
+    "user": "u",
+    "item": "i",
+    "category": "c",
+    "device": "d",
+    "position": "p",
+    "hour": "t",
+    "hist": "s",
+}
+
+
+@dataclass(frozen=True)
+class Stream:
+    """One stream as every learner needs it."""
+
+    name: str
+    #: The manifest's ``spec.data`` section (also a worker ``DataConfig``).
+    data: dict[str, Any]
+    #: The pass folders in time order, with the day of each.
+    passes: list[tuple[str, Path]]
+    #: Report windows: name -> 0-based pass indices averaged.
+    windows: dict[str, list[int]]
+    #: One raw part file -> VW example lines (``1``/``-1`` label first).
+    vw_lines: Callable[[Path], Iterator[str]]
+    #: The VW settings tried (best of them is the baseline).
+    vw_settings: tuple[str, ...]
+    #: Per pass: the generator's AUC on its own probabilities (synthetic streams only).
+    oracle_auc: list[float] | None = None
+
+
+def part_files(folder: Path) -> list[Path]:
+    """A pass folder's part files in the order a single worker reads them."""
+    return sorted(p for p in folder.iterdir() if p.name.startswith("part-"))
+
+
+def _vw_criteo(path: Path) -> Iterator[str]:
+    with path.open() as f:
+        for line in f:
+            cells = line.rstrip("\n").split("\t")
+            tokens = []
+            for j, cell in enumerate(cells[1:14], start=1):
+                if cell:
+                    x = int(cell)
+                    tokens.append(
+                        f"I{j}_{math.floor(math.log2(x + 1))}" if x >= 0 else f"I{j}_n{-x}"
+                    )
+            tokens.extend(f"C{j}_{cell}" for j, cell in enumerate(cells[14:40], 1) if cell)
+            yield f"{1 if cells[0] == '1' else -1} |f {' '.join(tokens)}"
+
+
+def _vw_avazu(path: Path) -> Iterator[str]:
+    with path.open(newline="") as f:
+        for row in csv.DictReader(f):
+            label = 1 if row.pop("click") == "1" else -1
+            row.pop("id")
+            row["hour"] = row["hour"][-2:]  # hour of day, as the avazu reader's slot
+            tokens = " ".join(f"{k}_{v}" for k, v in row.items() if v)
+            yield f"{label} |f {tokens}"
+
+
+def _vw_slots(path: Path) -> Iterator[str]:
+    with path.open() as f:
+        for line in f:
+            label = -1
+            spaces: dict[str, list[str]] = {}
+            for token in line.split():
+                value, _, slot = token.partition(":")
+                if synth.LABEL_SLOT in (value, slot):  # the label token is ``click:<0|1>``
+                    label = 1 if "1" in (value, slot) else -1
+                else:
+                    spaces.setdefault(LONGTAIL_NAMESPACES[slot], []).append(f"{slot}{value}")
+            body = " ".join(f"|{ns} {' '.join(values)}" for ns, values in spaces.items())
+            yield f"{label} {body}"
+
+
+_LOGISTIC = "--loss_function logistic --link logistic -b 24"
+_LINEAR_SETTINGS = (_LOGISTIC, f"{_LOGISTIC} -l 0.2", f"{_LOGISTIC} -l 1")
+
+
+def _sample(name: str, root: Path, quick: bool, data_dir: Path) -> Stream:
+    passes = 8 if quick else 24
+    rows = 150 if quick else 300
+    interval = 24 * 60 // passes
+    out = root / name
+    fmt = {"criteo": "criteo", "avazu": "avazu"}[name]
+    written = lay_out(
+        name,
+        out,
+        data_dir=data_dir,
+        start_day=START_DAY,
+        rows_per_folder=rows,
+        interval_minutes=interval,
+    )
+    folders = written.folders[:passes]
+    data = {
+        "path": str(out),
+        "format": fmt,
+        "startDay": START_DAY,
+        "endDay": START_DAY,
+        "splitIntervalMinutes": interval,
+    }
+    half = list(range(passes // 2, passes))
+    return Stream(
+        name=name,
+        data=data,
+        passes=[(START_DAY, f) for f in folders],
+        windows={f"passes {half[0] + 1}-{half[-1] + 1}": half},
+        vw_lines=_vw_criteo if name == "criteo" else _vw_avazu,
+        vw_settings=_LINEAR_SETTINGS,
+    )
+
+
+def longtail_config(out: Path, quick: bool) -> synth.SynthConfig:
+    """The long-tail stream's generator settings (``quick``: a small world, short days)."""
+    return synth.SynthConfig(
+        out=str(out),
+        days=2 if quick else 3,
+        start=START_DAY,
+        split_interval_minutes=360 if quick else 60,
+        rows_per_folder=500 if quick else 4000,
+        files_per_folder=1,
+        seed=11,
+        num_users=4000 if quick else 200_000,
+        num_items=1000 if quick else 50_000,
+        new_feature_fraction=0.05,
+        weight_persistence=0.9,
+        num_groups=8,
+        group_strength=0.8,
+    )
+
+
+def _longtail(root: Path, quick: bool) -> Stream:
+    cfg = longtail_config(root / "longtail", quick)
+    result = synth.generate(cfg)
+    data = {**synth.data_config(cfg), "path": cfg.out}
+    passes = [(p.day, Path(f)) for p, f in zip(result.passes, result.folders, strict=True)]
+    days = sorted({day for day, _ in passes})
+    windows: dict[str, list[int]] = {}
+    for i, (day, _) in enumerate(passes):
+        windows.setdefault(f"day {days.index(day) + 1}", []).append(i)
+    quad = f"{_LOGISTIC} -l 0.2 -q ui"
+    return Stream(
+        name="longtail",
+        data=data,
+        passes=passes,
+        windows=windows,
+        vw_lines=_vw_slots,
+        vw_settings=(_LOGISTIC, f"{_LOGISTIC} -l 0.2", f"{_LOGISTIC} -q ui", quad),
+        oracle_auc=[p.oracle_auc for p in result.passes],
+    )
+
+
+def build(name: str, root: Path, quick: bool = False, data_dir: Path = SAMPLES_DIR) -> Stream:
+    """Lay out stream ``name`` under ``root`` (samples read from ``data_dir``), describe it."""
+    if name == "longtail":
+        return _longtail(root, quick)
+    if name in ("criteo", "avazu"):
+        return _sample(name, root, quick, data_dir)
+    raise ValueError(f"unknown stream {name!r} (known: {', '.join(STREAMS)})")
