@@ -55,7 +55,7 @@ def _run(job: Job, proxies: list[NetProxy], faults: bool) -> Progress:
                 conn.workers,
                 LocalStateFile(job.state_path),
                 observer=Observer(on_action=on_action),
-                supervisor=cluster,
+                restarts=cluster,
             )
             return await driver.run()
         finally:

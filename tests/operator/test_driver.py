@@ -331,11 +331,11 @@ def test_an_unforeseen_error_becomes_a_failed_condition_not_a_crash(tmp_path: Pa
 
 
 class DyingWorker(FakeWorker):
-    """Pushes half of its share, then "dies": the supervisor restarts it (counts it)."""
+    """Pushes half of its share, then "dies": the restart watch restarts it (counts it)."""
 
-    def __init__(self, ps: LocalPS, index: int, supervisor: FakeSupervisor, deaths: int) -> None:
+    def __init__(self, ps: LocalPS, index: int, watch: FakeRestartWatch, deaths: int) -> None:
         super().__init__(ps, index)
-        self.supervisor = supervisor
+        self.watch = watch
         self.deaths = deaths
 
     async def run_pass(
@@ -344,13 +344,13 @@ class DyingWorker(FakeWorker):
         if pass_index == 2 and train and self.deaths > 0:
             self.deaths -= 1
             await super().run_pass(day, pass_index, files[: len(files) // 2 + 1], generation, train)
-            self.supervisor.worker_restarts += 1
-            self.supervisor.last_worker_restart = f"{self.name} exited with code -9"
+            self.watch.worker_restarts += 1
+            self.watch.last_worker_restart = f"{self.name} exited with code -9"
             raise ConnectionError("worker died")
         return await super().run_pass(day, pass_index, files, generation, train)
 
 
-class FakeSupervisor:
+class FakeRestartWatch:
     """Counts restarts like ``LocalCluster`` (the dying worker bumps its own count)."""
 
     def __init__(self) -> None:
@@ -371,8 +371,8 @@ def test_a_worker_dying_mid_pass_restores_the_checkpoint_at_most_pass_retries_ti
     for hhmm in ("0000", "1200"):
         write_folder(tmp_path, "20261101", hhmm)
     ps = LocalPS(render.ps_config(job.spec))
-    supervisor = FakeSupervisor()
-    dying = DyingWorker(ps, 1, supervisor, deaths)
+    watch = FakeRestartWatch()
+    dying = DyingWorker(ps, 1, watch, deaths)
     clock = iter(range(10_000))
     driver = Driver(
         job.spec,
@@ -381,7 +381,7 @@ def test_a_worker_dying_mid_pass_restores_the_checkpoint_at_most_pass_retries_ti
         MemoryStateStore(),
         clock=lambda: float(next(clock)),
         sleep=_no_sleep,
-        supervisor=supervisor,
+        restarts=watch,
     )
     progress = asyncio.run(driver.run())
     assert progress.phase == phase
@@ -403,7 +403,7 @@ class DenseWorker(FakeWorker):
     trainer's ``init_dense``, first one wins) and a pass pushes sparse and dense gradients.
 
     ``lose_shard`` (shard index): during pass 1 of generation 1, after this worker's pushes,
-    that PS shard "restarts" empty and the supervisor counts it — a PS loss before any
+    that PS shard "restarts" empty and the restart watch counts it — a PS loss before any
     regular checkpoint, with the other shard keeping the pass's pushes.
     """
 
@@ -413,11 +413,11 @@ class DenseWorker(FakeWorker):
         self,
         ps: LocalPS,
         index: int,
-        supervisor: FakeSupervisor,
+        watch: FakeRestartWatch,
         lose_shard: int | None = None,
     ) -> None:
         super().__init__(ps, index)
-        self.supervisor = supervisor
+        self.watch = watch
         self.lose_shard = lose_shard
         self.resets = 0
 
@@ -438,8 +438,8 @@ class DenseWorker(FakeWorker):
         if self.lose_shard is not None and pass_index == 1 and generation == 1:
             i = self.lose_shard
             self.ps.shards[i] = Shard(self.ps.config, i, self.ps.num_shards)
-            self.supervisor.ps_restarts += 1
-            self.supervisor.last_ps_restart = f"ps-{i} exited with code -9"
+            self.watch.ps_restarts += 1
+            self.watch.last_ps_restart = f"ps-{i} exited with code -9"
             raise ConnectionError("PS shard restarted")
         m = PassMetrics(num_buckets=100)
         m.add(np.full(len(files), 0.3), np.arange(len(files)) % 2, np.full(len(files), 0.6))
@@ -453,7 +453,7 @@ def _key(path: str, i: int) -> int:
 
 def _dense_run(
     root: Path,
-    make_workers: Callable[[LocalPS, FakeSupervisor], list[DenseWorker]],
+    make_workers: Callable[[LocalPS, FakeRestartWatch], list[DenseWorker]],
     supervised: bool = True,
     **workers_spec: Any,
 ) -> tuple[Progress, LocalPS, list[DenseWorker], list[str], list[str]]:
@@ -463,8 +463,8 @@ def _dense_run(
     for hhmm in ("0000", "1200"):
         write_folder(root, "20261101", hhmm)
     ps = LocalPS(render.ps_config(job.spec), num_shards=2)
-    supervisor = FakeSupervisor()
-    workers = make_workers(ps, supervisor)
+    watch = FakeRestartWatch()
+    workers = make_workers(ps, watch)
     clock = iter(range(10_000))
     loads: list[str] = []
 
@@ -479,7 +479,7 @@ def _dense_run(
         MemoryStateStore(),
         clock=lambda: float(next(clock)),
         sleep=_no_sleep,
-        supervisor=supervisor if supervised else None,
+        restarts=watch if supervised else None,
         observer=Observer(on_action=on_action),
     )
     files = [str(f) for f in sorted((root / "data").glob("*/*/part-*"))]
@@ -522,7 +522,7 @@ class PushThenFailWorker(DenseWorker):
 
 
 def test_a_share_failing_after_its_pushes_is_applied_once(tmp_path: Path) -> None:
-    """No supervisor, no restart: the worker stays up and reports an error after pushing.
+    """No restart watch, no restart: the worker stays up and reports an error after pushing.
     Retrying its share alone would double its keys' show counts; the pass is redone on the
     reloaded checkpoint instead, and the model equals a clean run's key by key."""
     clean, clean_ps, _, files, _ = _two_shard_run(tmp_path / "clean", None)
@@ -545,8 +545,8 @@ class HangingWorker(DenseWorker):
 
     PUSHES = 500  # 5 s of pushes at most: the test never hangs, even when nothing resets
 
-    def __init__(self, ps: LocalPS, index: int, supervisor: FakeSupervisor) -> None:
-        super().__init__(ps, index, supervisor)
+    def __init__(self, ps: LocalPS, index: int, watch: FakeRestartWatch) -> None:
+        super().__init__(ps, index, watch)
         self.background: asyncio.Task[None] | None = None
         self.cancelled = False
         self.pushes = 0

@@ -1,4 +1,4 @@
-"""``supervisor.PodRestarts``: the driver's restart check on Kubernetes.
+"""``kube.daemon.PodRestarts``: the driver's restart check on Kubernetes.
 
 The driver asks it after every step and the supervisor's watch during long steps; both
 share one baseline, so a restart is reported and restored once, whoever sees it first.

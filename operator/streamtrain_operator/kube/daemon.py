@@ -102,7 +102,7 @@ class Runtime:
 
 
 class PodRestarts:
-    """The driver's ``Supervisor`` on Kubernetes: notices restarted pods (the kubelet
+    """The driver's ``RestartWatch`` on Kubernetes: notices restarted pods (the kubelet
     restarts them; there is nothing to heal).
 
     A pod whose uid or container restart count changed lost its process's memory. The
@@ -350,7 +350,7 @@ class JobSupervisor:
             store,
             clock=self.rt.clock,
             observer=Observer(on_action=self._on_action, on_progress=self._on_progress),
-            supervisor=restarts,
+            restarts=restarts,
             step_hook=self.rt.step_hook,
         )
 

@@ -85,7 +85,7 @@ async def run_job(job: Job, options: RunOptions) -> Progress:
                 on_progress=printer.on_progress,
                 on_restart=lambda what: printer.line(f"  {what}"),
             ),
-            supervisor=cluster,
+            restarts=cluster,
             step_hook=options.step_hook,
         )
         monitor = asyncio.create_task(_monitor(cluster, printer))

@@ -106,8 +106,11 @@ def policy_from_spec(spec: JobSpec) -> Policy:
     )
 
 
-class Supervisor(Protocol):
-    """Restarts dead PS or worker processes (local mode: ``LocalCluster``)."""
+class RestartWatch(Protocol):
+    """Tells the driver which PS shards and workers restarted, so it knows when model state
+    was lost. ``LocalCluster`` restarts dead children itself (local mode); ``PodRestarts``
+    notices pods the kubelet restarted (Kubernetes).
+    """
 
     #: How many PS shard restarts so far: each one lost that shard's model state.
     ps_restarts: int
@@ -119,7 +122,8 @@ class Supervisor(Protocol):
     last_worker_restart: str
 
     async def heal(self) -> list[str]:
-        """Restart whatever died (same address); returns what was restarted."""
+        """Bring back what died where this side can (same address), and say what restarted
+        since the last call."""
         ...
 
 
@@ -145,7 +149,7 @@ class Driver:
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         observer: Observer | None = None,
-        supervisor: Supervisor | None = None,
+        restarts: RestartWatch | None = None,
         retry_on: tuple[type[BaseException], ...] = (OSError, CheckpointError, PSUnavailableError),
         step_hook: StepHook = NO_HOOK,
     ) -> None:
@@ -161,7 +165,7 @@ class Driver:
         self.clock = clock
         self.sleep = sleep
         self.observer = observer or Observer()
-        self.supervisor = supervisor
+        self.restart_watch = restarts
         self.retry = export.RetryPolicy(
             retries=spec.export.retries,
             backoff_seconds=spec.export.retryBackoffSeconds,
@@ -211,8 +215,8 @@ class Driver:
                 log.exception("%s", action)
                 event = Failed("InternalError", f"{action}: {type(exc).__name__}: {exc}")
             await self._hold(AFTER, action)
-            if self.supervisor is not None:
-                healed = await self.supervisor.heal()
+            if self.restart_watch is not None:
+                healed = await self.restart_watch.heal()
                 for what in healed:
                     if self.observer.on_restart is not None:
                         self.observer.on_restart(what)
@@ -225,9 +229,9 @@ class Driver:
             self._save()
 
     def _restarts(self) -> tuple[int, int]:
-        if self.supervisor is None:
+        if self.restart_watch is None:
             return 0, 0
-        return self.supervisor.ps_restarts, self.supervisor.worker_restarts
+        return self.restart_watch.ps_restarts, self.restart_watch.worker_restarts
 
     def _state_lost(self, before: tuple[int, int]) -> tuple[str, str] | None:
         """Did a PS restart during the action make the PS state unknown? (cause, message)
@@ -238,9 +242,9 @@ class Driver:
         (``Scheduler._on_share_failed``) — also when the restart is noticed only later,
         as with a kubelet that restarts with back-off.
         """
-        assert self.supervisor is not None
-        if self.supervisor.ps_restarts != before[0]:
-            return "PSRestarted", self.supervisor.last_ps_restart or "a PS shard restarted"
+        assert self.restart_watch is not None
+        if self.restart_watch.ps_restarts != before[0]:
+            return "PSRestarted", self.restart_watch.last_ps_restart or "a PS shard restarted"
         return None
 
     def _save(self) -> None:
