@@ -7,81 +7,83 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from streamtrain_worker.data import layout
+from streamtrain_worker.data import layout, timeslices
 from streamtrain_worker.data.errors import LayoutError
 
 
 def test_folders_of_a_day_follow_the_split_interval() -> None:
-    assert layout.folders_per_day(60) == 24
-    assert layout.folder_names(60)[:3] == ["0000", "0100", "0200"]
-    assert layout.folder_names(15)[-1] == "2345"
-    assert layout.folder_names(60, hourly_names=True)[-1] == "23"
-    assert len(layout.folder_names(5)) == 288
+    assert timeslices.folders_per_day(60) == 24
+    assert timeslices.folder_names(60)[:3] == ["0000", "0100", "0200"]
+    assert timeslices.folder_names(15)[-1] == "2345"
+    assert timeslices.folder_names(60, hourly_names=True)[-1] == "23"
+    assert len(timeslices.folder_names(5)) == 288
 
 
 @pytest.mark.parametrize("interval", [0, -5, 7, 1441])
 def test_interval_must_divide_a_day(interval: int) -> None:
     with pytest.raises(LayoutError, match="splitIntervalMinutes"):
-        layout.folders_per_day(interval)
+        timeslices.folders_per_day(interval)
 
 
 def test_hourly_names_need_whole_hours() -> None:
     with pytest.raises(LayoutError, match="multiple of 60"):
-        layout.folder_names(30, hourly_names=True)
+        timeslices.folder_names(30, hourly_names=True)
 
 
 def test_passes_per_day_and_divisibility() -> None:
-    assert layout.passes_per_day(60, 1) == 24
-    assert layout.passes_per_day(15, 4) == 24
-    assert layout.passes_per_day(60, 24) == 1
+    assert timeslices.passes_per_day(60, 1) == 24
+    assert timeslices.passes_per_day(15, 4) == 24
+    assert timeslices.passes_per_day(60, 24) == 1
     with pytest.raises(LayoutError, match="splitsPerPass"):
-        layout.passes_per_day(60, 5)
+        timeslices.passes_per_day(60, 5)
 
 
 def test_pass_folders_are_consecutive_and_cover_the_day_once() -> None:
     root = "s3://logs/ctr/"
     seen = []
     for p in range(1, 7):
-        seen += layout.pass_folders(root, "20261101", p, 60, 4)
+        seen += timeslices.pass_folders(root, "20261101", p, 60, 4)
     assert seen == [f"s3://logs/ctr/20261101/{h:02d}00" for h in range(24)]
-    assert layout.pass_folders("/d", "20261101", 2, 30, 2, hourly_names=False) == [
+    assert timeslices.pass_folders("/d", "20261101", 2, 30, 2, hourly_names=False) == [
         "/d/20261101/0100",
         "/d/20261101/0130",
     ]
-    assert layout.pass_folders("/d", "20261101", 3, 60, 1, hourly_names=True) == ["/d/20261101/02"]
+    assert timeslices.pass_folders("/d", "20261101", 3, 60, 1, hourly_names=True) == [
+        "/d/20261101/02"
+    ]
 
 
 @pytest.mark.parametrize("pass_index", [0, 25])
 def test_pass_index_out_of_range(pass_index: int) -> None:
     with pytest.raises(LayoutError, match=f"pass {pass_index}"):
-        layout.pass_folders("/d", "20261101", pass_index, 60, 1)
+        timeslices.pass_folders("/d", "20261101", pass_index, 60, 1)
 
 
 def test_day_arithmetic() -> None:
-    assert layout.next_day("20261130") == "20261201"
-    assert layout.next_day("20261231") == "20270101"
-    assert layout.next_day("20280228") == "20280229"
-    assert layout.days_between("20261230", "20270102") == [
+    assert timeslices.next_day("20261130") == "20261201"
+    assert timeslices.next_day("20261231") == "20270101"
+    assert timeslices.next_day("20280228") == "20280229"
+    assert timeslices.days_between("20261230", "20270102") == [
         "20261230",
         "20261231",
         "20270101",
         "20270102",
     ]
-    assert layout.days_between("20261102", "20261101") == []
+    assert timeslices.days_between("20261102", "20261101") == []
 
 
 @pytest.mark.parametrize("bad", ["20261131", "2026111", "2026-11-01", "20261301", "abcdefgh"])
 def test_invalid_days_are_errors(bad: str) -> None:
     with pytest.raises(LayoutError, match=bad):
-        layout.next_day(bad)
+        timeslices.next_day(bad)
 
 
 def test_next_pass_and_iteration() -> None:
-    assert layout.next_pass("20261101", 1, 2) == ("20261101", 2)
-    assert layout.next_pass("20261101", 2, 2) == ("20261102", 1)
-    passes = list(layout.iter_passes("20261101", "20261102", 60, 12))
+    assert timeslices.next_pass("20261101", 1, 2) == ("20261101", 2)
+    assert timeslices.next_pass("20261101", 2, 2) == ("20261102", 1)
+    passes = list(timeslices.iter_passes("20261101", "20261102", 60, 12))
     assert passes == [("20261101", 1), ("20261101", 2), ("20261102", 1), ("20261102", 2)]
-    forever = layout.iter_passes("20261231", None, 1440, 1)
+    forever = timeslices.iter_passes("20261231", None, 1440, 1)
     assert [next(forever) for _ in range(3)] == [("20261231", 1), ("20270101", 1), ("20270102", 1)]
 
 

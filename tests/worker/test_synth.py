@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from streamtrain_worker import synth
-from streamtrain_worker.data import layout
+from streamtrain_worker.data import layout, timeslices
 from streamtrain_worker.data.config import DataConfig
 from streamtrain_worker.data.reader import iter_batches
 
@@ -46,7 +46,7 @@ def test_layout_donefiles_and_readable_data(tmp_path: Path) -> None:
     assert data.sequenceSlot == synth.SEQUENCE_SLOT
     files = [
         p
-        for f in layout.pass_folders(str(tmp_path), "20261102", 2, 240, 3)
+        for f in timeslices.pass_folders(str(tmp_path), "20261102", 2, 240, 3)
         for p, _ in layout.list_part_files(f)
     ]
     batches = list(iter_batches(files, data, 256))

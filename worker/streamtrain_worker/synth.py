@@ -37,7 +37,7 @@ import fsspec
 import numpy as np
 import numpy.typing as npt
 
-from streamtrain_worker.data import layout
+from streamtrain_worker.data import timeslices
 
 SLOTS = ("user", "item", "category", "device", "position", "hour", "hist")
 SEQUENCE_SLOT = SLOTS.index("hist")
@@ -218,7 +218,7 @@ def _lines(
 
 def data_config(cfg: SynthConfig) -> dict[str, object]:
     """The ``DataConfig`` JSON that reads the generated stream."""
-    last = layout.format_day(layout.parse_day(cfg.start) + dt.timedelta(days=cfg.days - 1))
+    last = timeslices.format_day(timeslices.parse_day(cfg.start) + dt.timedelta(days=cfg.days - 1))
     return {
         "path": cfg.out,
         "format": "slot",
@@ -243,7 +243,7 @@ def _generate(cfg: SynthConfig, write_donefiles: bool) -> SynthResult:
         raise ValueError("days and files_per_folder must be >= 1, rows_per_folder >= 0")
     if cfg.num_users < 1 or cfg.num_items < 1 or cfg.num_groups < 0:
         raise ValueError("num_users and num_items must be >= 1, num_groups >= 0")
-    total_passes = layout.passes_per_day(cfg.split_interval_minutes, cfg.splits_per_pass)
+    total_passes = timeslices.passes_per_day(cfg.split_interval_minutes, cfg.splits_per_pass)
     fs, root = fsspec.core.url_to_fs(cfg.out)
     rng = np.random.default_rng(cfg.seed)
     world = _World(cfg, rng)
@@ -253,10 +253,10 @@ def _generate(cfg: SynthConfig, write_donefiles: bool) -> SynthResult:
         if day_number:
             world.new_day()
         for pass_index in range(1, total_passes + 1):
-            folders = layout.pass_folders(
+            folders = timeslices.pass_folders(
                 cfg.out, day, pass_index, cfg.split_interval_minutes, cfg.splits_per_pass
             )
-            names = layout.pass_folder_names(
+            names = timeslices.pass_folder_names(
                 pass_index, cfg.split_interval_minutes, cfg.splits_per_pass
             )
             probs, labels = [], []
@@ -282,7 +282,7 @@ def _generate(cfg: SynthConfig, write_donefiles: bool) -> SynthResult:
                     day, pass_index, int(y_all.shape[0]), int(y_all.sum()), auc(p_all, y_all)
                 )
             )
-        day = layout.next_day(day)
+        day = timeslices.next_day(day)
     oracle = {
         "config": asdict(cfg),
         "slots": list(SLOTS),

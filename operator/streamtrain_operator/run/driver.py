@@ -52,7 +52,7 @@ from streamtrain_ps.api import PSLike, SaveMode
 from streamtrain_ps.checkpoint import MANIFEST
 from streamtrain_ps.errors import CheckpointError, PSUnavailableError
 from streamtrain_worker.config import MetricsConfig
-from streamtrain_worker.data import layout
+from streamtrain_worker.data import layout, timeslices
 from streamtrain_worker.data.sharding import assign_files
 from streamtrain_worker.metrics import PassMetrics
 from streamtrain_worker.model_folder import ModelKind, Serving
@@ -282,7 +282,7 @@ class Driver:
 
     def _folders(self, key: StepKey) -> list[str]:
         d = self.spec.data
-        return layout.pass_folders(
+        return timeslices.pass_folders(
             d.path,
             key.day,
             key.pass_index,

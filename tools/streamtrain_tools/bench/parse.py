@@ -19,7 +19,7 @@ from pathlib import Path
 
 from streamtrain_tools.samples import SAMPLES_DIR
 from streamtrain_worker import synth
-from streamtrain_worker.data import layout
+from streamtrain_worker.data import layout, timeslices
 from streamtrain_worker.data.config import AVAZU_CATEGORICAL, DataConfig
 from streamtrain_worker.data.formats import make_format
 from streamtrain_worker.data.reader import iter_batches
@@ -101,7 +101,9 @@ def measure_slot(workdir: Path, *, min_seconds: float = 0.5) -> float:
     )
     synth.generate(cfg)
     data = DataConfig.from_dict(synth.data_config(cfg))
-    (path, _), *_ = layout.list_part_files(layout.pass_folders(cfg.out, cfg.start, 1, 1440, 1)[0])
+    (path, _), *_ = layout.list_part_files(
+        timeslices.pass_folders(cfg.out, cfg.start, 1, 1440, 1)[0]
+    )
     return measure(data, path, min_seconds=min_seconds)
 
 

@@ -169,9 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="small streams: a smoke run")
     p.add_argument("--streams", nargs="+", choices=STREAMS, default=list(STREAMS))
     p.add_argument("--learners", nargs="+", choices=LEARNERS, default=list(LEARNERS))
-    p.add_argument(
-        "--data-dir", type=Path, default=SAMPLES_DIR, help="folder of the data samples"
-    )
+    p.add_argument("--data-dir", type=Path, default=SAMPLES_DIR, help="folder of the data samples")
     p.add_argument("--seed", type=int, default=0, help="the torch reference's seed")
     p.add_argument(
         "--st-overrides", type=json.loads, default={}, help="JSON merged into the job's spec"
