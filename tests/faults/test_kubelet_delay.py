@@ -16,12 +16,13 @@ from typing import Any
 
 import pytest
 
+from streams import write_stream
 from streamtrain_operator.job.plan import StepKind
 from streamtrain_operator.job.progress import Phase, Progress
 
 from .gate import owners
 from .harness import START, wait_for
-from .on_kube import KubeJob, write_stream
+from .on_kube import SPLIT_MINUTES, KubeJob
 from .test_operator_kill import ROWS, read_counts, same_counts, succeeded
 
 #: Pass 2 (folder 1200) is made 60x bigger so that the kill lands inside it.
@@ -31,7 +32,7 @@ RESTART_DELAY = 3.0
 
 
 def _write(root: Path) -> None:
-    write_stream(root, ROWS)
+    write_stream(root, rows_per_folder=ROWS, split_interval_minutes=SPLIT_MINUTES, seed=5)
     for part in (root / "data" / START / "1200").glob("part-*"):
         part.write_text(part.read_text() * REPEAT)
 
