@@ -9,6 +9,7 @@ framing and the small scalar fields (a few dozen bytes a message) are not includ
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -51,6 +52,20 @@ class CountingPS:
     ) -> None:
         self._inner.push_sparse(table, keys, grads, shows, clicks, slots)
         self._add("sparse_push", keys, grads, shows, clicks, slots)
+
+    def push_batch(
+        self,
+        table: str,
+        keys: npt.NDArray[np.uint64],
+        grads: npt.NDArray[np.float32],
+        shows: npt.NDArray[np.float32],
+        clicks: npt.NDArray[np.float32],
+        slots: npt.NDArray[np.uint32] | None = None,
+        dense: Sequence[tuple[str, npt.NDArray[np.float32]]] = (),
+    ) -> None:
+        self._inner.push_batch(table, keys, grads, shows, clicks, slots, dense)
+        self._add("sparse_push", keys, grads, shows, clicks, slots)
+        self._add("dense", *(g for _, g in dense))
 
     def init_dense(
         self, name: str, values: npt.NDArray[np.float32], summary_decay: float | None = None
