@@ -84,3 +84,19 @@ def test_reference_ps_side_mirrors_the_bench_e2e_manifest(tmp_path: Path) -> Non
     assert mine.runtime == rendered.runtime
     assert mine.ps.config.tables == rendered.ps.config.tables
     assert mine.ps.config.dense == rendered.ps.config.dense
+
+
+def test_step_timer_splits_training_from_the_transitions_between_passes() -> None:
+    """bench-e2e's step accounting: start-up until the first step, each step until the next
+    one starts, and everything but training counted as transition time."""
+    from streamtrain_tools.bench.e2e import StepTimer
+
+    timer = StepTimer()
+    timer.started = 0.0
+    timer.steps = [(2.0, "checkdata"), (2.5, "train"), (6.5, "save_delta"), (7.5, "train")]
+    timer.finished = 10.0
+    report = timer.report(passes=2)
+    assert report["startup_seconds"] == 2.0
+    assert report["step_seconds"]["train"] == {"total": 6.5, "count": 2}
+    assert report["step_seconds"]["save_delta"] == {"total": 1.0, "count": 1}
+    assert report["transition_seconds_per_pass"] == (8.0 - 6.5) / 2

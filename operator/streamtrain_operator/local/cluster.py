@@ -33,6 +33,7 @@ from typing import TextIO
 
 from streamtrain_operator.job import render
 from streamtrain_operator.job.progress import Phase, Progress
+from streamtrain_operator.job.scheduler import Action
 from streamtrain_operator.job.spec import Job
 from streamtrain_operator.local.reporting import ProgressPrinter
 from streamtrain_operator.run.driver import Driver, Observer
@@ -248,6 +249,9 @@ class RunOptions:
     workdir: Path
     out: TextIO = sys.stdout
     start_timeout: float = 120.0
+    #: Called with every action the driver is about to run, after the progress printer
+    #: (benchmarks time the steps with it).
+    on_action: Callable[[Action, Progress], None] | None = None
 
 
 async def connect(
@@ -262,6 +266,19 @@ async def connect(
     workers = [GrpcWorker(ep, name=f"worker-{i}") for i, ep in enumerate(cluster.worker_endpoints)]
     await asyncio.gather(*(w.wait_ready(timeout) for w in workers))
     return ps, workers
+
+
+def _chain(
+    first: Callable[[Action, Progress], None], then: Callable[[Action, Progress], None] | None
+) -> Callable[[Action, Progress], None]:
+    if then is None:
+        return first
+
+    def both(action: Action, progress: Progress) -> None:
+        first(action, progress)
+        then(action, progress)
+
+    return both
 
 
 async def _monitor(cluster: LocalCluster, printer: ProgressPrinter, every: float = 1.0) -> None:
@@ -309,7 +326,7 @@ async def run_job(job: Job, options: RunOptions) -> Progress:
             workers,
             store,
             observer=Observer(
-                on_action=printer.on_action,
+                on_action=_chain(printer.on_action, options.on_action),
                 on_progress=printer.on_progress,
                 on_restart=lambda what: printer.line(f"  {what}"),
             ),

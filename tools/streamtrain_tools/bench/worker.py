@@ -106,6 +106,7 @@ class DataSet:
     num_ids: int  # rows of plain PyTorch's table
     ids: Callable[[npt.NDArray[np.uint64]], npt.NDArray[np.int64]]
     grow: npt.NDArray[np.uint64] | None = None  # keys created in every PS table first
+    slots: int = SLOTS
 
 
 def criteo(data_dir: Path, config: WorkerConfig, repeats: int, limit: int = 0) -> DataSet:
@@ -123,11 +124,11 @@ def criteo(data_dir: Path, config: WorkerConfig, repeats: int, limit: int = 0) -
     )
 
 
-def long_tail_set(count: int, keys_per_slot: int, seed: int) -> DataSet:
+def long_tail_set(count: int, keys_per_slot: int, seed: int, slots: int = SLOTS) -> DataSet:
     batches = long_tail.batches(
         count=count,
         batch_size=BATCH,
-        slots=SLOTS,
+        slots=slots,
         keys_per_slot=keys_per_slot,
         ctr=0.25,
         seed=seed,
@@ -135,9 +136,10 @@ def long_tail_set(count: int, keys_per_slot: int, seed: int) -> DataSet:
     return DataSet(
         "long_tail",
         batches,
-        long_tail.num_keys(SLOTS, keys_per_slot),
+        long_tail.num_keys(slots, keys_per_slot),
         lambda keys: keys.astype(np.int64),
-        grow=long_tail.all_keys(SLOTS, keys_per_slot),
+        grow=long_tail.all_keys(slots, keys_per_slot),
+        slots=slots,
     )
 
 
@@ -239,7 +241,7 @@ def make_sides(
             stack.callback(ps.close)
             if data.grow is not None:
                 grow(ps, config.table, data.grow)
-            trainer = Trainer(config, ps, SLOTS)
+            trainer = Trainer(config, ps, data.slots)
             stack.callback(trainer.close)
             out.append(Side(name, partial(_train, trainer, data.batches), ps_pid=pid))
         yield out
@@ -258,7 +260,7 @@ def wire_bytes(data: DataSet, config: WorkerConfig) -> dict[str, float]:
         stack.callback(remote.close)
         remote.wait_ready()
         counting = CountingPS(remote)
-        trainer = Trainer(config, counting, SLOTS)
+        trainer = Trainer(config, counting, data.slots)
         stack.callback(trainer.close)
         counting.reset()
         examples = trainer.run_pass(data.batches).examples
@@ -268,7 +270,7 @@ def wire_bytes(data: DataSet, config: WorkerConfig) -> dict[str, float]:
 def measure(
     data: DataSet, config: WorkerConfig, rounds: int, names: tuple[str, ...] = SIDES
 ) -> dict[str, Any]:
-    spec = ModelSpec.from_config(config.model, SLOTS)
+    spec = ModelSpec.from_config(config.model, data.slots)
     with make_sides(data, config, spec, names) as all_sides:
         for side in all_sides:  # warm-up: allocator, numba kernels, first touch
             side.run()
@@ -322,7 +324,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if name == "criteo":
             data = criteo(args.data, config, args.repeats, args.criteo_batches)
         else:
-            data = long_tail_set(args.long_tail_batches, args.keys_per_slot, config.seed)
+            data = long_tail_set(
+                args.long_tail_batches, args.keys_per_slot, config.seed, args.long_tail_slots
+            )
         result[name] = measure(data, config, args.rounds, tuple(args.sides))
         pm = result[name]["paired_median"]
         result[f"grpc_cpu_ratio_{name}"] = result[name]["cpu_ratio_grpc_vs_torch"]
@@ -335,8 +339,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         parse = bench_parse.measure_all(args.data, min_seconds=args.parse_seconds)
         result["parse_lines_per_s"] = {k: round(v, 1) for k, v in parse.items()}
     result.update(
-        batch_size=BATCH, slots=SLOTS, dims=1 + DIM, hidden_units=list(HIDDEN),
-        torch_threads=args.threads, rounds=args.rounds,
+        batch_size=BATCH, slots=SLOTS, long_tail_slots=args.long_tail_slots, dims=1 + DIM,
+        hidden_units=list(HIDDEN), torch_threads=args.threads, rounds=args.rounds,
     )  # fmt: skip
     return result
 
@@ -366,6 +370,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--keys-per-slot", type=int, default=1 << 17, help="long-tail ids per slot (power of 2)"
     )
+    p.add_argument("--long-tail-slots", type=int, default=SLOTS, help="slots of the long tail")
     p.add_argument("--rounds", type=int, default=5, help="rounds of the three sides")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (every side)")
     p.add_argument("--parse-seconds", type=float, default=1.0, help="min time per parse format")
