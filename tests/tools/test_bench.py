@@ -100,3 +100,20 @@ def test_step_timer_splits_training_from_the_transitions_between_passes() -> Non
     assert report["step_seconds"]["train"] == {"total": 6.5, "count": 2}
     assert report["step_seconds"]["save_delta"] == {"total": 1.0, "count": 1}
     assert report["transition_seconds_per_pass"] == (8.0 - 6.5) / 2
+
+
+def test_sizing_names_the_limit_that_binds_first() -> None:
+    from streamtrain_tools.bench.sizing import Costs, Resources, predict
+
+    costs = Costs(
+        worker_cpu=100e-6, sparse_cpu=40e-6, dense_cpu=5e-6, sparse_bytes=1e3, dense_bytes=3e3
+    )
+    res = Resources(worker_cores=1, ps_cores=1, nic_bytes_per_s=1e12)
+    assert predict(costs, res, 1, 1) == (pytest.approx(10_000), "workers")
+    # 64 workers on one shard: the shard's CPU (sparse + dense) binds
+    assert predict(costs, res, 64, 1) == (pytest.approx(1 / 45e-6), "dense shard CPU")
+    # more shards spread only the sparse part: the dense vector's shard stays the bound
+    rate, binding = predict(costs, res, 64, 32)
+    assert binding == "dense shard CPU" and rate == pytest.approx(1 / (40e-6 / 32 + 5e-6))
+    slow_nic = Resources(worker_cores=1, ps_cores=1, nic_bytes_per_s=1e7)
+    assert predict(costs, slow_nic, 64, 32)[1] == "dense shard network"
