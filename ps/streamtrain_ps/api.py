@@ -13,6 +13,7 @@ table divides by the pushed show to get a per-impression step. Shows and clicks
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Protocol, runtime_checkable
@@ -84,6 +85,20 @@ class PSLike(Protocol):
         clicks: npt.NDArray[np.float32],
         slots: npt.NDArray[np.uint32] | None = None,
     ) -> None: ...
+
+    def push_batch(
+        self,
+        table: str,
+        keys: npt.NDArray[np.uint64],
+        grads: npt.NDArray[np.float32],
+        shows: npt.NDArray[np.float32],
+        clicks: npt.NDArray[np.float32],
+        slots: npt.NDArray[np.uint32] | None = None,
+        dense: Sequence[tuple[str, npt.NDArray[np.float32]]] = (),
+    ) -> None:
+        """One trained batch: ``push_dense(name, grads)`` for every pair of ``dense``, then
+        ``push_sparse`` — over gRPC in one request per server involved, not one per call."""
+        ...
 
     def init_dense(
         self, name: str, values: npt.NDArray[np.float32], summary_decay: float | None = None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -129,6 +129,21 @@ class LocalPS:
 
     def pull_dense(self, name: str) -> npt.NDArray[np.float32]:
         return self._dense_shard(name).pull_dense(name)[0]
+
+    def push_batch(
+        self,
+        table: str,
+        keys: npt.NDArray[np.uint64],
+        grads: npt.NDArray[np.float32],
+        shows: npt.NDArray[np.float32],
+        clicks: npt.NDArray[np.float32],
+        slots: npt.NDArray[np.uint32] | None = None,
+        dense: Sequence[tuple[str, npt.NDArray[np.float32]]] = (),
+    ) -> None:
+        """The dense gradients, then the rows — the order a server applies them in."""
+        for name, values in dense:
+            self.push_dense(name, values)
+        self.push_sparse(table, keys, grads, shows, clicks, slots)
 
     def push_dense(self, name: str, grads: npt.NDArray[np.float32]) -> None:
         self._dense_shard(name).push_dense(name, grads)

@@ -150,6 +150,43 @@ class RemotePS:
         clicks: npt.NDArray[np.float32],
         slots: npt.NDArray[np.uint32] | None = None,
     ) -> None:
+        self._send_pushes(self._push_requests(table, keys, grads, shows, clicks, slots))
+
+    def push_batch(
+        self,
+        table: str,
+        keys: npt.NDArray[np.uint64],
+        grads: npt.NDArray[np.float32],
+        shows: npt.NDArray[np.float32],
+        clicks: npt.NDArray[np.float32],
+        slots: npt.NDArray[np.uint32] | None = None,
+        dense: Sequence[tuple[str, npt.NDArray[np.float32]]] = (),
+    ) -> None:
+        """``push_sparse`` plus ``push_dense`` of every ``(name, grads)`` of ``dense``, in as
+        few RPCs as there are servers involved: each vector's gradient rides in the
+        PushSparse request that goes to its server (``PushSparseRequest.dense``), under that
+        request's id, so a retry applies rows and vectors at most once, together."""
+        calls = self._push_requests(table, keys, grads, shows, clicks, slots)
+        for name, values in dense:
+            g = require_array(values, "grads", np.float32, None)
+            server = self._dense_server(name)
+            request = next((r for s, r in calls if s == server), None)
+            if request is None:  # no rows for that server: a request with dense parts only
+                request = ps_pb2.PushSparseRequest(table=table, dim=self._table(table).push_dim)
+                calls.append((server, request))
+            request.dense.add(name=name, grads=wire.encode_floats(g, "grads"))
+        self._send_pushes(calls)
+
+    def _push_requests(
+        self,
+        table: str,
+        keys: npt.NDArray[np.uint64],
+        grads: npt.NDArray[np.float32],
+        shows: npt.NDArray[np.float32],
+        clicks: npt.NDArray[np.float32],
+        slots: npt.NDArray[np.uint32] | None,
+    ) -> list[tuple[int, ps_pb2.PushSparseRequest]]:
+        """Validate, merge repeated keys, route and chunk one push into requests."""
         t = self._table(table)
         k = require_array(keys, "keys", np.uint64, None)
         n = k.size
@@ -179,6 +216,9 @@ class RemotePS:
                         ),
                     )
                 )
+        return calls
+
+    def _send_pushes(self, calls: list[tuple[int, ps_pb2.PushSparseRequest]]) -> None:
         with self._request_ids(len(calls)) as ids:
             for (_, request), rid in zip(calls, ids, strict=True):
                 request.id.CopyFrom(rid)

@@ -194,6 +194,21 @@ class FanOut:
         stubs = self._stubs[server]
         return stubs[next(self._next) % len(stubs)]
 
+    def _start(
+        self, method: str, call: tuple[int, Any], timeout: float, fanout: int
+    ) -> grpc.Future | _Done:
+        """Send one call: a future when several are in flight, else a blocking call.
+
+        A lone call (one server, one chunk: every call of a one-shard job) is made blocking
+        in the caller's thread. ``.future()`` would hand it to grpc's channel spin thread,
+        which grpc starts afresh whenever a channel has no call in flight — a thread start
+        plus two thread hand-offs per RPC, the largest client cost of a worker's step.
+        """
+        fn = getattr(self._stub(call[0]), method)
+        if fanout == 1:
+            return _Done(fn, call[1], timeout)
+        return fn.future(call[1], timeout=timeout)
+
     def call_all(
         self,
         method: str,
@@ -218,10 +233,7 @@ class FanOut:
         pending = list(range(len(calls)))
         backoff = policy.initial_backoff
         for attempt in itertools.count(1):
-            futures = [
-                (i, getattr(self._stub(calls[i][0]), method).future(calls[i][1], timeout=timeout))
-                for i in pending
-            ]
+            futures = [(i, self._start(method, calls[i], timeout, len(pending))) for i in pending]
             failed: list[int] = []
             last: tuple[grpc.RpcError, int] | None = None
             fatal: PSError | None = None
@@ -266,6 +278,25 @@ class FanOut:
             backoff = min(backoff * policy.multiplier, policy.max_backoff)
             pending = failed
         raise AssertionError("unreachable")  # pragma: no cover
+
+
+class _Done:
+    """A blocking call's outcome behind the two methods ``call_all`` uses of a future."""
+
+    def __init__(self, fn: Callable[..., Any], request: Any, timeout: float) -> None:
+        self._error: grpc.RpcError | None = None
+        try:
+            self._value = fn(request, timeout=timeout)
+        except grpc.RpcError as err:
+            self._value, self._error = None, err
+
+    def result(self) -> Any:
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def cancel(self) -> bool:
+        return False
 
 
 def _channel(

@@ -183,13 +183,23 @@ class PSServicer(ps_pb2_grpc.ParameterServerServicer):
                 push_dim=table.push_dim,
                 max_keys=self._config.maxKeysPerRequest,
             )
-            updated, duplicate = self._once(
-                "PushSparse",
-                request.id,
-                lambda: self._shard.push_sparse(
+            dense = [
+                (_dense_name(d.name), wire.decode_floats(d.grads, "dense.grads"))
+                for d in request.dense
+            ]
+
+            def apply() -> int:
+                # Dense first: an unknown vector (a restarted, empty PS) fails with nothing
+                # applied; the rows' own checks only fail for a broken client.
+                for name, grads in dense:
+                    self._shard.push_dense(name, grads)
+                if batch.keys.size == 0:
+                    return 0
+                return self._shard.push_sparse(
                     table.name, batch.keys, batch.grads, batch.shows, batch.clicks, batch.slots
-                ),
-            )
+                )
+
+            updated, duplicate = self._once("PushSparse", request.id, apply)
             return ps_pb2.PushSparseResponse(keys_updated=updated, duplicate=duplicate)
 
         return self._serve("PushSparse", context, run)

@@ -156,6 +156,50 @@ def test_dense_vectors_route_by_name(ps_cluster: Callable[..., Cluster]) -> None
     assert set(ps.stats().dense_names) == {"dnn.w", "dnn.b", "tower"}
 
 
+def test_push_batch_applies_rows_and_vectors_as_separate_pushes_would(
+    ps_cluster: Callable[..., Cluster],
+) -> None:
+    """One push_batch over 2 servers equals push_dense per vector then push_sparse on a
+    LocalPS of 2 shards, also when a vector's server gets no rows (a dense-only request)."""
+    cluster = ps_cluster(2)
+    ps = cluster.client()
+    local = LocalPS(cluster.config, num_shards=2)
+    names = ("dnn.w", "dnn.b", "tower")
+    keys = np.arange(1, 41, dtype=np.uint64) * np.uint64(7919)
+    owner = sharding.server_of_key(keys, cluster.config.logicalShards, 2)
+    lone = keys[owner == 0][:1]  # rows for server 0 only: server 1's vectors ride alone
+    try:
+        for batch in (keys, lone):
+            n = batch.size
+            grads = np.tile(np.arange(1, DIM + 2, dtype=np.float32), (n, 1))
+            counts = np.ones(n, np.float32), np.zeros(n, np.float32)
+            dense = [(name, np.full(5, i + 1.0, np.float32)) for i, name in enumerate(names)]
+            for side in (ps, local):
+                for name in names:
+                    side.init_dense(name, np.arange(5, dtype=np.float32))
+                side.push_batch("embedding", batch, grads, *counts, None, dense=dense)
+        assert {sharding.server_of_dense(n, 2) for n in names} == {0, 1}
+        for name in names:
+            np.testing.assert_array_equal(ps.pull_dense(name), local.pull_dense(name))
+        np.testing.assert_array_equal(
+            ps.pull_sparse("embedding", keys), local.pull_sparse("embedding", keys)
+        )
+        # an unknown vector fails the request with nothing applied
+        before = ps.pull_sparse("embedding", keys)
+        with pytest.raises(UnknownTableError):
+            ps.push_batch(
+                "embedding", keys, np.ones((keys.size, DIM + 1), np.float32),
+                np.ones(keys.size, np.float32), np.zeros(keys.size, np.float32),
+                dense=[("missing", np.ones(5, np.float32))],
+            )  # fmt: skip
+        owner_of_missing = sharding.server_of_dense("missing", 2)
+        after = ps.pull_sparse("embedding", keys)
+        mine = owner == owner_of_missing
+        np.testing.assert_array_equal(after[mine], before[mine])
+    finally:
+        local.close()
+
+
 def test_summary_vectors_over_grpc_keep_their_rule_through_a_checkpoint(
     ps_cluster: Callable[..., Cluster], tmp_path: Path
 ) -> None:

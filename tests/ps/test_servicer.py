@@ -109,6 +109,8 @@ def test_push_then_pull_round_trip() -> None:
         ({"table": ""}, "table"),
         ({"grads": np.full((3, 5), np.nan, np.float32).tobytes()}, "grads"),
         ({"shows": np.full(3, -1, np.float32).tobytes()}, "shows"),
+        ({"dense": [ps_pb2.DenseGrads(name="d", grads=b"\0" * 5)]}, "dense.grads"),
+        ({"dense": [ps_pb2.DenseGrads(name="", grads=b"")]}, "name"),
     ],
 )
 def test_bad_push_is_invalid_argument_naming_the_field(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -12,16 +13,43 @@ from streamtrain_tools.bench import worker as bench
 
 
 def test_bench_prints_one_json_object_last(capsys: pytest.CaptureFixture[str]) -> None:
-    bench.main(["--json", "--repeats", "1", "--rounds", "1", "--parse-seconds", "0.01"])
+    """Three sides on two data sets in one run (shape only: speeds of a quick run mean
+    nothing); the ratios are the medians of the per-round ratios."""
+    bench.main(["--json", "--quick"])
     lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1
     result = json.loads(lines[-1])
-    assert result["examples_per_round"] == 7200
-    assert result["torch_ex_per_s"] > 0 and result["ps_ex_per_s"] > 0
-    assert result["ratio"] == pytest.approx(
-        result["ps_ex_per_s"] / result["torch_ex_per_s"], rel=1e-2
-    )
+    for name in ("criteo", "long_tail"):
+        data = result[name]
+        rounds = data["rounds"]
+        assert set(rounds) == {"torch", "local", "grpc"}
+        assert all(len(r) == 1 and r[0] > 0 for r in rounds.values())
+        assert result[f"grpc_ratio_{name}"] == data["paired_median"]["grpc_vs_torch"]
+        assert data["paired_median"]["grpc_vs_torch"] == pytest.approx(
+            rounds["grpc"][0] / rounds["torch"][0], rel=1e-2
+        )
+        assert 0 < data["unique_keys_per_batch"] <= data["keys_per_batch"]
+        assert data["cpu_us_per_example"]["grpc_ps"] >= 0
+        assert result[f"grpc_cpu_ratio_{name}"] == data["cpu_ratio_grpc_vs_torch"] > 0
+        # every batch pulls and pushes its unique keys, and pushes its dense gradient
+        assert all(v > 0 for v in data["wire_bytes_per_example"].values())
+    assert result["criteo"]["examples_per_round"] == 3 * 512
+    # the long tail's table holds its whole key space, beyond the stream's own keys
+    assert result["long_tail"]["table_keys"] == 39 * 1024
     assert set(result["parse_lines_per_s"]) >= {"criteo", "avazu", "libsvm"}
     assert (result["slots"], result["dims"], result["hidden_units"]) == (39, 9, [512, 256, 128])
+
+
+def test_long_tail_keys_stay_in_each_slots_range() -> None:
+    from streamtrain_tools.bench import long_tail
+
+    (batch,) = long_tail.batches(count=1, batch_size=64, slots=3, keys_per_slot=16, ctr=0.5, seed=0)
+    slot = batch.slot_of_key()
+    assert batch.size == 64 and batch.keys.size == 64 * 3
+    assert np.array_equal(batch.keys // 16, slot.astype(np.uint64))
+    assert set(np.unique(batch.labels)) <= {0.0, 1.0}
+    with pytest.raises(ValueError, match="power of 2"):
+        long_tail.batches(count=1, batch_size=1, slots=1, keys_per_slot=12, ctr=0.5, seed=0)
 
 
 def test_reference_protocol_and_both_sides_score_every_pass() -> None:
@@ -56,3 +84,36 @@ def test_reference_ps_side_mirrors_the_bench_e2e_manifest(tmp_path: Path) -> Non
     assert mine.runtime == rendered.runtime
     assert mine.ps.config.tables == rendered.ps.config.tables
     assert mine.ps.config.dense == rendered.ps.config.dense
+
+
+def test_step_timer_splits_training_from_the_transitions_between_passes() -> None:
+    """bench-e2e's step accounting: start-up until the first step, each step until the next
+    one starts, and everything but training counted as transition time."""
+    from streamtrain_tools.bench.e2e import StepTimer
+
+    timer = StepTimer()
+    timer.started = 0.0
+    timer.steps = [(2.0, "checkdata"), (2.5, "train"), (6.5, "save_delta"), (7.5, "train")]
+    timer.finished = 10.0
+    report = timer.report(passes=2)
+    assert report["startup_seconds"] == 2.0
+    assert report["step_seconds"]["train"] == {"total": 6.5, "count": 2}
+    assert report["step_seconds"]["save_delta"] == {"total": 1.0, "count": 1}
+    assert report["transition_seconds_per_pass"] == (8.0 - 6.5) / 2
+
+
+def test_sizing_names_the_limit_that_binds_first() -> None:
+    from streamtrain_tools.bench.sizing import Costs, Resources, predict
+
+    costs = Costs(
+        worker_cpu=100e-6, sparse_cpu=40e-6, dense_cpu=5e-6, sparse_bytes=1e3, dense_bytes=3e3
+    )
+    res = Resources(worker_cores=1, ps_cores=1, nic_bytes_per_s=1e12)
+    assert predict(costs, res, 1, 1) == (pytest.approx(10_000), "workers")
+    # 64 workers on one shard: the shard's CPU (sparse + dense) binds
+    assert predict(costs, res, 64, 1) == (pytest.approx(1 / 45e-6), "dense shard CPU")
+    # more shards spread only the sparse part: the dense vector's shard stays the bound
+    rate, binding = predict(costs, res, 64, 32)
+    assert binding == "dense shard CPU" and rate == pytest.approx(1 / (40e-6 / 32 + 5e-6))
+    slow_nic = Resources(worker_cores=1, ps_cores=1, nic_bytes_per_s=1e7)
+    assert predict(costs, slow_nic, 64, 32)[1] == "dense shard network"

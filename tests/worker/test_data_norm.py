@@ -135,6 +135,32 @@ def test_statistics_are_summed_over_every_worker_on_the_ps(
             trainer.close()
 
 
+def test_each_export_writes_the_current_weights_and_statistics(
+    chunks: list[str],  # noqa: F811 - the fixture
+    tmp_path: Path,
+) -> None:
+    """The scripted module is built once per model (it shares the model's tensors): an
+    export after more training must carry the new parameters and data-norm statistics, in
+    eval mode, and leave the model in the mode it was in."""
+    cfg = worker_config()
+    trainer = Trainer(cfg, LocalPS(cfg.ps.config), cfg.data.num_slots)
+    pooled = torch.randn(5, cfg.data.num_slots, trainer.spec.slot_width)
+    try:
+        outputs = []
+        for i, part in enumerate(chunks[:2]):
+            run(trainer, [part])
+            trainer.model.train()
+            exported, _ = load_dense(_export(trainer, cfg.model.type, tmp_path / str(i)))
+            assert trainer.model.training
+            with torch.no_grad():
+                expected = torch.sigmoid(trainer.model.eval()(pooled))
+                outputs.append(exported(pooled))
+            torch.testing.assert_close(outputs[-1], expected, rtol=0, atol=0)
+        assert not torch.equal(outputs[0], outputs[1])  # trained in between: new weights
+    finally:
+        trainer.close()
+
+
 def _export(trainer: Trainer, model_type: str, root: Path) -> str:
     export_dense(trainer.model, model_type, str(root / "dense"))
     return str(root / "dense")

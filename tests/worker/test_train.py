@@ -250,6 +250,11 @@ class FlakyPS:
             raise PSUnavailableError("push_sparse on ps-0:7000: UNAVAILABLE")
         self.ps.push_sparse(table, keys, grads, shows, clicks, slots)
 
+    def push_batch(self, table, keys, grads, shows, clicks, slots=None, dense=()):  # type: ignore[no-untyped-def]
+        for name, values in dense:
+            self.ps.push_dense(name, values)
+        self.push_sparse(table, keys, grads, shows, clicks, slots)
+
     def __getattr__(self, name: str) -> object:
         return getattr(self.ps, name)
 

@@ -188,7 +188,7 @@ class Trainer:
         return out
 
     def _push(self, pending: list[Pending]) -> None:
-        """Push thread: one sparse and one dense push for all batches that queued up.
+        """Push thread: one push (rows and dense vectors) for all batches that queued up.
 
         Merging only happens when pushes queue up faster than the PS applies them: the
         sparse pushes are concatenated (the PS sums a key's rows within a request), the
@@ -202,10 +202,15 @@ class Trainer:
             sparse = SparsePush.concat([p.sparse for p in pending])
             dense = np.mean([p.dense for p in pending], axis=0, dtype=np.float32)
             norm = np.sum([p.norm for p in pending], axis=0, dtype=np.float32)
-        sparse.send(self.ps, self.config.table)
-        self.ps.push_dense(self.config.dense_name, dense)
+        vectors = [(self.config.dense_name, dense)]
         if norm.size:
-            self.ps.push_dense(self.config.norm_name, norm)
+            vectors.append((self.config.norm_name, norm))
+        # One request per PS server involved (not one per vector): over gRPC each RPC costs
+        # both sides a fixed ~0.1-0.3 ms of CPU on top of its bytes.
+        s = sparse
+        self.ps.push_batch(
+            self.config.table, s.keys, s.grads, s.shows, s.clicks, s.slots, dense=vectors
+        )
         if self.monitoring is not None:
             self.monitoring.push_seconds.observe(time.perf_counter() - started)
 

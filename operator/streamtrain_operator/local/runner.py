@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
 from streamtrain_operator.job.progress import Phase, Progress
+from streamtrain_operator.job.scheduler import Action
 from streamtrain_operator.job.spec import Job
 from streamtrain_operator.local.cluster import LocalCluster
 from streamtrain_operator.local.reporting import ProgressPrinter
@@ -35,6 +37,22 @@ class RunOptions:
     start_timeout: float = 120.0
     #: Given to the driver (``run.hooks``): the fault tests hold a run at a step with it.
     step_hook: StepHook = NO_HOOK
+    #: Called with every action the driver is about to run, after the progress printer
+    #: (benchmarks time the steps with it).
+    on_action: Callable[[Action, Progress], None] | None = None
+
+
+def _chain(
+    first: Callable[[Action, Progress], None], then: Callable[[Action, Progress], None] | None
+) -> Callable[[Action, Progress], None]:
+    if then is None:
+        return first
+
+    def both(action: Action, progress: Progress) -> None:
+        first(action, progress)
+        then(action, progress)
+
+    return both
 
 
 async def _monitor(cluster: LocalCluster, printer: ProgressPrinter, every: float = 1.0) -> None:
@@ -81,7 +99,7 @@ async def run_job(job: Job, options: RunOptions) -> Progress:
             conn.workers,
             store,
             observer=Observer(
-                on_action=printer.on_action,
+                on_action=_chain(printer.on_action, options.on_action),
                 on_progress=printer.on_progress,
                 on_restart=lambda what: printer.line(f"  {what}"),
             ),

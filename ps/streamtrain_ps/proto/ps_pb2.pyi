@@ -35,7 +35,7 @@ class PullSparseResponse(_message.Message):
     def __init__(self, values: _Optional[bytes] = ..., dim: _Optional[int] = ...) -> None: ...
 
 class PushSparseRequest(_message.Message):
-    __slots__ = ("table", "keys", "grads", "dim", "shows", "clicks", "slots", "id")
+    __slots__ = ("table", "keys", "grads", "dim", "shows", "clicks", "slots", "id", "dense")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     GRADS_FIELD_NUMBER: _ClassVar[int]
@@ -44,6 +44,7 @@ class PushSparseRequest(_message.Message):
     CLICKS_FIELD_NUMBER: _ClassVar[int]
     SLOTS_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
+    DENSE_FIELD_NUMBER: _ClassVar[int]
     table: str
     keys: bytes
     grads: bytes
@@ -52,7 +53,16 @@ class PushSparseRequest(_message.Message):
     clicks: bytes
     slots: bytes
     id: RequestId
-    def __init__(self, table: _Optional[str] = ..., keys: _Optional[bytes] = ..., grads: _Optional[bytes] = ..., dim: _Optional[int] = ..., shows: _Optional[bytes] = ..., clicks: _Optional[bytes] = ..., slots: _Optional[bytes] = ..., id: _Optional[_Union[RequestId, _Mapping]] = ...) -> None: ...
+    dense: _containers.RepeatedCompositeFieldContainer[DenseGrads]
+    def __init__(self, table: _Optional[str] = ..., keys: _Optional[bytes] = ..., grads: _Optional[bytes] = ..., dim: _Optional[int] = ..., shows: _Optional[bytes] = ..., clicks: _Optional[bytes] = ..., slots: _Optional[bytes] = ..., id: _Optional[_Union[RequestId, _Mapping]] = ..., dense: _Optional[_Iterable[_Union[DenseGrads, _Mapping]]] = ...) -> None: ...
+
+class DenseGrads(_message.Message):
+    __slots__ = ("name", "grads")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    GRADS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    grads: bytes
+    def __init__(self, name: _Optional[str] = ..., grads: _Optional[bytes] = ...) -> None: ...
 
 class RequestId(_message.Message):
     __slots__ = ("client_id", "seq", "acked_below")

@@ -11,8 +11,21 @@ scheduler, delta exports every pass, checkpoints, day-end shrink/base/batch):
    start-up, waiting, training, exports and checkpoints included) and training-only examples
    per second (examples over the summed wall time of the RunPass steps).
 
+3. **Plain PyTorch** at the throughput run's shape, in the same invocation (before and after
+   the throughput run, averaged, so load drift hits both): ``bench.worker``'s textbook
+   ``nn.EmbeddingBag`` + MLP 512-256-128 over the same 144,000 rows, batch 512 (39 slots x
+   (1 + 8), one torch thread; the system's model adds the 2 CVM columns).
+
+Every step the driver runs in the throughput run is timed (``RunOptions.on_action``): start-up
+is launch to the first step; a pass transition is everything between two passes' training
+(delta save + TorchScript export + manifests, checkpoints, data checks, day end), reported
+per pass and per kind of step.
+
 The last line printed is one JSON object: ``auc_mean_13_24``, ``e2e_ex_per_s``,
-``train_ex_per_s`` (plus the settings used).
+``train_ex_per_s``, ``torch_ex_per_s``, ``train_vs_torch`` (training-only over plain
+PyTorch), ``e2e_vs_train`` (launch-to-finish over training-only),
+``transition_seconds_per_pass``, ``startup_seconds``, ``step_seconds`` (per kind: total and
+count), plus the settings used.
 """
 
 from __future__ import annotations
@@ -28,17 +41,23 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
 from streamtrain_operator.job.progress import Phase, Progress
+from streamtrain_operator.job.scheduler import Action, RunPass, Save
 from streamtrain_operator.job.spec import load_job
 from streamtrain_operator.local.runner import RunOptions, run_job
+from streamtrain_tools.bench import worker as bench_worker
 from streamtrain_tools.samples import SAMPLES_DIR, lay_out
+from streamtrain_worker.models import ModelSpec
 
 DAY = "20261101"
 
 
-def manifest(batch_size: int, workers: int, lr: float, dense_lr: float = 0.0005) -> dict[str, Any]:
+def manifest(
+    batch_size: int, workers: int, lr: float, dense_lr: float = 0.0005, shards: int = 1
+) -> dict[str, Any]:
     return {
         "apiVersion": "streamtrain.io/v1alpha1",
         "kind": "StreamingTrainingJob",
@@ -70,7 +89,7 @@ def manifest(batch_size: int, workers: int, lr: float, dense_lr: float = 0.0005)
             # Every key gets its 1 + 8 weights from its first show, as in plain PyTorch.
             "sparse": {"embedxThreshold": 0, "optimizer": {"learningRate": lr}},
             "dense": {"optimizer": {"type": "adam", "learningRate": dense_lr}},
-            "ps": {"replicas": 1},
+            "ps": {"replicas": shards},
             "workers": {"replicas": workers},
             "checkpoint": {"path": "checkpoints", "everyPasses": 6},
             "export": {"path": "models", "deltaEveryPasses": 1},
@@ -78,22 +97,105 @@ def manifest(batch_size: int, workers: int, lr: float, dense_lr: float = 0.0005)
     }
 
 
+class StepTimer:
+    """Start times of the driver's steps, by kind (``train``, ``save_delta``, ...)."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.steps: list[tuple[float, str]] = []
+        self.finished = self.started
+
+    def __call__(self, action: Action, progress: Progress) -> None:
+        if isinstance(action, RunPass):
+            kind = "train"
+        elif isinstance(action, Save):
+            kind = f"save_{action.key.kind.value}"
+        else:
+            kind = type(action).__name__.lower()
+        self.steps.append((time.perf_counter(), kind))
+
+    def report(self, passes: int) -> dict[str, Any]:
+        """Start-up, per-kind totals, and the transition time between passes."""
+        ends = [t for t, _ in self.steps[1:]] + [self.finished]
+        kinds: dict[str, list[float]] = {}
+        for (start, kind), end in zip(self.steps, ends, strict=True):
+            kinds.setdefault(kind, []).append(end - start)
+        first = self.steps[0][0] if self.steps else self.finished
+        train = sum(kinds.get("train", []))
+        return {
+            "startup_seconds": round(first - self.started, 2),
+            "transition_seconds_per_pass": round((self.finished - first - train) / passes, 3),
+            "step_seconds": {
+                k: {"total": round(sum(v), 2), "count": len(v)} for k, v in sorted(kinds.items())
+            },
+        }
+
+
 def run(
-    root: Path, *, repeat: int, batch_size: int, workers: int, lr: float, log: io.TextIOBase
-) -> tuple[Progress, float]:
-    """Lay out the data, run the job; the final progress and launch-to-finish seconds."""
-    lay_out("criteo", root / "data", data_dir=SAMPLES_DIR, start_day=DAY, repeat=repeat)
+    root: Path,
+    *,
+    repeat: int,
+    batch_size: int,
+    workers: int,
+    lr: float,
+    log: io.TextIOBase,
+    data_dir: Path = SAMPLES_DIR,
+    shards: int = 1,
+) -> tuple[Progress, float, StepTimer]:
+    """Lay out the data, run the job; the final progress, launch-to-finish seconds and the
+    steps' timings."""
+    lay_out("criteo", root / "data", data_dir=data_dir, start_day=DAY, repeat=repeat)
     path = root / "job.yaml"
-    path.write_text(yaml.safe_dump(manifest(batch_size, workers, lr)))
+    path.write_text(yaml.safe_dump(manifest(batch_size, workers, lr, shards=shards)))
     job = load_job(path)
-    started = time.perf_counter()
-    progress = asyncio.run(
-        run_job(job, RunOptions(root / "state.json", root / "work", out=log))  # type: ignore[arg-type]
-    )
-    wall = time.perf_counter() - started
+    timer = StepTimer()
+    options = RunOptions(root / "state.json", root / "work", out=log, on_action=timer)  # type: ignore[arg-type]
+    progress = asyncio.run(run_job(job, options))
+    timer.finished = time.perf_counter()
+    wall = timer.finished - timer.started
     if progress.phase != Phase.SUCCEEDED:
         raise RuntimeError(f"bench job ended {progress.phase}: {progress.message}")
-    return progress, wall
+    return progress, wall, timer
+
+
+def torch_reference(repeat: int, data_dir: Path = SAMPLES_DIR) -> float:
+    """Plain PyTorch's examples/s over the throughput run's rows (``bench.worker``'s side a)."""
+    torch.set_num_threads(1)
+    torch.sparse.check_sparse_tensor_invariants.disable()
+    config = bench_worker.bench_config(1)
+    data = bench_worker.criteo(data_dir, config, repeat)
+    spec = ModelSpec.from_config(config.model, bench_worker.SLOTS)
+    baseline = bench_worker.TorchBaseline(data, spec, config.seed)
+    baseline.inputs, rest = baseline.inputs[:4], baseline.inputs  # warm-up: 4 batches
+    baseline.run()
+    baseline.inputs = rest
+    started = time.perf_counter()
+    examples = baseline.run()
+    return examples / (time.perf_counter() - started)
+
+
+def quality_run(root: Path, args: argparse.Namespace, log: io.TextIOBase) -> float:
+    """The quality protocol; the mean progressive AUC of passes 13-24."""
+    quality, _, _ = run(
+        root,
+        repeat=1,
+        batch_size=args.auc_batch_size,
+        workers=args.workers,
+        lr=args.lr,
+        log=log,
+        data_dir=args.data,
+    )
+    # A pass of one class has no AUC; the bench's passes always hold both, and a mean
+    # over a silently shorter list would not be the protocol's number.
+    missing = [r.pass_index for r in quality.history if "auc" not in r.metrics]
+    if missing:
+        raise SystemExit(f"passes {missing} of the quality run have no AUC (one class)")
+    aucs = [r.metrics["auc"] for r in quality.history]
+    auc_mean = sum(aucs[12:24]) / len(aucs[12:24])
+    print(f"quality run: 24 passes x 300 rows, batch {args.auc_batch_size}")
+    print("  progressive AUC per pass: " + " ".join(f"{a:.3f}" for a in aucs))
+    print(f"  mean AUC of passes 13-24: {auc_mean:.4f} (target >= 0.727)")
+    return auc_mean
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -104,36 +206,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=20)
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--lr", type=float, default=0.05, help="sparse AdaGrad learning rate")
+    p.add_argument("--shards", type=int, default=1, help="PS shards of the throughput run")
+    p.add_argument("--skip-quality", action="store_true", help="only the throughput run")
+    p.add_argument("--data", type=Path, default=SAMPLES_DIR, help="folder of the samples")
     p.add_argument("--verbose", action="store_true", help="show the jobs' progress lines")
     args = p.parse_args(argv)
     log: Any = sys.stdout if args.verbose else io.StringIO()
     with tempfile.TemporaryDirectory(prefix="streamtrain-bench-") as tmp:
-        quality, _ = run(
-            Path(tmp) / "auc",
-            repeat=1,
-            batch_size=args.auc_batch_size,
-            workers=args.workers,
-            lr=args.lr,
-            log=log,
-        )
-        # A pass of one class has no AUC; the bench's passes always hold both, and a mean
-        # over a silently shorter list would not be the protocol's number.
-        missing = [r.pass_index for r in quality.history if "auc" not in r.metrics]
-        if missing:
-            raise SystemExit(f"passes {missing} of the quality run have no AUC (one class)")
-        aucs = [r.metrics["auc"] for r in quality.history]
-        auc_mean = sum(aucs[12:24]) / len(aucs[12:24])
-        print(f"quality run: 24 passes x 300 rows, batch {args.auc_batch_size}")
-        print("  progressive AUC per pass: " + " ".join(f"{a:.3f}" for a in aucs))
-        print(f"  mean AUC of passes 13-24: {auc_mean:.4f} (target >= 0.727)")
-        speed, wall = run(
+        auc_mean = None if args.skip_quality else quality_run(Path(tmp) / "auc", args, log)
+        torch_rates = [torch_reference(args.repeat, args.data)]
+        speed, wall, timer = run(
             Path(tmp) / "speed",
             repeat=args.repeat,
             batch_size=args.batch_size,
             workers=args.workers,
             lr=args.lr,
             log=log,
+            data_dir=args.data,
+            shards=args.shards,
         )
+        torch_rates.append(torch_reference(args.repeat, args.data))
         examples = sum(r.metrics["examples"] for r in speed.history)
         train_seconds = sum(r.metrics["seconds"] for r in speed.history)
         e2e = examples / wall
@@ -143,12 +235,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{examples:,.0f} examples in {wall:.1f}s launch to finish ({e2e:,.0f} ex/s), "
             f"{train_seconds:.1f}s in RunPass ({train:,.0f} ex/s)"
         )
+    torch_rate = sum(torch_rates) / len(torch_rates)
+    steps = timer.report(len(speed.history))
+    print(
+        f"plain PyTorch at the same shape: {torch_rate:,.0f} ex/s "
+        f"({' / '.join(f'{r:,.0f}' for r in torch_rates)}); start-up "
+        f"{steps['startup_seconds']:.1f}s, {steps['transition_seconds_per_pass']:.3f}s of "
+        f"steps between passes per pass; steps: {steps['step_seconds']}"
+    )
     result = {
-        "auc_mean_13_24": round(auc_mean, 4),
+        "auc_mean_13_24": None if auc_mean is None else round(auc_mean, 4),
         "e2e_ex_per_s": round(e2e, 1),
         "train_ex_per_s": round(train, 1),
+        "torch_ex_per_s": round(torch_rate, 1),
+        "torch_rounds": [round(r, 1) for r in torch_rates],
+        "train_vs_torch": round(train / torch_rate, 3),
+        "e2e_vs_train": round(e2e / train, 3),
+        **steps,
         "workers": args.workers,
-        "ps_shards": 1,
+        "ps_shards": args.shards,
         "auc_batch_size": args.auc_batch_size,
         "batch_size": args.batch_size,
     }
