@@ -171,23 +171,6 @@ def test_skipped_names_are_counted_in_the_pass_record_and_recorded(tmp_path: Pat
     assert [f["size"] for f in record["files"]] == [10, 11, 12]
 
 
-def test_recorded_file_lists_older_than_the_kept_checkpoints_are_pruned(tmp_path: Path) -> None:
-    job = make_job(tmp_path, keep=1)
-    for day, name in (("20261030", "pass-4-g1"), ("20261101", "pass-2-g1")):
-        (tmp_path / "ckpt" / day / name).mkdir(parents=True)
-        (tmp_path / "ckpt" / day / name / "MANIFEST.json").write_text("{}")
-    for day in ("20261030", "20261031", "20261101"):
-        (tmp_path / "ckpt" / "_passes" / day).mkdir(parents=True)
-        (tmp_path / "ckpt" / "_passes" / day / "pass-1.json").write_text("{}")
-    ps = LocalPS(render.ps_config(job.spec))
-    driver = Driver(job.spec, ps, [FakeWorker(ps, 0), FakeWorker(ps, 1)], MemoryStateStore())
-    driver._prune_checkpoints(str(tmp_path / "ckpt" / "20261101" / "pass-2-g1"))
-    assert [p.name for p in sorted((tmp_path / "ckpt" / "_passes").iterdir())] == ["20261101"]
-    assert not (tmp_path / "ckpt" / "20261030").exists() or not any(
-        (tmp_path / "ckpt" / "20261030").iterdir()
-    )
-
-
 def test_a_replay_scratch_left_by_a_kill_is_removed_when_a_driver_starts(tmp_path: Path) -> None:
     job = make_job(tmp_path)
     for hhmm in ("0000", "1200"):

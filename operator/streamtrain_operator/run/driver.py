@@ -20,10 +20,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import fsspec
-
-from streamtrain_operator.job import checkpoints, render
-from streamtrain_operator.job.checkpoints import CheckpointName
+from streamtrain_operator.job import render
 from streamtrain_operator.job.plan import PassPlan, StepKey, StepKind, join_uri
 from streamtrain_operator.job.progress import Phase, Progress
 from streamtrain_operator.job.scheduler import (
@@ -45,11 +42,10 @@ from streamtrain_operator.job.scheduler import (
     Terminal,
 )
 from streamtrain_operator.job.spec import JobSpec
-from streamtrain_operator.run import export, passfiles, worker_errors
+from streamtrain_operator.run import export, passfiles, retention, worker_errors
 from streamtrain_operator.run.hooks import AFTER, BEFORE, NO_HOOK, StepHook
 from streamtrain_operator.run.state import StateStore
 from streamtrain_ps.api import PSLike, SaveMode
-from streamtrain_ps.checkpoint import MANIFEST
 from streamtrain_ps.errors import CheckpointError, PSUnavailableError
 from streamtrain_worker.config import MetricsConfig
 from streamtrain_worker.data import layout, timeslices
@@ -199,7 +195,7 @@ class Driver:
     async def run(self) -> Progress:
         # A replayed export saves into a scratch directory it removes when done; a kill in
         # between leaves it behind. No step runs yet, so whatever is there is such a leftover.
-        await asyncio.to_thread(_remove, self._scratch_root())
+        await asyncio.to_thread(retention.remove, self._scratch_root())
         while True:
             action = self.machine.next_action(self.clock())
             self._save()
@@ -393,7 +389,12 @@ class Driver:
 
             async def checkpoint() -> Event:
                 await asyncio.to_thread(self.ps.save, action.uri, mode)
-                await asyncio.to_thread(self._prune_checkpoints, action.uri)
+                await asyncio.to_thread(
+                    retention.prune_checkpoints,
+                    self.plan.checkpoint_root,
+                    action.uri,
+                    self.spec.checkpoint.keep,
+                )
                 return Done()
 
             return await self._guard("CheckpointFailed", checkpoint)
@@ -407,7 +408,7 @@ class Driver:
 
             async def replay() -> Event:
                 await asyncio.to_thread(self.ps.save, scratch, mode)
-                await asyncio.to_thread(_remove, scratch)
+                await asyncio.to_thread(retention.remove, scratch)
                 return Done()
 
             return await self._guard("ExportFailed", replay)
@@ -504,34 +505,3 @@ class Driver:
         generation = self.machine.progress.generation
         await asyncio.gather(*(w.reset(generation) for w in self.workers))
         return Done()
-
-    def _prune_checkpoints(self, newest: str) -> None:
-        """Keep the newest ``checkpoint.keep`` published checkpoints (best effort), and the
-        recorded file lists of the days from the oldest kept one on (a replay never reaches
-        back further than the newest checkpoint)."""
-        fs, root = fsspec.core.url_to_fs(self.plan.checkpoint_root)
-        found: list[tuple[CheckpointName, str]] = []
-        for manifest in fs.glob(f"{str(root).rstrip('/')}/{checkpoints.GLOB}/{MANIFEST}"):
-            directory = str(manifest).rsplit("/", 1)[0]
-            try:
-                found.append((CheckpointName.parse(directory), directory))
-            except ValueError:  # matches the glob but is no checkpoint of ours: leave it
-                continue
-        found.sort()
-        newest_path = str(fsspec.core.url_to_fs(newest)[1]).rstrip("/")
-        for _, directory in found[: -self.spec.checkpoint.keep]:
-            if directory.rstrip("/") != newest_path:
-                fs.rm(directory, recursive=True)
-        kept = found[-self.spec.checkpoint.keep :]
-        if kept:
-            oldest_day = kept[0][0].day
-            records = f"{str(root).rstrip('/')}/{passfiles.PASSES_DIR}"
-            for day_dir in fs.glob(f"{records}/*"):
-                if str(day_dir).rstrip("/").rsplit("/", 1)[-1] < oldest_day:
-                    fs.rm(day_dir, recursive=True)
-
-
-def _remove(uri: str) -> None:
-    fs, path = fsspec.core.url_to_fs(uri)
-    if fs.exists(path):
-        fs.rm(path, recursive=True)
