@@ -9,8 +9,9 @@ every model is published once and complete. Execution is deterministic (one work
 checkpoint is bit-identical to a run without the kill (a pass trained twice or a second
 shrink — which decays every show and click — would change it).
 
-The same kills with two workers and ``workers.overlap: true`` (prefetch and pushes in
-background threads: not bitwise reproducible) are checked on what is order-independent:
+The same kills, and one inside an export's publication, with two workers and
+``workers.overlap: true`` (prefetch and pushes in background threads: not bitwise
+reproducible) are checked on what is order-independent:
 every key's show and click — the example count of the key, decayed once by the day's
 shrink — equal a clean run's of the same job.
 """
@@ -50,6 +51,9 @@ KILLS = [
     ("after:shrink", f"after shrink {START}/4"),
     ("after:base", f"after base {START}/4"),
 ]
+#: With two workers, also the kill inside an export's publication (its sparse parts
+#: written, the rest not: ``test_export_kill`` checks that model itself with one worker).
+PARALLEL_KILLS = [*KILLS, ("parts:delta@2", f"parts delta {START}/2")]
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +106,7 @@ def test_killed_scheduler_resumes_the_same_step_exactly_once(
 
 @pytest.mark.faults
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize(("pause", "held_at"), KILLS)
+@pytest.mark.parametrize(("pause", "held_at"), PARALLEL_KILLS)
 def test_two_overlapping_workers_killed_and_resumed_count_every_key_once(
     job: Job, parallel_reference: ModelState, pause: str, held_at: str
 ) -> None:
