@@ -330,6 +330,7 @@ def pull_kernel(
     homes = ix.homes_of(arr_slots, keys)
     n = keys.size
     xcap = xslab.shape[0]
+    half = PF // 2
     for i in range(n):
         if i + 2 * PF < n:  # see index.lookup_many
             ix.prefetch(arr_slots, homes[i + 2 * PF])
@@ -338,6 +339,12 @@ def pull_kernel(
             if ahead >= 0:
                 ix.prefetch(arr_keys, ahead)
                 ix.prefetch(slab, ahead)
+        if i + half < n:  # its primary row was prefetched PF/2 keys ago: now its embedx row
+            mid = arr_slots[homes[i + half]]
+            if mid >= 0:
+                xm = np.int64(slab_u32[mid, xptr]) - 1
+                if 0 <= xm < xcap:
+                    ix.prefetch(xslab, xm)
         r = ix.find_at(arr_slots, arr_keys, keys[i], homes[i])
         if r < 0:
             for j in range(dim + 3):
