@@ -373,6 +373,30 @@ def pull_kernel(
     return stale
 
 
+@njit(nogil=True, cache=True, inline="always")
+def free_hot_entry(hot: npt.NDArray[np.float64], meta: npt.NDArray[np.int64], h: Int) -> None:
+    """Zero side-table entry ``h`` and push it on the side table's free list."""
+    hot[h, :] = 0.0
+    hot.view(np.int64)[h, 0] = meta[HOT_FREE_HEAD] + 1 if meta[HOT_FREE_LEN] else 0
+    meta[HOT_FREE_HEAD] = h
+    meta[HOT_FREE_LEN] += 1
+
+
+@njit(nogil=True, cache=True, inline="always")
+def free_embedx_row(
+    xslab: npt.NDArray[np.float32],
+    xslab_u32: npt.NDArray[np.uint32],
+    meta: npt.NDArray[np.int64],
+    xr: Int,
+) -> None:
+    """Zero embedx row ``xr`` (a reused row starts from zeros) and push it on the free list."""
+    meta[EXPANDED] -= 1
+    xslab[xr, :] = 0.0
+    xslab_u32[xr, 0] = np.uint32(meta[X_FREE_HEAD] + 1) if meta[X_FREE_LEN] else 0
+    meta[X_FREE_HEAD] = xr
+    meta[X_FREE_LEN] += 1
+
+
 @njit(nogil=True, cache=True)
 def shrink_kernel(
     arr_slots: npt.NDArray[np.int32],
@@ -393,7 +417,6 @@ def shrink_kernel(
     rows = np.empty(meta[ix.COUNT], dtype=np.int64)
     n = ix.live_rows(arr_slots, rows)
     nd = 0
-    hot_i64 = hot.view(np.int64)
     rate = ap[AP_DECAY]
     for t in range(n):
         row = rows[t]
@@ -413,21 +436,14 @@ def shrink_kernel(
                 slab[row, CLICK] = click
                 slab[row, DELTA] = hot[h, 2]
             if gone or back:
-                hot[h, :] = 0.0
-                hot_i64[h, 0] = meta[HOT_FREE_HEAD] + 1 if meta[HOT_FREE_LEN] else 0
-                meta[HOT_FREE_HEAD] = h
-                meta[HOT_FREE_LEN] += 1
+                free_hot_entry(hot, meta, h)
         else:
             gone = decay_and_test(slab, row, ap)
         if gone:
             key = arr_keys[row]
             xr = np.int64(slab_u32[row, xptr]) - 1
-            if xr >= 0:  # free the embedx row: zeroed, then on the free list
-                meta[EXPANDED] -= 1
-                xslab[xr, :] = 0.0
-                xslab_u32[xr, 0] = np.uint32(meta[X_FREE_HEAD] + 1) if meta[X_FREE_LEN] else 0
-                meta[X_FREE_HEAD] = xr
-                meta[X_FREE_LEN] += 1
+            if xr >= 0:
+                free_embedx_row(xslab, xslab_u32, meta, xr)
             ix.remove(arr_slots, arr_keys, meta, key)
             slab[row, :] = 0.0  # a reused row starts from zeros, like a fresh one
             deleted[nd] = key

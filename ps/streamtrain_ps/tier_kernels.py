@@ -27,6 +27,8 @@ from streamtrain_ps.kernels import (
     X_FREE_HEAD,
     X_FREE_LEN,
     X_NEXT,
+    free_embedx_row,
+    free_hot_entry,
 )
 
 
@@ -70,22 +72,13 @@ def release_rows(
 ) -> None:
     """Remove the keys of live ``rows`` from RAM, freeing their embedx rows and side-table
     entries (the caller copied them first, ``snapshot.gather``)."""
-    hot_i64 = hot.view(np.int64)
     for t in range(rows.size):
         r = rows[t]
         if slab[r, SHOW] < 0.0:
-            h = np.int64(slab_u32[r, CLICK])
-            hot[h, :] = 0.0
-            hot_i64[h, 0] = meta[HOT_FREE_HEAD] + 1 if meta[HOT_FREE_LEN] else 0
-            meta[HOT_FREE_HEAD] = h
-            meta[HOT_FREE_LEN] += 1
+            free_hot_entry(hot, meta, np.int64(slab_u32[r, CLICK]))
         xr = np.int64(slab_u32[r, xptr]) - 1
         if xr >= 0:
-            meta[EXPANDED] -= 1
-            xslab[xr, :] = 0.0
-            xslab_u32[xr, 0] = np.uint32(meta[X_FREE_HEAD] + 1) if meta[X_FREE_LEN] else 0
-            meta[X_FREE_HEAD] = xr
-            meta[X_FREE_LEN] += 1
+            free_embedx_row(xslab, xslab_u32, meta, xr)
         ix.remove(arr_slots, arr_keys, meta, arr_keys[r])
         slab[r, :] = 0.0
 
