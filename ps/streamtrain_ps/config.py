@@ -48,6 +48,15 @@ class SparseOptimizerConfig:
     )
     learningRate: float = setting(0.05, "Step size.", exclusive_minimum=0)
     initialG2sum: float = setting(3.0, "AdaGrad's G0.", exclusive_minimum=0)
+    # The embed part (embed_w, the per-key weight a wide model adds to the logit) sees
+    # gradients of the loss itself, the embedx part gradients damped by the MLP: PaddlePaddle
+    # likewise configures embed_sgd_param and embedx_sgd_param apart (docs/decisions.md).
+    embedLearningRate: float | None = setting(
+        None, "The embed part's step size; unset: learningRate.", exclusive_minimum=0
+    )
+    embedInitialG2sum: float | None = setting(
+        None, "The embed part's AdaGrad G0; unset: initialG2sum.", exclusive_minimum=0
+    )
     initialRange: float = setting(1e-4, "embedx starts uniform in +-initialRange.", minimum=0)
     weightBounds: tuple[float, float] = setting((-10.0, 10.0), "[low, high] clip of every weight.")
     beta1: float = setting(0.9, "Adam only.", minimum=0, exclusive_maximum=1)

@@ -29,7 +29,7 @@ from streamtrain_ps.accessor import (
     score,
 )
 from streamtrain_ps.index import Int
-from streamtrain_ps.optim import ADAM, init_part, update_part
+from streamtrain_ps.optim import ADAM, PART_EMBED, PART_EMBEDX, init_part, update_part
 
 PF = ix.PREFETCH
 
@@ -215,8 +215,9 @@ def update_rows(
         row = rows[i]
         key = keys[i]
         if created[i]:  # the row is all zeros (xptr 0: embedx not admitted)
+            embed = fp[PART_EMBED]
             init_part(
-                slab, row, EMBED_W, EMBED_STATE, 1, kind, kind == ADAM, seed, key, fp, EMBED_W
+                slab, row, EMBED_W, EMBED_STATE, 1, kind, kind == ADAM, seed, key, embed, EMBED_W
             )
         show = np.float64(shows[i])
         click = np.float64(clicks[i])
@@ -238,10 +239,10 @@ def update_rows(
         if has_slots:
             slab_u32[row, SLOT] = slots[i]
         scale = 1.0 / show if show > 0.0 else 1.0
-        update_part(slab, row, EMBED_W, EMBED_STATE, 1, kind, grads, i, 0, scale, fp)
+        update_part(slab, row, EMBED_W, EMBED_STATE, 1, kind, grads, i, 0, scale, fp[PART_EMBED])
         xr = slab_u32[row, xptr]
         if xr > 0:
-            update_part(xslab, xr - 1, 0, dim, dim, kind, grads, i, 1, scale, fp)
+            update_part(xslab, xr - 1, 0, dim, dim, kind, grads, i, 1, scale, fp[PART_EMBEDX])
         elif now >= threshold:
             # Admission: this push's embedx gradient was computed against zeros; drop it.
             mark |= TODO_ADMIT
@@ -303,7 +304,7 @@ def settle_rows(
         else:
             xr = meta[X_NEXT]
             meta[X_NEXT] += 1
-        init_part(xslab, xr, 0, dim, dim, kind, True, seed, keys[i], fp, xptr)
+        init_part(xslab, xr, 0, dim, dim, kind, True, seed, keys[i], fp[PART_EMBEDX], xptr)
         slab_u32[rows[i], xptr] = np.uint32(xr + 1)
         done += 1
     return done

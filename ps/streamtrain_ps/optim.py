@@ -32,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 from numba import njit
 
+from streamtrain_ps.config import SparseOptimizerConfig
 from streamtrain_ps.index import Float, Int, mix64
 
 ADAGRAD = 0
@@ -50,6 +51,11 @@ FP_BETA1 = 5
 FP_BETA2 = 6
 FP_EPS = 7
 FP_SIZE = 8
+
+# Rows of the ``(2, FP_SIZE)`` parameter array a table passes its kernels: the embed part
+# and the embedx part may have their own learning rate and G0 (``SparseOptimizerConfig``).
+PART_EMBED = 0
+PART_EMBEDX = 1
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _S11 = np.uint64(11)
@@ -187,3 +193,18 @@ def params_vector(
     fp[FP_BETA2] = beta2
     fp[FP_EPS] = epsilon
     return fp
+
+
+def table_params(opt: SparseOptimizerConfig) -> npt.NDArray[np.float64]:
+    """The ``(2, FP_SIZE)`` parameters of a table's two parts (rows ``PART_EMBED``,
+    ``PART_EMBEDX``): the embed part takes ``embedLearningRate``/``embedInitialG2sum`` where
+    set, everything else is shared."""
+
+    def part(lr: float, g0: float) -> npt.NDArray[np.float64]:
+        return params_vector(
+            lr, g0, opt.initialRange, opt.weightBounds, opt.beta1, opt.beta2, opt.epsilon
+        )
+
+    embed_lr = opt.learningRate if opt.embedLearningRate is None else opt.embedLearningRate
+    embed_g0 = opt.initialG2sum if opt.embedInitialG2sum is None else opt.embedInitialG2sum
+    return np.stack([part(embed_lr, embed_g0), part(opt.learningRate, opt.initialG2sum)])

@@ -41,7 +41,7 @@ from streamtrain_ps.accessor import RowLayout, accessor_params
 from streamtrain_ps.api import SaveMode
 from streamtrain_ps.config import TableConfig
 from streamtrain_ps.kernels import ADMISSIONS, EVICTIONS, EXPANDED
-from streamtrain_ps.optim import params_vector
+from streamtrain_ps.optim import table_params
 from streamtrain_ps.sharding import logical_shard
 from streamtrain_ps.slabs import Arrays, HotCounters, TableContent, build_content, empty_arrays
 from streamtrain_ps.table_lock import TableLock
@@ -86,16 +86,7 @@ class SparseTable:
         self.name = config.name
         self.layout = RowLayout.of(config)
         self.lock = TableLock()
-        opt = config.optimizer
-        self._fp = params_vector(
-            opt.learningRate,
-            opt.initialG2sum,
-            opt.initialRange,
-            opt.weightBounds,
-            opt.beta1,
-            opt.beta2,
-            opt.epsilon,
-        )
+        self._fp = table_params(config.optimizer)
         self._ap = accessor_params(config)
         lay = self.layout
         self._ip = np.array([lay.embedx_dim, lay.kind, lay.xptr], dtype=np.int64)

@@ -39,8 +39,14 @@ class Reference:
         self.o = opt
         self.t = table
 
-    def rule(self, w, state, g):  # type: ignore[no-untyped-def]
+    def rule(self, w, state, g, part="embedx"):  # type: ignore[no-untyped-def]
         o = self.o
+        if part == "embed":  # the embed part's own step size and G0, where set
+            o = replace(
+                o,
+                learningRate=o.embedLearningRate or o.learningRate,
+                initialG2sum=o.embedInitialG2sum or o.initialG2sum,
+            )
         lo, hi = o.weightBounds
         d = w.shape[1]
         if o.type == "adagrad":
@@ -70,19 +76,27 @@ class Reference:
         return w, state
 
 
-def _config(kind: str, bounds: tuple[float, float], lr: float) -> PSConfig:
+def _config(
+    kind: str, bounds: tuple[float, float], lr: float, embed: tuple[float, float] | None = None
+) -> PSConfig:
+    """``embed``: the embed part's own (learning rate, G0); None shares the embedx part's."""
     opt = SparseOptimizerConfig(type=kind, learningRate=lr, weightBounds=bounds, initialRange=0.01)  # type: ignore[arg-type]
+    if embed is not None:
+        opt = replace(opt, embedLearningRate=embed[0], embedInitialG2sum=embed[1])
     return PSConfig(
         tables=(TableConfig(embedxDim=D, embedxThreshold=0.0, optimizer=opt),), logicalShards=4
     )
 
 
 @pytest.mark.parametrize("kind", ["adagrad", "std_adagrad", "adam"])
-@pytest.mark.parametrize(("bounds", "lr"), [((-10.0, 10.0), 0.05), ((-0.02, 0.02), 0.5)])
+@pytest.mark.parametrize(
+    ("bounds", "lr", "embed"),
+    [((-10.0, 10.0), 0.05, None), ((-0.02, 0.02), 0.5, None), ((-10.0, 10.0), 0.05, (0.3, 0.5))],
+)
 def test_update_rule_matches_numpy_transcription(
-    kind: str, bounds: tuple[float, float], lr: float
+    kind: str, bounds: tuple[float, float], lr: float, embed: tuple[float, float] | None
 ) -> None:
-    cfg = _config(kind, bounds, lr)
+    cfg = _config(kind, bounds, lr, embed)
     tc = cfg.tables[0]
     shard = Shard(cfg)
     table = shard.table("embedding")
@@ -128,7 +142,7 @@ def test_update_rule_matches_numpy_transcription(
         show[idx] += s
         click[idx] += c
         delta[idx] += (s - c) * tc.nonclkCoeff + c * tc.clickCoeff
-        ew[idx], es[idx] = ref.rule(ew[idx], es[idx], g[:, :1])
+        ew[idx], es[idx] = ref.rule(ew[idx], es[idx], g[:, :1], part="embed")
         xw[idx], xs[idx] = ref.rule(xw[idx], xs[idx], g[:, 1:])
 
         pulled = shard.pull_sparse("embedding", keys)

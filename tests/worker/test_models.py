@@ -83,6 +83,31 @@ def test_deepfm_second_order_is_pairwise_dot_products() -> None:
         torch.testing.assert_close(model(pooled), expected)
 
 
+@pytest.mark.parametrize("cvm", [True, False])
+def test_slot_dnn_wide_part_adds_every_slots_embed_w_to_the_logit(cvm: bool) -> None:
+    narrow = dataclasses.replace(spec_for("slot_dnn", cvm), wide=False)
+    wide = dataclasses.replace(narrow, wide=True)
+    with_wide, without = (
+        build_model("slot_dnn", wide, seed=1),
+        build_model("slot_dnn", narrow, seed=1),
+    )
+    pooled, _, _ = inputs(wide)
+    with torch.no_grad():
+        expected = without(pooled) + pooled[:, :, wide.embed_offset].sum(1)
+        torch.testing.assert_close(with_wide(pooled), expected)
+        torch.testing.assert_close(script(with_wide)(pooled), expected)
+    # embed_w's gradient now carries the loss's own gradient (1 per logit), not only the MLP's
+    with_wide(pooled).sum().backward()
+    assert pooled.grad is not None
+    mlp_only = pooled.detach().clone().requires_grad_(True)
+    without(mlp_only).sum().backward()
+    assert mlp_only.grad is not None
+    diff = pooled.grad - mlp_only.grad
+    torch.testing.assert_close(diff[:, :, wide.embed_offset], torch.ones(B, S))
+    diff[:, :, wide.embed_offset] = 0
+    assert not diff.any(), "only the embed_w column gains the wide gradient"
+
+
 def test_din_validates_its_slots() -> None:
     with pytest.raises(ValueError, match="sequenceSlot"):
         build_model("din", ModelSpec(num_slots=S, embedding_dim=D, cvm=False, hidden_units=(4,)))
@@ -94,8 +119,10 @@ def test_din_validates_its_slots() -> None:
 def test_slot_dnn_trains_on_a_batch_of_one() -> None:
     """A pass may end with a one-example batch, where batch statistics are undefined."""
     spec = spec_for("slot_dnn", cvm=True)
-    model = build_model("slot_dnn", spec).train()
-    pooled = torch.randn(1, S, spec.slot_width, requires_grad=True)
+    # Seeded: with a (8, 4) MLP an unlucky draw leaves every last-layer ReLU dead for one
+    # example, and the gradient is legitimately zero.
+    model = build_model("slot_dnn", spec, seed=0).train()
+    pooled = inputs(spec)[0][:1].detach().requires_grad_(True)
     model(pooled).sum().backward()
     assert pooled.grad is not None and pooled.grad.abs().sum() > 0
 

@@ -33,6 +33,8 @@ class ModelSpec:
     normalize_embeddings: bool = True
     #: Pseudo-examples (mean 0, variance 1) the data-norm statistics start from.
     norm_prior: float = DEFAULT_PRIOR
+    #: slot_dnn only: the embed_w column of every slot also adds to the logit.
+    wide: bool = False
 
     @classmethod
     def from_config(
@@ -48,6 +50,7 @@ class ModelSpec:
             attention_units=model.attentionUnits,
             normalize_embeddings=model.normalizeEmbeddings,
             norm_prior=model.dataNormPrior,
+            wide=model.wide,
         )
 
     @property

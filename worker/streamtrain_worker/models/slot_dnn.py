@@ -28,6 +28,9 @@ class SlotDNN(DenseModel):
             spec.num_slots, spec.slot_width, spec.cvm, spec.normalize_embeddings, spec.norm_prior
         )
         self.mlp = mlp(width, spec.hidden_units)
+        # Column of embed_w in a pooled slot, or -1 without the wide part (TorchScript
+        # wants a plain int, not an Optional).
+        self.wide_col = spec.embed_offset if spec.wide else -1
 
     def forward(
         self,
@@ -35,4 +38,7 @@ class SlotDNN(DenseModel):
         seq: torch.Tensor | None = None,
         seq_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        return self.mlp(self.norm(pooled)).squeeze(1)
+        logits = self.mlp(self.norm(pooled)).squeeze(1)
+        if self.wide_col >= 0:
+            logits = logits + pooled[:, :, self.wide_col].sum(dim=1)
+        return logits
