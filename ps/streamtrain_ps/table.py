@@ -36,11 +36,13 @@ import numpy.typing as npt
 
 from streamtrain_ps import index as ix
 from streamtrain_ps import kernels as kn
+from streamtrain_ps import packed as pk
 from streamtrain_ps import snapshot as sn
 from streamtrain_ps.accessor import RowLayout, accessor_params
 from streamtrain_ps.api import SaveMode
 from streamtrain_ps.config import TableConfig
-from streamtrain_ps.kernels import ADMISSIONS, EVICTIONS, EXPANDED
+from streamtrain_ps.errors import InvalidRequestError
+from streamtrain_ps.kernels import ADMISSIONS, EVICTIONS, EXPANDED, SLOTS_USED
 from streamtrain_ps.optim import params_vector
 from streamtrain_ps.sharding import logical_shard
 from streamtrain_ps.slabs import Arrays, HotCounters, TableContent, build_content, empty_arrays
@@ -108,12 +110,11 @@ class SparseTable:
 
     def pull(self, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]:
         out = np.empty((keys.size, self.layout.pull_dim), dtype=np.float32)
-        xp = self.layout.xptr
         with self.lock.read():
             while True:  # again if a hot key moved into a side table grown after we looked
                 a = self._arrays
                 args = (a.slots, a.keys, a.slab, a.slab_u32, a.xslab, a.hot)
-                if not self._split(keys.size, partial(_pull, args, keys, out, xp)):
+                if not self._split(keys.size, partial(_pull, args, keys, out)):
                     break
         return out
 
@@ -162,6 +163,8 @@ class SparseTable:
         todo = np.empty(chunk, dtype=np.uint8)
         with self.lock.write():
             self._before_push(parts)
+            if has_slots:
+                parts = [p._replace(slots=self._slot_codes(p.slots[: int(p.n)])) for p in parts]
             a = self._reserve(self._new_keys(parts, total))
             for p in parts:
                 n = int(p.n)
@@ -207,6 +210,21 @@ class SparseTable:
                         )
                         self._meta[EXPANDED] += admitted
                         self._meta[ADMISSIONS] += admitted
+
+    def _slot_codes(self, slots: npt.NDArray[np.uint32]) -> npt.NDArray[np.uint32]:
+        """The slot dictionary's codes of ``slots`` (``packed``); writer lock held. Raises
+        ``InvalidRequestError`` before anything of the push is applied when the table
+        would need more than ``packed.SLOT_CODES`` distinct slot ids."""
+        a = self._arrays
+        codes = np.empty(slots.size, dtype=np.uint32)
+        full = int(pk.slot_codes(a.slot_map, a.slot_ids, self._meta, SLOTS_USED, slots, codes))
+        if full >= 0:
+            raise InvalidRequestError(
+                "slots",
+                f"slot id {int(slots[full])}: table {self.name!r} already holds "
+                f"{pk.SLOT_CODES} distinct slot ids, the most a table can hold",
+            )
+        return codes
 
     def _before_push(self, parts: list[Merged]) -> None:
         """Hook run under the writer lock before a push resolves its keys (the disk tier
@@ -297,7 +315,6 @@ class SparseTable:
                 a.xslab_u32,
                 a.hot,
                 self._ap,
-                self.layout.xptr,
                 deleted,
             )
         )
@@ -323,7 +340,8 @@ class SparseTable:
                 sn.group_rows(a.slots, a.keys, count, logical_shards, rows, offsets)
                 return rows, offsets
             high = int(self._meta[ix.NEXT_ROW])
-            args = (a.slots, a.keys, a.slab, a.slab_u32, a.hot, high, self._save_params())
+            sp = self._save_params()
+            args = (a.slots, a.keys, a.slab, a.slab_u32, a.xslab_u32, a.hot, high, sp)
             n = int(sn.select_rows(*args, mode == SaveMode.DELTA, rows))
             rows = rows[:n].copy()
             shard = logical_shard(a.keys[rows], logical_shards)
@@ -362,7 +380,7 @@ class SparseTable:
         nhot = int(self._meta[kn.HOT_NEXT] - self._meta[kn.HOT_FREE_LEN])
         pos = np.empty(min(nhot, rows.size), dtype=np.int64)
         counts = np.empty((pos.size, 3), dtype=np.float64)
-        args = (a.keys, a.slab, a.slab_u32, a.xslab, a.hot, rows, keys, values, pos, counts)
+        args = (a.keys, a.slab, a.slab_u32, a.xslab, a.hot, a.slot_ids, rows, keys, values, pos, counts)
         nh = int(sn.gather(*args, lay.xptr, lay.xflag))
         return keys, values, HotCounters(pos[:nh], counts[:nh])
 
@@ -378,7 +396,8 @@ class SparseTable:
         keep = np.empty(rows.size, dtype=np.bool_)
         with self.lock.write():
             a = self._arrays
-            sn.save_keep(a.slab, a.slab_u32, a.hot, rows, sp, mode == SaveMode.DELTA, keep)
+            delta = mode == SaveMode.DELTA
+            sn.save_keep(a.slab, a.slab_u32, a.xslab_u32, a.hot, rows, sp, delta, keep)
             kept = rows[keep]
             return (kept, *self._gather(kept))
 
@@ -388,7 +407,7 @@ class SparseTable:
         """Commit a save: ``delta_score -= saved_delta`` per row, or ``unseen_days += 1``."""
         with self.lock.write():
             a = self._arrays
-            sn.after_save(a.slab, a.slab_u32, a.hot, rows, saved_delta, unseen_inc)
+            sn.after_save(a.slab, a.slab_u32, a.xslab_u32, a.hot, rows, saved_delta, unseen_inc)
 
     def tombstones(self) -> npt.NDArray[np.uint64]:
         """Keys deleted since tombstones were last cleared (unique, sorted)."""
@@ -472,13 +491,12 @@ def _pull(
     arrays: tuple[Any, ...],
     keys: npt.NDArray[np.uint64],
     out: npt.NDArray[np.float32],
-    xptr: int,
     lo: int,
     hi: int,
 ) -> int:
     """``kernels.pull_kernel`` over ``lo:hi``; returns the stale keys (see there)."""
     kernel: Any = kn.pull_kernel  # numba's Dispatcher stub does not model *args
-    return int(kernel(*arrays, keys[lo:hi], out[lo:hi], xptr))
+    return int(kernel(*arrays, keys[lo:hi], out[lo:hi]))
 
 
 def _update(head: tuple[Any, ...], tail: tuple[Any, ...], lo: int, hi: int) -> int:

@@ -41,7 +41,7 @@ def test_unadmitted_keys_cost_no_embedx_memory() -> None:
     n = 20_000
     _push(shard, np.arange(1, n + 1), np.ones(n))
     lay = t.layout
-    assert lay.primary_width == 8, "slot, unseen, delta, show, click, embed_w, G, xptr"
+    assert lay.primary_width == 6, "delta, show, click, embed_w, G, packed slot/unseen/pointer"
     assert t.expanded_keys == 0
     assert t.memory_bytes() == t.slot_capacity * 4 + n * (8 + 4 * lay.primary_width)
     pulled = shard.pull_sparse(T, np.arange(1, n + 1, dtype=np.uint64))
