@@ -334,24 +334,35 @@ class Shard:
         if not isinstance(uri, str) or not uri:
             raise InvalidRequestError("uri", "must be a non-empty fsspec URL")
         try:
-            payload = checkpoint.load_payload(uri, self.config, self.shard_index, self.num_shards)
+            plan = checkpoint.plan_load(uri, self.config, self.shard_index, self.num_shards)
+            tables = {name: self._build(plan, name) for name in self._tables}
+            dense = plan.dense()
         except PSError:
             raise
         except Exception as exc:  # storage errors of any fsspec backend
             raise CheckpointError(f"load from {uri} failed: {type(exc).__name__}: {exc}") from exc
-        tables = {}
+        keys_total = sum(plan.table_keys(name) for name in self._tables)
+        return PreparedLoad(tables, dense, keys_total)
+
+    def _build(self, plan: checkpoint.LoadPlan, name: str) -> TieredContent:
+        """One table of a load, built beside the current one (which stays until
+        ``install``). Without a memory limit it is built part by part, so the load holds
+        one part of the save at a time; with one, the disk tier orders all keys by
+        coldness first (``TieredTable.build_tiered``)."""
+        uri = plan.manifest.uri
+        t = self._tables[name]
         budget = int((self.config.memoryLimit or 0) * LOW_WATER / max(1, len(self._tables)))
-        for name, tp in payload.tables.items():
+        try:
+            if budget <= 0:
+                parts = plan.table_parts(name)
+                return TieredContent(t.build_parts(plan.table_keys(name), parts), None)
+            tp = plan.table(name)
             hot = HotCounters(tp.hot_rows, tp.hot_counts)
-            t = self._tables[name]
-            try:
-                tables[name] = t.build_tiered(tp.keys, tp.rows, tp.tombstones, hot, budget)
-            except ValueError as exc:
-                raise CheckpointError(f"{uri}: table {name!r}: {exc}") from exc
-            except DiskFullError as exc:
-                raise CheckpointError(f"{uri}: table {name!r}: spilling to disk: {exc}") from exc
-        keys_total = sum(int(v[0].size) for v in payload.tables.values())
-        return PreparedLoad(tables, payload.dense, keys_total)
+            return t.build_tiered(tp.keys, tp.rows, tp.tombstones, hot, budget)
+        except ValueError as exc:
+            raise CheckpointError(f"{uri}: table {name!r}: {exc}") from exc
+        except DiskFullError as exc:
+            raise CheckpointError(f"{uri}: table {name!r}: spilling to disk: {exc}") from exc
 
     def prepare_load(self, uri: str, load_id: str | None = None) -> int:
         """First phase of a multi-server load: ``read_save`` and keep the result pending as

@@ -16,6 +16,7 @@ tuple sees arrays that belong together.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import NamedTuple
 
 import numpy as np
@@ -62,6 +63,17 @@ class TableContent(NamedTuple):
     tombstones: npt.NDArray[np.uint64]
 
 
+class Part(NamedTuple):
+    """One piece of a load (``checkpoint.TablePayload`` has this shape): keys, full rows,
+    tombstones and the exact counters of hot keys at ``hot_rows`` of ``rows``."""
+
+    keys: npt.NDArray[np.uint64]
+    rows: npt.NDArray[np.float32]
+    tombstones: npt.NDArray[np.uint64]
+    hot_rows: npt.NDArray[np.int64]
+    hot_counts: npt.NDArray[np.float64]
+
+
 def build_content(
     layout: RowLayout,
     keys: npt.NDArray[np.uint64],
@@ -69,42 +81,79 @@ def build_content(
     tombstones: npt.NDArray[np.uint64],
     hot: HotCounters | None,
 ) -> TableContent:
-    """A table's whole content from full rows (see ``SparseTable.build``).
+    """A table's whole content from full rows (see ``SparseTable.build``)."""
+    hot = hot or HotCounters(np.empty(0, np.int64), np.empty((0, 3), np.float64))
+    return build_from_parts(layout, keys.size, [Part(keys, rows, tombstones, *hot)])
 
-    Raises ``ValueError`` for an unseen_days that is not a whole number >= 0 (values past
-    ``packed.UNSEEN_MAX`` saturate there) or more distinct slot ids than a table holds."""
+
+def build_from_parts(layout: RowLayout, total: int, parts: Iterable[Part]) -> TableContent:
+    """A table's whole content from ``total`` keys arriving in ``parts``, each copied into
+    the new arrays and dropped before the next is read (a load never holds the full rows
+    of a whole save). Both slabs are sized for ``total`` up front: pages never written
+    stay unmapped, so the embedx slab costs only what admitted keys use, and nothing grows
+    by copying.
+
+    Raises ``ValueError`` for a key listed twice, more keys than ``total``, an unseen_days
+    that is not a whole number >= 0 (values past ``packed.UNSEEN_MAX`` saturate there) or
+    more distinct slot ids than a table holds."""
     lay = layout
     meta = ix.new_meta(kn.TABLE_META_SIZE)
-    admitted = rows[:, lay.xflag] >= 0
-    na = int(np.count_nonzero(admitted))
-    a = empty_arrays(keys.size, na, lay)
-    words = packed_words(rows, meta, a)
-    out = np.empty(keys.size, dtype=np.int64)
-    created = np.zeros(keys.size, dtype=np.bool_)
-    ix.insert_many(a.slots, a.keys, meta, keys, out, created)
-    if not created.all():
-        raise ValueError(f"key {int(keys[np.argmin(created)])} is listed twice")
-    # A fresh index hands out rows 0, 1, 2, ... in order; embedx rows likewise.
+    a = empty_arrays(total, total, lay)
     xp = lay.xptr
-    n = keys.size
-    a.slab[:n, :-1] = rows[:, PRIMARY_FROM:xp]
-    a.slab_u32[:n, -1] = words
-    a.slab_u32[:n, -1][admitted] = pk.ADMITTED | np.arange(na, dtype=np.uint32)
-    a.xslab[:na, :-1] = rows[admitted, xp:]
-    a.xslab_u32[:na, -1] = words[admitted]
-    meta[EXPANDED] = na
-    meta[kn.X_NEXT] = na
-    if hot is not None and hot.positions.size:
-        nh = hot.positions.size
-        if hot.positions.min() < 0 or hot.positions.max() >= keys.size:
-            raise ValueError("exact counters name rows outside the part (hot_rows)")
-        a = a._replace(hot=ix.grown_rows(a.hot, 0, nh))
-        a.hot[:nh] = hot.counts
-        a.slab[hot.positions, P_DELTA] = 0.0
-        a.slab_u32[hot.positions, P_CLICK] = np.arange(nh, dtype=np.uint32)
-        a.slab[hot.positions, P_SHOW] = -1.0
-        meta[kn.HOT_NEXT] = nh
-    return TableContent(a, meta, tombstones.copy())
+    tombs = []
+    for p in parts:
+        n = p.keys.size
+        base = int(meta[ix.NEXT_ROW])
+        if base + n > total:
+            raise ValueError(f"holds more than the {total} keys its manifest lists")
+        words = packed_words(p.rows, meta, a)
+        out = np.empty(n, dtype=np.int64)
+        created = np.zeros(n, dtype=np.bool_)
+        ix.insert_many(a.slots, a.keys, meta, p.keys, out, created)
+        if not created.all():
+            raise ValueError(f"key {int(p.keys[np.argmin(created)])} is listed twice")
+        # A fresh index hands out rows base, base + 1, ... in order; embedx rows likewise.
+        admitted = p.rows[:, lay.xflag] >= 0
+        na = int(np.count_nonzero(admitted))
+        xb = int(meta[kn.X_NEXT])
+        a.slab[base : base + n, :-1] = p.rows[:, PRIMARY_FROM:xp]
+        words_here = words.copy()
+        words_here[admitted] = pk.ADMITTED | np.arange(xb, xb + na, dtype=np.uint32)
+        a.slab_u32[base : base + n, -1] = words_here
+        a.xslab[xb : xb + na, :-1] = p.rows[admitted, xp:]
+        a.xslab_u32[xb : xb + na, -1] = words[admitted]
+        meta[EXPANDED] += na
+        meta[kn.X_NEXT] += na
+        a = _place_hot(a, meta, base, n, p.hot_rows, p.hot_counts)
+        tombs.append(p.tombstones)
+    tombstones = np.concatenate(tombs) if tombs else np.empty(0, dtype=np.uint64)
+    return TableContent(a, meta, tombstones)
+
+
+def _place_hot(
+    a: Arrays,
+    meta: npt.NDArray[np.int64],
+    base: int,
+    n: int,
+    positions: npt.NDArray[np.int64],
+    counts: npt.NDArray[np.float64],
+) -> Arrays:
+    """Give the hot keys at ``positions`` of a part placed at rows ``base:base + n`` their
+    side-table entries."""
+    nh = positions.size
+    if not nh:
+        return a
+    if positions.min() < 0 or positions.max() >= n:
+        raise ValueError("exact counters name rows outside the part (hot_rows)")
+    h0 = int(meta[kn.HOT_NEXT])
+    a = a._replace(hot=ix.grown_rows(a.hot, h0, h0 + nh))
+    a.hot[h0 : h0 + nh] = counts
+    rows = positions + base
+    a.slab[rows, P_DELTA] = 0.0
+    a.slab_u32[rows, P_CLICK] = np.arange(h0, h0 + nh, dtype=np.uint32)
+    a.slab[rows, P_SHOW] = -1.0
+    meta[kn.HOT_NEXT] = h0 + nh
+    return a
 
 
 def packed_words(

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Executor
 from functools import partial
 from typing import Any, NamedTuple, cast
@@ -45,7 +45,15 @@ from streamtrain_ps.errors import InvalidRequestError
 from streamtrain_ps.kernels import ADMISSIONS, EVICTIONS, EXPANDED, SLOTS_USED
 from streamtrain_ps.optim import params_vector
 from streamtrain_ps.sharding import logical_shard
-from streamtrain_ps.slabs import Arrays, HotCounters, TableContent, build_content, empty_arrays
+from streamtrain_ps.slabs import (
+    Arrays,
+    HotCounters,
+    Part,
+    TableContent,
+    build_content,
+    build_from_parts,
+    empty_arrays,
+)
 from streamtrain_ps.table_lock import TableLock
 
 #: Pulls and pushes of at least this many keys are split over two threads.
@@ -439,6 +447,11 @@ class SparseTable:
         Raises ``ValueError`` naming a key listed twice.
         """
         return build_content(self.layout, keys, rows, tombstones, hot)
+
+    def build_parts(self, total: int, parts: Iterable[Part]) -> TableContent:
+        """``build`` from ``total`` keys arriving in ``parts``, each dropped once copied
+        (a load's peak memory is the new table plus one part, not plus the whole save)."""
+        return build_from_parts(self.layout, total, parts)
 
     def install(self, content: TableContent) -> None:
         """Swap in a content from ``build`` (waits for readers; counters carry over)."""
