@@ -29,7 +29,7 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import fsspec
 import numpy as np
@@ -42,6 +42,7 @@ from streamtrain_ps.config import PSConfig
 from streamtrain_ps.dense import DenseState
 from streamtrain_ps.errors import CheckpointError
 from streamtrain_ps.sharding import owned_logical_shards, server_of_dense
+from streamtrain_ps.slabs import Part
 
 MAGIC = b"STPSPART"
 MANIFEST = "MANIFEST.json"
@@ -401,15 +402,9 @@ def read_dense(uri: str) -> dict[str, npt.NDArray[np.float32]]:
 # -- loading into a shard ---------------------------------------------------------------------
 
 
-class TablePayload(NamedTuple):
-    """One table's part of a load: keys, full rows, pending tombstones, and the exact
-    float64 counters (show, click, delta_score) of hot keys at ``hot_rows`` of ``rows``."""
-
-    keys: npt.NDArray[np.uint64]
-    rows: npt.NDArray[np.float32]
-    tombstones: npt.NDArray[np.uint64]
-    hot_rows: npt.NDArray[np.int64]
-    hot_counts: npt.NDArray[np.float64]
+#: One table's part of a load: keys, full rows, pending tombstones, and the exact float64
+#: counters (show, click, delta_score) of hot keys at ``hot_rows`` of ``rows``.
+TablePayload = Part
 
 
 @dataclass(frozen=True)

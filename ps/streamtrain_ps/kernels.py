@@ -13,6 +13,7 @@ import numpy.typing as npt
 from numba import njit
 
 from streamtrain_ps import index as ix
+from streamtrain_ps import packed as pk
 from streamtrain_ps.accessor import (
     AP_DECAY,
     AP_DELETE_AFTER_DAYS,
@@ -27,7 +28,6 @@ from streamtrain_ps.accessor import (
     decay_and_test,
     score,
 )
-from streamtrain_ps import packed as pk
 from streamtrain_ps.index import Int
 from streamtrain_ps.optim import ADAM, init_part, update_part
 

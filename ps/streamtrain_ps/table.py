@@ -388,7 +388,19 @@ class SparseTable:
         nhot = int(self._meta[kn.HOT_NEXT] - self._meta[kn.HOT_FREE_LEN])
         pos = np.empty(min(nhot, rows.size), dtype=np.int64)
         counts = np.empty((pos.size, 3), dtype=np.float64)
-        args = (a.keys, a.slab, a.slab_u32, a.xslab, a.hot, a.slot_ids, rows, keys, values, pos, counts)
+        args = (
+            a.keys,
+            a.slab,
+            a.slab_u32,
+            a.xslab,
+            a.hot,
+            a.slot_ids,
+            rows,
+            keys,
+            values,
+            pos,
+            counts,
+        )
         nh = int(sn.gather(*args, lay.xptr, lay.xflag))
         return keys, values, HotCounters(pos[:nh], counts[:nh])
 

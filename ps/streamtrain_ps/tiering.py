@@ -297,7 +297,16 @@ class TieredTable(SparseTable):
         unseen = np.empty(count, dtype=np.float32)
         m = int(
             tk.coldness(
-                a.slots, a.slab, a.slab_u32, a.xslab_u32, a.hot, count, self._ap, rows, scores, unseen
+                a.slots,
+                a.slab,
+                a.slab_u32,
+                a.xslab_u32,
+                a.hot,
+                count,
+                self._ap,
+                rows,
+                scores,
+                unseen,
             )
         )
         if n < m:
@@ -506,7 +515,19 @@ def _gather_content(
     full = np.empty((rows.size, lay.width), dtype=np.float32)
     pos = np.empty(rows.size, dtype=np.int64)
     counts = np.empty((rows.size, 3), dtype=np.float64)
-    args: Any = (a.keys, a.slab, a.slab_u32, a.xslab, a.hot, a.slot_ids, rows, keys, full, pos, counts)
+    args: Any = (
+        a.keys,
+        a.slab,
+        a.slab_u32,
+        a.xslab,
+        a.hot,
+        a.slot_ids,
+        rows,
+        keys,
+        full,
+        pos,
+        counts,
+    )
     kernel: Any = sn.gather  # numba's Dispatcher stub does not model *args
     nh = int(kernel(*args, lay.xptr, lay.xflag))
     return keys, full, HotCounters(pos[:nh], counts[:nh])
