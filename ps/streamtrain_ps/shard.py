@@ -291,6 +291,7 @@ class Shard:
             raise InvalidRequestError("uri", "must be a non-empty fsspec URL")
         tables = self._selected(table)
         start = time.perf_counter()
+        writer: checkpoint.PartWriter | None = None
         try:
             writer = checkpoint.PartWriter(uri, self.shard_index)
             with ExitStack() as stack:
@@ -301,6 +302,7 @@ class Shard:
                 )
                 if mode == api.SaveMode.CHECKPOINT and table is None:
                     files += saving.write_dense(writer, self._dense.snapshot())
+                writer.finish()  # durable before any effect of the save applies
                 staged = SaveEffects(save_id or writer.data_dir, uri, tuple(effects))
                 if stage:
                     self._saves.put(staged.save_id, staged)
@@ -308,8 +310,12 @@ class Shard:
                     for e in staged.tables:
                         e.apply_locked()
         except PSError:
+            if writer is not None:
+                writer.abort()
             raise
         except Exception as exc:  # storage errors of any fsspec backend
+            if writer is not None:
+                writer.abort()
             raise CheckpointError(f"save to {uri} failed: {type(exc).__name__}: {exc}") from exc
         seconds = time.perf_counter() - start
         self._last_save = seconds
