@@ -26,6 +26,7 @@ from streamtrain_ps import index as ix
 from streamtrain_ps import kernels as kn
 from streamtrain_ps import packed as pk
 from streamtrain_ps.accessor import P_CLICK, P_DELTA, P_SHOW, PRIMARY_FROM, SLOT, UNSEEN, RowLayout
+from streamtrain_ps.address_space import reserved_zeros
 from streamtrain_ps.kernels import EXPANDED, SLOTS_USED
 
 
@@ -182,9 +183,9 @@ def empty_arrays(capacity: int, x_capacity: int, lay: RowLayout) -> Arrays:
     rows = max(capacity, 1024)
     return Arrays(
         ix.full_aligned(ix.needed_capacity(capacity), ix.EMPTY, np.int32),
-        ix.zeros_aligned((rows,), np.uint64),
-        ix.zeros_aligned((rows, lay.primary_width), np.float32),
-        ix.zeros_aligned((max(x_capacity, 1024), lay.x_width), np.float32),
+        reserved_zeros(rows, (), np.uint64),
+        reserved_zeros(rows, (lay.primary_width,), np.float32),
+        reserved_zeros(max(x_capacity, 1024), (lay.x_width,), np.float32),
         ix.zeros_aligned((1024, 3), np.float64),
         *pk.new_slot_dictionary(),
     )

@@ -30,25 +30,27 @@ from streamtrain_ps.index import Int
 def group_rows(
     arr_slots: npt.NDArray[np.int32],
     arr_keys: npt.NDArray[np.uint64],
-    count: Int,
     logical_shards: Int,
     rows_out: npt.NDArray[np.int64],
     offsets: npt.NDArray[np.int64],
 ) -> None:
-    """Counting sort of live rows by logical shard: rows of shard s are
-    ``rows_out[offsets[s]:offsets[s + 1]]``."""
-    rows = np.empty(count, dtype=np.int64)
-    n = ix.live_rows(arr_slots, rows)
-    shard = np.empty(n, dtype=np.int64)
-    for t in range(n):
-        shard[t] = np.int64(ix.mix64(arr_keys[rows[t]]) % np.uint64(logical_shards))
-        offsets[shard[t] + 1] += 1
+    """Counting sort of live rows (in slot order) by logical shard: rows of shard s are
+    ``rows_out[offsets[s]:offsets[s + 1]]``. Two passes over the index, recomputing each
+    key's shard, so the only memory per key is ``rows_out`` (a save's peak)."""
+    ls = np.uint64(logical_shards)
+    for s in range(arr_slots.size):
+        r = arr_slots[s]
+        if r >= 0:
+            offsets[np.int64(ix.mix64(arr_keys[r]) % ls) + 1] += 1
     for s in range(logical_shards):
         offsets[s + 1] += offsets[s]
     fill = offsets[:-1].copy()
-    for t in range(n):
-        rows_out[fill[shard[t]]] = rows[t]
-        fill[shard[t]] += 1
+    for s in range(arr_slots.size):
+        r = arr_slots[s]
+        if r >= 0:
+            shard = np.int64(ix.mix64(arr_keys[r]) % ls)
+            rows_out[fill[shard]] = r
+            fill[shard] += 1
 
 
 @njit(nogil=True, cache=True)

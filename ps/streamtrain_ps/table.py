@@ -345,7 +345,7 @@ class SparseTable:
             rows = np.empty(count, dtype=np.int64)  # pages never written stay unmapped
             offsets = np.zeros(logical_shards + 1, dtype=np.int64)
             if mode in (SaveMode.CHECKPOINT, SaveMode.BATCH):
-                sn.group_rows(a.slots, a.keys, count, logical_shards, rows, offsets)
+                sn.group_rows(a.slots, a.keys, logical_shards, rows, offsets)
                 return rows, offsets
             high = int(self._meta[ix.NEXT_ROW])
             sp = self._save_params()
