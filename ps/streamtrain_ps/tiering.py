@@ -295,20 +295,9 @@ class TieredTable(SparseTable):
         rows = np.empty(count, dtype=np.int64)
         scores = np.empty(count, dtype=np.float64)
         unseen = np.empty(count, dtype=np.float32)
-        m = int(
-            tk.coldness(
-                a.slots,
-                a.slab,
-                a.slab_u32,
-                a.xslab_u32,
-                a.hot,
-                count,
-                self._ap,
-                rows,
-                scores,
-                unseen,
-            )
-        )
+        kernel: Any = tk.coldness  # numba's Dispatcher stub does not model *args
+        slabs = (a.slots, a.slab, a.slab_u32, a.xslab_u32, a.hot)
+        m = int(kernel(*slabs, count, self._ap, rows, scores, unseen))
         if n < m:
             cut = np.argpartition(scores[:m], n - 1)[:n]
             rows, scores, unseen = rows[cut], scores[cut], unseen[cut]
@@ -515,19 +504,7 @@ def _gather_content(
     full = np.empty((rows.size, lay.width), dtype=np.float32)
     pos = np.empty(rows.size, dtype=np.int64)
     counts = np.empty((rows.size, 3), dtype=np.float64)
-    args: Any = (
-        a.keys,
-        a.slab,
-        a.slab_u32,
-        a.xslab,
-        a.hot,
-        a.slot_ids,
-        rows,
-        keys,
-        full,
-        pos,
-        counts,
-    )
+    args: Any = (a.keys, a.slab, a.slab_u32, a.xslab, a.hot, a.slot_ids, rows, keys, full)
     kernel: Any = sn.gather  # numba's Dispatcher stub does not model *args
-    nh = int(kernel(*args, lay.xptr, lay.xflag))
+    nh = int(kernel(*args, pos, counts, lay.xptr, lay.xflag))
     return keys, full, HotCounters(pos[:nh], counts[:nh])

@@ -11,7 +11,7 @@ import fsspec
 import numpy as np
 import pytest
 
-from streamtrain_ps import checkpoint
+from streamtrain_ps import checkpoint, partfile
 from streamtrain_ps.accessor import DELTA
 from streamtrain_ps.api import SaveMode
 from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
@@ -263,11 +263,11 @@ def test_base_model_warm_start_and_reading_helpers(tmp_path: Path) -> None:
 
 def test_part_codec_rejects_garbage() -> None:
     with pytest.raises(CheckpointError):
-        checkpoint.decode_part(b"nonsense", "x")
-    good = checkpoint.encode_part({"mode": 0}, {"keys": np.arange(3, dtype=np.uint64)})
+        partfile.decode_part(b"nonsense", "x")
+    good = partfile.encode_part({"mode": 0}, {"keys": np.arange(3, dtype=np.uint64)})
     with pytest.raises(CheckpointError):
-        checkpoint.decode_part(good[:-4], "x")
-    header, arrays = checkpoint.decode_part(good, "x")
+        partfile.decode_part(good[:-4], "x")
+    header, arrays = partfile.decode_part(good, "x")
     assert header["mode"] == 0 and arrays["keys"].tolist() == [0, 1, 2]
 
 
@@ -315,11 +315,11 @@ def test_a_part_listing_a_key_twice_is_refused_before_anything_changes(tmp_path:
     ps.save(str(uri), SaveMode.CHECKPOINT)
     manifest = json.loads((uri / "MANIFEST.json").read_text())
     entry = next(f for f in manifest["files"] if f["kind"] == "sparse" and f["rows"] > 0)
-    header, arrays = checkpoint.decode_part((uri / entry["path"]).read_bytes(), "part")
+    header, arrays = partfile.decode_part((uri / entry["path"]).read_bytes(), "part")
     header.pop("arrays")
     arrays["keys"] = np.concatenate([arrays["keys"], arrays["keys"][:1]])
     arrays["values"] = np.concatenate([arrays["values"], arrays["values"][:1]])
-    data = checkpoint.encode_part(header, arrays)
+    data = partfile.encode_part(header, arrays)
     (uri / entry["path"]).write_bytes(data)
     entry.update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
     (uri / "MANIFEST.json").write_text(json.dumps(manifest))
