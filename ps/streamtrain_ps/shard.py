@@ -34,10 +34,11 @@ from streamtrain_ps.errors import (
     RequestTooLargeError,
     UnknownTableError,
 )
+from streamtrain_ps.heap import release_scratch_memory
 from streamtrain_ps.kernels import BAD_CLICK, BAD_GRAD, BAD_SHOW, NOT_OWNED, OVERFLOW
 from streamtrain_ps.memory_limit import LOW_WATER, MemoryGovernor, peak_rss_bytes
 from streamtrain_ps.staging import Pending, SaveEffects
-from streamtrain_ps.table import HotCounters, Merged, release_scratch_memory
+from streamtrain_ps.table import HotCounters, Merged
 from streamtrain_ps.tiering import DiskOptions, TieredContent, TieredTable
 from streamtrain_ps.validation import require_array
 

@@ -24,8 +24,6 @@ Consistency (``TableLock``):
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 from collections.abc import Callable, Iterable
 from concurrent.futures import Executor
 from functools import partial
@@ -528,20 +526,6 @@ def _update(head: tuple[Any, ...], tail: tuple[Any, ...], lo: int, hi: int) -> i
     """``kernels.update_rows`` over ``lo:hi`` (the arguments around the range bound once)."""
     kernel: Any = kn.update_rows  # numba's Dispatcher stub does not model *args
     return int(kernel(*head, lo, hi, *tail))
-
-
-def release_scratch_memory() -> None:
-    """Give freed heap pages back to the OS (glibc ``malloc_trim``; a no-op elsewhere).
-
-    A bulk push of a million keys allocates ~100 MB of short-lived scratch (the merge of
-    duplicates); glibc keeps much of it mapped after ``free``, where it would count as
-    resident memory of the table until reused. Called after such pushes only.
-    """
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.malloc_trim(0)
-    except (OSError, AttributeError):
-        return
 
 
 def table_seed(seed: int, name: str) -> np.uint64:
