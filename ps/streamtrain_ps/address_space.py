@@ -8,12 +8,17 @@ committed for it; the kernel backs a page when it is first written, like any unt
 ``np.zeros`` page). Growing is a longer view of the same mapping: nothing is copied, and
 readers holding the shorter view keep reading the same memory.
 
+Like numpy's own large arrays, a reservation asks for transparent huge pages: slabs are read
+at random, and with 4 KiB pages a 10M-key table's pulls, pushes and shrinks ran 2-10x slower
+(TLB misses).
+
 Where the reservation is refused (strict overcommit, an address-space limit) or used up,
 ``grown`` falls back to a copy into a fresh reservation (``np.zeros`` when even that fails).
 """
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 from typing import Any
 
@@ -39,6 +44,8 @@ def reserved_zeros(
         buf = mmap.mmap(-1, max(room * per_row, 1), flags=flags)
     except (OSError, OverflowError, ValueError):
         return np.zeros((rows, *row_shape), dtype=dt)
+    with contextlib.suppress(AttributeError, OSError):  # not Linux, or THP disabled
+        buf.madvise(mmap.MADV_HUGEPAGE)
     return _view(buf, rows, row_shape, dt)
 
 
