@@ -419,7 +419,14 @@ def shrink_kernel(
     n = ix.live_rows(arr_slots, rows)
     nd = 0
     rate = ap[AP_DECAY]
+    half = PF // 2
     for t in range(n):
+        if t + PF < n:  # rows are in slot order, i.e. random: fetch ahead (see pull_kernel)
+            ix.prefetch(slab, rows[t + PF])
+        if t + half < n:  # an admitted key's unseen_days is in its embedx row
+            ahead = pk.xrow_of(slab_u32, rows[t + half])
+            if ahead >= 0:
+                ix.prefetch(xslab, ahead)
         row = rows[t]
         unseen = pk.unseen_of(pk.word_of(slab_u32, xslab_u32, row))
         if slab[row, P_SHOW] < 0.0:
