@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from streamtrain_ps import api, checkpoint, saving, sharding
+from streamtrain_ps.accessor import SLOT
 from streamtrain_ps.config import PSConfig
 from streamtrain_ps.dense import DenseState, DenseStore
 from streamtrain_ps.disk_store import DiskFullError
@@ -37,6 +38,7 @@ from streamtrain_ps.errors import (
 from streamtrain_ps.heap import release_scratch_memory
 from streamtrain_ps.kernels import BAD_CLICK, BAD_GRAD, BAD_SHOW, NOT_OWNED, OVERFLOW
 from streamtrain_ps.memory_limit import LOW_WATER, MemoryGovernor, peak_rss_bytes
+from streamtrain_ps.packed import SLOT_CODES
 from streamtrain_ps.staging import Pending, SaveEffects
 from streamtrain_ps.table import HotCounters, Merged
 from streamtrain_ps.tiering import DiskOptions, TieredContent, TieredTable
@@ -364,6 +366,9 @@ class Shard:
                 parts = plan.table_parts(name)
                 return TieredContent(t.build_parts(plan.table_keys(name), parts), None)
             tp = plan.table(name)
+            slots = np.unique(np.ascontiguousarray(tp.rows[:, SLOT]).view(np.uint32))
+            if np.count_nonzero(slots) >= SLOT_CODES:  # spilled keys are coded when promoted
+                raise ValueError(f"more than the {SLOT_CODES} distinct slot ids a table holds")
             hot = HotCounters(tp.hot_rows, tp.hot_counts)
             return t.build_tiered(tp.keys, tp.rows, tp.tombstones, hot, budget)
         except ValueError as exc:

@@ -91,12 +91,12 @@ def build_from_parts(layout: RowLayout, total: int, parts: Iterable[Part]) -> Ta
     """A table's whole content from ``total`` keys arriving in ``parts``, each copied into
     the new arrays and dropped before the next is read (a load never holds the full rows
     of a whole save). Both slabs are sized for ``total`` up front: pages never written
-    stay unmapped, so the embedx slab costs only what admitted keys use, and nothing grows
-    by copying.
+    stay unmapped, so the embedx slab costs only what admitted keys use (parts holding more
+    keys than ``total`` make the arrays grow).
 
-    Raises ``ValueError`` for a key listed twice, more keys than ``total``, an unseen_days
-    that is not a whole number >= 0 (values past ``packed.UNSEEN_MAX`` saturate there) or
-    more distinct slot ids than a table holds."""
+    Raises ``ValueError`` for a key listed twice, an unseen_days that is not a whole
+    number >= 0 (values past ``packed.UNSEEN_MAX`` saturate there) or more distinct slot
+    ids than a table holds."""
     lay = layout
     meta = ix.new_meta(kn.TABLE_META_SIZE)
     a = empty_arrays(total, total, lay)
@@ -105,8 +105,8 @@ def build_from_parts(layout: RowLayout, total: int, parts: Iterable[Part]) -> Ta
     for p in parts:
         n = p.keys.size
         base = int(meta[ix.NEXT_ROW])
-        if base + n > total:
-            raise ValueError(f"holds more than the {total} keys its manifest lists")
+        if base + n > a.keys.shape[0]:  # more keys than announced: grow (in place)
+            a = _grown(a, meta, n)
         words = packed_words(p.rows, meta, a)
         out = np.empty(n, dtype=np.int64)
         created = np.zeros(n, dtype=np.bool_)
@@ -129,6 +129,17 @@ def build_from_parts(layout: RowLayout, total: int, parts: Iterable[Part]) -> Ta
         tombs.append(p.tombstones)
     tombstones = np.concatenate(tombs) if tombs else np.empty(0, dtype=np.uint64)
     return TableContent(a, meta, tombstones)
+
+
+def _grown(a: Arrays, meta: npt.NDArray[np.int64], n: int) -> Arrays:
+    """``a`` with room for ``n`` more keys (and as many embedx rows)."""
+    high, xhigh = int(meta[ix.NEXT_ROW]), int(meta[kn.X_NEXT])
+    return a._replace(
+        slots=ix.grown_slots(a.slots, a.keys, int(meta[ix.COUNT]) + n),
+        keys=ix.grown_rows(a.keys, high, high + n),
+        slab=ix.grown_rows(a.slab, high, high + n),
+        xslab=ix.grown_rows(a.xslab, xhigh, xhigh + n),
+    )
 
 
 def _place_hot(

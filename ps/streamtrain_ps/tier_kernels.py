@@ -105,7 +105,8 @@ def place_rows(
     """Write full rows into fresh primary ``rows`` (keys just inserted; room reserved):
     primary columns and packed word, an embedx row for admitted keys (a freed one first), a
     side-table entry for hot keys. The embedx pointer is written last (readers see
-    before/after). The rows were gathered from this table, so their slot ids have codes."""
+    before/after). The table's slot ids fit its dictionary (pushes and loads check), so
+    every slot id gets a code."""
     hot_i64 = hot.view(np.int64)
     width = full.shape[1]
     full_u32 = full.view(np.uint32)
