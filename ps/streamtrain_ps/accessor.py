@@ -10,10 +10,10 @@ The state widths depend on the optimizer (``optim.state_width``); with SparseAda
 embedxDim 8 a full row is 16 floats = 64 bytes. Checkpoints and tools see full rows.
 
 *Physically* a table keeps two slabs (see docs/ps-engine.md, "compact rows"): every key has
-a primary row, the full row's columns up to ``embedx_w`` followed by one uint32 ``xptr``
-(0 = embedx not admitted, else 1 + the key's row in the embedx slab); admitted keys also
-own one embedx row, the full row's columns from ``embedx_w`` on. A never-admitted key
-costs no embedx memory at all.
+a primary row, the full row's columns from ``delta_score`` up to ``embedx_w`` followed by one
+packed uint32 word (slot code, unseen_days, or the embedx pointer: ``streamtrain_ps.packed``);
+admitted keys also own one embedx row, the full row's columns from ``embedx_w`` on plus the
+packed word moved there at admission. A never-admitted key costs no embedx memory at all.
 
 Everything here is pure: numpy on copies, or nogil kernels reading a row.
 """
@@ -38,6 +38,14 @@ SHOW = 3
 CLICK = 4
 EMBED_W = 5
 EMBED_STATE = 6
+#: Full-row column of a primary row's first column (slot and unseen_days are packed).
+PRIMARY_FROM = DELTA
+# Primary-row columns (full-row column - PRIMARY_FROM).
+P_DELTA = DELTA - PRIMARY_FROM
+P_SHOW = SHOW - PRIMARY_FROM
+P_CLICK = CLICK - PRIMARY_FROM
+P_EMBED_W = EMBED_W - PRIMARY_FROM
+P_EMBED_STATE = EMBED_STATE - PRIMARY_FROM
 
 # Indices into the float64 accessor parameter vector ``ap``.
 AP_NONCLK = 0
@@ -79,17 +87,20 @@ class RowLayout:
 
     @property
     def xptr(self) -> int:
-        """Primary-row column holding the embedx row pointer (uint32 bits, 0 = none)."""
+        """Full-row column where the embedx slab's columns begin (== ``embedx_w``; also the
+        column the init hash of embedx uses)."""
         return self.embedx_w
 
     @property
     def primary_width(self) -> int:
-        return self.embedx_w + 1
+        """Columns of a primary row: the full row's ``PRIMARY_FROM:embedx_w`` + the packed
+        word (``streamtrain_ps.packed``)."""
+        return self.embedx_w - PRIMARY_FROM + 1
 
     @property
     def x_width(self) -> int:
-        """Columns of an embedx row: the full row's ``embedx_w:width``."""
-        return self.width - self.embedx_w
+        """Columns of an embedx row: the full row's ``embedx_w:width`` + the packed word."""
+        return self.width - self.embedx_w + 1
 
     @property
     def pull_dim(self) -> int:
@@ -137,17 +148,17 @@ def score_np(
 
 
 @njit(nogil=True, cache=True, inline="always")
-def decay_and_test(slab: npt.NDArray[np.float32], row: Int, ap: npt.NDArray[np.float64]) -> bool:
-    """Shrink one row: decay show and click, then True if the key should be deleted."""
+def decay_and_test(
+    slab: npt.NDArray[np.float32], row: Int, unseen: Float, ap: npt.NDArray[np.float64]
+) -> bool:
+    """Shrink one primary row: decay show and click, then True if the key should be
+    deleted (``unseen``: its unseen_days)."""
     rate = ap[AP_DECAY]
-    show = np.float32(slab[row, SHOW] * rate)
-    click = np.float32(slab[row, CLICK] * rate)
-    slab[row, SHOW] = show
-    slab[row, CLICK] = click
-    return (
-        score(show, click, ap) < ap[AP_DELETE_THRESHOLD]
-        or slab[row, UNSEEN] > ap[AP_DELETE_AFTER_DAYS]
-    )
+    show = np.float32(slab[row, P_SHOW] * rate)
+    click = np.float32(slab[row, P_CLICK] * rate)
+    slab[row, P_SHOW] = show
+    slab[row, P_CLICK] = click
+    return score(show, click, ap) < ap[AP_DELETE_THRESHOLD] or unseen > ap[AP_DELETE_AFTER_DAYS]
 
 
 def save_filter(

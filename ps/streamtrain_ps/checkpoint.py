@@ -12,9 +12,7 @@ never touches the files the current manifest lists: until ``publish`` replaces
 the previous save, complete. After publishing, ``data-*`` directories the new manifest does
 not reference are removed.
 
-A part file is ``MAGIC | uint32 header length | JSON header | raw little-endian arrays``;
-the header names each array with dtype, shape and offset and repeats what the part is
-(table, logical shard, mode, columns), so a misplaced file is caught, not loaded.
+The part files' names and codec are in ``partfile``.
 """
 
 from __future__ import annotations
@@ -23,13 +21,12 @@ import contextlib
 import hashlib
 import json
 import os
-import re
-import struct
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import fsspec
 import numpy as np
@@ -41,88 +38,19 @@ from streamtrain_ps.api import SavedFile, SaveMode, SaveResult
 from streamtrain_ps.config import PSConfig
 from streamtrain_ps.dense import DenseState
 from streamtrain_ps.errors import CheckpointError
+from streamtrain_ps.partfile import (
+    decode_part,
+    new_data_dir,
+    parse_path,
+)
 from streamtrain_ps.sharding import owned_logical_shards, server_of_dense
+from streamtrain_ps.slabs import Part
 
-MAGIC = b"STPSPART"
 MANIFEST = "MANIFEST.json"
 FORMAT = "streamtrain-ps-save"
 FORMAT_VERSION = 1
-_DTYPES: dict[str, np.dtype[Any]] = {
-    "<u8": np.dtype("<u8"),
-    "<f4": np.dtype("<f4"),
-    "<f8": np.dtype("<f8"),
-    "<i8": np.dtype("<i8"),
-}
-_SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
-_SPARSE_PATH = re.compile(r"(?P<dir>data-[^/]+)/sparse/(?P<table>[^/]+)/part-(?P<ls>\d{5})\.bin")
-_DENSE_PATH = re.compile(r"(?P<dir>data-[^/]+)/dense/(?P<name>[^/]+)\.bin")
-
-
-# -- names and paths ----------------------------------------------------------------------
-
-
-def encode_name(name: str) -> str:
-    """A table or vector name as one safe path component (hex-escaped if needed)."""
-    if _SAFE_NAME.fullmatch(name):
-        return name
-    return "~" + name.encode().hex()
-
-
-def decode_name(component: str) -> str:
-    return bytes.fromhex(component[1:]).decode() if component.startswith("~") else component
-
-
-def sparse_path(data_dir: str, table: str, logical: int) -> str:
-    return f"{data_dir}/sparse/{encode_name(table)}/part-{logical:05d}.bin"
-
-
-def dense_path(data_dir: str, name: str) -> str:
-    return f"{data_dir}/dense/{encode_name(name)}.bin"
-
-
-def new_data_dir(shard_index: int) -> str:
-    return f"data-s{shard_index:03d}-{uuid.uuid4().hex[:12]}"
-
-
-# -- the part codec -----------------------------------------------------------------------
-
-
-def encode_part(header: Mapping[str, Any], arrays: Mapping[str, npt.NDArray[Any]]) -> bytes:
-    """Serialise a header and named arrays (little-endian, C order)."""
-    specs = []
-    blobs = []
-    offset = 0
-    for name, arr in arrays.items():
-        a = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<"))
-        specs.append({"name": name, "dtype": a.dtype.str, "shape": list(a.shape), "offset": offset})
-        blobs.append(a.tobytes())
-        offset += a.nbytes
-    head = json.dumps({**header, "arrays": specs}, sort_keys=True).encode()
-    return b"".join([MAGIC, struct.pack("<I", len(head)), head, *blobs])
-
-
-def decode_part(data: bytes, what: str) -> tuple[dict[str, Any], dict[str, npt.NDArray[Any]]]:
-    """Inverse of ``encode_part``; any inconsistency is a ``CheckpointError`` naming ``what``."""
-    if len(data) < len(MAGIC) + 4 or not data.startswith(MAGIC):
-        raise CheckpointError(f"{what}: not a streamtrain part file")
-    (hlen,) = struct.unpack_from("<I", data, len(MAGIC))
-    start = len(MAGIC) + 4
-    try:
-        header = json.loads(data[start : start + hlen])
-        body = memoryview(data)[start + hlen :]
-        arrays: dict[str, npt.NDArray[Any]] = {}
-        for spec in header["arrays"]:
-            dtype = _DTYPES[spec["dtype"]]
-            shape = tuple(int(s) for s in spec["shape"])
-            count = int(np.prod(shape, dtype=np.int64))
-            off = int(spec["offset"])
-            if off < 0 or off + count * dtype.itemsize > len(body):
-                raise ValueError(f"array {spec['name']} runs past the end of the file")
-            arr = np.frombuffer(body, dtype=dtype, count=count, offset=off).reshape(shape)
-            arrays[str(spec["name"])] = arr.astype(dtype.newbyteorder("="))
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"{what}: malformed part file: {exc}") from exc
-    return header, arrays
+#: Threads that fsync a save's part files at once (``PartWriter.finish``).
+SYNC_THREADS = 8
 
 
 # -- writing --------------------------------------------------------------------------------
@@ -137,7 +65,20 @@ def _fs(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
 
 
 def _write(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
-    """Write ``data`` to ``path``: temp file + rename on local disks, one PUT elsewhere.
+    """Store one part file: in place on local disks (its data directory is fresh and no
+    manifest lists it yet, so a torn write is never read; ``PartWriter.finish`` makes it
+    durable), one PUT elsewhere."""
+    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    if isinstance(fs, LocalFileSystem):
+        with open(path, "wb") as f:
+            f.write(data)
+    else:
+        fs.pipe_file(path, data)
+
+
+def _write_durable(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
+    """Write ``data`` to ``path``: temp file + fsync + rename on local disks, one PUT
+    elsewhere (the manifest: readers see the old file or the new one, whole).
 
     A failed local write (disk full, failing rename) removes its temp file: next to the
     manifest nothing else would ever collect it (garbage collection only knows ``data-*``).
@@ -161,31 +102,55 @@ def _write(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
 
 
 class PartWriter:
-    """Writes the files of one shard's save into a fresh data directory under ``uri``."""
+    """Writes the files of one shard's save into a fresh data directory under ``uri``.
+
+    On local disks ``write`` leaves the fsync to ``finish``, which runs every fsync of the
+    save at once on ``SYNC_THREADS`` threads: a delta of a large table writes one small
+    part per logical shard, and an fsync after each made the file count, not the bytes,
+    its cost. Object stores get one PUT per ``write``.
+    """
 
     def __init__(self, uri: str, shard_index: int) -> None:
         self.uri = uri
         self.fs, self.root = _fs(uri)
         self.data_dir = new_data_dir(shard_index)
+        self._local = isinstance(self.fs, LocalFileSystem)
+        self._written: list[str] = []  # local files not yet fsynced
 
     def write(self, relpath: str, data: bytes, rows: int) -> SavedFile:
-        _write(self.fs, f"{self.root}/{relpath}", data)
+        path = f"{self.root}/{relpath}"
+        if self._local:
+            self._written.append(path)
+        _write(self.fs, path, data)
         return SavedFile(
             path=relpath, size=len(data), sha256=hashlib.sha256(data).hexdigest(), rows=rows
         )
 
+    def finish(self) -> None:
+        """Make every file written so far durable (before the save's effects apply)."""
+        if self._written:
+            with ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="save-fsync") as pool:
+                list(pool.map(_fsync, self._written))
+        self._written = []
+
+    def abort(self) -> None:
+        """Remove the local files of a failed save now rather than at the next publish's
+        garbage collection (a full disk should get its space back at once)."""
+        for path in self._written:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        self._written = []
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
 
 # -- publishing -----------------------------------------------------------------------------
-
-
-def _parse_path(path: str) -> dict[str, Any]:
-    m = _SPARSE_PATH.fullmatch(path)
-    if m:
-        return {"kind": "sparse", "table": decode_name(m["table"]), "logicalShard": int(m["ls"])}
-    m = _DENSE_PATH.fullmatch(path)
-    if m:
-        return {"kind": "dense", "name": decode_name(m["name"])}
-    raise CheckpointError(f"{path}: not a part path written by a shard")
 
 
 def _read(fs: fsspec.AbstractFileSystem, path: str, what: str) -> bytes:
@@ -224,7 +189,7 @@ def publish(
         for saved in r.files:
             files.append(
                 {
-                    **_parse_path(saved.path),
+                    **parse_path(saved.path),
                     "path": saved.path,
                     "size": saved.size,
                     "sha256": saved.sha256,
@@ -283,7 +248,8 @@ def publish(
         "meta": dict(meta or {}),
     }
     try:
-        _write(fs, f"{root}/{MANIFEST}", json.dumps(manifest, indent=1, sort_keys=True).encode())
+        text = json.dumps(manifest, indent=1, sort_keys=True).encode()
+        _write_durable(fs, f"{root}/{MANIFEST}", text)
     except OSError as exc:
         raise CheckpointError(f"{uri}: cannot write {MANIFEST}: {exc}") from exc
     if gc:
@@ -401,15 +367,9 @@ def read_dense(uri: str) -> dict[str, npt.NDArray[np.float32]]:
 # -- loading into a shard ---------------------------------------------------------------------
 
 
-class TablePayload(NamedTuple):
-    """One table's part of a load: keys, full rows, pending tombstones, and the exact
-    float64 counters (show, click, delta_score) of hot keys at ``hot_rows`` of ``rows``."""
-
-    keys: npt.NDArray[np.uint64]
-    rows: npt.NDArray[np.float32]
-    tombstones: npt.NDArray[np.uint64]
-    hot_rows: npt.NDArray[np.int64]
-    hot_counts: npt.NDArray[np.float64]
+#: One table's part of a load: keys, full rows, pending tombstones, and the exact float64
+#: counters (show, click, delta_score) of hot keys at ``hot_rows`` of ``rows``.
+TablePayload = Part
 
 
 @dataclass(frozen=True)
@@ -424,41 +384,29 @@ class Payload:
     dense: dict[str, DenseState] | None
 
 
-def load_payload(uri: str, config: PSConfig, shard_index: int, num_shards: int) -> Payload:
-    """Read the logical shards ``shard_index`` of ``num_shards`` owns from the save at ``uri``.
+@dataclass(frozen=True)
+class LoadPlan:
+    """A save checked against this shard's config, its parts not read yet: ``table_parts``
+    reads (and verifies) one logical shard at a time, so a load can build its tables part
+    by part instead of holding every row of the save at once."""
 
-    Mode 0 restores the full state (optimizer slots, dense vectors, tombstones); modes 2/3
-    warm-start from inference values with fresh optimizer state; a delta (mode 1) is not a
-    complete model and is refused.
-    """
-    m = read_manifest(uri)
-    if m.mode == SaveMode.DELTA:
-        raise CheckpointError(f"{uri}: a delta is not a complete model; load a base or checkpoint")
-    if m.logical_shards != config.logicalShards:
-        raise CheckpointError(
-            f"{uri}: saved with logicalShards={m.logical_shards}, this job uses "
-            f"{config.logicalShards}; keys would be routed to the wrong servers"
-        )
-    owned = owned_logical_shards(shard_index, num_shards, config.logicalShards)
-    tables = {}
-    for tc in config.tables:
-        info = m.tables.get(tc.name)
-        if info is None:
-            raise CheckpointError(f"{uri}: has no table {tc.name!r} (has {sorted(m.tables)})")
-        if int(info["embedxDim"]) != tc.embedxDim:
-            raise CheckpointError(
-                f"{uri}: table {tc.name!r} has embedxDim {info['embedxDim']}, config {tc.embedxDim}"
-            )
-        if m.mode == SaveMode.CHECKPOINT and info["optimizer"] != tc.optimizer.type:
-            raise CheckpointError(
-                f"{uri}: table {tc.name!r} was trained with {info['optimizer']}, "
-                f"config says {tc.optimizer.type}; optimizer state would not fit"
-            )
+    manifest: Manifest
+    config: PSConfig
+    owned: tuple[int, ...]
+    shard_index: int
+    num_shards: int
+
+    def table_keys(self, table: str) -> int:
+        """Keys the owned parts of ``table`` hold (by the manifest)."""
+        return sum(int(self.manifest.sparse_part(table, ls)["rows"]) for ls in self.owned)
+
+    def table_parts(self, table: str) -> Iterator[TablePayload]:
+        """The owned parts of ``table``, one at a time (``hot_rows`` index the part)."""
+        m = self.manifest
+        tc = next(t for t in self.config.tables if t.name == table)
         layout = RowLayout.of(tc)
-        keys, rows, tombs, hot_rows, hot_counts = [], [], [], [], []
-        offset = 0
-        for logical in owned:
-            what = f"{uri}: table {tc.name!r} part {logical}"
+        for logical in self.owned:
+            what = f"{m.uri}: table {tc.name!r} part {logical}"
             header, arrays = read_verified(m, m.sparse_part(tc.name, logical))
             if header.get("table") != tc.name or header.get("logicalShard") != logical:
                 raise CheckpointError(
@@ -472,24 +420,40 @@ def load_payload(uri: str, config: PSConfig, shard_index: int, num_shards: int) 
             else:
                 r = rows_from_inference(arrays["values"].reshape(k.size, layout.pull_dim), tc)
             if "hot_rows" in arrays:  # exact counters of hot keys (checkpoints only)
-                hot_rows.append(arrays["hot_rows"].astype(np.int64) + offset)
-                hot_counts.append(arrays["hot_counts"].reshape(-1, 3).astype(np.float64))
-            offset += k.size
-            keys.append(k)
-            rows.append(r)
-            tombs.append(arrays["tombstones"])
-        tables[tc.name] = TablePayload(
+                hr = arrays["hot_rows"].astype(np.int64)
+                hc = arrays["hot_counts"].reshape(-1, 3).astype(np.float64)
+            else:
+                hr, hc = np.empty(0, dtype=np.int64), np.empty((0, 3), dtype=np.float64)
+            yield TablePayload(k, r, arrays["tombstones"], hr, hc)
+
+    def table(self, table: str) -> TablePayload:
+        """All owned parts of ``table`` concatenated."""
+        width = RowLayout.of(next(t for t in self.config.tables if t.name == table)).width
+        keys, rows, tombs, hot_rows, hot_counts = [], [], [], [], []
+        offset = 0
+        for p in self.table_parts(table):
+            keys.append(p.keys)
+            rows.append(p.rows)
+            tombs.append(p.tombstones)
+            hot_rows.append(p.hot_rows + offset)
+            hot_counts.append(p.hot_counts)
+            offset += p.keys.size
+        return TablePayload(
             np.concatenate(keys) if keys else np.empty(0, dtype=np.uint64),
-            np.concatenate(rows) if rows else np.empty((0, layout.width), dtype=np.float32),
+            np.concatenate(rows) if rows else np.empty((0, width), dtype=np.float32),
             np.concatenate(tombs) if tombs else np.empty(0, dtype=np.uint64),
             np.concatenate(hot_rows) if hot_rows else np.empty(0, dtype=np.int64),
             np.concatenate(hot_counts) if hot_counts else np.empty((0, 3), dtype=np.float64),
         )
-    dense = None
-    if m.mode == SaveMode.CHECKPOINT:
+
+    def dense(self) -> dict[str, DenseState] | None:
+        """The dense vectors this shard owns (mode 0), or None (modes 2/3)."""
+        m = self.manifest
+        if m.mode != SaveMode.CHECKPOINT:
+            return None
         dense = {}
         for name, info in m.dense.items():
-            if server_of_dense(name, num_shards) != shard_index:
+            if server_of_dense(name, self.num_shards) != self.shard_index:
                 continue
             header, arrays = read_verified(m, m.files[info["path"]])
             dense[name] = DenseState(
@@ -501,7 +465,46 @@ def load_payload(uri: str, config: PSConfig, shard_index: int, num_shards: int) 
                 summary_decay=_optional_float(header.get("summaryDecay")),
                 sums=arrays["sums"].astype(np.float64) if "sums" in arrays else None,
             )
-    return Payload(tables, dense)
+        return dense
+
+
+def plan_load(uri: str, config: PSConfig, shard_index: int, num_shards: int) -> LoadPlan:
+    """Check the save at ``uri`` against this shard's config (manifest only).
+
+    Mode 0 restores the full state (optimizer slots, dense vectors, tombstones); modes 2/3
+    warm-start from inference values with fresh optimizer state; a delta (mode 1) is not a
+    complete model and is refused.
+    """
+    m = read_manifest(uri)
+    if m.mode == SaveMode.DELTA:
+        raise CheckpointError(f"{uri}: a delta is not a complete model; load a base or checkpoint")
+    if m.logical_shards != config.logicalShards:
+        raise CheckpointError(
+            f"{uri}: saved with logicalShards={m.logical_shards}, this job uses "
+            f"{config.logicalShards}; keys would be routed to the wrong servers"
+        )
+    for tc in config.tables:
+        info = m.tables.get(tc.name)
+        if info is None:
+            raise CheckpointError(f"{uri}: has no table {tc.name!r} (has {sorted(m.tables)})")
+        if int(info["embedxDim"]) != tc.embedxDim:
+            raise CheckpointError(
+                f"{uri}: table {tc.name!r} has embedxDim {info['embedxDim']}, config {tc.embedxDim}"
+            )
+        if m.mode == SaveMode.CHECKPOINT and info["optimizer"] != tc.optimizer.type:
+            raise CheckpointError(
+                f"{uri}: table {tc.name!r} was trained with {info['optimizer']}, "
+                f"config says {tc.optimizer.type}; optimizer state would not fit"
+            )
+    owned = tuple(owned_logical_shards(shard_index, num_shards, config.logicalShards))
+    return LoadPlan(m, config, owned, shard_index, num_shards)
+
+
+def load_payload(uri: str, config: PSConfig, shard_index: int, num_shards: int) -> Payload:
+    """Read the logical shards ``shard_index`` of ``num_shards`` owns from the save at ``uri``
+    (``plan_load``), every table whole."""
+    plan = plan_load(uri, config, shard_index, num_shards)
+    return Payload({tc.name: plan.table(tc.name) for tc in config.tables}, plan.dense())
 
 
 def _optional_float(value: Any) -> float | None:

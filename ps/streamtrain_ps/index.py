@@ -34,6 +34,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from streamtrain_ps import address_space
+
 #: Scalar types of kernel arguments: numba passes numpy scalars, Python passes ints.
 Int: TypeAlias = int | np.integer[Any]
 Float: TypeAlias = float | np.floating[Any]
@@ -357,17 +359,15 @@ def grown_slots(
 
 
 def grown_rows(arr: npt.NDArray[Any], used: int, need: int) -> npt.NDArray[Any]:
-    """``arr`` if it has ``need`` rows, else a copy with geometric (x1.5) growth.
+    """``arr`` if it has ``need`` rows, else one with geometric (x1.5) growth keeping rows
+    ``:used``: in place when ``arr`` is a reservation (``address_space``), else a copy.
 
-    The copy is ``np.zeros`` so rows beyond ``used`` are untouched (not resident) pages
-    until first written, and fresh rows start zeroed.
+    Rows beyond ``used`` are untouched (not resident) pages until first written, and fresh
+    rows start zeroed.
     """
     if need <= arr.shape[0]:
         return arr
-    cap = max(need, int(arr.shape[0] * 1.5), 1024)
-    new = zeros_aligned((cap, *arr.shape[1:]), arr.dtype)
-    new[:used] = arr[:used]
-    return new
+    return address_space.grown(arr, used, max(need, int(arr.shape[0] * 1.5), 1024))
 
 
 def full_aligned(n: int, value: int, dtype: npt.DTypeLike) -> npt.NDArray[Any]:

@@ -13,18 +13,18 @@ import numpy.typing as npt
 from numba import njit
 
 from streamtrain_ps import index as ix
+from streamtrain_ps import packed as pk
 from streamtrain_ps.accessor import (
     AP_DECAY,
     AP_DELETE_AFTER_DAYS,
     AP_DELETE_THRESHOLD,
     AP_EMBEDX_THRESHOLD,
-    CLICK,
-    DELTA,
-    EMBED_STATE,
     EMBED_W,
-    SHOW,
-    SLOT,
-    UNSEEN,
+    P_CLICK,
+    P_DELTA,
+    P_EMBED_STATE,
+    P_EMBED_W,
+    P_SHOW,
     decay_and_test,
     score,
 )
@@ -46,6 +46,8 @@ X_FREE_LEN = 9
 HOT_NEXT = 10
 HOT_FREE_HEAD = 11
 HOT_FREE_LEN = 12
+# Slot ids in the table's slot dictionary beyond code 0 (``packed.slot_code``).
+SLOTS_USED = 13
 TABLE_META_SIZE = 16
 
 #: A key whose show, click or |delta_score| reaches this moves its three counters to the
@@ -62,7 +64,7 @@ PROMOTED = 1 << 32
 # ``ip`` int64 layout parameters for kernels.
 IP_DIM = 0
 IP_KIND = 1
-IP_XPTR = 2  # primary column of the embedx pointer == the full row's embedx_w column
+IP_XPTR = 2  # the full row's embedx_w column (the init hash column of embedx)
 IP_SIZE = 3
 
 # Error codes of ``merge_push``.
@@ -198,10 +200,11 @@ def update_rows(
     disjoint ranges of one push at once: they never touch the same row, the index or an
     allocator (admission and promotion allocate, so they run afterwards on one thread).
     A hot key (show < 0, see ``pull_kernel``) counts in its float64 side-table entry.
+    ``slots`` holds slot *codes* (``packed``), translated by the caller.
     """
     dim = ip[IP_DIM]
     kind = ip[IP_KIND]
-    xptr = ip[IP_XPTR]
+    xslab_u32 = xslab.view(np.uint32)
     threshold = ap[AP_EMBEDX_THRESHOLD]
     pending = 0
     half = PF // 2
@@ -209,40 +212,39 @@ def update_rows(
         if i + PF < stop:
             ix.prefetch(slab, rows[i + PF])
         if i + half < stop:  # its primary row was prefetched PF/2 keys ago
-            ahead = slab_u32[rows[i + half], xptr]
-            if ahead > 0:
-                ix.prefetch(xslab, ahead - 1)
+            ahead = pk.xrow_of(slab_u32, rows[i + half])
+            if ahead >= 0:
+                ix.prefetch(xslab, ahead)
         row = rows[i]
         key = keys[i]
-        if created[i]:  # the row is all zeros (xptr 0: embedx not admitted)
-            embed = fp[PART_EMBED]
-            init_part(
-                slab, row, EMBED_W, EMBED_STATE, 1, kind, kind == ADAM, seed, key, embed, EMBED_W
-            )
+        embed = fp[PART_EMBED]
+        if created[i]:  # all zeros: slot 0, unseen 0, embedx not admitted
+            rand = kind == ADAM
+            init_part(slab, row, P_EMBED_W, P_EMBED_STATE, 1, kind, rand, seed, key, embed, EMBED_W)
         show = np.float64(shows[i])
         click = np.float64(clicks[i])
         mark = 0
-        if slab[row, SHOW] < 0.0:  # hot: exact float64 counters in the side table
-            h = slab_u32[row, CLICK]
+        if slab[row, P_SHOW] < 0.0:  # hot: exact float64 counters in the side table
+            h = slab_u32[row, P_CLICK]
             hot[h, 0] += show
             hot[h, 1] += click
             hot[h, 2] += score(show, click, ap)
             now = score(hot[h, 0], hot[h, 1], ap)
         else:
-            slab[row, SHOW] += shows[i]
-            slab[row, CLICK] += clicks[i]
-            slab[row, DELTA] += score(show, click, ap)
-            now = score(slab[row, SHOW], slab[row, CLICK], ap)  # float32 operands, as ever
-            if max(slab[row, SHOW], slab[row, CLICK], abs(slab[row, DELTA])) >= HOT_FROM:
+            slab[row, P_SHOW] += shows[i]
+            slab[row, P_CLICK] += clicks[i]
+            slab[row, P_DELTA] += score(show, click, ap)
+            now = score(slab[row, P_SHOW], slab[row, P_CLICK], ap)  # float32 operands, as ever
+            if max(slab[row, P_SHOW], slab[row, P_CLICK], abs(slab[row, P_DELTA])) >= HOT_FROM:
                 mark = TODO_HOT
-        slab[row, UNSEEN] = 0.0
-        if has_slots:
-            slab_u32[row, SLOT] = slots[i]
+        # unseen_days = 0, and the slot (code) of this push if it has slots
+        code = slots[i] if has_slots else pk.code_of(pk.word_of(slab_u32, xslab_u32, row))
+        pk.set_word(slab_u32, xslab_u32, row, pk.pack(code, 0))
         scale = 1.0 / show if show > 0.0 else 1.0
-        update_part(slab, row, EMBED_W, EMBED_STATE, 1, kind, grads, i, 0, scale, fp[PART_EMBED])
-        xr = slab_u32[row, xptr]
-        if xr > 0:
-            update_part(xslab, xr - 1, 0, dim, dim, kind, grads, i, 1, scale, fp[PART_EMBEDX])
+        update_part(slab, row, P_EMBED_W, P_EMBED_STATE, 1, kind, grads, i, 0, scale, embed)
+        xr = pk.xrow_of(slab_u32, row)
+        if xr >= 0:
+            update_part(xslab, xr, 0, dim, dim, kind, grads, i, 1, scale, fp[PART_EMBEDX])
         elif now >= threshold:
             # Admission: this push's embedx gradient was computed against zeros; drop it.
             mark |= TODO_ADMIT
@@ -289,12 +291,12 @@ def settle_rows(
                 h = meta[HOT_NEXT]
                 meta[HOT_NEXT] += 1
             row = rows[i]
-            hot[h, 0] = slab[row, SHOW]
-            hot[h, 1] = slab[row, CLICK]
-            hot[h, 2] = slab[row, DELTA]
-            slab[row, DELTA] = 0.0
-            slab_u32[row, CLICK] = np.uint32(h)
-            slab[row, SHOW] = -1.0
+            hot[h, 0] = slab[row, P_SHOW]
+            hot[h, 1] = slab[row, P_CLICK]
+            hot[h, 2] = slab[row, P_DELTA]
+            slab[row, P_DELTA] = 0.0
+            slab_u32[row, P_CLICK] = np.uint32(h)
+            slab[row, P_SHOW] = -1.0
         if not todo[i] & TODO_ADMIT:
             continue
         if meta[X_FREE_LEN] > 0:
@@ -305,7 +307,7 @@ def settle_rows(
             xr = meta[X_NEXT]
             meta[X_NEXT] += 1
         init_part(xslab, xr, 0, dim, dim, kind, True, seed, keys[i], fp[PART_EMBEDX], xptr)
-        slab_u32[rows[i], xptr] = np.uint32(xr + 1)
+        pk.admit(slab_u32, xslab_u32, rows[i], xr)
         done += 1
     return done
 
@@ -320,7 +322,6 @@ def pull_kernel(
     hot: npt.NDArray[np.float64],
     keys: npt.NDArray[np.uint64],
     out: npt.NDArray[np.float32],
-    xptr: Int,
 ) -> Int:
     """Pull rows; returns how many keys were *stale*: hot keys whose side-table entry lies
     beyond the ``hot`` array this caller holds (the table grew it meanwhile). The caller
@@ -343,7 +344,7 @@ def pull_kernel(
         if i + half < n:  # its primary row was prefetched PF/2 keys ago: now its embedx row
             mid = arr_slots[homes[i + half]]
             if mid >= 0:
-                xm = np.int64(slab_u32[mid, xptr]) - 1
+                xm = pk.xrow_of(slab_u32, mid)
                 if 0 <= xm < xcap:
                     ix.prefetch(xslab, xm)
         r = ix.find_at(arr_slots, arr_keys, keys[i], homes[i])
@@ -351,9 +352,9 @@ def pull_kernel(
             for j in range(dim + 3):
                 out[i, j] = 0.0
             continue
-        show = slab[r, SHOW]
+        show = slab[r, P_SHOW]
         if show < 0.0:  # hot key: counters in the side table at the index in CLICK's bits
-            h = slab_u32[r, CLICK]
+            h = slab_u32[r, P_CLICK]
             if h >= hcap:
                 stale += 1
                 continue
@@ -361,9 +362,9 @@ def pull_kernel(
             out[i, 1] = hot[h, 1]
         else:
             out[i, 0] = show
-            out[i, 1] = slab[r, CLICK]
-        out[i, 2] = slab[r, EMBED_W]
-        xr = np.int64(slab_u32[r, xptr]) - 1
+            out[i, 1] = slab[r, P_CLICK]
+        out[i, 2] = slab[r, P_EMBED_W]
+        xr = pk.xrow_of(slab_u32, r)
         # A pointer past the slab we hold: admitted after we took the arrays (pulls as 0).
         if 0 <= xr < xcap:
             for j in range(dim):
@@ -409,7 +410,6 @@ def shrink_kernel(
     xslab_u32: npt.NDArray[np.uint32],
     hot: npt.NDArray[np.float64],
     ap: npt.NDArray[np.float64],
-    xptr: Int,
     deleted: npt.NDArray[np.uint64],
 ) -> Int:
     """Decay and delete (§4). Hot keys decay in float64 and return to float32 counters
@@ -419,30 +419,38 @@ def shrink_kernel(
     n = ix.live_rows(arr_slots, rows)
     nd = 0
     rate = ap[AP_DECAY]
+    half = PF // 2
     for t in range(n):
+        if t + PF < n:  # rows are in slot order, i.e. random: fetch ahead (see pull_kernel)
+            ix.prefetch(slab, rows[t + PF])
+        if t + half < n:  # an admitted key's unseen_days is in its embedx row
+            ahead = pk.xrow_of(slab_u32, rows[t + half])
+            if ahead >= 0:
+                ix.prefetch(xslab, ahead)
         row = rows[t]
-        if slab[row, SHOW] < 0.0:
-            h = np.int64(slab_u32[row, CLICK])
+        unseen = pk.unseen_of(pk.word_of(slab_u32, xslab_u32, row))
+        if slab[row, P_SHOW] < 0.0:
+            h = np.int64(slab_u32[row, P_CLICK])
             show = hot[h, 0] * rate
             click = hot[h, 1] * rate
             hot[h, 0] = show
             hot[h, 1] = click
             gone = (
                 score(show, click, ap) < ap[AP_DELETE_THRESHOLD]
-                or slab[row, UNSEEN] > ap[AP_DELETE_AFTER_DAYS]
+                or unseen > ap[AP_DELETE_AFTER_DAYS]
             )
             back = max(show, click, abs(hot[h, 2])) < HOT_BACK
             if back and not gone:
-                slab[row, SHOW] = show
-                slab[row, CLICK] = click
-                slab[row, DELTA] = hot[h, 2]
+                slab[row, P_SHOW] = show
+                slab[row, P_CLICK] = click
+                slab[row, P_DELTA] = hot[h, 2]
             if gone or back:
                 free_hot_entry(hot, meta, h)
         else:
-            gone = decay_and_test(slab, row, ap)
+            gone = decay_and_test(slab, row, unseen, ap)
         if gone:
             key = arr_keys[row]
-            xr = np.int64(slab_u32[row, xptr]) - 1
+            xr = pk.xrow_of(slab_u32, row)
             if xr >= 0:
                 free_embedx_row(xslab, xslab_u32, meta, xr)
             ix.remove(arr_slots, arr_keys, meta, key)

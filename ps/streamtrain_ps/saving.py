@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from streamtrain_ps import api, checkpoint, sharding
+from streamtrain_ps import api, checkpoint, partfile, sharding
 from streamtrain_ps.accessor import DELTA
 from streamtrain_ps.dense import DenseState
 from streamtrain_ps.staging import TableEffects
@@ -75,8 +75,8 @@ def write_tables(
                 # present when there are any, so other parts are unchanged.
                 arrays["hot_rows"] = hot.positions
                 arrays["hot_counts"] = hot.counts
-            data = checkpoint.encode_part(header, arrays)
-            path = checkpoint.sparse_path(writer.data_dir, t.name, logical)
+            data = partfile.encode_part(header, arrays)
+            path = partfile.sparse_path(writer.data_dir, t.name, logical)
             files.append(writer.write(path, data, rows=int(keys.size)))
             if with_effects:
                 parts.append((keys, part_rows, delta))
@@ -104,9 +104,9 @@ def write_dense(
         arrays: dict[str, npt.NDArray[Any]] = {"values": st.values, "m": st.m, "v": st.v}
         if st.sums is not None:
             arrays["sums"] = st.sums
-        data = checkpoint.encode_part(header, arrays)
+        data = partfile.encode_part(header, arrays)
         files.append(
-            writer.write(checkpoint.dense_path(writer.data_dir, name), data, rows=st.values.size)
+            writer.write(partfile.dense_path(writer.data_dir, name), data, rows=st.values.size)
         )
     return files
 

@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from streamtrain_ps import api, checkpoint, saving, sharding
+from streamtrain_ps.accessor import SLOT
 from streamtrain_ps.config import PSConfig
 from streamtrain_ps.dense import DenseState, DenseStore
 from streamtrain_ps.disk_store import DiskFullError
@@ -34,10 +35,12 @@ from streamtrain_ps.errors import (
     RequestTooLargeError,
     UnknownTableError,
 )
+from streamtrain_ps.heap import release_scratch_memory
 from streamtrain_ps.kernels import BAD_CLICK, BAD_GRAD, BAD_SHOW, NOT_OWNED, OVERFLOW
 from streamtrain_ps.memory_limit import LOW_WATER, MemoryGovernor, peak_rss_bytes
+from streamtrain_ps.packed import SLOT_CODES
 from streamtrain_ps.staging import Pending, SaveEffects
-from streamtrain_ps.table import HotCounters, Merged, release_scratch_memory
+from streamtrain_ps.table import HotCounters, Merged
 from streamtrain_ps.tiering import DiskOptions, TieredContent, TieredTable
 from streamtrain_ps.validation import require_array
 
@@ -291,6 +294,7 @@ class Shard:
             raise InvalidRequestError("uri", "must be a non-empty fsspec URL")
         tables = self._selected(table)
         start = time.perf_counter()
+        writer: checkpoint.PartWriter | None = None
         try:
             writer = checkpoint.PartWriter(uri, self.shard_index)
             with ExitStack() as stack:
@@ -301,6 +305,7 @@ class Shard:
                 )
                 if mode == api.SaveMode.CHECKPOINT and table is None:
                     files += saving.write_dense(writer, self._dense.snapshot())
+                writer.finish()  # durable before any effect of the save applies
                 staged = SaveEffects(save_id or writer.data_dir, uri, tuple(effects))
                 if stage:
                     self._saves.put(staged.save_id, staged)
@@ -308,8 +313,12 @@ class Shard:
                     for e in staged.tables:
                         e.apply_locked()
         except PSError:
+            if writer is not None:
+                writer.abort()
             raise
         except Exception as exc:  # storage errors of any fsspec backend
+            if writer is not None:
+                writer.abort()
             raise CheckpointError(f"save to {uri} failed: {type(exc).__name__}: {exc}") from exc
         seconds = time.perf_counter() - start
         self._last_save = seconds
@@ -334,24 +343,38 @@ class Shard:
         if not isinstance(uri, str) or not uri:
             raise InvalidRequestError("uri", "must be a non-empty fsspec URL")
         try:
-            payload = checkpoint.load_payload(uri, self.config, self.shard_index, self.num_shards)
+            plan = checkpoint.plan_load(uri, self.config, self.shard_index, self.num_shards)
+            tables = {name: self._build(plan, name) for name in self._tables}
+            dense = plan.dense()
         except PSError:
             raise
         except Exception as exc:  # storage errors of any fsspec backend
             raise CheckpointError(f"load from {uri} failed: {type(exc).__name__}: {exc}") from exc
-        tables = {}
+        keys_total = sum(plan.table_keys(name) for name in self._tables)
+        return PreparedLoad(tables, dense, keys_total)
+
+    def _build(self, plan: checkpoint.LoadPlan, name: str) -> TieredContent:
+        """One table of a load, built beside the current one (which stays until
+        ``install``). Without a memory limit it is built part by part, so the load holds
+        one part of the save at a time; with one, the disk tier orders all keys by
+        coldness first (``TieredTable.build_tiered``)."""
+        uri = plan.manifest.uri
+        t = self._tables[name]
         budget = int((self.config.memoryLimit or 0) * LOW_WATER / max(1, len(self._tables)))
-        for name, tp in payload.tables.items():
+        try:
+            if budget <= 0:
+                parts = plan.table_parts(name)
+                return TieredContent(t.build_parts(plan.table_keys(name), parts), None)
+            tp = plan.table(name)
+            slots = np.unique(np.ascontiguousarray(tp.rows[:, SLOT]).view(np.uint32))
+            if np.count_nonzero(slots) >= SLOT_CODES:  # spilled keys are coded when promoted
+                raise ValueError(f"more than the {SLOT_CODES} distinct slot ids a table holds")
             hot = HotCounters(tp.hot_rows, tp.hot_counts)
-            t = self._tables[name]
-            try:
-                tables[name] = t.build_tiered(tp.keys, tp.rows, tp.tombstones, hot, budget)
-            except ValueError as exc:
-                raise CheckpointError(f"{uri}: table {name!r}: {exc}") from exc
-            except DiskFullError as exc:
-                raise CheckpointError(f"{uri}: table {name!r}: spilling to disk: {exc}") from exc
-        keys_total = sum(int(v[0].size) for v in payload.tables.values())
-        return PreparedLoad(tables, payload.dense, keys_total)
+            return t.build_tiered(tp.keys, tp.rows, tp.tombstones, hot, budget)
+        except ValueError as exc:
+            raise CheckpointError(f"{uri}: table {name!r}: {exc}") from exc
+        except DiskFullError as exc:
+            raise CheckpointError(f"{uri}: table {name!r}: spilling to disk: {exc}") from exc
 
     def prepare_load(self, uri: str, load_id: str | None = None) -> int:
         """First phase of a multi-server load: ``read_save`` and keep the result pending as

@@ -11,7 +11,18 @@ import numpy.typing as npt
 from numba import njit
 
 from streamtrain_ps import index as ix
-from streamtrain_ps.accessor import CLICK, DELTA, SHOW, UNSEEN
+from streamtrain_ps import packed as pk
+from streamtrain_ps.accessor import (
+    CLICK,
+    DELTA,
+    P_CLICK,
+    P_DELTA,
+    P_SHOW,
+    PRIMARY_FROM,
+    SHOW,
+    SLOT,
+    UNSEEN,
+)
 from streamtrain_ps.index import Int
 
 
@@ -19,25 +30,27 @@ from streamtrain_ps.index import Int
 def group_rows(
     arr_slots: npt.NDArray[np.int32],
     arr_keys: npt.NDArray[np.uint64],
-    count: Int,
     logical_shards: Int,
     rows_out: npt.NDArray[np.int64],
     offsets: npt.NDArray[np.int64],
 ) -> None:
-    """Counting sort of live rows by logical shard: rows of shard s are
-    ``rows_out[offsets[s]:offsets[s + 1]]``."""
-    rows = np.empty(count, dtype=np.int64)
-    n = ix.live_rows(arr_slots, rows)
-    shard = np.empty(n, dtype=np.int64)
-    for t in range(n):
-        shard[t] = np.int64(ix.mix64(arr_keys[rows[t]]) % np.uint64(logical_shards))
-        offsets[shard[t] + 1] += 1
+    """Counting sort of live rows (in slot order) by logical shard: rows of shard s are
+    ``rows_out[offsets[s]:offsets[s + 1]]``. Two passes over the index, recomputing each
+    key's shard, so the only memory per key is ``rows_out`` (a save's peak)."""
+    ls = np.uint64(logical_shards)
+    for s in range(arr_slots.size):
+        r = arr_slots[s]
+        if r >= 0:
+            offsets[np.int64(ix.mix64(arr_keys[r]) % ls) + 1] += 1
     for s in range(logical_shards):
         offsets[s + 1] += offsets[s]
     fill = offsets[:-1].copy()
-    for t in range(n):
-        rows_out[fill[shard[t]]] = rows[t]
-        fill[shard[t]] += 1
+    for s in range(arr_slots.size):
+        r = arr_slots[s]
+        if r >= 0:
+            shard = np.int64(ix.mix64(arr_keys[r]) % ls)
+            rows_out[fill[shard]] = r
+            fill[shard] += 1
 
 
 @njit(nogil=True, cache=True)
@@ -47,6 +60,7 @@ def gather(
     slab_u32: npt.NDArray[np.uint32],
     xslab: npt.NDArray[np.float32],
     hot: npt.NDArray[np.float64],
+    slot_ids: npt.NDArray[np.uint32],
     rows: npt.NDArray[np.int64],
     keys_out: npt.NDArray[np.uint64],
     rows_out: npt.NDArray[np.float32],
@@ -55,19 +69,25 @@ def gather(
     xptr: Int,
     xflag: Int,
 ) -> Int:
-    """Keys and *full* rows (the logical layout) of ``rows``: primary columns, then the
-    embedx row, or zeros with the "not admitted" flag (-1 at ``xflag``). Hot keys' counters
-    go into the full row rounded to float32 and exactly into ``hot_out`` (show, click,
-    delta_score) at the positions listed in ``hot_pos``; returns how many."""
+    """Keys and *full* rows (the logical layout) of ``rows``: slot id and unseen_days from
+    the packed word, the primary columns, then the embedx row, or zeros with the "not
+    admitted" flag (-1 at ``xflag``). Hot keys' counters go into the full row rounded to
+    float32 and exactly into ``hot_out`` (show, click, delta_score) at the positions listed
+    in ``hot_pos``; returns how many."""
     width = rows_out.shape[1]
+    xslab_u32 = xslab.view(np.uint32)
+    out_u32 = rows_out.view(np.uint32)
     nh = 0
     for t in range(rows.size):
         r = rows[t]
         keys_out[t] = arr_keys[r]
-        for j in range(xptr):
-            rows_out[t, j] = slab[r, j]
-        if slab[r, SHOW] < 0.0:
-            h = slab_u32[r, CLICK]
+        p = pk.word_of(slab_u32, xslab_u32, r)
+        out_u32[t, SLOT] = slot_ids[pk.code_of(p)]
+        rows_out[t, UNSEEN] = pk.unseen_of(p)
+        for j in range(PRIMARY_FROM, xptr):
+            rows_out[t, j] = slab[r, j - PRIMARY_FROM]
+        if slab[r, P_SHOW] < 0.0:
+            h = slab_u32[r, P_CLICK]
             for j in range(3):
                 hot_out[nh, j] = hot[h, j]
             rows_out[t, SHOW] = hot[h, 0]
@@ -75,7 +95,7 @@ def gather(
             rows_out[t, DELTA] = hot[h, 2]
             hot_pos[nh] = t
             nh += 1
-        xr = np.int64(slab_u32[r, xptr]) - 1
+        xr = pk.xrow_of(slab_u32, r)
         if xr >= 0:
             for j in range(xptr, width):
                 rows_out[t, j] = xslab[xr, j - xptr]
@@ -90,6 +110,7 @@ def gather(
 def after_save(
     slab: npt.NDArray[np.float32],
     slab_u32: npt.NDArray[np.uint32],
+    xslab_u32: npt.NDArray[np.uint32],
     hot: npt.NDArray[np.float64],
     rows: npt.NDArray[np.int64],
     saved_delta: npt.NDArray[np.floating],
@@ -100,42 +121,50 @@ def after_save(
     key's exact delta is in its side-table entry (``saved_delta`` is float64 then)."""
     for t in range(rows.size):
         r = rows[t]
-        if unseen_inc:
-            slab[r, UNSEEN] += 1.0
-        elif slab[r, SHOW] < 0.0:
-            hot[slab_u32[r, CLICK], 2] -= np.float64(saved_delta[t])
+        if unseen_inc:  # saturates at packed.UNSEEN_MAX
+            p = pk.word_of(slab_u32, xslab_u32, r)
+            unseen = np.int64(pk.unseen_of(p)) + 1
+            pk.set_word(slab_u32, xslab_u32, r, pk.pack(pk.code_of(p), unseen))
+        elif slab[r, P_SHOW] < 0.0:
+            hot[slab_u32[r, P_CLICK], 2] -= np.float64(saved_delta[t])
         else:
-            slab[r, DELTA] -= np.float32(saved_delta[t])
+            slab[r, P_DELTA] -= np.float32(saved_delta[t])
 
 
 @njit(nogil=True, cache=True, inline="always")
 def _passes(
     slab: npt.NDArray[np.float32],
     slab_u32: npt.NDArray[np.uint32],
+    xslab_u32: npt.NDArray[np.uint32],
     hot: npt.NDArray[np.float64],
     r: Int,
     sp: npt.NDArray[np.float64],
     with_delta: bool,
 ) -> bool:
     """``accessor.save_filter`` for primary row ``r``; hot keys use their exact counters.
-    ``sp`` = (nonclkCoeff, clickCoeff, baseThreshold, deltaKeepDays, deltaThreshold)."""
-    if slab[r, SHOW] < 0.0:
-        h = slab_u32[r, CLICK]
+    ``sp`` = (nonclkCoeff, clickCoeff, baseThreshold, deltaKeepDays, deltaThreshold).
+    unseen_days is tested last: an admitted key's lives in its embedx row (a random read)."""
+    if slab[r, P_SHOW] < 0.0:
+        h = slab_u32[r, P_CLICK]
         show = hot[h, 0]
         click = hot[h, 1]
         delta = hot[h, 2]
     else:
-        show = np.float64(slab[r, SHOW])
-        click = np.float64(slab[r, CLICK])
-        delta = np.float64(slab[r, DELTA])
-    ok = (show - click) * sp[0] + click * sp[1] >= sp[2] and slab[r, UNSEEN] <= sp[3]
-    return ok and (delta >= sp[4] or not with_delta)
+        show = np.float64(slab[r, P_SHOW])
+        click = np.float64(slab[r, P_CLICK])
+        delta = np.float64(slab[r, P_DELTA])
+    if not (show - click) * sp[0] + click * sp[1] >= sp[2]:
+        return False
+    if with_delta and not delta >= sp[4]:
+        return False
+    return pk.unseen_of(pk.word_of(slab_u32, xslab_u32, r)) <= sp[3]
 
 
 @njit(nogil=True, cache=True)
 def save_keep(
     slab: npt.NDArray[np.float32],
     slab_u32: npt.NDArray[np.uint32],
+    xslab_u32: npt.NDArray[np.uint32],
     hot: npt.NDArray[np.float64],
     rows: npt.NDArray[np.int64],
     sp: npt.NDArray[np.float64],
@@ -145,7 +174,7 @@ def save_keep(
     """The save filter (``_passes``) of each of ``rows``, tested just before the copy."""
     n = 0
     for t in range(rows.size):
-        keep[t] = _passes(slab, slab_u32, hot, rows[t], sp, with_delta)
+        keep[t] = _passes(slab, slab_u32, xslab_u32, hot, rows[t], sp, with_delta)
         n += keep[t]
     return n
 
@@ -156,6 +185,7 @@ def select_rows(
     arr_keys: npt.NDArray[np.uint64],
     slab: npt.NDArray[np.float32],
     slab_u32: npt.NDArray[np.uint32],
+    xslab_u32: npt.NDArray[np.uint32],
     hot: npt.NDArray[np.float64],
     high: Int,
     sp: npt.NDArray[np.float64],
@@ -168,7 +198,7 @@ def select_rows(
     its key to it (free rows hold a free-list link in ``keys``). Returns how many."""
     n = 0
     for r in range(high):
-        live = _passes(slab, slab_u32, hot, r, sp, with_delta)
+        live = _passes(slab, slab_u32, xslab_u32, hot, r, sp, with_delta)
         if live and ix.find(arr_slots, arr_keys, arr_keys[r]) == r:
             out[n] = r
             n += 1

@@ -24,9 +24,7 @@ Consistency (``TableLock``):
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Executor
 from functools import partial
 from typing import Any, NamedTuple, cast
@@ -36,14 +34,24 @@ import numpy.typing as npt
 
 from streamtrain_ps import index as ix
 from streamtrain_ps import kernels as kn
+from streamtrain_ps import packed as pk
 from streamtrain_ps import snapshot as sn
 from streamtrain_ps.accessor import RowLayout, accessor_params
 from streamtrain_ps.api import SaveMode
 from streamtrain_ps.config import TableConfig
-from streamtrain_ps.kernels import ADMISSIONS, EVICTIONS, EXPANDED
+from streamtrain_ps.errors import InvalidRequestError
+from streamtrain_ps.kernels import ADMISSIONS, EVICTIONS, EXPANDED, SLOTS_USED
 from streamtrain_ps.optim import table_params
 from streamtrain_ps.sharding import logical_shard
-from streamtrain_ps.slabs import Arrays, HotCounters, TableContent, build_content, empty_arrays
+from streamtrain_ps.slabs import (
+    Arrays,
+    HotCounters,
+    Part,
+    TableContent,
+    build_content,
+    build_from_parts,
+    empty_arrays,
+)
 from streamtrain_ps.table_lock import TableLock
 
 #: Pulls and pushes of at least this many keys are split over two threads.
@@ -99,12 +107,11 @@ class SparseTable:
 
     def pull(self, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]:
         out = np.empty((keys.size, self.layout.pull_dim), dtype=np.float32)
-        xp = self.layout.xptr
         with self.lock.read():
             while True:  # again if a hot key moved into a side table grown after we looked
                 a = self._arrays
                 args = (a.slots, a.keys, a.slab, a.slab_u32, a.xslab, a.hot)
-                if not self._split(keys.size, partial(_pull, args, keys, out, xp)):
+                if not self._split(keys.size, partial(_pull, args, keys, out)):
                     break
         return out
 
@@ -153,6 +160,8 @@ class SparseTable:
         todo = np.empty(chunk, dtype=np.uint8)
         with self.lock.write():
             self._before_push(parts)
+            if has_slots:
+                parts = [p._replace(slots=self._slot_codes(p.slots[: int(p.n)])) for p in parts]
             a = self._reserve(self._new_keys(parts, total))
             for p in parts:
                 n = int(p.n)
@@ -198,6 +207,21 @@ class SparseTable:
                         )
                         self._meta[EXPANDED] += admitted
                         self._meta[ADMISSIONS] += admitted
+
+    def _slot_codes(self, slots: npt.NDArray[np.uint32]) -> npt.NDArray[np.uint32]:
+        """The slot dictionary's codes of ``slots`` (``packed``); writer lock held. Raises
+        ``InvalidRequestError`` before anything of the push is applied when the table
+        would need more than ``packed.SLOT_CODES`` distinct slot ids."""
+        a = self._arrays
+        codes = np.empty(slots.size, dtype=np.uint32)
+        full = int(pk.slot_codes(a.slot_map, a.slot_ids, self._meta, SLOTS_USED, slots, codes))
+        if full >= 0:
+            raise InvalidRequestError(
+                "slots",
+                f"slot id {int(slots[full])}: table {self.name!r} already holds "
+                f"{pk.SLOT_CODES} distinct slot ids, the most a table can hold",
+            )
+        return codes
 
     def _before_push(self, parts: list[Merged]) -> None:
         """Hook run under the writer lock before a push resolves its keys (the disk tier
@@ -288,7 +312,6 @@ class SparseTable:
                 a.xslab_u32,
                 a.hot,
                 self._ap,
-                self.layout.xptr,
                 deleted,
             )
         )
@@ -311,10 +334,11 @@ class SparseTable:
             rows = np.empty(count, dtype=np.int64)  # pages never written stay unmapped
             offsets = np.zeros(logical_shards + 1, dtype=np.int64)
             if mode in (SaveMode.CHECKPOINT, SaveMode.BATCH):
-                sn.group_rows(a.slots, a.keys, count, logical_shards, rows, offsets)
+                sn.group_rows(a.slots, a.keys, logical_shards, rows, offsets)
                 return rows, offsets
             high = int(self._meta[ix.NEXT_ROW])
-            args = (a.slots, a.keys, a.slab, a.slab_u32, a.hot, high, self._save_params())
+            sp = self._save_params()
+            args = (a.slots, a.keys, a.slab, a.slab_u32, a.xslab_u32, a.hot, high, sp)
             n = int(sn.select_rows(*args, mode == SaveMode.DELTA, rows))
             rows = rows[:n].copy()
             shard = logical_shard(a.keys[rows], logical_shards)
@@ -353,7 +377,19 @@ class SparseTable:
         nhot = int(self._meta[kn.HOT_NEXT] - self._meta[kn.HOT_FREE_LEN])
         pos = np.empty(min(nhot, rows.size), dtype=np.int64)
         counts = np.empty((pos.size, 3), dtype=np.float64)
-        args = (a.keys, a.slab, a.slab_u32, a.xslab, a.hot, rows, keys, values, pos, counts)
+        args = (
+            a.keys,
+            a.slab,
+            a.slab_u32,
+            a.xslab,
+            a.hot,
+            a.slot_ids,
+            rows,
+            keys,
+            values,
+            pos,
+            counts,
+        )
         nh = int(sn.gather(*args, lay.xptr, lay.xflag))
         return keys, values, HotCounters(pos[:nh], counts[:nh])
 
@@ -369,7 +405,8 @@ class SparseTable:
         keep = np.empty(rows.size, dtype=np.bool_)
         with self.lock.write():
             a = self._arrays
-            sn.save_keep(a.slab, a.slab_u32, a.hot, rows, sp, mode == SaveMode.DELTA, keep)
+            delta = mode == SaveMode.DELTA
+            sn.save_keep(a.slab, a.slab_u32, a.xslab_u32, a.hot, rows, sp, delta, keep)
             kept = rows[keep]
             return (kept, *self._gather(kept))
 
@@ -379,7 +416,7 @@ class SparseTable:
         """Commit a save: ``delta_score -= saved_delta`` per row, or ``unseen_days += 1``."""
         with self.lock.write():
             a = self._arrays
-            sn.after_save(a.slab, a.slab_u32, a.hot, rows, saved_delta, unseen_inc)
+            sn.after_save(a.slab, a.slab_u32, a.xslab_u32, a.hot, rows, saved_delta, unseen_inc)
 
     def tombstones(self) -> npt.NDArray[np.uint64]:
         """Keys deleted since tombstones were last cleared (unique, sorted)."""
@@ -411,6 +448,11 @@ class SparseTable:
         Raises ``ValueError`` naming a key listed twice.
         """
         return build_content(self.layout, keys, rows, tombstones, hot)
+
+    def build_parts(self, total: int, parts: Iterable[Part]) -> TableContent:
+        """``build`` from ``total`` keys arriving in ``parts``, each dropped once copied
+        (a load's peak memory is the new table plus one part, not plus the whole save)."""
+        return build_from_parts(self.layout, total, parts)
 
     def install(self, content: TableContent) -> None:
         """Swap in a content from ``build`` (waits for readers; counters carry over)."""
@@ -463,33 +505,18 @@ def _pull(
     arrays: tuple[Any, ...],
     keys: npt.NDArray[np.uint64],
     out: npt.NDArray[np.float32],
-    xptr: int,
     lo: int,
     hi: int,
 ) -> int:
     """``kernels.pull_kernel`` over ``lo:hi``; returns the stale keys (see there)."""
     kernel: Any = kn.pull_kernel  # numba's Dispatcher stub does not model *args
-    return int(kernel(*arrays, keys[lo:hi], out[lo:hi], xptr))
+    return int(kernel(*arrays, keys[lo:hi], out[lo:hi]))
 
 
 def _update(head: tuple[Any, ...], tail: tuple[Any, ...], lo: int, hi: int) -> int:
     """``kernels.update_rows`` over ``lo:hi`` (the arguments around the range bound once)."""
     kernel: Any = kn.update_rows  # numba's Dispatcher stub does not model *args
     return int(kernel(*head, lo, hi, *tail))
-
-
-def release_scratch_memory() -> None:
-    """Give freed heap pages back to the OS (glibc ``malloc_trim``; a no-op elsewhere).
-
-    A bulk push of a million keys allocates ~100 MB of short-lived scratch (the merge of
-    duplicates); glibc keeps much of it mapped after ``free``, where it would count as
-    resident memory of the table until reused. Called after such pushes only.
-    """
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.malloc_trim(0)
-    except (OSError, AttributeError):
-        return
 
 
 def table_seed(seed: int, name: str) -> np.uint64:

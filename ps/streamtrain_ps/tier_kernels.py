@@ -17,13 +17,15 @@ import numpy.typing as npt
 from numba import njit
 
 from streamtrain_ps import index as ix
-from streamtrain_ps.accessor import CLICK, DELTA, SHOW, UNSEEN, score
+from streamtrain_ps import packed as pk
+from streamtrain_ps.accessor import P_CLICK, P_DELTA, P_SHOW, PRIMARY_FROM, SLOT, UNSEEN, score
 from streamtrain_ps.index import Int
 from streamtrain_ps.kernels import (
     EXPANDED,
     HOT_FREE_HEAD,
     HOT_FREE_LEN,
     HOT_NEXT,
+    SLOTS_USED,
     X_FREE_HEAD,
     X_FREE_LEN,
     X_NEXT,
@@ -37,6 +39,7 @@ def coldness(
     arr_slots: npt.NDArray[np.int32],
     slab: npt.NDArray[np.float32],
     slab_u32: npt.NDArray[np.uint32],
+    xslab_u32: npt.NDArray[np.uint32],
     hot: npt.NDArray[np.float64],
     count: Int,
     ap: npt.NDArray[np.float64],
@@ -48,12 +51,12 @@ def coldness(
     n = ix.live_rows(arr_slots, rows)
     for t in range(n):
         r = rows[t]
-        if slab[r, SHOW] < 0.0:
-            h = slab_u32[r, CLICK]
+        if slab[r, P_SHOW] < 0.0:
+            h = slab_u32[r, P_CLICK]
             scores[t] = score(hot[h, 0], hot[h, 1], ap)
         else:
-            scores[t] = score(np.float64(slab[r, SHOW]), np.float64(slab[r, CLICK]), ap)
-        unseen[t] = slab[r, UNSEEN]
+            scores[t] = score(np.float64(slab[r, P_SHOW]), np.float64(slab[r, P_CLICK]), ap)
+        unseen[t] = pk.unseen_of(pk.word_of(slab_u32, xslab_u32, r))
     return n
 
 
@@ -67,16 +70,15 @@ def release_rows(
     xslab: npt.NDArray[np.float32],
     xslab_u32: npt.NDArray[np.uint32],
     hot: npt.NDArray[np.float64],
-    xptr: Int,
     rows: npt.NDArray[np.int64],
 ) -> None:
     """Remove the keys of live ``rows`` from RAM, freeing their embedx rows and side-table
     entries (the caller copied them first, ``snapshot.gather``)."""
     for t in range(rows.size):
         r = rows[t]
-        if slab[r, SHOW] < 0.0:
-            free_hot_entry(hot, meta, np.int64(slab_u32[r, CLICK]))
-        xr = np.int64(slab_u32[r, xptr]) - 1
+        if slab[r, P_SHOW] < 0.0:
+            free_hot_entry(hot, meta, np.int64(slab_u32[r, P_CLICK]))
+        xr = pk.xrow_of(slab_u32, r)
         if xr >= 0:
             free_embedx_row(xslab, xslab_u32, meta, xr)
         ix.remove(arr_slots, arr_keys, meta, arr_keys[r])
@@ -90,6 +92,8 @@ def place_rows(
     xslab: npt.NDArray[np.float32],
     xslab_u32: npt.NDArray[np.uint32],
     hot: npt.NDArray[np.float64],
+    slot_map: npt.NDArray[np.int32],
+    slot_ids: npt.NDArray[np.uint32],
     meta: npt.NDArray[np.int64],
     rows: npt.NDArray[np.int64],
     full: npt.NDArray[np.float32],
@@ -99,14 +103,19 @@ def place_rows(
     xflag: Int,
 ) -> None:
     """Write full rows into fresh primary ``rows`` (keys just inserted; room reserved):
-    primary columns, an embedx row for admitted keys (a freed one first), a side-table
-    entry for hot keys. The embedx pointer is written last (readers see before/after)."""
+    primary columns and packed word, an embedx row for admitted keys (a freed one first), a
+    side-table entry for hot keys. The embedx pointer is written last (readers see
+    before/after). The table's slot ids fit its dictionary (pushes and loads check), so
+    every slot id gets a code."""
     hot_i64 = hot.view(np.int64)
     width = full.shape[1]
+    full_u32 = full.view(np.uint32)
     for t in range(rows.size):
         r = rows[t]
-        for j in range(xptr):
-            slab[r, j] = full[t, j]
+        for j in range(PRIMARY_FROM, xptr):
+            slab[r, j - PRIMARY_FROM] = full[t, j]
+        code = pk.slot_code(slot_map, slot_ids, meta, SLOTS_USED, full_u32[t, SLOT])
+        slab_u32[r, slab_u32.shape[1] - 1] = pk.pack(max(code, 0), np.int64(full[t, UNSEEN]))
         if full[t, xflag] >= 0.0:
             if meta[X_FREE_LEN] > 0:
                 xr = meta[X_FREE_HEAD]
@@ -118,7 +127,7 @@ def place_rows(
             for j in range(xptr, width):
                 xslab[xr, j - xptr] = full[t, j]
             meta[EXPANDED] += 1
-            slab_u32[r, xptr] = np.uint32(xr + 1)
+            pk.admit(slab_u32, xslab_u32, r, xr)
     for i in range(hot_pos.size):
         r = rows[hot_pos[i]]
         if meta[HOT_FREE_LEN] > 0:
@@ -130,6 +139,6 @@ def place_rows(
             meta[HOT_NEXT] += 1
         for j in range(3):
             hot[h, j] = hot_counts[i, j]
-        slab[r, DELTA] = 0.0
-        slab_u32[r, CLICK] = np.uint32(h)
-        slab[r, SHOW] = -1.0
+        slab[r, P_DELTA] = 0.0
+        slab_u32[r, P_CLICK] = np.uint32(h)
+        slab[r, P_SHOW] = -1.0

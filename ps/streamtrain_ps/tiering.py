@@ -229,6 +229,8 @@ class TieredTable(SparseTable):
             a.xslab,
             a.xslab_u32,
             a.hot,
+            a.slot_map,
+            a.slot_ids,
             self._meta,
             rows,
             full,
@@ -276,7 +278,6 @@ class TieredTable(SparseTable):
                 a.xslab,
                 a.xslab_u32,
                 a.hot,
-                self.layout.xptr,
                 rows,
             )
             if evict:
@@ -294,9 +295,9 @@ class TieredTable(SparseTable):
         rows = np.empty(count, dtype=np.int64)
         scores = np.empty(count, dtype=np.float64)
         unseen = np.empty(count, dtype=np.float32)
-        m = int(
-            tk.coldness(a.slots, a.slab, a.slab_u32, a.hot, count, self._ap, rows, scores, unseen)
-        )
+        kernel: Any = tk.coldness  # numba's Dispatcher stub does not model *args
+        slabs = (a.slots, a.slab, a.slab_u32, a.xslab_u32, a.hot)
+        m = int(kernel(*slabs, count, self._ap, rows, scores, unseen))
         if n < m:
             cut = np.argpartition(scores[:m], n - 1)[:n]
             rows, scores, unseen = rows[cut], scores[cut], unseen[cut]
@@ -330,7 +331,7 @@ class TieredTable(SparseTable):
         a, meta = scratch.arrays, scratch.meta
         deleted = np.empty(keys.size, dtype=np.uint64)
         args = (a.slots, a.keys, meta, a.slab, a.slab_u32, a.xslab, a.xslab_u32, a.hot)
-        nd = int(kn.shrink_kernel(*args, self._ap, self.layout.xptr, deleted))
+        nd = int(kn.shrink_kernel(*args, self._ap, deleted))
         self._meta[EVICTIONS] += nd
         gone = deleted[:nd].copy()
         store.delete(gone)
@@ -397,7 +398,9 @@ class TieredTable(SparseTable):
             cur = np.empty(keys.size, dtype=np.int64)
             ix.lookup_many(a.slots, a.keys, keys, cur)
             ram = cur >= 0
-            sn.after_save(a.slab, a.slab_u32, a.hot, cur[ram], saved_delta[ram], unseen_inc)
+            sn.after_save(
+                a.slab, a.slab_u32, a.xslab_u32, a.hot, cur[ram], saved_delta[ram], unseen_inc
+            )
             if self._disk is None or ram.all():
                 return
             found, full, hot = self._disk.get(keys[~ram])
@@ -408,7 +411,7 @@ class TieredTable(SparseTable):
             s = scratch.arrays
             at = np.arange(dk.size, dtype=np.int64)  # a fresh build puts key i at row i
             delta = saved_delta[~ram][found]
-            sn.after_save(s.slab, s.slab_u32, s.hot, at, delta, unseen_inc)
+            sn.after_save(s.slab, s.slab_u32, s.xslab_u32, s.hot, at, delta, unseen_inc)
             self._disk.replace(*_gather_content(self, s, at))
 
     # -- load -------------------------------------------------------------------------------
@@ -501,7 +504,7 @@ def _gather_content(
     full = np.empty((rows.size, lay.width), dtype=np.float32)
     pos = np.empty(rows.size, dtype=np.int64)
     counts = np.empty((rows.size, 3), dtype=np.float64)
-    args: Any = (a.keys, a.slab, a.slab_u32, a.xslab, a.hot, rows, keys, full, pos, counts)
+    args: Any = (a.keys, a.slab, a.slab_u32, a.xslab, a.hot, a.slot_ids, rows, keys, full)
     kernel: Any = sn.gather  # numba's Dispatcher stub does not model *args
-    nh = int(kernel(*args, lay.xptr, lay.xflag))
+    nh = int(kernel(*args, pos, counts, lay.xptr, lay.xflag))
     return keys, full, HotCounters(pos[:nh], counts[:nh])

@@ -11,12 +11,13 @@ import fsspec
 import numpy as np
 import pytest
 
-from streamtrain_ps import checkpoint
+from streamtrain_ps import checkpoint, partfile
 from streamtrain_ps.accessor import DELTA
 from streamtrain_ps.api import SaveMode
 from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
 from streamtrain_ps.errors import CheckpointError
 from streamtrain_ps.local import LocalPS
+from streamtrain_ps.packed import SLOT_CODES
 from streamtrain_ps.shard import Shard
 
 D = 3
@@ -263,11 +264,11 @@ def test_base_model_warm_start_and_reading_helpers(tmp_path: Path) -> None:
 
 def test_part_codec_rejects_garbage() -> None:
     with pytest.raises(CheckpointError):
-        checkpoint.decode_part(b"nonsense", "x")
-    good = checkpoint.encode_part({"mode": 0}, {"keys": np.arange(3, dtype=np.uint64)})
+        partfile.decode_part(b"nonsense", "x")
+    good = partfile.encode_part({"mode": 0}, {"keys": np.arange(3, dtype=np.uint64)})
     with pytest.raises(CheckpointError):
-        checkpoint.decode_part(good[:-4], "x")
-    header, arrays = checkpoint.decode_part(good, "x")
+        partfile.decode_part(good[:-4], "x")
+    header, arrays = partfile.decode_part(good, "x")
     assert header["mode"] == 0 and arrays["keys"].tolist() == [0, 1, 2]
 
 
@@ -315,11 +316,11 @@ def test_a_part_listing_a_key_twice_is_refused_before_anything_changes(tmp_path:
     ps.save(str(uri), SaveMode.CHECKPOINT)
     manifest = json.loads((uri / "MANIFEST.json").read_text())
     entry = next(f for f in manifest["files"] if f["kind"] == "sparse" and f["rows"] > 0)
-    header, arrays = checkpoint.decode_part((uri / entry["path"]).read_bytes(), "part")
+    header, arrays = partfile.decode_part((uri / entry["path"]).read_bytes(), "part")
     header.pop("arrays")
     arrays["keys"] = np.concatenate([arrays["keys"], arrays["keys"][:1]])
     arrays["values"] = np.concatenate([arrays["values"], arrays["values"][:1]])
-    data = checkpoint.encode_part(header, arrays)
+    data = partfile.encode_part(header, arrays)
     (uri / entry["path"]).write_bytes(data)
     entry.update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
     (uri / "MANIFEST.json").write_text(json.dumps(manifest))
@@ -327,3 +328,34 @@ def test_a_part_listing_a_key_twice_is_refused_before_anything_changes(tmp_path:
     with pytest.raises(CheckpointError, match="listed twice"):
         ps.load(str(uri))
     np.testing.assert_array_equal(ps.pull_sparse("embedding", keys), before)
+
+
+@pytest.mark.parametrize("limit", [0, 10**9])
+def test_a_save_with_more_slot_ids_than_a_table_holds_is_refused(
+    tmp_path: Path, limit: int
+) -> None:
+    """Slot ids are coded per table (``packed.SLOT_CODES``); a save that could not be coded
+    is refused naming the table, whether the load builds in RAM or spills to disk."""
+    cfg = _config(memoryLimit=limit, diskPath=str(tmp_path / "disk"))
+    ps = LocalPS(cfg, 1)
+    keys = np.arange(1, SLOT_CODES + 1, dtype=np.uint64)
+    g = np.zeros((keys.size, D + 1), np.float32)
+    ones = np.ones(keys.size, np.float32)
+    ps.push_sparse("embedding", keys, g, ones, ones * 0, keys.astype(np.uint32) % 7)
+    uri = tmp_path / "ck"
+    ps.save(str(uri), SaveMode.CHECKPOINT)
+    manifest = json.loads((uri / "MANIFEST.json").read_text())
+    for entry in manifest["files"]:  # give every key its own slot id: one too many
+        if entry["kind"] != "sparse" or not entry["rows"]:
+            continue
+        header, arrays = partfile.decode_part((uri / entry["path"]).read_bytes(), "part")
+        header.pop("arrays")
+        values = arrays["values"].reshape(entry["rows"], -1)
+        values[:, 0] = arrays["keys"].astype(np.uint32).view(np.float32)
+        arrays["values"] = values
+        data = partfile.encode_part(header, arrays)
+        (uri / entry["path"]).write_bytes(data)
+        entry.update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+    (uri / "MANIFEST.json").write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match=r"table 'embedding'.*distinct slot ids"):
+        LocalPS(cfg, 1).load(str(uri))

@@ -16,6 +16,8 @@ from streamtrain_ps import checkpoint
 from streamtrain_ps.accessor import RowLayout, save_filter
 from streamtrain_ps.api import SaveMode
 from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
+from streamtrain_ps.errors import InvalidRequestError
+from streamtrain_ps.packed import SLOT_CODES, UNSEEN_MAX
 from streamtrain_ps.shard import Shard
 
 D = 8
@@ -41,7 +43,7 @@ def test_unadmitted_keys_cost_no_embedx_memory() -> None:
     n = 20_000
     _push(shard, np.arange(1, n + 1), np.ones(n))
     lay = t.layout
-    assert lay.primary_width == 8, "slot, unseen, delta, show, click, embed_w, G, xptr"
+    assert lay.primary_width == 6, "delta, show, click, embed_w, G, packed slot/unseen/pointer"
     assert t.expanded_keys == 0
     assert t.memory_bytes() == t.slot_capacity * 4 + n * (8 + 4 * lay.primary_width)
     pulled = shard.pull_sparse(T, np.arange(1, n + 1, dtype=np.uint64))
@@ -124,3 +126,61 @@ def test_a_save_selects_exactly_the_rows_the_save_filter_keeps(mode: SaveMode) -
     assert 0 < want.sum() <= rows.size
     np.testing.assert_array_equal(kept, rows[want])
     np.testing.assert_array_equal(full, everything[want])
+
+
+def test_slot_ids_and_unseen_days_round_trip_through_the_packed_word(tmp_path: Path) -> None:
+    """Slot ids are coded per table, unseen_days is a saturating uint16 (``packed``): both
+    come back bit-identical in full rows and checkpoints, admitted or not."""
+    shard = _shard(embedxThreshold=3.0)
+    t = shard.table(T)
+    keys = np.arange(1, 201, dtype=np.uint64)
+    slots = np.array([0, 1, 2**31, 2**32 - 1] * 50, dtype=np.uint32)
+    shows = np.where(keys % 2 == 0, 50.0, 1.0).astype(np.float32)  # every other key admitted
+    z = np.zeros(keys.size, np.float32)
+    shard.push_sparse(T, keys, np.zeros((keys.size, D + 1), np.float32), shows, z, slots)
+    assert t.expanded_keys == 100
+    days = (keys % 5).astype(np.int64)
+    for d in range(1, 5):  # key k ages (k % 5) days
+        at = keys[days >= d]
+        t.after_save(t.rows_of(at), np.zeros(at.size, np.float32), unseen_inc=True)
+    _, full = t.copy_rows(t.rows_of(keys))
+    np.testing.assert_array_equal(full[:, 0].view(np.uint32), slots)
+    np.testing.assert_array_equal(full[:, 1], days.astype(np.float32))
+    uri = str(tmp_path / "ck")
+    checkpoint.publish(uri, [shard.save(uri, SaveMode.CHECKPOINT)], config=shard.config)
+    dst = _shard(embedxThreshold=3.0)
+    dst.load(uri)
+    _, back = dst.table(T).copy_rows(dst.table(T).rows_of(keys))
+    np.testing.assert_array_equal(back.view(np.uint32), full.view(np.uint32))
+
+
+def test_unseen_days_saturate_at_the_packed_maximum() -> None:
+    shard = _shard()
+    t = shard.table(T)
+    keys = np.arange(1, 4, dtype=np.uint64)
+    _push(shard, keys, np.ones(3))
+    full = t.copy_rows(t.rows_of(keys))[1]
+    full[:, 1] = [UNSEEN_MAX - 1, UNSEEN_MAX, 1e9]
+    t.install(t.build(keys, full, np.empty(0, np.uint64)))
+    t.after_save(t.rows_of(keys), np.zeros(3, np.float32), unseen_inc=True)
+    np.testing.assert_array_equal(t.copy_rows(t.rows_of(keys))[1][:, 1], [UNSEEN_MAX] * 3)
+    full[0, 1] = 2.5
+    with pytest.raises(ValueError, match=r"row 0: unseen_days 2.5 is not a whole number"):
+        t.build(keys, full, np.empty(0, np.uint64))
+
+
+def test_a_push_past_the_slot_dictionary_changes_nothing() -> None:
+    shard = _shard()
+    t = shard.table(T)
+    n = SLOT_CODES  # slot id 0 has code 0: ids 1..SLOT_CODES - 1 fit, one more does not
+    keys = np.arange(1, n + 1, dtype=np.uint64)
+    slots = np.arange(1, n + 1, dtype=np.uint32)
+    g = np.zeros((n, D + 1), np.float32)
+    ones = np.ones(n, np.float32)
+    shard.push_sparse(T, keys[:-1], g[:-1], ones[:-1], ones[:-1] * 0, slots[:-1])
+    before = t.copy_rows(t.rows_of(keys[:-1]))[1]
+    with pytest.raises(InvalidRequestError, match=f"slots: slot id {n}: table 'embedding'"):
+        shard.push_sparse(T, keys, g, ones, ones * 0, slots)
+    assert len(t) == n - 1
+    np.testing.assert_array_equal(t.copy_rows(t.rows_of(keys[:-1]))[1], before)
+    shard.push_sparse(T, keys[:2], g[:2], ones[:2], ones[:2] * 0, slots[:2])  # known ids: fine

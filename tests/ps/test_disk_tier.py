@@ -84,7 +84,7 @@ def save(shard: Shard, uri: str, mode: SaveMode) -> None:
 @pytest.mark.parametrize("kind", ["adagrad", "adam"])
 def test_a_capped_shard_is_bit_identical_to_an_unlimited_one(tmp_path: Path, kind: str) -> None:
     ref = Shard(config(kind=kind))
-    capped = Shard(config(tmp_path / "disk", limit=120_000, kind=kind))
+    capped = Shard(config(tmp_path / "disk", limit=90_000, kind=kind))
     rng = np.random.default_rng(7)
     for day in range(3):
         for _ in range(25):

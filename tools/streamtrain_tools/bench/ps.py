@@ -35,10 +35,10 @@ import numpy as np
 import numpy.typing as npt
 
 from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
+from streamtrain_ps.heap import release_scratch_memory
 from streamtrain_ps.launch import shard_process
 from streamtrain_ps.remote import RemotePS
 from streamtrain_ps.shard import Shard
-from streamtrain_ps.table import release_scratch_memory
 
 TABLE = "embedding"
 GROW_CHUNK = 1_000_000
