@@ -130,6 +130,9 @@ class Observer:
     on_action: Callable[[Action, Progress], None] | None = None
     on_progress: Callable[[Progress], None] | None = None
     on_restart: Callable[[str], None] | None = None
+    #: ``(phase, seconds)`` for the parts of a step (``export.PHASES``, ``state``, ``prune``,
+    #: ``assign``): where a pass transition's time goes (``make bench-e2e``).
+    on_phase: Callable[[str, float], None] | None = None
 
 
 class Driver:
@@ -221,8 +224,10 @@ class Driver:
                     self.machine.restore(lost[1], self.clock(), cause=lost[0])
                     self._save()
                     continue
+            # "X done" is saved by the top of the loop together with "about to do Y": nothing
+            # but the pure ``next_action`` runs in between, so a second write (two fsyncs, or
+            # a status patch) would only repeat it.
             self.machine.handle(event, self.clock())
-            self._save()
 
     def _restarts(self) -> tuple[int, int]:
         if self.restart_watch is None:
@@ -243,8 +248,14 @@ class Driver:
             return "PSRestarted", self.restart_watch.last_ps_restart or "a PS shard restarted"
         return None
 
+    def _timed(self, phase: str, started: float) -> None:
+        if self.observer.on_phase is not None:
+            self.observer.on_phase(phase, time.perf_counter() - started)
+
     def _save(self) -> None:
+        started = time.perf_counter()
         self.store.save(self.machine.progress)
+        self._timed("state", started)
         if self.observer.on_progress is not None:
             self.observer.on_progress(self.machine.progress)
 
@@ -324,8 +335,10 @@ class Driver:
         if self._results_key != action.key or action.attempt == 1:
             self._results, self._results_key = {}, action.key
             self._pass_started = self.clock()
+        started = time.perf_counter()
         try:
             assignment, files = await asyncio.to_thread(self._assignment, action)
+            self._timed("assign", started)
         except passfiles.DataChangedError as exc:
             return Failed("DataChanged", str(exc))
         except OSError as exc:  # nothing was dispatched: a retry of every share is safe
@@ -388,13 +401,17 @@ class Driver:
         if key.kind == StepKind.CHECKPOINT:
 
             async def checkpoint() -> Event:
+                started = time.perf_counter()
                 await asyncio.to_thread(self.ps.save, action.uri, mode)
+                self._timed("checkpoint_save", started)
+                started = time.perf_counter()
                 await asyncio.to_thread(
                     retention.prune_checkpoints,
                     self.plan.checkpoint_root,
                     action.uri,
                     self.spec.checkpoint.keep,
                 )
+                self._timed("prune", started)
                 return Done()
 
             return await self._guard("CheckpointFailed", checkpoint)
@@ -437,6 +454,7 @@ class Driver:
                     model=self.spec.model.type,
                 ),
                 hook=self.step_hook,
+                on_phase=self.observer.on_phase,
             )
         except Exception as exc:
             log.exception("export %s", target.uri)

@@ -40,6 +40,8 @@ from streamtrain_worker.model_folder import (
 
 T = TypeVar("T")
 Sleep = Callable[[float], Awaitable[None]]
+#: The timed parts of a publication (``publish_model``'s ``on_phase``), retries included.
+PHASES = ("sparse", "dense", "manifest", "donefile")
 
 
 class ExportError(RuntimeError):
@@ -134,6 +136,7 @@ async def publish_model(
     clock: Callable[[], float] = time.time,
     serving: Serving | None = None,
     hook: StepHook = NO_HOOK,
+    on_phase: Callable[[str, float], None] | None = None,
 ) -> DoneLine:
     """Write the parts, ``MODEL.json`` and the donefile line (idempotent per target).
 
@@ -141,8 +144,10 @@ async def publish_model(
     ``uri``); ``export_dense(uri)`` is a worker's ``ExportDense``. ``serving`` goes into
     ``MODEL.json`` (the data config, table and metric buckets the predictor needs).
     ``hook`` is offered the ``parts`` point between the sparse parts and the rest
-    (``hooks.PARTS``: a half-written model); the default never holds.
+    (``hooks.PARTS``: a half-written model); the default never holds. ``on_phase`` is told
+    how long each of ``PHASES`` took (benchmarks break a pass transition down with it).
     """
+    timed = _Timer(on_phase)
     existing = published(target.root, target.key)
     if existing is not None:
         return existing
@@ -166,8 +171,11 @@ async def publish_model(
         return await export_dense(dense_uri)
 
     sparse = await with_retries(f"{sparse_uri}: sparse save", fresh_sparse, policy, sleep)
+    timed("sparse")
     await hook.hold(PARTS, StepKey(target.day, target.pass_index, StepKind(target.kind)))
+    timed.restart()
     await with_retries(f"{dense_uri}: dense export", fresh_dense, policy, sleep)
+    timed("dense")
 
     async def write_manifest() -> None:
         files = [ModelFile(f"sparse/{f.path}", f.size, f.sha256, f.rows) for f in sparse.files]
@@ -191,6 +199,7 @@ async def publish_model(
         _atomic_write(fs, f"{model_dir}/{MODEL_MANIFEST}", manifest.render())
 
     await with_retries(f"{target.uri}: {MODEL_MANIFEST}", write_manifest, policy, sleep)
+    timed("manifest")
     line = DoneLine(target.key, target.kind, target.day, target.pass_index, target.base, clock())
 
     async def append_line() -> None:
@@ -202,7 +211,25 @@ async def publish_model(
             _atomic_write(rfs, path, new.encode())
 
     await with_retries(f"{target.root}/{DONEFILE}", append_line, policy, sleep)
+    timed("donefile")
     return line
+
+
+class _Timer:
+    """Reports the seconds since the last report (or ``restart``) under a phase name."""
+
+    def __init__(self, report: Callable[[str, float], None] | None) -> None:
+        self.report = report
+        self.started = time.perf_counter()
+
+    def restart(self) -> None:
+        self.started = time.perf_counter()
+
+    def __call__(self, phase: str) -> None:
+        now = time.perf_counter()
+        if self.report is not None:
+            self.report(phase, now - self.started)
+        self.started = now
 
 
 def _remove(fs: fsspec.AbstractFileSystem, path: str) -> None:
