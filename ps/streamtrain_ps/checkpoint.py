@@ -25,9 +25,11 @@ import json
 import os
 import re
 import struct
+import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -161,18 +163,49 @@ def _write(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
 
 
 class PartWriter:
-    """Writes the files of one shard's save into a fresh data directory under ``uri``."""
+    """Writes the files of one shard's save into a fresh data directory under ``uri``.
 
-    def __init__(self, uri: str, shard_index: int) -> None:
+    A save writes one part per logical shard (64 by default), each durably: on a local disk
+    that is an fsync per part, ~3 ms each — most of a small delta save, paid every pass.
+    The writes therefore run on ``threads`` threads (an fsync releases the GIL, and the disk
+    overlaps them: 64 parts took 75-115 ms one after another, 33 ms on 8 threads), at most
+    ``2 * threads`` encoded parts waiting, so a large save's memory stays bounded. Use it
+    as a context manager: leaving the block waits for every write and raises the first
+    error, so nothing is reported saved before it is on storage.
+    """
+
+    def __init__(self, uri: str, shard_index: int, threads: int = 8) -> None:
         self.uri = uri
         self.fs, self.root = _fs(uri)
         self.data_dir = new_data_dir(shard_index)
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="ps-save")
+        self._room = threading.BoundedSemaphore(2 * threads)
+        self._pending: list[Future[None]] = []
 
     def write(self, relpath: str, data: bytes, rows: int) -> SavedFile:
-        _write(self.fs, f"{self.root}/{relpath}", data)
+        """Queue one file (written by the time the block is left); its size and sha256."""
+        self._room.acquire()
+        try:
+            future = self._pool.submit(_write, self.fs, f"{self.root}/{relpath}", data)
+        except BaseException:
+            self._room.release()
+            raise
+        future.add_done_callback(lambda _: self._room.release())
+        self._pending.append(future)
         return SavedFile(
             path=relpath, size=len(data), sha256=hashlib.sha256(data).hexdigest(), rows=rows
         )
+
+    def __enter__(self) -> PartWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Wait for every queued write (also after an error); raise the first write error."""
+        self._pool.shutdown(wait=True)
+        for future in self._pending:
+            error = future.exception()
+            if error is not None and exc[0] is None:
+                raise error
 
 
 # -- publishing -----------------------------------------------------------------------------

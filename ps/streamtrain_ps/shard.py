@@ -292,15 +292,17 @@ class Shard:
         tables = self._selected(table)
         start = time.perf_counter()
         try:
-            writer = checkpoint.PartWriter(uri, self.shard_index)
             with ExitStack() as stack:
                 for t in tables:
                     stack.enter_context(t.lock.maintenance)
-                files, effects, saved, tombs = saving.write_tables(
-                    writer, tables, mode, self.config.logicalShards, self.owned
-                )
-                if mode == api.SaveMode.CHECKPOINT and table is None:
-                    files += saving.write_dense(writer, self._dense.snapshot())
+                # Leaving the writer's block waits until every part is on storage: the
+                # effects below are staged or applied only after that.
+                with checkpoint.PartWriter(uri, self.shard_index) as writer:
+                    files, effects, saved, tombs = saving.write_tables(
+                        writer, tables, mode, self.config.logicalShards, self.owned
+                    )
+                    if mode == api.SaveMode.CHECKPOINT and table is None:
+                        files += saving.write_dense(writer, self._dense.snapshot())
                 staged = SaveEffects(save_id or writer.data_dir, uri, tuple(effects))
                 if stage:
                     self._saves.put(staged.save_id, staged)
