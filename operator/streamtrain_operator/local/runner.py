@@ -42,7 +42,7 @@ class RunOptions:
     #: (benchmarks time the steps with it).
     on_action: Callable[[Action, Progress], None] | None = None
     #: ``(phase, seconds)``: the start-up's ``launch`` (processes started and listening) and
-    #: ``connect``, then the driver's (``Observer.on_phase``).
+    #: ``connect``, the driver's (``Observer.on_phase``), and the final ``shutdown``.
     on_phase: Callable[[str, float], None] | None = None
 
 
@@ -133,6 +133,9 @@ async def run_job(job: Job, options: RunOptions) -> Progress:
     finally:
         for s in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(s)
+        stopping_at = time.perf_counter()
         if conn is not None:
             await conn.close()
         cluster.stop()
+        if options.on_phase is not None:
+            options.on_phase("shutdown", time.perf_counter() - stopping_at)

@@ -88,6 +88,17 @@ class WorkerClient(Protocol):
         ...
 
 
+def _beside_publication(action: Action) -> bool:
+    """May ``action`` run while the end of a model's publication (``MODEL.json``, donefile
+    line) is still being written? Only the next pass's data check, wait and training: they
+    neither read nor change what is being published, and the model's line must come before
+    any later model's (the next export waits), before a checkpoint makes the model's step
+    unreplayable, and before a reload or the end of the run."""
+    return isinstance(action, CheckData | Sleep) or (
+        isinstance(action, RunPass) and not action.replay
+    )
+
+
 class StaleResultError(RuntimeError):
     """A worker answered for another generation (a result of an older run)."""
 
@@ -180,6 +191,10 @@ class Driver:
         self.step_hook = step_hook
         # Restores after a worker loss, by pass: bounded by passRetries, then shares retry.
         self._worker_restores: dict[StepKey, int] = {}
+        #: The end of a model's publication (``MODEL.json``, donefile line) running beside
+        #: the next pass (``_settle``), and the model's key.
+        self._publishing: asyncio.Task[object] | None = None
+        self._publishing_key = ""
 
     async def _hold(self, point: str, action: Action) -> None:
         """Offer a step to the hook: only real steps run for the first time (a replay
@@ -199,20 +214,33 @@ class Driver:
         # A replayed export saves into a scratch directory it removes when done; a kill in
         # between leaves it behind. No step runs yet, so whatever is there is such a leftover.
         await asyncio.to_thread(retention.remove, self._scratch_root())
+        try:
+            return await self._loop()
+        finally:
+            if self._publishing is not None:  # cancelled (a signal): the rerun publishes it
+                self._publishing.cancel()
+                await asyncio.gather(self._publishing, return_exceptions=True)
+
+    async def _loop(self) -> Progress:
         while True:
             action = self.machine.next_action(self.clock())
             self._save()
             if isinstance(action, Terminal):
+                failed = await self._settle(wait=True)
+                if failed is not None:  # recorded, not published: the next run publishes it
+                    log.error("%s: %s", failed.reason, failed.message)
                 return self.machine.progress
             if self.observer.on_action is not None:
                 self.observer.on_action(action, self.machine.progress)
             restarts = self._restarts()
             await self._hold(BEFORE, action)
+            failed = await self._settle(wait=not _beside_publication(action))
             try:
-                event = await self.execute(action)
+                event = failed or await self.execute(action)
             except Exception as exc:  # a bug or an unforeseen error: a condition, not a crash
                 log.exception("%s", action)
                 event = Failed("InternalError", f"{action}: {type(exc).__name__}: {exc}")
+            event = await self._settle(wait=False) or event
             await self._hold(AFTER, action)
             if self.restart_watch is not None:
                 healed = await self.restart_watch.heal()
@@ -228,6 +256,22 @@ class Driver:
             # but the pure ``next_action`` runs in between, so a second write (two fsyncs, or
             # a status patch) would only repeat it.
             self.machine.handle(event, self.clock())
+
+    async def _settle(self, wait: bool) -> Failed | None:
+        """Collect the publication running beside the passes: when it is done, or (``wait``)
+        before a step that may not run beside it. Its failure (storage, after the retries)
+        fails the job with ``ExportFailed``; the model's step is recorded, so the next
+        run's replay publishes it (``_save_step``)."""
+        task = self._publishing
+        if task is None or not (wait or task.done()):
+            return None
+        self._publishing = None
+        try:
+            await task
+        except Exception as exc:
+            log.exception("export %s", self._publishing_key)
+            return Failed("ExportFailed", f"{self._publishing_key}: {exc}")
+        return None
 
     def _restarts(self) -> tuple[int, int]:
         if self.restart_watch is None:
@@ -416,7 +460,7 @@ class Driver:
 
             return await self._guard("CheckpointFailed", checkpoint)
         rel = action.uri[len(self.plan.export_root.rstrip("/")) + 1 :]
-        if action.replay or export.published(self.plan.export_root, rel) is not None:
+        if export.published(self.plan.export_root, rel) is not None:
             # Already published: only the PS state side effect of the save is wanted.
             scratch = join_uri(
                 self._scratch_root(),
@@ -429,6 +473,9 @@ class Driver:
                 return Done()
 
             return await self._guard("ExportFailed", replay)
+        # Not published yet: a first run, or a replay of an export recorded while the end
+        # of its publication ran beside the next pass and was cut short (a kill, a storage
+        # failure). The replay rebuilt the model state of that moment, so it publishes now.
         target = export.ModelTarget(
             root=self.plan.export_root,
             key=rel,
@@ -437,13 +484,17 @@ class Driver:
             pass_index=key.pass_index,
             base=self.plan.base_of_delta(key) if key.kind == StepKind.DELTA else None,
         )
-        last = self.machine.progress.last_pass
+        history = self.machine.progress.history
+        record = next(
+            (r for r in reversed(history) if (r.day, r.pass_index) == (key.day, key.pass_index)),
+            None,
+        )
         try:
-            await export.publish_model(
+            publish = await export.write_parts(
                 target,
                 save_sparse=lambda uri: asyncio.to_thread(self.ps.save, uri, mode),
                 export_dense=self.workers[0].export_dense,
-                metrics={} if last is None else last.metrics,
+                metrics={} if record is None else record.metrics,
                 policy=self.retry,
                 sleep=self.sleep,
                 clock=self.clock,
@@ -453,12 +504,21 @@ class Driver:
                     num_buckets=MetricsConfig().numBuckets,
                     model=self.spec.model.type,
                 ),
-                hook=self.step_hook,
+                hook=NO_HOOK if action.replay else self.step_hook,
                 on_phase=self.observer.on_phase,
             )
+            if action.replay:
+                await publish()
         except Exception as exc:
             log.exception("export %s", target.uri)
             return Failed("ExportFailed", str(exc))
+        if not action.replay:
+            # The parts are written (the model state of this step is in them); the rest
+            # runs beside the next pass, collected by ``_settle`` before any step that may
+            # not run beside it — every save, shrink, load and the end of the run — so
+            # donefile lines stay in step order.
+            self._publishing = asyncio.create_task(publish())
+            self._publishing_key = target.key
         return Done()
 
     async def _shrink(self) -> Event:

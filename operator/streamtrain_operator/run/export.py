@@ -16,15 +16,15 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from streamtrain_operator.job.plan import StepKey, StepKind
-from streamtrain_operator.run.hooks import NO_HOOK, PARTS, StepHook
+from streamtrain_operator.run.hooks import MANIFEST_POINT, NO_HOOK, PARTS, StepHook
 from streamtrain_ps.api import SaveResult
 from streamtrain_ps.checkpoint import MANIFEST
 from streamtrain_worker import model_folder
@@ -144,13 +144,55 @@ async def publish_model(
     ``uri``); ``export_dense(uri)`` is a worker's ``ExportDense``. ``serving`` goes into
     ``MODEL.json`` (the data config, table and metric buckets the predictor needs).
     ``hook`` is offered the ``parts`` point between the sparse parts and the rest
-    (``hooks.PARTS``: a half-written model); the default never holds. ``on_phase`` is told
+    (``hooks.PARTS``: a half-written model) and the ``manifest`` point between
+    ``MODEL.json`` and the donefile line; the default never holds. ``on_phase`` is told
     how long each of ``PHASES`` took (benchmarks break a pass transition down with it).
+
+    The same as ``write_parts`` followed at once by the publication it returns.
+    """
+    publish = await write_parts(
+        target,
+        save_sparse=save_sparse,
+        export_dense=export_dense,
+        metrics=metrics,
+        policy=policy,
+        sleep=sleep,
+        clock=clock,
+        serving=serving,
+        hook=hook,
+        on_phase=on_phase,
+    )
+    return await publish()
+
+
+async def write_parts(
+    target: ModelTarget,
+    *,
+    save_sparse: Callable[[str], Awaitable[SaveResult]],
+    export_dense: Callable[[str], Awaitable[Sequence[str]]],
+    metrics: Mapping[str, float],
+    policy: RetryPolicy,
+    sleep: Sleep,
+    clock: Callable[[], float] = time.time,
+    serving: Serving | None = None,
+    hook: StepHook = NO_HOOK,
+    on_phase: Callable[[str, float], None] | None = None,
+) -> Callable[[], Coroutine[Any, Any, DoneLine]]:
+    """The part of ``publish_model`` that reads the model state: the sparse and dense parts.
+
+    Returns the rest — ``MODEL.json`` and the donefile line, which touch only storage — as
+    a coroutine function the driver may run while the next pass trains (the parts are a
+    copy of the model as it was here, so training on does not change them). Until it has
+    run, the model is not visible. Arguments as for ``publish_model``.
     """
     timed = _Timer(on_phase)
     existing = published(target.root, target.key)
     if existing is not None:
-        return existing
+
+        async def already() -> DoneLine:
+            return existing
+
+        return already
     fs, model_dir = _fs(target.uri)
 
     async def clear() -> None:
@@ -170,9 +212,10 @@ async def publish_model(
         _remove(fs, f"{model_dir}/dense")
         return await export_dense(dense_uri)
 
+    key = StepKey(target.day, target.pass_index, StepKind(target.kind))
     sparse = await with_retries(f"{sparse_uri}: sparse save", fresh_sparse, policy, sleep)
     timed("sparse")
-    await hook.hold(PARTS, StepKey(target.day, target.pass_index, StepKind(target.kind)))
+    await hook.hold(PARTS, key)
     timed.restart()
     await with_retries(f"{dense_uri}: dense export", fresh_dense, policy, sleep)
     timed("dense")
@@ -198,21 +241,29 @@ async def publish_model(
         )
         _atomic_write(fs, f"{model_dir}/{MODEL_MANIFEST}", manifest.render())
 
-    await with_retries(f"{target.uri}: {MODEL_MANIFEST}", write_manifest, policy, sleep)
-    timed("manifest")
-    line = DoneLine(target.key, target.kind, target.day, target.pass_index, target.base, clock())
-
-    async def append_line() -> None:
+    async def append_line() -> DoneLine:
+        line = DoneLine(
+            target.key, target.kind, target.day, target.pass_index, target.base, clock()
+        )
         rfs, root = _fs(target.root)
         path = f"{root}/{DONEFILE}"
         old = rfs.cat_file(path).decode() if rfs.exists(path) else ""
         new = model_folder.with_line(old, line, path)
         if new is not None:
             _atomic_write(rfs, path, new.encode())
+        return line
 
-    await with_retries(f"{target.root}/{DONEFILE}", append_line, policy, sleep)
-    timed("donefile")
-    return line
+    async def publish() -> DoneLine:
+        timed.restart()
+        await with_retries(f"{target.uri}: {MODEL_MANIFEST}", write_manifest, policy, sleep)
+        timed("manifest")
+        await hook.hold(MANIFEST_POINT, key)
+        timed.restart()
+        line = await with_retries(f"{target.root}/{DONEFILE}", append_line, policy, sleep)
+        timed("donefile")
+        return line
+
+    return publish
 
 
 class _Timer:
