@@ -20,7 +20,7 @@ import torch
 from prometheus_client import CollectorRegistry, start_http_server
 
 from streamtrain_ps.config import ConfigError
-from streamtrain_ps.grpc_serving import stop_on_signals
+from streamtrain_ps.grpc_serving import exit_now, stop_on_signals
 from streamtrain_ps.remote import RemotePS, RetryPolicy
 from streamtrain_ps.startup import announce
 from streamtrain_worker.config import WorkerConfig
@@ -93,4 +93,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
