@@ -208,6 +208,39 @@ class PartWriter:
                 raise error
 
 
+class PartBuffer:
+    """A shard's save taken now and written later: the parts in memory, encoded.
+
+    Same ``data_dir``/``write`` as ``PartWriter``, so a save's part code serves both;
+    ``write_to(uri)`` then writes the held parts (on ``PartWriter``'s threads) — as often
+    as asked, so a failed write can be retried with the very same content.
+    """
+
+    def __init__(self, shard_index: int) -> None:
+        self.data_dir = new_data_dir(shard_index)
+        self._parts: list[tuple[str, bytes, int]] = []
+
+    def write(self, relpath: str, data: bytes, rows: int) -> SavedFile:
+        self._parts.append((relpath, data, rows))
+        return SavedFile(
+            path=relpath, size=len(data), sha256=hashlib.sha256(data).hexdigest(), rows=rows
+        )
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(data) for _, data, _ in self._parts)
+
+    def write_to(self, uri: str, shard_index: int) -> None:
+        """Write every held part below ``uri``; raises the first write error."""
+        with PartWriter(uri, shard_index) as writer:
+            for relpath, data, rows in self._parts:
+                writer.write(relpath, data, rows)
+
+
+#: Where a save's parts go: to storage now, or into memory for a snapshot.
+PartSink = PartWriter | PartBuffer
+
+
 # -- publishing -----------------------------------------------------------------------------
 
 

@@ -16,7 +16,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +87,15 @@ _NO_SLOTS = np.empty(0, dtype=np.uint32)
 BULK_PUSH_KEYS = 500_000
 
 
+@dataclass(frozen=True)
+class HeldSnapshot:
+    """A snapshot save: its parts in memory and what writing them will report."""
+
+    snapshot_id: str
+    buffer: checkpoint.PartBuffer
+    result: api.SaveResult
+
+
 class Shard:
     """Shard ``shard_index`` of ``num_shards``: owns the logical shards
     ``sharding.owned_logical_shards(shard_index, num_shards, config.logicalShards)``."""
@@ -120,6 +129,9 @@ class Shard:
         self._last_load = 0.0
         #: Staged saves and prepared loads (two-phase, see ``streamtrain_ps.staging``).
         self._saves: Pending[SaveEffects] = Pending("staged save")
+        #: The snapshot save taken but maybe not yet written (``snapshot_save``).
+        self._snapshot: HeldSnapshot | None = None
+        self._snapshot_lock = threading.Lock()
         self._loads: Pending[PreparedLoad] = Pending("prepared load")
         #: Orders a commit's apply against a shrink's ``forget`` (taken before table locks).
         self._effects_lock = threading.Lock()
@@ -278,6 +290,75 @@ class Shard:
                 e.apply_locked()
         return True
 
+    def snapshot_save(
+        self, mode: api.SaveMode | int, snapshot_id: str, table: str | None = None
+    ) -> api.SaveResult:
+        """Take a save of the current content now and write it later (``write_snapshot``).
+
+        The parts are copied and encoded into memory and the save's side effects are applied
+        at once, as one consistent moment of the model: the scheduler takes it between two
+        passes and lets the next pass train while the parts are written, so they stay the
+        model of the pass before. (A write that fails for good fails the job, whose next
+        run reloads a checkpoint: an applied effect never outlives its save.) One snapshot
+        per shard, replaced by the next; taking the same ``snapshot_id`` again returns it
+        without applying anything twice (a retried call). Modes 1-3 only: a checkpoint's
+        copy of every row would double the shard's memory.
+        """
+        mode = _mode(mode)
+        if mode == api.SaveMode.CHECKPOINT:
+            raise InvalidRequestError("mode", "a snapshot save takes modes 1-3, not checkpoints")
+        if not isinstance(snapshot_id, str) or not snapshot_id:
+            raise InvalidRequestError("save_id", "must name the snapshot")
+        with self._snapshot_lock:
+            held = self._snapshot
+            if held is not None and held.snapshot_id == snapshot_id:
+                return held.result
+            tables = self._selected(table)
+            start = time.perf_counter()
+            buffer = checkpoint.PartBuffer(self.shard_index)
+            with ExitStack() as stack:
+                for t in tables:
+                    stack.enter_context(t.lock.maintenance)
+                files, effects, saved, tombs = saving.write_tables(
+                    buffer, tables, mode, self.config.logicalShards, self.owned
+                )
+                for e in effects:
+                    e.apply_locked()
+            result = api.SaveResult(
+                "", mode, tuple(files), saved, tombs, time.perf_counter() - start
+            )
+            self._snapshot = HeldSnapshot(snapshot_id, buffer, result)
+            return result
+
+    def write_snapshot(self, uri: str, snapshot_id: str) -> api.SaveResult:
+        """Write the parts of snapshot ``snapshot_id`` below ``uri`` (no manifest: the caller
+        publishes it); can be repeated after a failure. ``CheckpointError`` if this shard
+        does not hold it (replaced by a newer one, or lost in a restart)."""
+        if not isinstance(uri, str) or not uri:
+            raise InvalidRequestError("uri", "must be a non-empty fsspec URL")
+        held = self._snapshot
+        if held is None or held.snapshot_id != snapshot_id:
+            raise CheckpointError(
+                f"snapshot {snapshot_id} is not held by shard {self.shard_index} "
+                "(replaced by a newer one, or lost in a restart)"
+            )
+        start = time.perf_counter()
+        try:
+            held.buffer.write_to(uri, self.shard_index)
+        except PSError:
+            raise
+        except Exception as exc:  # storage errors of any fsspec backend
+            raise CheckpointError(f"save to {uri} failed: {type(exc).__name__}: {exc}") from exc
+        seconds = time.perf_counter() - start
+        self._last_save = seconds
+        return replace(held.result, uri=uri, seconds=held.result.seconds + seconds)
+
+    def drop_snapshot(self, snapshot_id: str) -> None:
+        """Free the memory of snapshot ``snapshot_id`` once it is published (no-op otherwise)."""
+        with self._snapshot_lock:
+            if self._snapshot is not None and self._snapshot.snapshot_id == snapshot_id:
+                self._snapshot = None
+
     def _save(
         self,
         uri: str,
@@ -384,6 +465,7 @@ class Shard:
             for t in tables:
                 stack.enter_context(t.lock.maintenance)
             self._saves.clear("a load replaced the shard's content")
+            self._snapshot = None  # a copy of the replaced content
             for t in tables:
                 t.install_tiered(prepared.tables[t.name])
             if prepared.dense is not None:

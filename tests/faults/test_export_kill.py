@@ -2,14 +2,18 @@
 while the end of a publication runs beside the next pass.
 
 The pause hook ``parts:delta@2`` holds the run inside the publication of ``delta-2``: its
-sparse parts are on disk (with the PS save's own ``MANIFEST.json``), its dense part,
-``MODEL.json`` and donefile line are not. The run is killed there. What must hold:
+dense part and sparse parts are on disk (with the PS save's own ``MANIFEST.json``), its
+``MODEL.json`` and donefile line are not. The sparse parts are the PS's snapshot of the
+model after pass 2, written beside the next step — here the checkpoint of pass 2, which
+waits for the publication — so delta-2 is already recorded. The run is killed there. What
+must hold:
 
 - while half written (held, and after the kill) the model is invisible: the donefile does
   not list it, the predictor's newest model is ``delta-1`` and asking for ``delta-2`` is
   "not published";
-- the rerun redoes the export from scratch — the half-written directory is removed, not
-  merged (a stray file planted in it is gone) — and publishes it exactly once: one donefile
+- the rerun's replay of delta-2 (recorded, not published) publishes it from scratch — the
+  half-written directory is removed, not merged (a stray file planted in it is gone) —
+  exactly once: one donefile
   line per model key, every file of the model directory listed in ``MODEL.json`` with its
   size and sha256, loadable by ``streamtrain_worker.predict.load_model``;
 - the model state is unaffected: the final checkpoint is bit-identical to a run without the
@@ -91,14 +95,22 @@ def test_a_kill_between_an_exports_parts_redoes_it_once_and_never_shows_the_half
     export = job.root / "export"
     first = job.start(pause="parts:delta@2")
     assert job.wait_paused(first) == f"parts delta {START}/2"
-    held = job.state()
-    assert held is not None and held.current is not None
-    assert (held.current.kind, held.current.pass_index) == (StepKind.DELTA, 2)
-    # Half written: sparse parts (and the PS save's own manifest), nothing else.
+    # The sparse parts are written beside the next step: here the checkpoint of pass 2,
+    # which waits for the publication before it runs (delta-2 is recorded, the checkpoint
+    # only begun).
+    held = job.wait_state(
+        first,
+        lambda p: p.current is not None and p.current.kind == StepKind.CHECKPOINT,
+        "the checkpoint to wait for delta-2's publication",
+    )
+    assert held.completed == StepKey(START, 2, StepKind.DELTA)
+    assert held.checkpoint is not None and held.checkpoint.key.pass_index == 0  # the genesis
+    # Half written: the dense part and the sparse parts (with the PS save's own manifest),
+    # no MODEL.json.
     half = export / HALF
     written = files_under(half)
     assert any(name.startswith("sparse/") and name != "sparse/MANIFEST.json" for name in written)
-    assert not any(name.startswith("dense/") for name in written)
+    assert any(name.startswith("dense/") for name in written)
     assert MODEL_MANIFEST not in written
     assert_invisible(export)
     first.kill_and_wait_children()

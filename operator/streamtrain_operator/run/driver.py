@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -89,11 +90,12 @@ class WorkerClient(Protocol):
 
 
 def _beside_publication(action: Action) -> bool:
-    """May ``action`` run while the end of a model's publication (``MODEL.json``, donefile
-    line) is still being written? Only the next pass's data check, wait and training: they
-    neither read nor change what is being published, and the model's line must come before
-    any later model's (the next export waits), before a checkpoint makes the model's step
-    unreplayable, and before a reload or the end of the run."""
+    """May ``action`` run while the end of a model's publication (the sparse parts of its
+    snapshot, ``MODEL.json``, donefile line) is still being written? Only the next pass's
+    data check, wait and training: they neither read nor change what is being published,
+    and the model's line must come before any later model's (the next export waits), before
+    a checkpoint makes the model's step unreplayable, and before a reload or the end of the
+    run."""
     return isinstance(action, CheckData | Sleep) or (
         isinstance(action, RunPass) and not action.replay
     )
@@ -191,8 +193,8 @@ class Driver:
         self.step_hook = step_hook
         # Restores after a worker loss, by pass: bounded by passRetries, then shares retry.
         self._worker_restores: dict[StepKey, int] = {}
-        #: The end of a model's publication (``MODEL.json``, donefile line) running beside
-        #: the next pass (``_settle``), and the model's key.
+        #: The end of a model's publication (sparse parts, ``MODEL.json``, donefile line)
+        #: running beside the next pass (``_settle``), and the model's key.
         self._publishing: asyncio.Task[object] | None = None
         self._publishing_key = ""
 
@@ -235,6 +237,11 @@ class Driver:
             restarts = self._restarts()
             await self._hold(BEFORE, action)
             failed = await self._settle(wait=not _beside_publication(action))
+            if failed is not None and isinstance(action, LoadCheckpoint):
+                # A restore: the model's step comes after the checkpoint it reloads (every
+                # checkpoint waits for the publications before it), so its replay publishes it.
+                log.warning("%s; the replay publishes it", failed.message)
+                failed = None
             try:
                 event = failed or await self.execute(action)
             except Exception as exc:  # a bug or an unforeseen error: a condition, not a crash
@@ -489,10 +496,15 @@ class Driver:
             (r for r in reversed(history) if (r.day, r.pass_index) == (key.day, key.pass_index)),
             None,
         )
+        # Named once for the step's retries: a retried snapshot applies nothing twice.
+        snapshot_id = uuid.uuid4().hex
         try:
             publish = await export.write_parts(
                 target,
-                save_sparse=lambda uri: asyncio.to_thread(self.ps.save, uri, mode),
+                snapshot=lambda: asyncio.to_thread(self.ps.snapshot, mode, snapshot_id),
+                save_sparse=lambda uri: asyncio.to_thread(
+                    self.ps.save_snapshot, uri, mode, snapshot_id
+                ),
                 export_dense=self.workers[0].export_dense,
                 metrics={} if record is None else record.metrics,
                 policy=self.retry,
@@ -513,10 +525,11 @@ class Driver:
             log.exception("export %s", target.uri)
             return Failed("ExportFailed", str(exc))
         if not action.replay:
-            # The parts are written (the model state of this step is in them); the rest
-            # runs beside the next pass, collected by ``_settle`` before any step that may
-            # not run beside it — every save, shrink, load and the end of the run — so
-            # donefile lines stay in step order.
+            # The model of this step is taken (the PS's snapshot, the dense part written);
+            # writing the sparse parts, MODEL.json and the donefile line runs beside the
+            # next pass, collected by ``_settle`` before any step that may not run beside
+            # it — every save, shrink, load and the end of the run — so donefile lines stay
+            # in step order and no checkpoint is recorded before the models it follows.
             self._publishing = asyncio.create_task(publish())
             self._publishing_key = target.key
         return Done()

@@ -41,7 +41,7 @@ from streamtrain_worker.model_folder import (
 T = TypeVar("T")
 Sleep = Callable[[float], Awaitable[None]]
 #: The timed parts of a publication (``publish_model``'s ``on_phase``), retries included.
-PHASES = ("sparse", "dense", "manifest", "donefile")
+PHASES = ("snapshot", "sparse", "dense", "manifest", "donefile")
 
 
 class ExportError(RuntimeError):
@@ -177,13 +177,16 @@ async def write_parts(
     serving: Serving | None = None,
     hook: StepHook = NO_HOOK,
     on_phase: Callable[[str, float], None] | None = None,
+    snapshot: Callable[[], Awaitable[None]] | None = None,
 ) -> Callable[[], Coroutine[Any, Any, DoneLine]]:
-    """The part of ``publish_model`` that reads the model state: the sparse and dense parts.
+    """The part of ``publish_model`` that reads the model state; returns the rest.
 
-    Returns the rest — ``MODEL.json`` and the donefile line, which touch only storage — as
-    a coroutine function the driver may run while the next pass trains (the parts are a
-    copy of the model as it was here, so training on does not change them). Until it has
-    run, the model is not visible. Arguments as for ``publish_model``.
+    With ``snapshot`` (the PS's ``snapshot``: every shard copies the model's sparse rows
+    into memory now) this part takes the snapshot and exports the dense part, and the rest
+    — ``save_sparse`` writing the snapshot's parts, ``MODEL.json``, the donefile line — only
+    writes what was taken here, so the driver runs it while the next pass trains. Without
+    it, ``save_sparse`` saves what the PS holds and runs here. Until the rest has run, the
+    model is not visible. Other arguments as for ``publish_model``.
     """
     timed = _Timer(on_phase)
     existing = published(target.root, target.key)
@@ -213,15 +216,25 @@ async def write_parts(
         return await export_dense(dense_uri)
 
     key = StepKey(target.day, target.pass_index, StepKind(target.kind))
-    sparse = await with_retries(f"{sparse_uri}: sparse save", fresh_sparse, policy, sleep)
-    timed("sparse")
-    await hook.hold(PARTS, key)
-    timed.restart()
+    sparse: list[SaveResult] = []
+
+    async def write_sparse() -> None:
+        sparse.append(await with_retries(f"{sparse_uri}: sparse save", fresh_sparse, policy, sleep))
+        timed("sparse")
+        await hook.hold(PARTS, key)
+        timed.restart()
+
+    if snapshot is None:
+        await write_sparse()
+    else:
+        await with_retries(f"{sparse_uri}: snapshot", snapshot, policy, sleep)
+        timed("snapshot")
     await with_retries(f"{dense_uri}: dense export", fresh_dense, policy, sleep)
     timed("dense")
 
     async def write_manifest() -> None:
-        files = [ModelFile(f"sparse/{f.path}", f.size, f.sha256, f.rows) for f in sparse.files]
+        saved = sparse[0]
+        files = [ModelFile(f"sparse/{f.path}", f.size, f.sha256, f.rows) for f in saved.files]
         unlisted = [f"sparse/{MANIFEST}"] + [
             f"dense/{name}" for name in sorted(_names(fs, f"{model_dir}/dense"))
         ]
@@ -232,9 +245,9 @@ async def write_parts(
             day=target.day,
             pass_index=target.pass_index,
             base=target.base,
-            save_mode=int(sparse.mode),
-            keys=sparse.keys_saved,
-            tombstones=sparse.tombstones,
+            save_mode=int(saved.mode),
+            keys=saved.keys_saved,
+            tombstones=saved.tombstones,
             metrics=dict(metrics),
             files=tuple(files),
             serving=serving,
@@ -255,6 +268,8 @@ async def write_parts(
 
     async def publish() -> DoneLine:
         timed.restart()
+        if not sparse:
+            await write_sparse()
         await with_retries(f"{target.uri}: {MODEL_MANIFEST}", write_manifest, policy, sleep)
         timed("manifest")
         await hook.hold(MANIFEST_POINT, key)
