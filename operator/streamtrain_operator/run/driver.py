@@ -16,13 +16,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from streamtrain_operator.job import render
-from streamtrain_operator.job.plan import PassPlan, StepKey, StepKind, join_uri
+from streamtrain_operator.job.plan import PassPlan, StepKey, StepKind
 from streamtrain_operator.job.progress import Phase, Progress
 from streamtrain_operator.job.scheduler import (
     Action,
@@ -43,16 +41,14 @@ from streamtrain_operator.job.scheduler import (
     Terminal,
 )
 from streamtrain_operator.job.spec import JobSpec
-from streamtrain_operator.run import export, passfiles, retention, worker_errors
+from streamtrain_operator.run import export, passfiles, publishing, retention, worker_errors
 from streamtrain_operator.run.hooks import AFTER, BEFORE, NO_HOOK, StepHook
 from streamtrain_operator.run.state import StateStore
 from streamtrain_ps.api import PSLike, SaveMode
 from streamtrain_ps.errors import CheckpointError, PSUnavailableError
-from streamtrain_worker.config import MetricsConfig
 from streamtrain_worker.data import layout, timeslices
 from streamtrain_worker.data.sharding import assign_files
 from streamtrain_worker.metrics import PassMetrics
-from streamtrain_worker.model_folder import ModelKind, Serving
 
 log = logging.getLogger(__name__)
 
@@ -87,18 +83,6 @@ class WorkerClient(Protocol):
         """Resync with the PS; a pass of an older generation still running is cancelled
         first (``control.py``)."""
         ...
-
-
-def _beside_publication(action: Action) -> bool:
-    """May ``action`` run while the end of a model's publication (the sparse parts of its
-    snapshot, ``MODEL.json``, donefile line) is still being written? Only the next pass's
-    data check, wait and training: they neither read nor change what is being published,
-    and the model's line must come before any later model's (the next export waits), before
-    a checkpoint makes the model's step unreplayable, and before a reload or the end of the
-    run."""
-    return isinstance(action, CheckData | Sleep) or (
-        isinstance(action, RunPass) and not action.replay
-    )
 
 
 class StaleResultError(RuntimeError):
@@ -193,20 +177,24 @@ class Driver:
         self.step_hook = step_hook
         # Restores after a worker loss, by pass: bounded by passRetries, then shares retry.
         self._worker_restores: dict[StepKey, int] = {}
-        #: The end of a model's publication (sparse parts, ``MODEL.json``, donefile line)
-        #: running beside the next pass (``_settle``), and the model's key.
-        self._publishing: asyncio.Task[object] | None = None
-        self._publishing_key = ""
+        #: The model steps; the end of a publication runs beside the next pass.
+        self.publisher = publishing.Publisher(
+            spec,
+            self.plan,
+            ps,
+            export_dense=self.workers[0].export_dense,
+            retry=self.retry,
+            sleep=sleep,
+            clock=clock,
+            hook=step_hook,
+            on_phase=self.observer.on_phase,
+        )
 
     async def _hold(self, point: str, action: Action) -> None:
         """Offer a step to the hook: only real steps run for the first time (a replay
         redoes one already recorded)."""
         if isinstance(action, RunPass | Save | Shrink) and not action.replay:
             await self.step_hook.hold(point, action.key)
-
-    def _scratch_root(self) -> str:
-        """Where replayed exports save (they only want the save's PS-side effects)."""
-        return join_uri(self.plan.checkpoint_root, "_scratch")
 
     def stop(self, phase: str = Phase.STOPPED, message: str = "") -> None:
         """Finish the current action, then stop (progress stays resumable)."""
@@ -215,20 +203,18 @@ class Driver:
     async def run(self) -> Progress:
         # A replayed export saves into a scratch directory it removes when done; a kill in
         # between leaves it behind. No step runs yet, so whatever is there is such a leftover.
-        await asyncio.to_thread(retention.remove, self._scratch_root())
+        await asyncio.to_thread(retention.remove, self.publisher.scratch_root)
         try:
             return await self._loop()
         finally:
-            if self._publishing is not None:  # cancelled (a signal): the rerun publishes it
-                self._publishing.cancel()
-                await asyncio.gather(self._publishing, return_exceptions=True)
+            await self.publisher.cancel()  # cancelled (a signal): the rerun publishes it
 
     async def _loop(self) -> Progress:
         while True:
             action = self.machine.next_action(self.clock())
             self._save()
             if isinstance(action, Terminal):
-                failed = await self._settle(wait=True)
+                failed = await self.publisher.settle(wait=True)
                 if failed is not None:  # recorded, not published: the next run publishes it
                     log.error("%s: %s", failed.reason, failed.message)
                 return self.machine.progress
@@ -236,7 +222,7 @@ class Driver:
                 self.observer.on_action(action, self.machine.progress)
             restarts = self._restarts()
             await self._hold(BEFORE, action)
-            failed = await self._settle(wait=not _beside_publication(action))
+            failed = await self.publisher.settle(wait=not publishing.beside(action))
             if failed is not None and isinstance(action, LoadCheckpoint):
                 # A restore: the model's step comes after the checkpoint it reloads (every
                 # checkpoint waits for the publications before it), so its replay publishes it.
@@ -247,7 +233,7 @@ class Driver:
             except Exception as exc:  # a bug or an unforeseen error: a condition, not a crash
                 log.exception("%s", action)
                 event = Failed("InternalError", f"{action}: {type(exc).__name__}: {exc}")
-            event = await self._settle(wait=False) or event
+            event = await self.publisher.settle(wait=False) or event
             await self._hold(AFTER, action)
             if self.restart_watch is not None:
                 healed = await self.restart_watch.heal()
@@ -263,22 +249,6 @@ class Driver:
             # but the pure ``next_action`` runs in between, so a second write (two fsyncs, or
             # a status patch) would only repeat it.
             self.machine.handle(event, self.clock())
-
-    async def _settle(self, wait: bool) -> Failed | None:
-        """Collect the publication running beside the passes: when it is done, or (``wait``)
-        before a step that may not run beside it. Its failure (storage, after the retries)
-        fails the job with ``ExportFailed``; the model's step is recorded, so the next
-        run's replay publishes it (``_save_step``)."""
-        task = self._publishing
-        if task is None or not (wait or task.done()):
-            return None
-        self._publishing = None
-        try:
-            await task
-        except Exception as exc:
-            log.exception("export %s", self._publishing_key)
-            return Failed("ExportFailed", f"{self._publishing_key}: {exc}")
-        return None
 
     def _restarts(self) -> tuple[int, int]:
         if self.restart_watch is None:
@@ -466,73 +436,7 @@ class Driver:
                 return Done()
 
             return await self._guard("CheckpointFailed", checkpoint)
-        rel = action.uri[len(self.plan.export_root.rstrip("/")) + 1 :]
-        if export.published(self.plan.export_root, rel) is not None:
-            # Already published: only the PS state side effect of the save is wanted.
-            scratch = join_uri(
-                self._scratch_root(),
-                f"g{action.generation}-{key.day}-{key.pass_index}-{key.kind.value}",
-            )
-
-            async def replay() -> Event:
-                await asyncio.to_thread(self.ps.save, scratch, mode)
-                await asyncio.to_thread(retention.remove, scratch)
-                return Done()
-
-            return await self._guard("ExportFailed", replay)
-        # Not published yet: a first run, or a replay of an export recorded while the end
-        # of its publication ran beside the next pass and was cut short (a kill, a storage
-        # failure). The replay rebuilt the model state of that moment, so it publishes now.
-        target = export.ModelTarget(
-            root=self.plan.export_root,
-            key=rel,
-            kind=ModelKind(key.kind.value),
-            day=key.day,
-            pass_index=key.pass_index,
-            base=self.plan.base_of_delta(key) if key.kind == StepKind.DELTA else None,
-        )
-        history = self.machine.progress.history
-        record = next(
-            (r for r in reversed(history) if (r.day, r.pass_index) == (key.day, key.pass_index)),
-            None,
-        )
-        # Named once for the step's retries: a retried snapshot applies nothing twice.
-        snapshot_id = uuid.uuid4().hex
-        try:
-            publish = await export.write_parts(
-                target,
-                snapshot=lambda: asyncio.to_thread(self.ps.snapshot, mode, snapshot_id),
-                save_sparse=lambda uri: asyncio.to_thread(
-                    self.ps.save_snapshot, uri, mode, snapshot_id
-                ),
-                export_dense=self.workers[0].export_dense,
-                metrics={} if record is None else record.metrics,
-                policy=self.retry,
-                sleep=self.sleep,
-                clock=self.clock,
-                serving=Serving(
-                    data=self.spec.data.data_config().to_dict(),
-                    table=render.TABLE,
-                    num_buckets=MetricsConfig().numBuckets,
-                    model=self.spec.model.type,
-                ),
-                hook=NO_HOOK if action.replay else self.step_hook,
-                on_phase=self.observer.on_phase,
-            )
-            if action.replay:
-                await publish()
-        except Exception as exc:
-            log.exception("export %s", target.uri)
-            return Failed("ExportFailed", str(exc))
-        if not action.replay:
-            # The model of this step is taken (the PS's snapshot, the dense part written);
-            # writing the sparse parts, MODEL.json and the donefile line runs beside the
-            # next pass, collected by ``_settle`` before any step that may not run beside
-            # it — every save, shrink, load and the end of the run — so donefile lines stay
-            # in step order and no checkpoint is recorded before the models it follows.
-            self._publishing = asyncio.create_task(publish())
-            self._publishing_key = target.key
-        return Done()
+        return await self.publisher.step(action, mode, self.machine.progress.history)
 
     async def _shrink(self) -> Event:
         result = await asyncio.to_thread(self.ps.shrink)
