@@ -24,7 +24,8 @@ per pass and per kind of step.
 The last line printed is one JSON object: ``auc_mean_13_24``, ``e2e_ex_per_s``,
 ``train_ex_per_s``, ``torch_ex_per_s``, ``train_vs_torch`` (training-only over plain
 PyTorch), ``e2e_vs_train`` (launch-to-finish over training-only),
-``transition_seconds_per_pass``, ``startup_seconds``, ``step_seconds`` (per kind: total and
+``transition_seconds_per_pass``, ``pass_fixed_seconds_per_pass`` (a RunPass's wall time
+beyond the workers' batch loops), ``startup_seconds``, ``step_seconds`` (per kind: total and
 count), ``phase_seconds`` (the parts of the steps and of the start-up, total and count:
 ``launch`` and ``connect`` of the processes; a publication's ``sparse`` PS save, ``dense``
 TorchScript export, ``manifest`` and ``donefile``; ``checkpoint_save`` and its ``prune``;
@@ -249,6 +250,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch_rates.append(torch_reference(args.repeat, args.data))
         examples = sum(r.metrics["examples"] for r in speed.history)
         train_seconds = sum(r.metrics["seconds"] for r in speed.history)
+        # The workers' batch loops (forward, backward, metrics; the slowest worker's per
+        # pass): the rest of a RunPass is its fixed cost (the call, the reader's and the
+        # prefetcher's start, the dense sync, the final flush, the metrics' answer).
+        compute_seconds = sum(r.metrics["trainSeconds"] for r in speed.history)
         e2e = examples / wall
         train = examples / train_seconds
         print(
@@ -273,6 +278,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "torch_rounds": [round(r, 1) for r in torch_rates],
         "train_vs_torch": round(train / torch_rate, 3),
         "e2e_vs_train": round(e2e / train, 3),
+        "pass_fixed_seconds_per_pass": round(
+            (train_seconds - compute_seconds) / len(speed.history), 3
+        ),
         **steps,
         "workers": args.workers,
         "ps_shards": args.shards,
