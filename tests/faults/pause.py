@@ -60,7 +60,7 @@ class PauseHook:
         ):
             raise ValueError(
                 f"STREAMTRAIN_PAUSE={where!r}: expected before|after:<step>[@<pass>] "
-                f"or parts|manifest:<{'|'.join(MODEL_STEPS)}>[@<pass>]"
+                f"or parts:<{'|'.join(MODEL_STEPS)}>[@<pass>] (or manifest:, the same)"
             )
         return cls(when, step, int(index) if index else None, path)
 
