@@ -34,6 +34,7 @@ from streamtrain_ps.errors import (
     RequestTooLargeError,
     UnknownTableError,
 )
+from streamtrain_ps.held_save import SnapshotSlot
 from streamtrain_ps.kernels import BAD_CLICK, BAD_GRAD, BAD_SHOW, NOT_OWNED, OVERFLOW
 from streamtrain_ps.memory_limit import LOW_WATER, MemoryGovernor, peak_rss_bytes
 from streamtrain_ps.staging import Pending, SaveEffects
@@ -87,15 +88,6 @@ _NO_SLOTS = np.empty(0, dtype=np.uint32)
 BULK_PUSH_KEYS = 500_000
 
 
-@dataclass(frozen=True)
-class HeldSnapshot:
-    """A snapshot save: its parts in memory and what writing them will report."""
-
-    snapshot_id: str
-    buffer: checkpoint.PartBuffer
-    result: api.SaveResult
-
-
 class Shard:
     """Shard ``shard_index`` of ``num_shards``: owns the logical shards
     ``sharding.owned_logical_shards(shard_index, num_shards, config.logicalShards)``."""
@@ -130,8 +122,7 @@ class Shard:
         #: Staged saves and prepared loads (two-phase, see ``streamtrain_ps.staging``).
         self._saves: Pending[SaveEffects] = Pending("staged save")
         #: The snapshot save taken but maybe not yet written (``snapshot_save``).
-        self._snapshot: HeldSnapshot | None = None
-        self._snapshot_lock = threading.Lock()
+        self._snapshot = SnapshotSlot(shard_index)
         self._loads: Pending[PreparedLoad] = Pending("prepared load")
         #: Orders a commit's apply against a shrink's ``forget`` (taken before table locks).
         self._effects_lock = threading.Lock()
@@ -309,10 +300,8 @@ class Shard:
             raise InvalidRequestError("mode", "a snapshot save takes modes 1-3, not checkpoints")
         if not isinstance(snapshot_id, str) or not snapshot_id:
             raise InvalidRequestError("save_id", "must name the snapshot")
-        with self._snapshot_lock:
-            held = self._snapshot
-            if held is not None and held.snapshot_id == snapshot_id:
-                return held.result
+
+        def take() -> tuple[checkpoint.PartBuffer, api.SaveResult]:
             tables = self._selected(table)
             start = time.perf_counter()
             buffer = checkpoint.PartBuffer(self.shard_index)
@@ -324,11 +313,10 @@ class Shard:
                 )
                 for e in effects:
                     e.apply_locked()
-            result = api.SaveResult(
-                "", mode, tuple(files), saved, tombs, time.perf_counter() - start
-            )
-            self._snapshot = HeldSnapshot(snapshot_id, buffer, result)
-            return result
+            seconds = time.perf_counter() - start
+            return buffer, api.SaveResult("", mode, tuple(files), saved, tombs, seconds)
+
+        return self._snapshot.take(snapshot_id, take)
 
     def write_snapshot(self, uri: str, snapshot_id: str) -> api.SaveResult:
         """Write the parts of snapshot ``snapshot_id`` below ``uri`` (no manifest: the caller
@@ -336,28 +324,20 @@ class Shard:
         does not hold it (replaced by a newer one, or lost in a restart)."""
         if not isinstance(uri, str) or not uri:
             raise InvalidRequestError("uri", "must be a non-empty fsspec URL")
-        held = self._snapshot
-        if held is None or held.snapshot_id != snapshot_id:
-            raise CheckpointError(
-                f"snapshot {snapshot_id} is not held by shard {self.shard_index} "
-                "(replaced by a newer one, or lost in a restart)"
-            )
         start = time.perf_counter()
         try:
-            held.buffer.write_to(uri, self.shard_index)
+            result = self._snapshot.write(uri, snapshot_id)
         except PSError:
             raise
         except Exception as exc:  # storage errors of any fsspec backend
             raise CheckpointError(f"save to {uri} failed: {type(exc).__name__}: {exc}") from exc
         seconds = time.perf_counter() - start
         self._last_save = seconds
-        return replace(held.result, uri=uri, seconds=held.result.seconds + seconds)
+        return replace(result, seconds=result.seconds + seconds)
 
     def drop_snapshot(self, snapshot_id: str) -> None:
         """Free the memory of snapshot ``snapshot_id`` once it is published (no-op otherwise)."""
-        with self._snapshot_lock:
-            if self._snapshot is not None and self._snapshot.snapshot_id == snapshot_id:
-                self._snapshot = None
+        self._snapshot.drop(snapshot_id)
 
     def _save(
         self,
@@ -465,7 +445,7 @@ class Shard:
             for t in tables:
                 stack.enter_context(t.lock.maintenance)
             self._saves.clear("a load replaced the shard's content")
-            self._snapshot = None  # a copy of the replaced content
+            self._snapshot.drop()  # a copy of the replaced content
             for t in tables:
                 t.install_tiered(prepared.tables[t.name])
             if prepared.dense is not None:
