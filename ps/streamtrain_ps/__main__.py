@@ -20,6 +20,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, start_http_server
 
 from streamtrain_ps.config import ConfigError, PSConfig
+from streamtrain_ps.grpc_serving import exit_now
 from streamtrain_ps.server import DEFAULT_WORKERS, PSServer, serve_until_signal
 from streamtrain_ps.shard import Shard
 from streamtrain_ps.startup import announce
@@ -127,4 +128,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -115,6 +115,17 @@ class PSLike(Protocol):
         """Write every shard's parts, then publish the manifest (all or nothing)."""
         ...
 
+    def snapshot(self, mode: SaveMode, snapshot_id: str) -> None:
+        """Take a save (modes 1-3) of every shard now, named ``snapshot_id`` (the caller's, so
+        a retry names the same one and applies nothing twice), to be written by
+        ``save_snapshot``: parts copied into memory, side effects applied."""
+        ...
+
+    def save_snapshot(self, uri: str, mode: SaveMode, snapshot_id: str) -> SaveResult:
+        """Write snapshot ``snapshot_id`` below ``uri`` and publish its manifest (may be
+        retried); then free it."""
+        ...
+
     def load(self, uri: str) -> int:
         """Load a published save into every shard; returns keys loaded."""
         ...

@@ -21,10 +21,11 @@ import contextlib
 import hashlib
 import json
 import os
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,42 +105,67 @@ def _write_durable(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> Non
 class PartWriter:
     """Writes the files of one shard's save into a fresh data directory under ``uri``.
 
-    On local disks ``write`` leaves the fsync to ``finish``, which runs every fsync of the
-    save at once on ``SYNC_THREADS`` threads: a delta of a large table writes one small
-    part per logical shard, and an fsync after each made the file count, not the bytes,
-    its cost. Object stores get one PUT per ``write``.
+    A save writes one part per logical shard (64 by default); on a local disk an fsync
+    per part, one after another, made the file count, not the bytes, the cost of a small
+    delta save paid every pass. So parts are written on ``threads`` threads (at most
+    ``2 * threads`` encoded parts waiting, so a large save's memory stays bounded) and, on
+    local disks, fsynced together when the block is left. Use it as a context manager:
+    leaving the block waits for every write and every fsync and raises the first error, so
+    nothing is reported saved before it is on storage; after an error the local files
+    already written are removed at once (a full disk gets its space back). Object stores
+    get one PUT per part.
     """
 
-    def __init__(self, uri: str, shard_index: int) -> None:
+    def __init__(self, uri: str, shard_index: int, threads: int = SYNC_THREADS) -> None:
         self.uri = uri
         self.fs, self.root = _fs(uri)
         self.data_dir = new_data_dir(shard_index)
         self._local = isinstance(self.fs, LocalFileSystem)
-        self._written: list[str] = []  # local files not yet fsynced
+        self._threads = threads
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="ps-save")
+        self._room = threading.BoundedSemaphore(2 * threads)
+        self._pending: list[Future[None]] = []
+        self._written: list[str] = []  # local files, fsynced when the block is left
 
     def write(self, relpath: str, data: bytes, rows: int) -> SavedFile:
+        """Queue one file (on storage by the time the block is left); its size and sha256."""
         path = f"{self.root}/{relpath}"
+        self._room.acquire()
+        try:
+            future = self._pool.submit(_write, self.fs, path, data)
+        except BaseException:
+            self._room.release()
+            raise
+        future.add_done_callback(lambda _: self._room.release())
+        self._pending.append(future)
         if self._local:
             self._written.append(path)
-        _write(self.fs, path, data)
         return SavedFile(
             path=relpath, size=len(data), sha256=hashlib.sha256(data).hexdigest(), rows=rows
         )
 
-    def finish(self) -> None:
-        """Make every file written so far durable (before the save's effects apply)."""
-        if self._written:
-            with ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="save-fsync") as pool:
-                list(pool.map(_fsync, self._written))
-        self._written = []
+    def __enter__(self) -> PartWriter:
+        return self
 
-    def abort(self) -> None:
-        """Remove the local files of a failed save now rather than at the next publish's
-        garbage collection (a full disk should get its space back at once)."""
-        for path in self._written:
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-        self._written = []
+    def __exit__(self, *exc: object) -> None:
+        """Wait for every queued write (also after an error), then make them durable; on
+        any error remove what was written and raise the first error."""
+        self._pool.shutdown(wait=True)
+        error: BaseException | None = next(
+            (e for e in (f.exception() for f in self._pending) if e is not None), None
+        )
+        if error is None and exc[0] is None and self._written:
+            try:
+                with ThreadPoolExecutor(self._threads, thread_name_prefix="save-fsync") as pool:
+                    list(pool.map(_fsync, self._written))
+            except OSError as sync_error:
+                error = sync_error
+        if error is not None or exc[0] is not None:
+            for path in self._written:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+        if error is not None and exc[0] is None:
+            raise error
 
 
 def _fsync(path: str) -> None:
@@ -148,6 +174,39 @@ def _fsync(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+class PartBuffer:
+    """A shard's save taken now and written later: the parts in memory, encoded.
+
+    Same ``data_dir``/``write`` as ``PartWriter``, so a save's part code serves both;
+    ``write_to(uri)`` then writes the held parts (on ``PartWriter``'s threads) — as often
+    as asked, so a failed write can be retried with the very same content.
+    """
+
+    def __init__(self, shard_index: int) -> None:
+        self.data_dir = new_data_dir(shard_index)
+        self._parts: list[tuple[str, bytes, int]] = []
+
+    def write(self, relpath: str, data: bytes, rows: int) -> SavedFile:
+        self._parts.append((relpath, data, rows))
+        return SavedFile(
+            path=relpath, size=len(data), sha256=hashlib.sha256(data).hexdigest(), rows=rows
+        )
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(data) for _, data, _ in self._parts)
+
+    def write_to(self, uri: str, shard_index: int) -> None:
+        """Write every held part below ``uri``; raises the first write error."""
+        with PartWriter(uri, shard_index) as writer:
+            for relpath, data, rows in self._parts:
+                writer.write(relpath, data, rows)
+
+
+#: Where a save's parts go: to storage now, or into memory for a snapshot.
+PartSink = PartWriter | PartBuffer
 
 
 # -- publishing -----------------------------------------------------------------------------

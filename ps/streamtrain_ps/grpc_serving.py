@@ -7,7 +7,7 @@ bind the same explicit port), the standard ``grpc.health.v1`` service reporting 
 ``port``, and a graceful stop that flips health to NOT_SERVING *before* refusing new RPCs so
 Kubernetes and clients stop sending first. ``GrpcServer`` is that skeleton; subclasses only
 register their servicer on ``self._server``. ``stop_on_signals`` is the SIGTERM/SIGINT
-handling both ``__main__`` modules run.
+handling both ``__main__`` modules run, and ``exit_now`` how they end once stopped.
 
 It lives in ``streamtrain_ps`` because the PS is the bottom layer: the worker may import it,
 the PS may not import the worker.
@@ -15,13 +15,17 @@ the PS may not import the worker.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from concurrent import futures
 from contextlib import contextmanager
 from types import FrameType
+from typing import NoReturn
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -137,3 +141,20 @@ def stop_on_signals(grace: float) -> Iterator[threading.Event]:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def exit_now(code: int) -> NoReturn:
+    """End the process once a server has stopped and closed what it holds: flush the logs
+    and stdio, then ``os._exit`` without the interpreter's teardown.
+
+    The teardown frees every module and object one by one, which with torch (and numba)
+    loaded took 1.8-4.7 s after a worker had answered SIGTERM within milliseconds — time
+    that local mode waits at the end of every ``streamtrain run`` and Kubernetes at every
+    pod stop. Nothing is lost by skipping it: the servers close their channels, thread
+    pools and files before returning (every save is on storage before it is reported).
+    """
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # closed or broken: nothing to flush
+            stream.flush()
+    os._exit(code)

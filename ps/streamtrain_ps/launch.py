@@ -96,6 +96,16 @@ class Launched:
         except OSError:
             return ""
 
+    def send_input(self, text: str) -> None:
+        """Write ``text`` to the child's stdin (``launch(stdin=True)``) and close it."""
+        stdin = self.process.stdin
+        if stdin is None:
+            raise ValueError(f"{self.name} was launched without stdin")
+        try:
+            stdin.write(text)
+        finally:
+            stdin.close()
+
     def kill(self) -> None:
         """SIGKILL (a crash); returns at once."""
         if self.process.poll() is None:
@@ -125,8 +135,12 @@ def launch(
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
     new_session: bool = False,
+    stdin: bool = False,
 ) -> Launched:
     """Start ``argv`` with stdin closed and stdout + stderr appended to ``log_path``.
+
+    ``stdin``: a pipe instead, written once by :meth:`Launched.send_input` (a worker started
+    before its PS endpoints are known reads its config from it).
 
     ``announce``: the child prints ``listening on HOST:PORT``; its stdout goes through a
     drain thread that records the address (:meth:`Launched.wait_listening`).
@@ -138,7 +152,7 @@ def launch(
             list(argv),
             stdout=subprocess.PIPE if announce else log,
             stderr=log,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
             text=True,
             env=None if env is None else dict(env),
             cwd=cwd,

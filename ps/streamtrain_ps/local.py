@@ -20,7 +20,7 @@ import numpy.typing as npt
 
 from streamtrain_ps import api, checkpoint, sharding
 from streamtrain_ps.config import PSConfig
-from streamtrain_ps.errors import InvalidRequestError, UnknownTableError
+from streamtrain_ps.errors import CheckpointError, InvalidRequestError, UnknownTableError
 from streamtrain_ps.shard import Shard
 
 R = TypeVar("R")
@@ -164,6 +164,35 @@ class LocalPS:
             self._each(lambda s: s.finish_save(save_id, commit=False))
             raise
         self._each(lambda s: s.finish_save(save_id, commit=True))
+        return api.SaveResult(
+            uri=uri,
+            mode=api.SaveMode(mode),
+            files=tuple(f for r in results for f in r.files),
+            keys_saved=sum(r.keys_saved for r in results),
+            tombstones=sum(r.tombstones for r in results),
+            seconds=time.perf_counter() - start,
+        )
+
+    def snapshot(self, mode: api.SaveMode, snapshot_id: str) -> None:
+        """Every shard takes a snapshot save now (``Shard.snapshot_save``); a retry with the
+        same id applies nothing twice."""
+        self._each(lambda s: s.snapshot_save(mode, snapshot_id))
+
+    def save_snapshot(
+        self,
+        uri: str,
+        mode: api.SaveMode,
+        snapshot_id: str,
+        meta: Mapping[str, Any] | None = None,
+    ) -> api.SaveResult:
+        """Every shard writes its parts of the snapshot, then the manifest is published and
+        the snapshot freed (a failure keeps it for a retry)."""
+        start = time.perf_counter()
+        results = self._each(lambda s: s.write_snapshot(uri, snapshot_id))
+        if any(r.mode != mode for r in results):
+            raise CheckpointError(f"snapshot {snapshot_id} is not a mode {int(mode)} save")
+        checkpoint.publish(uri, results, meta, config=self.config)
+        self._each(lambda s: s.drop_snapshot(snapshot_id))
         return api.SaveResult(
             uri=uri,
             mode=api.SaveMode(mode),

@@ -295,6 +295,41 @@ class RemotePS:
             seconds=time.perf_counter() - start,
         )
 
+    def snapshot(self, mode: api.SaveMode, snapshot_id: str) -> None:
+        """Every server takes a snapshot save now (``Shard.snapshot_save``): its parts in
+        memory, its side effects applied. A retried call (same id) applies nothing twice."""
+        req = ps_pb2.SaveRequest(mode=int(api.SaveMode(mode)), snapshot=True, save_id=snapshot_id)
+        everyone = range(self.num_servers)
+        self._call_all("Save", [(i, req) for i in everyone], control=True, settle=True)
+
+    def save_snapshot(
+        self,
+        uri: str,
+        mode: api.SaveMode,
+        snapshot_id: str,
+        meta: Mapping[str, Any] | None = None,
+    ) -> api.SaveResult:
+        """Every server writes its parts of the snapshot, then the manifest is published;
+        the snapshot is freed after (a failure keeps it, so the call can be retried)."""
+        start = time.perf_counter()
+        mode = api.SaveMode(mode)
+        req = ps_pb2.SaveRequest(uri=uri, mode=int(mode), from_snapshot=snapshot_id)
+        everyone = range(self.num_servers)
+        responses = self._call_all("Save", [(i, req) for i in everyone], control=True, settle=True)
+        results = [save_result(uri, mode, r) for r in responses]
+        checkpoint.publish(
+            uri, results, {**self._manifest_meta(mode), **(meta or {})}, config=self._config
+        )
+        self._finish_save(uri, snapshot_id, commit=False)
+        return api.SaveResult(
+            uri=uri,
+            mode=mode,
+            files=tuple(f for r in results for f in r.files),
+            keys_saved=sum(r.keys_saved for r in results),
+            tombstones=sum(r.tombstones for r in results),
+            seconds=time.perf_counter() - start,
+        )
+
     def _finish_save(self, uri: str, save_id: str, commit: bool) -> None:
         """Commit or abort a staged save on every server; failures are logged (see
         ``save``: neither a lost commit nor a lost abort can make a published save wrong)."""

@@ -21,7 +21,7 @@ from streamtrain_ps.tiering import TieredTable
 
 
 def write_tables(
-    writer: checkpoint.PartWriter,
+    writer: checkpoint.PartSink,
     tables: list[TieredTable],
     mode: api.SaveMode,
     logical_shards: int,
@@ -88,7 +88,7 @@ def write_tables(
 
 
 def write_dense(
-    writer: checkpoint.PartWriter, vectors: Mapping[str, DenseState]
+    writer: checkpoint.PartSink, vectors: Mapping[str, DenseState]
 ) -> list[api.SavedFile]:
     """One part per dense vector with its Adam state (mode 0 saves of every table)."""
     files = []

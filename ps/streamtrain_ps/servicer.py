@@ -99,6 +99,14 @@ class ShardLike(Protocol):
 
     def finish_save(self, save_id: str, commit: bool) -> bool: ...
 
+    def snapshot_save(
+        self, mode: api.SaveMode | int, snapshot_id: str, table: str | None = None
+    ) -> api.SaveResult: ...
+
+    def write_snapshot(self, uri: str, snapshot_id: str) -> api.SaveResult: ...
+
+    def drop_snapshot(self, snapshot_id: str) -> None: ...
+
     def load(self, uri: str) -> int: ...
 
     def prepare_load(self, uri: str, load_id: str | None = None) -> int: ...
@@ -251,7 +259,7 @@ class PSServicer(ps_pb2_grpc.ParameterServerServicer):
         self, request: ps_pb2.SaveRequest, context: grpc.ServicerContext
     ) -> ps_pb2.SaveResponse:
         def run() -> ps_pb2.SaveResponse:
-            uri = _uri(request.uri)
+            uri = "" if request.snapshot else _uri(request.uri)
             try:
                 mode = api.SaveMode(request.mode)
             except ValueError:
@@ -261,7 +269,16 @@ class PSServicer(ps_pb2_grpc.ParameterServerServicer):
                 ) from None
             table = self._table(request.table).name if request.table else None
             save_id = ""
-            if request.stage:
+            if request.snapshot:
+                result = self._shard.snapshot_save(mode, request.save_id, table)
+                save_id = request.save_id
+            elif request.from_snapshot:
+                result = self._shard.write_snapshot(uri, request.from_snapshot)
+                if result.mode != mode:
+                    raise InvalidRequestError(
+                        "mode", f"snapshot {request.from_snapshot} is mode {int(result.mode)}"
+                    )
+            elif request.stage:
                 result, save_id = self._shard.stage_save(uri, mode, table, request.save_id or None)
             else:
                 result = self._shard.save(uri, mode, table)
@@ -279,6 +296,8 @@ class PSServicer(ps_pb2_grpc.ParameterServerServicer):
             _uri(request.uri)
             if not request.save_id:
                 raise InvalidRequestError("save_id", "must name a staged save")
+            if not request.commit:  # also frees a snapshot of that id (published or not)
+                self._shard.drop_snapshot(request.save_id)
             applied = self._shard.finish_save(request.save_id, request.commit)
             return ps_pb2.FinishSaveResponse(applied=applied)
 

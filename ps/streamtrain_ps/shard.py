@@ -16,7 +16,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ from streamtrain_ps.errors import (
     UnknownTableError,
 )
 from streamtrain_ps.heap import release_scratch_memory
+from streamtrain_ps.held_save import SnapshotSlot
 from streamtrain_ps.kernels import BAD_CLICK, BAD_GRAD, BAD_SHOW, NOT_OWNED, OVERFLOW
 from streamtrain_ps.memory_limit import LOW_WATER, MemoryGovernor, peak_rss_bytes
 from streamtrain_ps.packed import SLOT_CODES
@@ -123,6 +124,8 @@ class Shard:
         self._last_load = 0.0
         #: Staged saves and prepared loads (two-phase, see ``streamtrain_ps.staging``).
         self._saves: Pending[SaveEffects] = Pending("staged save")
+        #: The snapshot save taken but maybe not yet written (``snapshot_save``).
+        self._snapshot = SnapshotSlot(shard_index)
         self._loads: Pending[PreparedLoad] = Pending("prepared load")
         #: Orders a commit's apply against a shrink's ``forget`` (taken before table locks).
         self._effects_lock = threading.Lock()
@@ -281,6 +284,64 @@ class Shard:
                 e.apply_locked()
         return True
 
+    def snapshot_save(
+        self, mode: api.SaveMode | int, snapshot_id: str, table: str | None = None
+    ) -> api.SaveResult:
+        """Take a save of the current content now and write it later (``write_snapshot``).
+
+        The parts are copied and encoded into memory and the save's side effects are applied
+        at once, as one consistent moment of the model: the scheduler takes it between two
+        passes and lets the next pass train while the parts are written, so they stay the
+        model of the pass before. (A write that fails for good fails the job, whose next
+        run reloads a checkpoint: an applied effect never outlives its save.) One snapshot
+        per shard, replaced by the next; taking the same ``snapshot_id`` again returns it
+        without applying anything twice (a retried call). Modes 1-3 only: a checkpoint's
+        copy of every row would double the shard's memory.
+        """
+        mode = _mode(mode)
+        if mode == api.SaveMode.CHECKPOINT:
+            raise InvalidRequestError("mode", "a snapshot save takes modes 1-3, not checkpoints")
+        if not isinstance(snapshot_id, str) or not snapshot_id:
+            raise InvalidRequestError("save_id", "must name the snapshot")
+
+        def take() -> tuple[checkpoint.PartBuffer, api.SaveResult]:
+            tables = self._selected(table)
+            start = time.perf_counter()
+            buffer = checkpoint.PartBuffer(self.shard_index)
+            with ExitStack() as stack:
+                for t in tables:
+                    stack.enter_context(t.lock.maintenance)
+                files, effects, saved, tombs = saving.write_tables(
+                    buffer, tables, mode, self.config.logicalShards, self.owned
+                )
+                for e in effects:
+                    e.apply_locked()
+            seconds = time.perf_counter() - start
+            return buffer, api.SaveResult("", mode, tuple(files), saved, tombs, seconds)
+
+        return self._snapshot.take(snapshot_id, take)
+
+    def write_snapshot(self, uri: str, snapshot_id: str) -> api.SaveResult:
+        """Write the parts of snapshot ``snapshot_id`` below ``uri`` (no manifest: the caller
+        publishes it); can be repeated after a failure. ``CheckpointError`` if this shard
+        does not hold it (replaced by a newer one, or lost in a restart)."""
+        if not isinstance(uri, str) or not uri:
+            raise InvalidRequestError("uri", "must be a non-empty fsspec URL")
+        start = time.perf_counter()
+        try:
+            result = self._snapshot.write(uri, snapshot_id)
+        except PSError:
+            raise
+        except Exception as exc:  # storage errors of any fsspec backend
+            raise CheckpointError(f"save to {uri} failed: {type(exc).__name__}: {exc}") from exc
+        seconds = time.perf_counter() - start
+        self._last_save = seconds
+        return replace(result, seconds=result.seconds + seconds)
+
+    def drop_snapshot(self, snapshot_id: str) -> None:
+        """Free the memory of snapshot ``snapshot_id`` once it is published (no-op otherwise)."""
+        self._snapshot.drop(snapshot_id)
+
     def _save(
         self,
         uri: str,
@@ -294,18 +355,18 @@ class Shard:
             raise InvalidRequestError("uri", "must be a non-empty fsspec URL")
         tables = self._selected(table)
         start = time.perf_counter()
-        writer: checkpoint.PartWriter | None = None
         try:
-            writer = checkpoint.PartWriter(uri, self.shard_index)
             with ExitStack() as stack:
                 for t in tables:
                     stack.enter_context(t.lock.maintenance)
-                files, effects, saved, tombs = saving.write_tables(
-                    writer, tables, mode, self.config.logicalShards, self.owned
-                )
-                if mode == api.SaveMode.CHECKPOINT and table is None:
-                    files += saving.write_dense(writer, self._dense.snapshot())
-                writer.finish()  # durable before any effect of the save applies
+                # Leaving the writer's block waits until every part is on storage: the
+                # effects below are staged or applied only after that.
+                with checkpoint.PartWriter(uri, self.shard_index) as writer:
+                    files, effects, saved, tombs = saving.write_tables(
+                        writer, tables, mode, self.config.logicalShards, self.owned
+                    )
+                    if mode == api.SaveMode.CHECKPOINT and table is None:
+                        files += saving.write_dense(writer, self._dense.snapshot())
                 staged = SaveEffects(save_id or writer.data_dir, uri, tuple(effects))
                 if stage:
                     self._saves.put(staged.save_id, staged)
@@ -313,12 +374,8 @@ class Shard:
                     for e in staged.tables:
                         e.apply_locked()
         except PSError:
-            if writer is not None:
-                writer.abort()
             raise
         except Exception as exc:  # storage errors of any fsspec backend
-            if writer is not None:
-                writer.abort()
             raise CheckpointError(f"save to {uri} failed: {type(exc).__name__}: {exc}") from exc
         seconds = time.perf_counter() - start
         self._last_save = seconds
@@ -405,6 +462,7 @@ class Shard:
             for t in tables:
                 stack.enter_context(t.lock.maintenance)
             self._saves.clear("a load replaced the shard's content")
+            self._snapshot.drop()  # a copy of the replaced content
             for t in tables:
                 t.install_tiered(prepared.tables[t.name])
             if prepared.dense is not None:

@@ -24,7 +24,8 @@ Only what Kubernetes itself provides is substituted, each substitution explicit:
 - volumes: the ConfigMap's keys are written to a directory standing for the mount path
   (``/etc/streamtrain``), the ``/tmp`` emptyDir is a fresh directory; arguments and env
   values under a mount path are remapped;
-- ``python`` is ``sys.executable``; ``fieldRef`` env values are the pod's name/namespace.
+- ``python`` is ``sys.executable``, with this process's ``PYTHONPATH`` (the image's code is
+  the tree under test); ``fieldRef`` env values are the pod's name/namespace.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import random
 import socket
 import sys
@@ -263,6 +265,9 @@ class Kubelet:
         mounts = self._volumes(workdir, template["spec"], spec)
         args = _args(spec["args"], ordinal, local.rsplit(":", 1)[1], mounts)
         env = {"PATH": "/usr/bin:/bin"}
+        # The image's code is the tree under test: the same imports as this process.
+        if "PYTHONPATH" in os.environ:
+            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
         for item in spec.get("env", []):
             if "value" in item:
                 env[item["name"]] = _remap(item["value"], mounts)

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 
 from streamtrain_operator.job.plan import StepKey, StepKind
-from streamtrain_operator.run.hooks import PARTS, POINTS
+from streamtrain_operator.run.hooks import MANIFEST_POINT, PARTS, POINTS
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,9 @@ class PauseHook:
     recorded: the widest crash window), the driver writes ``path`` with what it holds at and
     waits until the file is removed. ``parts`` (delta, base, batch only) holds *inside* the
     publication of that model (``export.publish_model``): its sparse parts are written, its
-    dense part, ``MODEL.json`` and donefile line are not — a half-written model. The
+    dense part, ``MODEL.json`` and donefile line are not — a half-written model.
+    ``manifest`` holds after its ``MODEL.json``, before its donefile line: in the end of the
+    publication that runs beside the next pass. The
     fault-injection suite (``tests/faults``) uses it to SIGKILL ``streamtrain run`` mid-shrink
     or mid-export, which is otherwise a race against a step of milliseconds. Unset: a no-op.
     """
@@ -53,12 +55,12 @@ class PauseHook:
         if (
             when not in POINTS
             or step not in {k.value for k in StepKind}
-            or (when == PARTS and step not in MODEL_STEPS)
+            or (when in (PARTS, MANIFEST_POINT) and step not in MODEL_STEPS)
             or (index and not index.isdigit())
         ):
             raise ValueError(
                 f"STREAMTRAIN_PAUSE={where!r}: expected before|after:<step>[@<pass>] "
-                f"or parts:<{'|'.join(MODEL_STEPS)}>[@<pass>]"
+                f"or parts:<{'|'.join(MODEL_STEPS)}>[@<pass>] (or manifest:, the same)"
             )
         return cls(when, step, int(index) if index else None, path)
 

@@ -1,19 +1,31 @@
-"""Case 3b: SIGKILL ``streamtrain run`` while an export's parts are being written.
+"""Case 3b: SIGKILL ``streamtrain run`` while an export's parts are being written, and
+while the end of a publication runs beside the next pass.
 
 The pause hook ``parts:delta@2`` holds the run inside the publication of ``delta-2``: its
-sparse parts are on disk (with the PS save's own ``MANIFEST.json``), its dense part,
-``MODEL.json`` and donefile line are not. The run is killed there. What must hold:
+dense part and sparse parts are on disk (with the PS save's own ``MANIFEST.json``), its
+``MODEL.json`` and donefile line are not. The sparse parts are the PS's snapshot of the
+model after pass 2, written beside the next step — here the checkpoint of pass 2, which
+waits for the publication — so delta-2 is already recorded. The run is killed there. What
+must hold:
 
 - while half written (held, and after the kill) the model is invisible: the donefile does
   not list it, the predictor's newest model is ``delta-1`` and asking for ``delta-2`` is
   "not published";
-- the rerun redoes the export from scratch — the half-written directory is removed, not
-  merged (a stray file planted in it is gone) — and publishes it exactly once: one donefile
+- the rerun's replay of delta-2 (recorded, not published) publishes it from scratch — the
+  half-written directory is removed, not merged (a stray file planted in it is gone) —
+  exactly once: one donefile
   line per model key, every file of the model directory listed in ``MODEL.json`` with its
   size and sha256, loadable by ``streamtrain_worker.predict.load_model``;
 - the model state is unaffected: the final checkpoint is bit-identical to a run without the
   kill (the killed PS had already applied the delta save's side effect, ``delta_score``
   reset; the rerun reloads the checkpoint and replays, so it is applied once).
+
+The end of a publication (``MODEL.json``, the donefile line) runs beside the next pass
+(docs/scheduler.md §4). The hook ``manifest:delta@1`` holds there, after ``MODEL.json`` of
+``delta-1``: the run records delta-1, trains pass 2 beside it, and is killed while the line
+is still missing. The rerun's replay of delta-1 publishes it — once, first in the donefile,
+the very model the clean run published — and every pass, the one trained beside the
+publication included, is in the final checkpoint once (bit-identical to the clean run).
 """
 
 from __future__ import annotations
@@ -27,9 +39,10 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from streamtrain_operator.job.plan import StepKind
+from streamtrain_operator.job.plan import StepKey, StepKind
 from streamtrain_operator.job.progress import Phase
 from streamtrain_operator.run.export import read_donefile, verify_model
+from streamtrain_operator.run.hooks import MANIFEST_POINT
 from streamtrain_ps.checkpoint import read_sparse
 from streamtrain_worker.model_folder import DONEFILE, MODEL_MANIFEST
 from streamtrain_worker.predict import ModelNotFoundError, load_model, model_chain
@@ -82,14 +95,22 @@ def test_a_kill_between_an_exports_parts_redoes_it_once_and_never_shows_the_half
     export = job.root / "export"
     first = job.start(pause="parts:delta@2")
     assert job.wait_paused(first) == f"parts delta {START}/2"
-    held = job.state()
-    assert held is not None and held.current is not None
-    assert (held.current.kind, held.current.pass_index) == (StepKind.DELTA, 2)
-    # Half written: sparse parts (and the PS save's own manifest), nothing else.
+    # The sparse parts are written beside the next step: here the checkpoint of pass 2,
+    # which waits for the publication before it runs (delta-2 is recorded, the checkpoint
+    # only begun).
+    held = job.wait_state(
+        first,
+        lambda p: p.current is not None and p.current.kind == StepKind.CHECKPOINT,
+        "the checkpoint to wait for delta-2's publication",
+    )
+    assert held.completed == StepKey(START, 2, StepKind.DELTA)
+    assert held.checkpoint is not None and held.checkpoint.key.pass_index == 0  # the genesis
+    # Half written: the dense part and the sparse parts (with the PS save's own manifest),
+    # no MODEL.json.
     half = export / HALF
     written = files_under(half)
     assert any(name.startswith("sparse/") and name != "sparse/MANIFEST.json" for name in written)
-    assert not any(name.startswith("dense/") for name in written)
+    assert any(name.startswith("dense/") for name in written)
     assert MODEL_MANIFEST not in written
     assert_invisible(export)
     first.kill_and_wait_children()
@@ -131,4 +152,49 @@ def test_a_kill_between_an_exports_parts_redoes_it_once_and_never_shows_the_half
     for got_array, clean_array in zip(redone, expected, strict=True):
         assert _sorted_bytes(got_array) == _sorted_bytes(clean_array)
     # The model saw every pass and every export side effect once.
+    assert_same_model(read_checkpoint(checkpoint_of(job.root, START, 4)), reference.model)
+
+
+@pytest.mark.faults
+@pytest.mark.timeout(150)
+def test_a_kill_in_a_publication_beside_the_next_pass_publishes_it_once_and_trains_once(
+    job: Job, reference: Reference
+) -> None:
+    # The end of delta-1's publication (MODEL.json written, donefile line not) runs beside
+    # pass 2; held there, the run trains pass 2 and then waits for it before delta-2.
+    job.write(days=1, **DETERMINISTIC)
+    export = job.root / "export"
+    first = job.start(pause=f"{MANIFEST_POINT}:delta@1")
+    assert job.wait_paused(first) == f"{MANIFEST_POINT} delta {START}/1"
+    held = job.wait_state(
+        first,
+        lambda p: [(r.day, r.pass_index) for r in p.history] == [(START, 1), (START, 2)],
+        "pass 2 to train beside delta-1's publication",
+    )
+    # delta-1 is recorded (pass 2 came after it), but not visible: no donefile line yet.
+    assert held.completed == StepKey(START, 2, StepKind.TRAIN)
+    assert (export / f"{START}/delta-1" / MODEL_MANIFEST).exists()
+    assert read_donefile(str(export)) == []
+    first.kill_and_wait_children()
+    assert read_donefile(str(export)) == []
+
+    code, output = job.run()
+    assert code == 0, first.output + output
+    after = job.state()
+    assert after is not None and after.phase == Phase.SUCCEEDED
+    # Pass 2 trained beside the publication is recorded once; the rerun's replay of delta-1
+    # published it (once, first in the donefile).
+    assert [(r.day, r.pass_index) for r in after.history] == [(START, p) for p in (1, 2, 3, 4)]
+    lines = read_donefile(str(export))
+    assert [d.key for d in lines] == ONE_DAY_MODELS
+    for line in lines:
+        assert verify_model(str(export), line.key).kind == line.kind
+    assert json.loads((export / f"{START}/delta-1" / MODEL_MANIFEST).read_text())["pass"] == 1
+    # The replay rebuilt delta-1's model state exactly: the model the clean run published.
+    for key in (f"{START}/delta-1", HALF):
+        got = read_sparse(str(export / key / "sparse"), "embedding")
+        clean = read_sparse(str(reference.export / key / "sparse"), "embedding")
+        for got_array, clean_array in zip(got, clean, strict=True):
+            assert _sorted_bytes(got_array) == _sorted_bytes(clean_array)
+    # Every pass, pass 2 included, was applied to the model once.
     assert_same_model(read_checkpoint(checkpoint_of(job.root, START, 4)), reference.model)

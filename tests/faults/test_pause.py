@@ -20,7 +20,8 @@ def test_parts_is_only_for_models_and_a_bad_value_names_the_forms(
     monkeypatch.setenv("STREAMTRAIN_PAUSE", "parts:delta@2")
     hook = PauseHook.from_env()
     assert (hook.when, hook.step, hook.pass_index) == (PARTS, "delta", 2)
-    for bad in ("parts:train", "parts:checkpoint", "during:delta", "parts:delta@x"):
+    bad_values = ("parts:train", "parts:checkpoint", "during:delta", "parts:delta@x")
+    for bad in (*bad_values, "manifest:train"):
         monkeypatch.setenv("STREAMTRAIN_PAUSE", bad)
         with pytest.raises(ValueError, match=r"parts:<delta\|base\|batch>"):
             PauseHook.from_env()

@@ -16,11 +16,13 @@ import numpy as np
 import pytest
 
 from streamtrain_operator.job import render
+from streamtrain_operator.job.plan import StepKey, StepKind
 from streamtrain_operator.job.progress import Phase, Progress
 from streamtrain_operator.job.scheduler import Action, LoadCheckpoint
 from streamtrain_operator.job.spec import Job, parse_job
 from streamtrain_operator.run.driver import Driver, Observer
 from streamtrain_operator.run.export import read_donefile, verify_model
+from streamtrain_operator.run.hooks import MANIFEST_POINT
 from streamtrain_operator.run.state import MemoryStateStore
 from streamtrain_ps import sharding
 from streamtrain_ps.local import LocalPS
@@ -608,3 +610,112 @@ def test_a_ps_loss_before_the_first_checkpoint_reloads_the_genesis_exactly_once(
     )
     assert np.array_equal(ps.pull_dense(DenseWorker.DENSE), clean_ps.pull_dense(DenseWorker.DENSE))
     assert ps.stats() == clean_ps.stats()
+
+
+class HoldPublication:
+    """A step hook that holds the end of delta-1's publication (``MODEL.json`` written, the
+    donefile line not) until pass 2 has been dispatched, or fails it there once."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+        self.pass_2_started = asyncio.Event()
+        self.held = 0
+
+    async def hold(self, point: str, key: StepKey) -> None:
+        if point != MANIFEST_POINT or (key.pass_index, key.kind) != (1, StepKind.DELTA):
+            return
+        self.held += 1
+        if self.fail and self.held == 1:
+            raise OSError("the donefile's store is down")
+        await asyncio.wait_for(self.pass_2_started.wait(), 30)
+
+
+class SignallingWorker(FakeWorker):
+    def __init__(self, ps: LocalPS, index: int, hook: HoldPublication) -> None:
+        super().__init__(ps, index)
+        self.hook = hook
+
+    async def run_pass(
+        self, day: str, pass_index: int, files: Sequence[str], generation: int, train: bool
+    ) -> Any:
+        if pass_index == 2:
+            self.hook.pass_2_started.set()
+        return await super().run_pass(day, pass_index, files, generation, train)
+
+
+def _publication_job(tmp_path: Path) -> Job:
+    for hhmm in ("0000", "1200"):
+        write_folder(tmp_path, "20261101", hhmm)
+    m = copy.deepcopy(MANIFEST)
+    # Checkpoints only at the day end, so delta-1 is followed by pass 2, not a checkpoint.
+    m["spec"]["checkpoint"]["everyPasses"] = 2
+    for section in ("data", "checkpoint", "export"):
+        m["spec"][section]["path"] = str(tmp_path / m["spec"][section]["path"])
+    return parse_job(m)
+
+
+DAY_MODELS = ["20261101/delta-1", "20261101/delta-2", "20261102/base", "20261101/batch"]
+
+
+def test_the_end_of_a_publication_runs_beside_the_next_pass(tmp_path: Path) -> None:
+    # The hook holds delta-1's donefile line until pass 2 is dispatched: a driver that
+    # published before training on would wait for itself (and time out).
+    job = _publication_job(tmp_path)
+    ps = LocalPS(render.ps_config(job.spec))
+    hook = HoldPublication()
+    workers = [SignallingWorker(ps, i, hook) for i in range(2)]
+    clock = iter(range(10_000))
+    driver = Driver(
+        job.spec,
+        ps,
+        workers,
+        MemoryStateStore(),
+        clock=lambda: float(next(clock)),
+        sleep=_no_sleep,
+        step_hook=hook,
+    )
+    progress = asyncio.run(driver.run())
+    assert progress.phase == Phase.SUCCEEDED
+    assert hook.pass_2_started.is_set()
+    # Donefile lines stay in step order, each model complete.
+    export = str(tmp_path / "export")
+    assert [d.key for d in read_donefile(export)] == DAY_MODELS
+    for key in DAY_MODELS:
+        verify_model(export, key)
+
+
+def test_a_publication_failing_beside_the_next_pass_fails_the_job_and_the_rerun_publishes_it(
+    tmp_path: Path,
+) -> None:
+    job = _publication_job(tmp_path)
+    ps = LocalPS(render.ps_config(job.spec))
+    hook = HoldPublication(fail=True)
+    workers = [SignallingWorker(ps, i, hook) for i in range(2)]
+    store = MemoryStateStore()
+    clock = iter(range(10_000))
+
+    def driver() -> Driver:
+        return Driver(
+            job.spec,
+            ps,
+            workers,
+            store,
+            clock=lambda: float(next(clock)),
+            sleep=_no_sleep,
+            step_hook=hook,
+        )
+
+    failed = asyncio.run(driver().run())
+    assert failed.phase == Phase.FAILED
+    assert "ExportFailed" in failed.message and "delta-1" in failed.message
+    # delta-1 is recorded but has no donefile line: nothing is visible.
+    assert read_donefile(str(tmp_path / "export")) == []
+
+    # The rerun reloads the genesis, replays pass 1 and delta-1 — publishing it, since it
+    # never was — and goes on; every pass is recorded once, every model published once.
+    progress = asyncio.run(driver().run())
+    assert progress.phase == Phase.SUCCEEDED
+    assert [(r.day, r.pass_index) for r in progress.history] == [("20261101", 1), ("20261101", 2)]
+    export = str(tmp_path / "export")
+    assert [d.key for d in read_donefile(export)] == DAY_MODELS
+    assert verify_model(export, "20261101/delta-1").pass_index == 1

@@ -359,3 +359,23 @@ def test_a_save_with_more_slot_ids_than_a_table_holds_is_refused(
     (uri / "MANIFEST.json").write_text(json.dumps(manifest))
     with pytest.raises(CheckpointError, match=r"table 'embedding'.*distinct slot ids"):
         LocalPS(cfg, 1).load(str(uri))
+
+
+def test_part_writer_waits_for_every_part_and_raises_a_failed_write(tmp_path: Path) -> None:
+    # Parts are written on several threads; leaving the block means every part is on disk,
+    # or the first write error is raised (the caller then stages nothing).
+    with checkpoint.PartWriter(str(tmp_path), 0, threads=4) as writer:
+        saved = [
+            writer.write(f"{writer.data_dir}/p{i}", bytes([i]) * 1000, rows=i) for i in range(20)
+        ]
+    for i, f in enumerate(saved):
+        data = (tmp_path / f.path).read_bytes()
+        assert data == bytes([i]) * 1000
+        assert (f.size, f.sha256, f.rows) == (1000, hashlib.sha256(data).hexdigest(), i)
+
+    (tmp_path / "blocked").write_bytes(b"a file where a directory is needed")
+    with pytest.raises(OSError), checkpoint.PartWriter(str(tmp_path), 0, threads=4) as writer:
+        for i in range(10):
+            writer.write(f"{writer.data_dir}/p{i}", b"x", rows=1)
+        writer.write("blocked/part", b"x", rows=1)
+    assert all((tmp_path / writer.data_dir / f"p{i}").read_bytes() == b"x" for i in range(10))

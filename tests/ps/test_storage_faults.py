@@ -263,7 +263,10 @@ def test_export_retries_with_backoff_then_fails_cleanly(failfs: Faults) -> None:
     first = checkpoint.read_sparse(f"{EXPORT}/20261101/delta-1/sparse", T)
 
     train(ps, 2)
-    faultfs.arm(fail_writes={1, 2})  # a transient outage: two writes fail, then it recovers
+    # A transient outage: the first write of two attempts fails, then it recovers. An
+    # attempt writes every part (8 logical shards, in parallel) before it reports the error.
+    parts = config().logicalShards
+    faultfs.arm(fail_writes={1, parts + 1})
     run_export(ps, 2, policy, sleeps)
     assert sleeps == [0.5, 1.0]
     keys = [d.key for d in export.read_donefile(EXPORT)]

@@ -100,6 +100,15 @@ def test_step_timer_splits_training_from_the_transitions_between_passes() -> Non
     assert report["step_seconds"]["train"] == {"total": 6.5, "count": 2}
     assert report["step_seconds"]["save_delta"] == {"total": 1.0, "count": 1}
     assert report["transition_seconds_per_pass"] == (8.0 - 6.5) / 2
+    # the parts of steps add up by name
+    timer.phase("sparse", 0.25)
+    timer.phase("sparse", 0.5)
+    timer.phase("launch", 2.0)
+    phases = timer.report(passes=2)["phase_seconds"]
+    assert phases == {
+        "launch": {"total": 2.0, "count": 1},
+        "sparse": {"total": 0.75, "count": 2},
+    }
 
 
 def test_sizing_names_the_limit_that_binds_first() -> None:

@@ -20,7 +20,7 @@ import torch
 from prometheus_client import CollectorRegistry, start_http_server
 
 from streamtrain_ps.config import ConfigError
-from streamtrain_ps.grpc_serving import stop_on_signals
+from streamtrain_ps.grpc_serving import exit_now, stop_on_signals
 from streamtrain_ps.remote import RemotePS, RetryPolicy
 from streamtrain_ps.startup import announce
 from streamtrain_worker.config import WorkerConfig
@@ -32,7 +32,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m streamtrain_worker", description=__doc__)
     p.add_argument("--port", type=int, required=True, help="gRPC port; 0 picks a free one")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 in a pod)")
-    p.add_argument("--config", type=Path, required=True, help="worker config JSON")
+    p.add_argument(
+        "--config",
+        type=Path,
+        required=True,
+        help="worker config JSON; '-' reads it from stdin once the imports are done (local "
+        "mode starts workers beside their PS shards and sends the config once the shards' "
+        "addresses are known)",
+    )
     p.add_argument("--worker-index", type=int, default=0, help="for logs only")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     p.add_argument("--grace", type=float, default=30.0, help="seconds to finish a pass on SIGTERM")
@@ -55,7 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        config = WorkerConfig.from_json(args.config.read_text())
+        text = sys.stdin.read() if str(args.config) == "-" else args.config.read_text()
+        config = WorkerConfig.from_json(text)
     except (OSError, ConfigError) as exc:
         print(f"error: --config {args.config}: {exc}", file=sys.stderr)
         return 2
@@ -93,4 +101,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -75,7 +75,14 @@ class LocalCluster:
         self.worker_endpoints: list[str] = []
 
     def start(self) -> None:
-        """Start every PS shard, then every worker (they need the PS endpoints)."""
+        """Start every PS shard and every worker at once; send the workers their config
+        (with the PS endpoints) once the shards announced their addresses.
+
+        A worker's start is mostly importing torch (2-5 s here), a shard's importing numba
+        and loading its compiled kernels (1.5-2 s): started one after the other they added
+        up. The worker reads its config from stdin (``--config -``) after its imports; a
+        restarted worker reads the same config from its file.
+        """
         spec = self.job.spec
         configs = self.workdir / "configs"
         configs.mkdir(parents=True, exist_ok=True)
@@ -94,10 +101,7 @@ class LocalCluster:
             )
             for i in range(n)
         ]
-        self.ps_endpoints = [self._await_listening(c) for c in shards]
         worker_json = configs / "worker.json"
-        routed = [self.ps_route(endpoint) for endpoint in self.ps_endpoints]
-        worker_json.write_text(render.render_worker(spec, routed))
         workers = [
             self._spawn(
                 f"worker-{i}",
@@ -106,17 +110,32 @@ class LocalCluster:
                     *("-m", "streamtrain_worker", "--port", "0", "--config", str(worker_json)),
                     *("--worker-index", str(i)),
                 ],
+                config_on_stdin=True,
             )
             for i in range(spec.workers.replicas)
         ]
+        self.ps_endpoints = [self._await_listening(c) for c in shards]
+        routed = [self.ps_route(endpoint) for endpoint in self.ps_endpoints]
+        config = render.render_worker(spec, routed)
+        worker_json.write_text(config)
+        for w in workers:
+            w.launched.send_input(config)
         self.worker_endpoints = [self._await_listening(c) for c in workers]
 
-    def _spawn(self, name: str, role: str, args: Sequence[str]) -> Child:
+    def _spawn(
+        self, name: str, role: str, args: Sequence[str], config_on_stdin: bool = False
+    ) -> Child:
+        """Start a child; ``config_on_stdin``: it reads ``--config`` from stdin this time
+        (``args`` keep the file, for a restart)."""
+        argv = list(args)
+        if config_on_stdin:
+            argv[argv.index("--config") + 1] = "-"
         launched = launch(
             name,
-            python_argv(args, python=self.python, die_with_parent=True),
+            python_argv(argv, python=self.python, die_with_parent=True),
             self.workdir / "logs" / f"{name}.log",
             announce=True,
+            stdin=config_on_stdin,
         )
         child = Child(role, tuple(args), launched)
         self.children.append(child)

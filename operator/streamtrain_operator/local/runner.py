@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,9 @@ class RunOptions:
     #: Called with every action the driver is about to run, after the progress printer
     #: (benchmarks time the steps with it).
     on_action: Callable[[Action, Progress], None] | None = None
+    #: ``(phase, seconds)``: the start-up's ``launch`` (processes started and listening) and
+    #: ``connect``, the driver's (``Observer.on_phase``), and the final ``shutdown``.
+    on_phase: Callable[[str, float], None] | None = None
 
 
 def _chain(
@@ -91,8 +95,13 @@ async def run_job(job: Job, options: RunOptions) -> Progress:
             f"{job.name}: starting {job.spec.ps.replicas} PS shard(s) and "
             f"{job.spec.workers.replicas} worker(s) (logs in {options.workdir / 'logs'})"
         )
+        started = time.perf_counter()
         cluster.start()
+        launched = time.perf_counter()
         conn = await cluster.connect(options.start_timeout)
+        if options.on_phase is not None:
+            options.on_phase("launch", launched - started)
+            options.on_phase("connect", time.perf_counter() - launched)
         driver = Driver(
             job.spec,
             conn.ps,
@@ -102,6 +111,7 @@ async def run_job(job: Job, options: RunOptions) -> Progress:
                 on_action=_chain(printer.on_action, options.on_action),
                 on_progress=printer.on_progress,
                 on_restart=lambda what: printer.line(f"  {what}"),
+                on_phase=options.on_phase,
             ),
             restarts=cluster,
             step_hook=options.step_hook,
@@ -123,6 +133,9 @@ async def run_job(job: Job, options: RunOptions) -> Progress:
     finally:
         for s in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(s)
+        stopping_at = time.perf_counter()
         if conn is not None:
             await conn.close()
         cluster.stop()
+        if options.on_phase is not None:
+            options.on_phase("shutdown", time.perf_counter() - stopping_at)

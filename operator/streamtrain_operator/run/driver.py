@@ -20,8 +20,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from streamtrain_operator.job import render
-from streamtrain_operator.job.plan import PassPlan, StepKey, StepKind, join_uri
+from streamtrain_operator.job.plan import PassPlan, StepKey, StepKind
 from streamtrain_operator.job.progress import Phase, Progress
 from streamtrain_operator.job.scheduler import (
     Action,
@@ -42,16 +41,14 @@ from streamtrain_operator.job.scheduler import (
     Terminal,
 )
 from streamtrain_operator.job.spec import JobSpec
-from streamtrain_operator.run import export, passfiles, retention, worker_errors
+from streamtrain_operator.run import export, passfiles, publishing, retention, worker_errors
 from streamtrain_operator.run.hooks import AFTER, BEFORE, NO_HOOK, StepHook
 from streamtrain_operator.run.state import StateStore
 from streamtrain_ps.api import PSLike, SaveMode
 from streamtrain_ps.errors import CheckpointError, PSUnavailableError
-from streamtrain_worker.config import MetricsConfig
 from streamtrain_worker.data import layout, timeslices
 from streamtrain_worker.data.sharding import assign_files
 from streamtrain_worker.metrics import PassMetrics
-from streamtrain_worker.model_folder import ModelKind, Serving
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +127,9 @@ class Observer:
     on_action: Callable[[Action, Progress], None] | None = None
     on_progress: Callable[[Progress], None] | None = None
     on_restart: Callable[[str], None] | None = None
+    #: ``(phase, seconds)`` for the parts of a step (``export.PHASES``, ``state``, ``prune``,
+    #: ``assign``): where a pass transition's time goes (``make bench-e2e``).
+    on_phase: Callable[[str, float], None] | None = None
 
 
 class Driver:
@@ -177,16 +177,24 @@ class Driver:
         self.step_hook = step_hook
         # Restores after a worker loss, by pass: bounded by passRetries, then shares retry.
         self._worker_restores: dict[StepKey, int] = {}
+        #: The model steps; the end of a publication runs beside the next pass.
+        self.publisher = publishing.Publisher(
+            spec,
+            self.plan,
+            ps,
+            export_dense=self.workers[0].export_dense,
+            retry=self.retry,
+            sleep=sleep,
+            clock=clock,
+            hook=step_hook,
+            on_phase=self.observer.on_phase,
+        )
 
     async def _hold(self, point: str, action: Action) -> None:
         """Offer a step to the hook: only real steps run for the first time (a replay
         redoes one already recorded)."""
         if isinstance(action, RunPass | Save | Shrink) and not action.replay:
             await self.step_hook.hold(point, action.key)
-
-    def _scratch_root(self) -> str:
-        """Where replayed exports save (they only want the save's PS-side effects)."""
-        return join_uri(self.plan.checkpoint_root, "_scratch")
 
     def stop(self, phase: str = Phase.STOPPED, message: str = "") -> None:
         """Finish the current action, then stop (progress stays resumable)."""
@@ -195,21 +203,37 @@ class Driver:
     async def run(self) -> Progress:
         # A replayed export saves into a scratch directory it removes when done; a kill in
         # between leaves it behind. No step runs yet, so whatever is there is such a leftover.
-        await asyncio.to_thread(retention.remove, self._scratch_root())
+        await asyncio.to_thread(retention.remove, self.publisher.scratch_root)
+        try:
+            return await self._loop()
+        finally:
+            await self.publisher.cancel()  # cancelled (a signal): the rerun publishes it
+
+    async def _loop(self) -> Progress:
         while True:
             action = self.machine.next_action(self.clock())
             self._save()
             if isinstance(action, Terminal):
+                failed = await self.publisher.settle(wait=True)
+                if failed is not None:  # recorded, not published: the next run publishes it
+                    log.error("%s: %s", failed.reason, failed.message)
                 return self.machine.progress
             if self.observer.on_action is not None:
                 self.observer.on_action(action, self.machine.progress)
             restarts = self._restarts()
             await self._hold(BEFORE, action)
+            failed = await self.publisher.settle(wait=not publishing.beside(action))
+            if failed is not None and isinstance(action, LoadCheckpoint):
+                # A restore: the model's step comes after the checkpoint it reloads (every
+                # checkpoint waits for the publications before it), so its replay publishes it.
+                log.warning("%s; the replay publishes it", failed.message)
+                failed = None
             try:
-                event = await self.execute(action)
+                event = failed or await self.execute(action)
             except Exception as exc:  # a bug or an unforeseen error: a condition, not a crash
                 log.exception("%s", action)
                 event = Failed("InternalError", f"{action}: {type(exc).__name__}: {exc}")
+            event = await self.publisher.settle(wait=False) or event
             await self._hold(AFTER, action)
             if self.restart_watch is not None:
                 healed = await self.restart_watch.heal()
@@ -221,8 +245,10 @@ class Driver:
                     self.machine.restore(lost[1], self.clock(), cause=lost[0])
                     self._save()
                     continue
+            # "X done" is saved by the top of the loop together with "about to do Y": nothing
+            # but the pure ``next_action`` runs in between, so a second write (two fsyncs, or
+            # a status patch) would only repeat it.
             self.machine.handle(event, self.clock())
-            self._save()
 
     def _restarts(self) -> tuple[int, int]:
         if self.restart_watch is None:
@@ -243,8 +269,14 @@ class Driver:
             return "PSRestarted", self.restart_watch.last_ps_restart or "a PS shard restarted"
         return None
 
+    def _timed(self, phase: str, started: float) -> None:
+        if self.observer.on_phase is not None:
+            self.observer.on_phase(phase, time.perf_counter() - started)
+
     def _save(self) -> None:
+        started = time.perf_counter()
         self.store.save(self.machine.progress)
+        self._timed("state", started)
         if self.observer.on_progress is not None:
             self.observer.on_progress(self.machine.progress)
 
@@ -324,8 +356,10 @@ class Driver:
         if self._results_key != action.key or action.attempt == 1:
             self._results, self._results_key = {}, action.key
             self._pass_started = self.clock()
+        started = time.perf_counter()
         try:
             assignment, files = await asyncio.to_thread(self._assignment, action)
+            self._timed("assign", started)
         except passfiles.DataChangedError as exc:
             return Failed("DataChanged", str(exc))
         except OSError as exc:  # nothing was dispatched: a retry of every share is safe
@@ -388,60 +422,21 @@ class Driver:
         if key.kind == StepKind.CHECKPOINT:
 
             async def checkpoint() -> Event:
+                started = time.perf_counter()
                 await asyncio.to_thread(self.ps.save, action.uri, mode)
+                self._timed("checkpoint_save", started)
+                started = time.perf_counter()
                 await asyncio.to_thread(
                     retention.prune_checkpoints,
                     self.plan.checkpoint_root,
                     action.uri,
                     self.spec.checkpoint.keep,
                 )
+                self._timed("prune", started)
                 return Done()
 
             return await self._guard("CheckpointFailed", checkpoint)
-        rel = action.uri[len(self.plan.export_root.rstrip("/")) + 1 :]
-        if action.replay or export.published(self.plan.export_root, rel) is not None:
-            # Already published: only the PS state side effect of the save is wanted.
-            scratch = join_uri(
-                self._scratch_root(),
-                f"g{action.generation}-{key.day}-{key.pass_index}-{key.kind.value}",
-            )
-
-            async def replay() -> Event:
-                await asyncio.to_thread(self.ps.save, scratch, mode)
-                await asyncio.to_thread(retention.remove, scratch)
-                return Done()
-
-            return await self._guard("ExportFailed", replay)
-        target = export.ModelTarget(
-            root=self.plan.export_root,
-            key=rel,
-            kind=ModelKind(key.kind.value),
-            day=key.day,
-            pass_index=key.pass_index,
-            base=self.plan.base_of_delta(key) if key.kind == StepKind.DELTA else None,
-        )
-        last = self.machine.progress.last_pass
-        try:
-            await export.publish_model(
-                target,
-                save_sparse=lambda uri: asyncio.to_thread(self.ps.save, uri, mode),
-                export_dense=self.workers[0].export_dense,
-                metrics={} if last is None else last.metrics,
-                policy=self.retry,
-                sleep=self.sleep,
-                clock=self.clock,
-                serving=Serving(
-                    data=self.spec.data.data_config().to_dict(),
-                    table=render.TABLE,
-                    num_buckets=MetricsConfig().numBuckets,
-                    model=self.spec.model.type,
-                ),
-                hook=self.step_hook,
-            )
-        except Exception as exc:
-            log.exception("export %s", target.uri)
-            return Failed("ExportFailed", str(exc))
-        return Done()
+        return await self.publisher.step(action, mode, self.machine.progress.history)
 
     async def _shrink(self) -> Event:
         result = await asyncio.to_thread(self.ps.shrink)

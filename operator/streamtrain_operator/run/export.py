@@ -16,15 +16,15 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from streamtrain_operator.job.plan import StepKey, StepKind
-from streamtrain_operator.run.hooks import NO_HOOK, PARTS, StepHook
+from streamtrain_operator.run.hooks import MANIFEST_POINT, NO_HOOK, PARTS, StepHook
 from streamtrain_ps.api import SaveResult
 from streamtrain_ps.checkpoint import MANIFEST
 from streamtrain_worker import model_folder
@@ -40,6 +40,8 @@ from streamtrain_worker.model_folder import (
 
 T = TypeVar("T")
 Sleep = Callable[[float], Awaitable[None]]
+#: The timed parts of a publication (``publish_model``'s ``on_phase``), retries included.
+PHASES = ("snapshot", "sparse", "dense", "manifest", "donefile")
 
 
 class ExportError(RuntimeError):
@@ -134,6 +136,7 @@ async def publish_model(
     clock: Callable[[], float] = time.time,
     serving: Serving | None = None,
     hook: StepHook = NO_HOOK,
+    on_phase: Callable[[str, float], None] | None = None,
 ) -> DoneLine:
     """Write the parts, ``MODEL.json`` and the donefile line (idempotent per target).
 
@@ -141,11 +144,58 @@ async def publish_model(
     ``uri``); ``export_dense(uri)`` is a worker's ``ExportDense``. ``serving`` goes into
     ``MODEL.json`` (the data config, table and metric buckets the predictor needs).
     ``hook`` is offered the ``parts`` point between the sparse parts and the rest
-    (``hooks.PARTS``: a half-written model); the default never holds.
+    (``hooks.PARTS``: a half-written model) and the ``manifest`` point between
+    ``MODEL.json`` and the donefile line; the default never holds. ``on_phase`` is told
+    how long each of ``PHASES`` took (benchmarks break a pass transition down with it).
+
+    The same as ``write_parts`` followed at once by the publication it returns.
     """
+    publish = await write_parts(
+        target,
+        save_sparse=save_sparse,
+        export_dense=export_dense,
+        metrics=metrics,
+        policy=policy,
+        sleep=sleep,
+        clock=clock,
+        serving=serving,
+        hook=hook,
+        on_phase=on_phase,
+    )
+    return await publish()
+
+
+async def write_parts(
+    target: ModelTarget,
+    *,
+    save_sparse: Callable[[str], Awaitable[SaveResult]],
+    export_dense: Callable[[str], Awaitable[Sequence[str]]],
+    metrics: Mapping[str, float],
+    policy: RetryPolicy,
+    sleep: Sleep,
+    clock: Callable[[], float] = time.time,
+    serving: Serving | None = None,
+    hook: StepHook = NO_HOOK,
+    on_phase: Callable[[str, float], None] | None = None,
+    snapshot: Callable[[], Awaitable[None]] | None = None,
+) -> Callable[[], Coroutine[Any, Any, DoneLine]]:
+    """The part of ``publish_model`` that reads the model state; returns the rest.
+
+    With ``snapshot`` (the PS's ``snapshot``: every shard copies the model's sparse rows
+    into memory now) this part takes the snapshot and exports the dense part, and the rest
+    — ``save_sparse`` writing the snapshot's parts, ``MODEL.json``, the donefile line — only
+    writes what was taken here, so the driver runs it while the next pass trains. Without
+    it, ``save_sparse`` saves what the PS holds and runs here. Until the rest has run, the
+    model is not visible. Other arguments as for ``publish_model``.
+    """
+    timed = _Timer(on_phase)
     existing = published(target.root, target.key)
     if existing is not None:
-        return existing
+
+        async def already() -> DoneLine:
+            return existing
+
+        return already
     fs, model_dir = _fs(target.uri)
 
     async def clear() -> None:
@@ -165,12 +215,26 @@ async def publish_model(
         _remove(fs, f"{model_dir}/dense")
         return await export_dense(dense_uri)
 
-    sparse = await with_retries(f"{sparse_uri}: sparse save", fresh_sparse, policy, sleep)
-    await hook.hold(PARTS, StepKey(target.day, target.pass_index, StepKind(target.kind)))
+    key = StepKey(target.day, target.pass_index, StepKind(target.kind))
+    sparse: list[SaveResult] = []
+
+    async def write_sparse() -> None:
+        sparse.append(await with_retries(f"{sparse_uri}: sparse save", fresh_sparse, policy, sleep))
+        timed("sparse")
+        await hook.hold(PARTS, key)
+        timed.restart()
+
+    if snapshot is None:
+        await write_sparse()
+    else:
+        await with_retries(f"{sparse_uri}: snapshot", snapshot, policy, sleep)
+        timed("snapshot")
     await with_retries(f"{dense_uri}: dense export", fresh_dense, policy, sleep)
+    timed("dense")
 
     async def write_manifest() -> None:
-        files = [ModelFile(f"sparse/{f.path}", f.size, f.sha256, f.rows) for f in sparse.files]
+        saved = sparse[0]
+        files = [ModelFile(f"sparse/{f.path}", f.size, f.sha256, f.rows) for f in saved.files]
         unlisted = [f"sparse/{MANIFEST}"] + [
             f"dense/{name}" for name in sorted(_names(fs, f"{model_dir}/dense"))
         ]
@@ -181,28 +245,57 @@ async def publish_model(
             day=target.day,
             pass_index=target.pass_index,
             base=target.base,
-            save_mode=int(sparse.mode),
-            keys=sparse.keys_saved,
-            tombstones=sparse.tombstones,
+            save_mode=int(saved.mode),
+            keys=saved.keys_saved,
+            tombstones=saved.tombstones,
             metrics=dict(metrics),
             files=tuple(files),
             serving=serving,
         )
         _atomic_write(fs, f"{model_dir}/{MODEL_MANIFEST}", manifest.render())
 
-    await with_retries(f"{target.uri}: {MODEL_MANIFEST}", write_manifest, policy, sleep)
-    line = DoneLine(target.key, target.kind, target.day, target.pass_index, target.base, clock())
-
-    async def append_line() -> None:
+    async def append_line() -> DoneLine:
+        line = DoneLine(
+            target.key, target.kind, target.day, target.pass_index, target.base, clock()
+        )
         rfs, root = _fs(target.root)
         path = f"{root}/{DONEFILE}"
         old = rfs.cat_file(path).decode() if rfs.exists(path) else ""
         new = model_folder.with_line(old, line, path)
         if new is not None:
             _atomic_write(rfs, path, new.encode())
+        return line
 
-    await with_retries(f"{target.root}/{DONEFILE}", append_line, policy, sleep)
-    return line
+    async def publish() -> DoneLine:
+        timed.restart()
+        if not sparse:
+            await write_sparse()
+        await with_retries(f"{target.uri}: {MODEL_MANIFEST}", write_manifest, policy, sleep)
+        timed("manifest")
+        await hook.hold(MANIFEST_POINT, key)
+        timed.restart()
+        line = await with_retries(f"{target.root}/{DONEFILE}", append_line, policy, sleep)
+        timed("donefile")
+        return line
+
+    return publish
+
+
+class _Timer:
+    """Reports the seconds since the last report (or ``restart``) under a phase name."""
+
+    def __init__(self, report: Callable[[str, float], None] | None) -> None:
+        self.report = report
+        self.started = time.perf_counter()
+
+    def restart(self) -> None:
+        self.started = time.perf_counter()
+
+    def __call__(self, phase: str) -> None:
+        now = time.perf_counter()
+        if self.report is not None:
+            self.report(phase, now - self.started)
+        self.started = now
 
 
 def _remove(fs: fsspec.AbstractFileSystem, path: str) -> None:

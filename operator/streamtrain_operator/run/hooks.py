@@ -3,12 +3,13 @@
 The driver calls its hook ``before`` and ``after`` every step it performs for the first time
 (a replayed step is not offered), and ``publish_model`` calls it at ``parts``: inside the
 publication of a model, after its sparse parts are written and before its dense part,
-``MODEL.json`` and donefile line are — a half-written model. A hook that waits there lets a
-caller act at an exact step (the fault-injection tests SIGKILL the process mid-export or
-mid-shrink, which is otherwise a race against a step of milliseconds). The product never
-builds a hook of its own: the default does nothing; a test passes one in through
-``Driver(step_hook=...)``, ``publish_model(hook=...)``, local mode's ``RunOptions`` or
-the operator's ``Runtime``.
+``MODEL.json`` and donefile line are — a half-written model — and at ``manifest``, after
+``MODEL.json`` and before the donefile line (the end of a publication, which the driver
+runs beside the next pass). A hook that waits there lets a caller act at an exact step (the
+fault-injection tests SIGKILL the process mid-export or mid-shrink, which is otherwise a
+race against a step of milliseconds). The product never builds a hook of its own: the
+default does nothing; a test passes one in through ``Driver(step_hook=...)``,
+``publish_model(hook=...)``, local mode's ``RunOptions`` or the operator's ``Runtime``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,10 @@ BEFORE = "before"
 AFTER = "after"
 #: Inside ``export.publish_model``: sparse parts written, the rest not.
 PARTS = "parts"
-POINTS = (BEFORE, AFTER, PARTS)
+#: Inside ``export.publish_model``: every part and ``MODEL.json`` written, the donefile line
+#: not — in the publication the driver runs while the next pass trains.
+MANIFEST_POINT = "manifest"
+POINTS = (BEFORE, AFTER, PARTS, MANIFEST_POINT)
 
 
 class StepHook(Protocol):

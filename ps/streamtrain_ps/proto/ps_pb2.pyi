@@ -133,18 +133,22 @@ class PushDenseResponse(_message.Message):
     def __init__(self, version: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
 class SaveRequest(_message.Message):
-    __slots__ = ("uri", "mode", "table", "stage", "save_id")
+    __slots__ = ("uri", "mode", "table", "stage", "save_id", "snapshot", "from_snapshot")
     URI_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     TABLE_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
     SAVE_ID_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    FROM_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     uri: str
     mode: int
     table: str
     stage: bool
     save_id: str
-    def __init__(self, uri: _Optional[str] = ..., mode: _Optional[int] = ..., table: _Optional[str] = ..., stage: _Optional[bool] = ..., save_id: _Optional[str] = ...) -> None: ...
+    snapshot: bool
+    from_snapshot: str
+    def __init__(self, uri: _Optional[str] = ..., mode: _Optional[int] = ..., table: _Optional[str] = ..., stage: _Optional[bool] = ..., save_id: _Optional[str] = ..., snapshot: _Optional[bool] = ..., from_snapshot: _Optional[str] = ...) -> None: ...
 
 class FileEntry(_message.Message):
     __slots__ = ("path", "size", "sha256", "rows")

@@ -24,8 +24,13 @@ per pass and per kind of step.
 The last line printed is one JSON object: ``auc_mean_13_24``, ``e2e_ex_per_s``,
 ``train_ex_per_s``, ``torch_ex_per_s``, ``train_vs_torch`` (training-only over plain
 PyTorch), ``e2e_vs_train`` (launch-to-finish over training-only),
-``transition_seconds_per_pass``, ``startup_seconds``, ``step_seconds`` (per kind: total and
-count), plus the settings used.
+``transition_seconds_per_pass``, ``pass_fixed_seconds_per_pass`` (a RunPass's wall time
+beyond the workers' batch loops), ``startup_seconds``, ``step_seconds`` (per kind: total and
+count), ``phase_seconds`` (the parts of the steps and of the start-up, total and count:
+``launch`` and ``connect`` of the processes; a publication's ``sparse`` PS save, ``dense``
+TorchScript export, ``manifest`` and ``donefile``; ``checkpoint_save`` and its ``prune``;
+``assign``, a pass's file listing and recording; ``state``, the durable progress writes),
+plus the settings used.
 """
 
 from __future__ import annotations
@@ -104,6 +109,13 @@ class StepTimer:
         self.started = time.perf_counter()
         self.steps: list[tuple[float, str]] = []
         self.finished = self.started
+        #: Parts of steps and of the start-up (``RunOptions.on_phase``): total seconds, count.
+        self.phases: dict[str, list[float]] = {}
+
+    def phase(self, name: str, seconds: float) -> None:
+        total = self.phases.setdefault(name, [0.0, 0])
+        total[0] += seconds
+        total[1] += 1
 
     def __call__(self, action: Action, progress: Progress) -> None:
         if isinstance(action, RunPass):
@@ -128,6 +140,10 @@ class StepTimer:
             "step_seconds": {
                 k: {"total": round(sum(v), 2), "count": len(v)} for k, v in sorted(kinds.items())
             },
+            "phase_seconds": {
+                k: {"total": round(v[0], 3), "count": int(v[1])}
+                for k, v in sorted(self.phases.items())
+            },
         }
 
 
@@ -149,7 +165,13 @@ def run(
     path.write_text(yaml.safe_dump(manifest(batch_size, workers, lr, shards=shards)))
     job = load_job(path)
     timer = StepTimer()
-    options = RunOptions(root / "state.json", root / "work", out=log, on_action=timer)  # type: ignore[arg-type]
+    options = RunOptions(
+        root / "state.json",
+        root / "work",
+        out=log,  # type: ignore[arg-type]
+        on_action=timer,
+        on_phase=timer.phase,
+    )
     progress = asyncio.run(run_job(job, options))
     timer.finished = time.perf_counter()
     wall = timer.finished - timer.started
@@ -228,6 +250,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch_rates.append(torch_reference(args.repeat, args.data))
         examples = sum(r.metrics["examples"] for r in speed.history)
         train_seconds = sum(r.metrics["seconds"] for r in speed.history)
+        # The workers' batch loops (forward, backward, metrics; the slowest worker's per
+        # pass): the rest of a RunPass is its fixed cost (the call, the reader's and the
+        # prefetcher's start, the dense sync, the final flush, the metrics' answer).
+        compute_seconds = sum(r.metrics["trainSeconds"] for r in speed.history)
         e2e = examples / wall
         train = examples / train_seconds
         print(
@@ -241,7 +267,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"plain PyTorch at the same shape: {torch_rate:,.0f} ex/s "
         f"({' / '.join(f'{r:,.0f}' for r in torch_rates)}); start-up "
         f"{steps['startup_seconds']:.1f}s, {steps['transition_seconds_per_pass']:.3f}s of "
-        f"steps between passes per pass; steps: {steps['step_seconds']}"
+        f"steps between passes per pass; steps: {steps['step_seconds']}; "
+        f"their parts: {steps['phase_seconds']}"
     )
     result = {
         "auc_mean_13_24": None if auc_mean is None else round(auc_mean, 4),
@@ -251,6 +278,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "torch_rounds": [round(r, 1) for r in torch_rates],
         "train_vs_torch": round(train / torch_rate, 3),
         "e2e_vs_train": round(e2e / train, 3),
+        "pass_fixed_seconds_per_pass": round(
+            (train_seconds - compute_seconds) / len(speed.history), 3
+        ),
         **steps,
         "workers": args.workers,
         "ps_shards": args.shards,

@@ -1,0 +1,88 @@
+"""Snapshot saves: a model taken between two passes, written while the next one trains.
+
+``snapshot`` copies every shard's parts into memory and applies the save's side effects at
+that moment; ``save_snapshot`` writes those parts later. Pushes in between change neither
+what is written nor the effects, so the model published is the one of the moment taken —
+what lets the scheduler write a pass's delta beside the next pass (docs/scheduler.md §4).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streamtrain_ps import checkpoint
+from streamtrain_ps.api import SaveMode
+from streamtrain_ps.errors import CheckpointError, InvalidRequestError
+from streamtrain_ps.local import LocalPS
+from streamtrain_ps.shard import Shard
+
+from .conftest import Cluster
+from .test_two_phase import T, config, keys, push
+
+
+def saved(uri: Path) -> dict[int, bytes]:
+    """Every saved key with its inference row (order-independent)."""
+    k, values, _ = checkpoint.read_sparse(str(uri), T)
+    return {int(key): row.tobytes() for key, row in zip(k, values, strict=True)}
+
+
+@pytest.mark.parametrize("kind", ["remote", "local"])
+def test_a_snapshot_writes_the_model_of_its_moment_and_applies_its_effects_then(
+    kind: str, tmp_path: Path, ps_cluster: Callable[..., Cluster]
+) -> None:
+    cfg = config()
+    ps: Any = ps_cluster(2, config=cfg).client() if kind == "remote" else LocalPS(cfg, 2)
+    twin = LocalPS(cfg, 2)  # the same pushes, saved the ordinary way at the same moment
+    try:
+        for target in (ps, twin):
+            push(target, keys(0, 600), show=5, click=1)
+        twin.save(str(tmp_path / "expected"), SaveMode.DELTA)
+        ps.snapshot(SaveMode.DELTA, "pass-1")
+        ps.snapshot(SaveMode.DELTA, "pass-1")  # a retried call: nothing applied twice
+        # The next pass trains before the snapshot is written: old and new keys.
+        push(ps, keys(300, 900), show=5, click=1, seed=1)
+        result = ps.save_snapshot(str(tmp_path / "delta-1"), SaveMode.DELTA, "pass-1")
+        assert saved(tmp_path / "delta-1") == saved(tmp_path / "expected")
+        assert result.keys_saved == 600
+        # The effects happened at the snapshot: the next delta holds exactly the keys the
+        # next pass pushed (delta_score of the others was reset when it was taken).
+        ps.save(str(tmp_path / "delta-2"), SaveMode.DELTA)
+        assert set(saved(tmp_path / "delta-2")) == {int(k) for k in keys(300, 900)}
+        # Published and freed: writing it again names it as gone.
+        with pytest.raises(CheckpointError, match="not held"):
+            ps.save_snapshot(str(tmp_path / "again"), SaveMode.DELTA, "pass-1")
+    finally:
+        ps.close()
+        twin.close()
+
+
+def test_a_failed_write_can_be_retried_with_the_same_content(tmp_path: Path) -> None:
+    shard = Shard(config())
+    push(shard, keys(0, 200), show=5, click=1)
+    shard.snapshot_save(SaveMode.BASE, "s")
+    push(shard, keys(0, 400), show=5, click=1, seed=1)
+    (tmp_path / "blocked").write_bytes(b"a file where the save's directory should be")
+    with pytest.raises(CheckpointError, match="save to"):
+        shard.write_snapshot(str(tmp_path / "blocked"), "s")
+    first = shard.write_snapshot(str(tmp_path / "one"), "s")
+    second = shard.write_snapshot(str(tmp_path / "two"), "s")
+    assert first.files == second.files and first.keys_saved == 200
+    assert [f.path for f in first.files] == [f.path for f in second.files]
+
+
+def test_bad_snapshot_requests_are_named() -> None:
+    shard = Shard(config())
+    with pytest.raises(InvalidRequestError, match="mode"):
+        shard.snapshot_save(SaveMode.CHECKPOINT, "s")
+    with pytest.raises(InvalidRequestError, match="save_id"):
+        shard.snapshot_save(SaveMode.DELTA, "")
+    shard.snapshot_save(SaveMode.DELTA, "old")
+    shard.snapshot_save(SaveMode.DELTA, "new")  # replaces the one held
+    with pytest.raises(CheckpointError, match="snapshot old is not held"):
+        shard.write_snapshot("memory://x", "old")
+    with pytest.raises(InvalidRequestError, match="uri"):
+        shard.write_snapshot("", "new")
