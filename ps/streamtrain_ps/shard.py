@@ -24,9 +24,10 @@ import numpy as np
 import numpy.typing as npt
 
 from streamtrain_ps import api, checkpoint, saving, sharding
+from streamtrain_ps.accessor import RowLayout
 from streamtrain_ps.config import PSConfig
 from streamtrain_ps.dense import DenseState, DenseStore
-from streamtrain_ps.disk_store import DiskFullError
+from streamtrain_ps.disk_store import DiskFullError, StoreMemory
 from streamtrain_ps.errors import (
     CheckpointError,
     InvalidRequestError,
@@ -35,7 +36,14 @@ from streamtrain_ps.errors import (
     UnknownTableError,
 )
 from streamtrain_ps.kernels import BAD_CLICK, BAD_GRAD, BAD_SHOW, NOT_OWNED, OVERFLOW
-from streamtrain_ps.memory_limit import LOW_WATER, MemoryGovernor, peak_rss_bytes
+from streamtrain_ps.memory_limit import (
+    LOW_WATER,
+    MemoryBudget,
+    MemoryGovernor,
+    bound_allocator,
+    peak_rss_bytes,
+    warm_kernels,
+)
 from streamtrain_ps.staging import Pending, SaveEffects
 from streamtrain_ps.table import HotCounters, Merged, release_scratch_memory
 from streamtrain_ps.tiering import DiskOptions, TieredContent, TieredTable
@@ -91,9 +99,28 @@ class Shard:
     """Shard ``shard_index`` of ``num_shards``: owns the logical shards
     ``sharding.owned_logical_shards(shard_index, num_shards, config.logicalShards)``."""
 
-    def __init__(self, config: PSConfig, shard_index: int = 0, num_shards: int = 1) -> None:
+    def __init__(
+        self,
+        config: PSConfig,
+        shard_index: int = 0,
+        num_shards: int = 1,
+        memory_budget: MemoryBudget | None = None,
+    ) -> None:
+        """``memory_budget``: how ``config.memoryLimit`` is split; default measured here
+        (``MemoryBudget.measure`` after warming the kernels: a process budget)."""
         if not 0 <= shard_index < num_shards:
             raise ValueError(f"shard_index {shard_index} not in [0, {num_shards})")
+        limit = config.memoryLimit or 0
+        if memory_budget is None:
+            memory_budget = MemoryBudget.unlimited()
+            if limit:
+                bound_allocator()
+                warm_kernels(config)
+                memory_budget = MemoryBudget.measure(limit)
+        store_memory = StoreMemory(memory_budget.store) if limit else None
+        # Slabs sized for the table budget up front (untouched pages are not resident), so
+        # reaching the budget never copies a slab (a copy would hold old and new at once).
+        per_table = memory_budget.tables // max(1, len(config.tables)) if limit else 0
         self.config = config
         self.shard_index = shard_index
         self.num_shards = num_shards
@@ -107,14 +134,18 @@ class Shard:
             t.name: TieredTable(
                 t,
                 seed=config.seed,
+                capacity=per_table // (8 + 4 * RowLayout.of(t).primary_width),
                 helpers=self._helpers,
                 disk=DiskOptions(
-                    self._disk_root / t.name.encode().hex(), config.diskLimit, config.logicalShards
+                    self._disk_root / t.name.encode().hex(),
+                    config.diskLimit,
+                    config.logicalShards,
+                    store_memory,
                 ),
             )
             for t in config.tables
         }
-        self._memory = MemoryGovernor(config.memoryLimit or 0, list(self._tables.values()))
+        self._memory = MemoryGovernor(memory_budget, list(self._tables.values()))
         self._dense = DenseStore(config.dense.optimizer)
         self._last_save = 0.0
         self._last_load = 0.0
@@ -129,8 +160,10 @@ class Shard:
     def pull_sparse(self, table: str, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]:
         """Rows ``[show, click, embed_w, embedx_w...]``; unknown keys are zeros (not created)."""
         t = self._table(table)
-        out = t.pull(self._keys(keys))
-        self._memory.enforce()  # promotions may have filled RAM
+        k = self._keys(keys)
+        self._memory.make_room(t, k.size)  # promotions bring disk keys into RAM
+        out = t.pull(k)
+        self._memory.enforce()
         return out
 
     def push_sparse(
@@ -155,6 +188,7 @@ class Shard:
         self._raise_push_errors(parts, k, s, c)
         unique = sum(int(part.n) for part in parts)
         self._memory.check_request(t, unique)
+        self._memory.make_room(t, unique)
         t.push_merged(parts, has_slots=slots is not None)
         self._memory.enforce()
         if n >= BULK_PUSH_KEYS:
@@ -340,7 +374,7 @@ class Shard:
         except Exception as exc:  # storage errors of any fsspec backend
             raise CheckpointError(f"load from {uri} failed: {type(exc).__name__}: {exc}") from exc
         tables = {}
-        budget = int((self.config.memoryLimit or 0) * LOW_WATER / max(1, len(self._tables)))
+        budget = int(self._memory.table_budget * LOW_WATER / max(1, len(self._tables)))
         for name, tp in payload.tables.items():
             hot = HotCounters(tp.hot_rows, tp.hot_counts)
             t = self._tables[name]
@@ -417,6 +451,11 @@ class Shard:
             peak_rss_bytes=peak_rss_bytes(),
             working_set_bytes=self._memory.working_set_bytes,
         )
+
+    @property
+    def memory_budget(self) -> MemoryBudget:
+        """How ``memoryLimit`` was split when the shard started."""
+        return self._memory.budget
 
     def dense_snapshot(self) -> dict[str, DenseState]:
         """Copies of every dense vector with its optimizer state (tools and tests)."""

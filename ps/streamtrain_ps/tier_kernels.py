@@ -1,7 +1,8 @@
 """Kernels that move rows between a table's RAM slabs and full rows (the disk tier's unit).
 
-- ``coldness``: every live row with its score (exact counters for hot keys) and
-  unseen_days, for choosing the coldest keys in the shrink rule's order.
+- ``sample_scores`` and ``collect_cold``: a sample of the live rows' scores (exact
+  counters for hot keys), then the rows at or below a score with their unseen_days, for
+  choosing the coldest keys in the shrink rule's order with scratch in proportion to them.
 - ``release_rows``: take keys out of RAM (index, embedx row, side-table entry) without
   counting them as evictions — they moved, they were not deleted.
 - ``place_rows``: put full rows (with exact hot counters) of keys absent from RAM back into
@@ -11,6 +12,8 @@ No locking here; ``tiering.TieredTable`` holds the right lock around each.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -33,27 +36,72 @@ from streamtrain_ps.kernels import (
 
 
 @njit(nogil=True, cache=True)
-def coldness(
+def _row_score(
+    slab: npt.NDArray[np.float32],
+    slab_u32: npt.NDArray[np.uint32],
+    hot: npt.NDArray[np.float64],
+    r: Int,
+    ap: npt.NDArray[np.float64],
+) -> float | np.floating[Any]:
+    if slab[r, SHOW] < 0.0:
+        h = slab_u32[r, CLICK]
+        return score(hot[h, 0], hot[h, 1], ap)
+    return score(np.float64(slab[r, SHOW]), np.float64(slab[r, CLICK]), ap)
+
+
+@njit(nogil=True, cache=True)
+def sample_scores(
     arr_slots: npt.NDArray[np.int32],
     slab: npt.NDArray[np.float32],
     slab_u32: npt.NDArray[np.uint32],
     hot: npt.NDArray[np.float64],
-    count: Int,
+    stride: Int,
+    ap: npt.NDArray[np.float64],
+    out: npt.NDArray[np.float64],
+) -> Int:
+    """Scores of every ``stride``-th live row (slot order: keys are hashed, so an unbiased
+    sample) into ``out``; returns how many."""
+    n = 0
+    seen = 0
+    for s in range(arr_slots.size):
+        r = arr_slots[s]
+        if r < 0:
+            continue
+        if seen % stride == 0 and n < out.size:
+            out[n] = _row_score(slab, slab_u32, hot, r, ap)
+            n += 1
+        seen += 1
+    return n
+
+
+@njit(nogil=True, cache=True)
+def collect_cold(
+    arr_slots: npt.NDArray[np.int32],
+    slab: npt.NDArray[np.float32],
+    slab_u32: npt.NDArray[np.uint32],
+    hot: npt.NDArray[np.float64],
+    threshold: float,
     ap: npt.NDArray[np.float64],
     rows: npt.NDArray[np.int64],
     scores: npt.NDArray[np.float64],
     unseen: npt.NDArray[np.float32],
 ) -> Int:
-    """Live rows into ``rows`` with their score and unseen_days; returns how many."""
-    n = ix.live_rows(arr_slots, rows)
-    for t in range(n):
-        r = rows[t]
-        if slab[r, SHOW] < 0.0:
-            h = slab_u32[r, CLICK]
-            scores[t] = score(hot[h, 0], hot[h, 1], ap)
-        else:
-            scores[t] = score(np.float64(slab[r, SHOW]), np.float64(slab[r, CLICK]), ap)
-        unseen[t] = slab[r, UNSEEN]
+    """Live rows scoring at most ``threshold`` (those strictly below first, then ties, up to
+    ``rows.size``) with their score and unseen_days; returns how many."""
+    n = 0
+    for tie in range(2):
+        for s in range(arr_slots.size):
+            if n >= rows.size:
+                return n
+            r = arr_slots[s]
+            if r < 0:
+                continue
+            sc = _row_score(slab, slab_u32, hot, r, ap)
+            if (tie == 0 and sc < threshold) or (tie == 1 and sc == threshold):
+                rows[n] = r
+                scores[n] = sc
+                unseen[n] = slab[r, UNSEEN]
+                n += 1
     return n
 
 

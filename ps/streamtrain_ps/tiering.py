@@ -36,7 +36,7 @@ from streamtrain_ps import tier_kernels as tk
 from streamtrain_ps.accessor import CLICK, DELTA, SHOW, UNSEEN
 from streamtrain_ps.api import SaveMode
 from streamtrain_ps.config import TableConfig
-from streamtrain_ps.disk_store import DiskFullError, DiskStore
+from streamtrain_ps.disk_store import DiskFullError, DiskStore, StoreMemory
 from streamtrain_ps.kernels import EVICTIONS
 from streamtrain_ps.slabs import Arrays, HotCounters, TableContent, build_content
 from streamtrain_ps.table import Merged, SparseTable
@@ -45,15 +45,21 @@ log = logging.getLogger(__name__)
 
 #: A demotion moves at least this share of the RAM keys, so it runs rarely (it scans all).
 DEMOTE_MIN_SHARE = 0.05
+#: Rows sampled to estimate the score below which a demotion's keys lie.
+COLD_SAMPLE = 65_536
+#: A demotion writes and releases its rows in chunks of this many keys (bounded scratch).
+DEMOTE_CHUNK = 32_768
 
 
 @dataclass(frozen=True)
 class DiskOptions:
-    """Where a table's disk tier lives and its cap (0 = only the filesystem's size)."""
+    """Where a table's disk tier lives, its cap (0 = only the filesystem's size) and the
+    shard's RocksDB memory budget its store shares (None: a small one of its own)."""
 
     path: Path
     limit_bytes: int
     logical_shards: int
+    memory: StoreMemory | None = None
 
 
 @dataclass(frozen=True)
@@ -140,7 +146,7 @@ class TieredTable(SparseTable):
             raise RuntimeError(f"table {self.name!r} has no disk tier configured")
         self._generation += 1
         path = o.path / f"gen-{self._generation}"
-        return DiskStore(path, self.layout.width, o.logical_shards, o.limit_bytes)
+        return DiskStore(path, self.layout.width, o.logical_shards, o.limit_bytes, o.memory)
 
     # -- promotion --------------------------------------------------------------------------
 
@@ -210,7 +216,7 @@ class TieredTable(SparseTable):
                 self._shadows.append(k)
             else:
                 self._flush_shadows_locked()
-                store.delete(k)
+                store.delete(k, int(hot.positions.size))
         return found, full, hot
 
     def _place_locked(
@@ -257,51 +263,61 @@ class TieredTable(SparseTable):
                 return 0
             n = max(int(np.ceil(excess / self.key_bytes())), int(len(self) * DEMOTE_MIN_SHARE))
             rows = self._coldest_locked(min(n, len(self)))
-            keys, full, hot = self._gather(rows)
             store = self._store()
-            keep = min(rows.size, store.room())
-            evict = rows.size - keep  # the coldest go first when the disk is full
-            try:
-                store.put(keys[evict:], full[evict:], _shift(hot, evict))
-            except DiskFullError as exc:
-                log.warning("table %s: %s; evicting %d keys instead", self.name, exc, keep)
-                evict = rows.size
-            a = self._arrays
-            tk.release_rows(
-                a.slots,
-                a.keys,
-                self._meta,
-                a.slab,
-                a.slab_u32,
-                a.xslab,
-                a.xslab_u32,
-                a.hot,
-                self.layout.xptr,
-                rows,
-            )
-            if evict:
-                self._tombstones.append(keys[:evict].copy())
-                self._meta[EVICTIONS] += evict
-                self.pressure_evictions_total += evict
-            self.demotions_total += rows.size - evict
+            evict = rows.size - min(rows.size, store.room())  # the coldest go first
+            evicted = 0
+            for lo in range(0, rows.size, DEMOTE_CHUNK):
+                chunk = rows[lo : lo + DEMOTE_CHUNK]
+                keys, full, hot = self._gather(chunk)
+                out = max(0, min(chunk.size, evict - lo))  # evicted, not stored
+                try:
+                    store.put(keys[out:], full[out:], _shift(hot, out))
+                except DiskFullError as exc:
+                    log.warning("table %s: %s; evicting instead", self.name, exc)
+                    out = chunk.size
+                self._release_locked(chunk)
+                if out:
+                    self._tombstones.append(keys[:out].copy())
+                    self._meta[EVICTIONS] += out
+                    self.pressure_evictions_total += out
+                    evicted += out
+            self.demotions_total += rows.size - evicted
             self.moves += 1
             return int(rows.size)
 
+    def _release_locked(self, rows: npt.NDArray[np.int64]) -> None:
+        a = self._arrays
+        tk.release_rows(
+            a.slots,
+            a.keys,
+            self._meta,
+            a.slab,
+            a.slab_u32,
+            a.xslab,
+            a.xslab_u32,
+            a.hot,
+            self.layout.xptr,
+            rows,
+        )
+
     def _coldest_locked(self, n: int) -> npt.NDArray[np.int64]:
-        """The ``n`` coldest live rows, coldest first: lowest score, then longest unseen."""
+        """About the ``n`` coldest live rows, coldest first (lowest score, then longest
+        unseen). The score below which ``n`` rows lie is estimated from a sample of at most
+        ``COLD_SAMPLE`` rows, so the scratch is O(n + sample), not O(keys): a demotion
+        must not need memory in proportion to the table it relieves."""
         a = self._arrays
         count = len(self)
-        rows = np.empty(count, dtype=np.int64)
-        scores = np.empty(count, dtype=np.float64)
-        unseen = np.empty(count, dtype=np.float32)
-        m = int(
-            tk.coldness(a.slots, a.slab, a.slab_u32, a.hot, count, self._ap, rows, scores, unseen)
-        )
-        if n < m:
-            cut = np.argpartition(scores[:m], n - 1)[:n]
-            rows, scores, unseen = rows[cut], scores[cut], unseen[cut]
-        order = np.lexsort((-unseen[:n], scores[:n]))
-        return rows[order]
+        stride = max(1, count // COLD_SAMPLE)
+        sample = np.empty(min(count, COLD_SAMPLE), dtype=np.float64)
+        m = int(tk.sample_scores(a.slots, a.slab, a.slab_u32, a.hot, stride, self._ap, sample))
+        threshold = float(np.quantile(sample[:m], min(1.0, n / max(count, 1)), method="higher"))
+        rows = np.empty(n, dtype=np.int64)
+        scores = np.empty(n, dtype=np.float64)
+        unseen = np.empty(n, dtype=np.float32)
+        args = (a.slots, a.slab, a.slab_u32, a.hot, threshold, self._ap, rows, scores, unseen)
+        got = int(tk.collect_cold(*args))
+        order = np.lexsort((-unseen[:got], scores[:got]))
+        return rows[:got][order]
 
     # -- shrink -----------------------------------------------------------------------------
 
