@@ -63,7 +63,7 @@ class StoreMemory:
     @property
     def memtable_bytes(self) -> int:
         """One memtable's size: two per store fit the write-buffer share several times."""
-        return max(1 << 20, self.budget_bytes // 8)
+        return max(1 << 20, self.budget_bytes // 4)
 
     def usage(self) -> int:
         """Bytes the cache holds now (blocks plus memtable reservations)."""
@@ -139,8 +139,12 @@ class DiskStore:
         packed = np.empty(keys.size, dtype=[("s", ">u2"), ("k", ">u8")])
         packed["s"] = logical_shard(keys, self._L)
         packed["k"] = keys
-        raw = packed.tobytes()
-        return [raw[i : i + 10] for i in range(0, len(raw), 10)]
+        keys_bytes: list[bytes] = packed.view("V10").tolist()  # one bytes object per key
+        return keys_bytes
+
+    def _store_order(self, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
+        """The permutation that sorts ``keys`` as the store does (logical shard, key)."""
+        return np.lexsort((keys, logical_shard(keys, self._L))).astype(np.int64)
 
     def put(
         self, keys: npt.NDArray[np.uint64], rows: npt.NDArray[np.float32], hot: HotCounters
@@ -155,14 +159,20 @@ class DiskStore:
         extra = keys.size * self.row_bytes + hot.positions.size * HOT_BYTES
         if self.limit_bytes > 0 and self.stored_bytes() + extra > self.limit_bytes:
             raise DiskFullError(f"disk tier {self.path} at its cap of {self.limit_bytes} bytes")
-        hot_of = dict(zip(hot.positions.tolist(), hot.counts, strict=True))
-        rows = np.ascontiguousarray(rows, dtype=np.float32)
+        # Written in store order: sorted inserts into the memtable are 2-2.5x faster than
+        # random ones (measured with 8k-key batches of random keys).
+        order = self._store_order(keys)
+        hot_at = np.full(keys.size, -1, dtype=np.int64)
+        hot_at[hot.positions] = np.arange(hot.positions.size)
         for lo in range(0, keys.size, BATCH_KEYS):  # bounded Python objects per batch
+            idx = order[lo : lo + BATCH_KEYS]
+            h = hot_at[idx]
+            hot_here = HotCounters(np.flatnonzero(h >= 0), hot.counts[h[h >= 0]])
+            values = _encode(np.ascontiguousarray(rows[idx], dtype=np.float32), hot_here)
             batch = WriteBatch(raw_mode=True)
-            for i, sk in enumerate(self._store_keys(keys[lo : lo + BATCH_KEYS]), lo):
-                value = rows[i].tobytes()
-                h = hot_of.get(i)
-                batch.put(sk, value if h is None else value + np.asarray(h, np.float64).tobytes())
+            put = batch.put
+            for sk, v in zip(self._store_keys(keys[idx]), values, strict=True):
+                put(sk, v)
             self._write(batch)
         self._count += int(keys.size)
         self._hot += int(hot.positions.size)
@@ -189,7 +199,7 @@ class DiskStore:
         if not keys.size or not self._count:
             return found, np.empty((0, self.width), np.float32), _no_hot()
         # Looked up in store order (nearby keys share blocks: ~2x the rate of random order).
-        order = np.argsort(keys)
+        order = self._store_order(keys)
         parts = []
         for lo in range(0, keys.size, BATCH_KEYS):  # bounded Python objects per batch
             values = self._db.get(self._store_keys(keys[order[lo : lo + BATCH_KEYS]]))
@@ -211,21 +221,21 @@ class DiskStore:
     def _decode(
         self, values: list[bytes | None], found: npt.NDArray[np.bool_]
     ) -> tuple[npt.NDArray[np.float32], HotCounters]:
+        """Rows (and hot counters) of the non-None ``values``, whose places it marks in
+        ``found``: one join and numpy slicing, not Python per row."""
         nb = self.width * 4
-        rows: list[bytes] = []
-        pos: list[int] = []
-        counts: list[npt.NDArray[np.float64]] = []
-        for i, v in enumerate(values):
-            if v is None:
-                continue
-            found[i] = True
-            if len(v) > nb:
-                pos.append(len(rows))
-                counts.append(np.frombuffer(v, np.float64, 3, nb))
-            rows.append(v[:nb])
-        out = np.frombuffer(b"".join(rows), np.float32).reshape(len(rows), self.width).copy()
-        hot = HotCounters(np.asarray(pos, np.int64), np.asarray(counts, np.float64).reshape(-1, 3))
-        return out, hot
+        found[:] = np.fromiter((v is not None for v in values), np.bool_, len(values))
+        present = [v for v in values if v is not None]
+        raw = np.frombuffer(b"".join(present), np.uint8)
+        lengths = np.fromiter(map(len, present), np.int64, len(present))
+        if not (lengths > nb).any():  # no hot key: the rows are back to back
+            rows = raw.view(np.float32).reshape(len(present), self.width).copy()
+            return rows, _no_hot()
+        starts = np.cumsum(lengths) - lengths
+        rows = raw[starts[:, None] + np.arange(nb)].view(np.float32).reshape(-1, self.width)
+        pos = np.flatnonzero(lengths > nb)
+        counts = raw[starts[pos, None] + nb + np.arange(HOT_BYTES)].view(np.float64)
+        return rows, HotCounters(pos.astype(np.int64), counts.reshape(-1, 3))
 
     def delete(self, keys: npt.NDArray[np.uint64], hot_keys: int | None = None) -> None:
         """Remove stored keys (each must be stored). ``hot_keys``: how many of them carry
@@ -236,7 +246,7 @@ class DiskStore:
             return
         nhot = self.get(keys)[2].positions.size if hot_keys is None else hot_keys
         batch = WriteBatch(raw_mode=True)
-        for sk in self._store_keys(keys):
+        for sk in self._store_keys(keys[self._store_order(keys)]):
             batch.delete(sk)
         self._write(batch)
         self._count -= int(keys.size)
@@ -278,6 +288,16 @@ class DiskStore:
         self._db.close()
         if remove:
             shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _encode(rows: npt.NDArray[np.float32], hot: HotCounters) -> list[bytes]:
+    """One value per row: its bytes, plus its exact float64 counters for a hot row. Sliced
+    out of one buffer (numpy encodes; Python only cuts)."""
+    values: list[bytes] = rows.view(f"V{rows.shape[1] * 4}").ravel().tolist()
+    counts = np.ascontiguousarray(hot.counts, np.float64)
+    for p, c in zip(hot.positions.tolist(), counts, strict=True):
+        values[p] += c.tobytes()
+    return values
 
 
 def _no_hot() -> HotCounters:

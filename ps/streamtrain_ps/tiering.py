@@ -36,6 +36,7 @@ from streamtrain_ps import tier_kernels as tk
 from streamtrain_ps.accessor import CLICK, DELTA, SHOW, UNSEEN
 from streamtrain_ps.api import SaveMode
 from streamtrain_ps.config import TableConfig
+from streamtrain_ps.disk_filter import DiskKeyFilter
 from streamtrain_ps.disk_store import DiskFullError, DiskStore, StoreMemory
 from streamtrain_ps.kernels import EVICTIONS
 from streamtrain_ps.slabs import Arrays, HotCounters, TableContent, build_content
@@ -68,6 +69,7 @@ class TieredContent:
 
     ram: TableContent
     disk: DiskStore | None
+    filter: DiskKeyFilter
 
 
 class TieredTable(SparseTable):
@@ -84,6 +86,8 @@ class TieredTable(SparseTable):
         super().__init__(config, seed=seed, capacity=capacity, helpers=helpers)
         self._disk_opts = disk
         self._disk: DiskStore | None = None
+        #: Keys that may be on disk: a RAM miss it rules out never reaches the store.
+        self._filter = DiskKeyFilter()
         self._generation = 0
         self._shadows: list[npt.NDArray[np.uint64]] = []
         #: Bumped by every demotion: rows recorded before it may hold other keys now.
@@ -97,7 +101,7 @@ class TieredTable(SparseTable):
     def ram_bytes(self) -> int:
         """Bytes the RAM tier's *live* keys take (freed rows are reused before the slabs
         grow, so this bounds the resident table): slot array, key + primary row per key,
-        embedx rows of admitted keys, hot entries."""
+        embedx rows of admitted keys, hot entries, the filter of the disk keys."""
         a = self._arrays
         m = self._meta
         per_key = a.keys.itemsize + a.slab.shape[1] * 4
@@ -107,7 +111,11 @@ class TieredTable(SparseTable):
             + len(self) * per_key
             + xrows * a.xslab.shape[1] * 4
             + self.hot_keys * a.hot.shape[1] * 8
+            + self._filter.nbytes
         )
+
+    def memory_bytes(self) -> int:
+        return super().memory_bytes() + self._filter.nbytes
 
     def key_bytes(self) -> float:
         """Average RAM bytes per key besides the slot array (a new key's cost estimate)."""
@@ -115,7 +123,7 @@ class TieredTable(SparseTable):
         if not n:
             lay = self.layout
             return 8 + 4 * lay.primary_width
-        return (self.ram_bytes() - self._arrays.slots.nbytes) / n
+        return (self.ram_bytes() - self._arrays.slots.nbytes - self._filter.nbytes) / n
 
     @property
     def disk_keys(self) -> int:
@@ -158,11 +166,15 @@ class TieredTable(SparseTable):
         if not miss.size:
             return out
         uniq, inverse = np.unique(keys[miss], return_inverse=True)
+        with self.lock.read():
+            maybe = np.flatnonzero(self._filter.maybe(uniq))
+        if not maybe.size:  # no tier holds them: zeros, as super().pull left them
+            return out
         with self.lock.write():
-            values, found = self._fetch_locked(uniq)
+            values, found = self._fetch_locked(uniq[maybe])
         cols = self.layout.inference_columns()
         pulled = np.zeros((uniq.size, cols.size), dtype=np.float32)
-        pulled[found] = values[:, cols]
+        pulled[maybe[found]] = values[:, cols]
         out[miss] = pulled[inverse]
         return out
 
@@ -207,7 +219,12 @@ class TieredTable(SparseTable):
                 np.empty((0, self.layout.width), np.float32),
                 _no_hot(),
             )
-        found, full, hot = store.get(keys)
+        found = np.zeros(keys.size, dtype=np.bool_)
+        maybe = np.flatnonzero(self._filter.maybe(keys))
+        if not maybe.size:
+            return found, np.empty((0, self.layout.width), np.float32), _no_hot()
+        on_disk, full, hot = store.get(keys[maybe])
+        found[maybe[on_disk]] = True
         k = keys[found]
         if k.size:
             self._place_locked(k, full, hot)
@@ -272,6 +289,7 @@ class TieredTable(SparseTable):
                 out = max(0, min(chunk.size, evict - lo))  # evicted, not stored
                 try:
                     store.put(keys[out:], full[out:], _shift(hot, out))
+                    self._filter.add(keys[out:])
                 except DiskFullError as exc:
                     log.warning("table %s: %s; evicting instead", self.name, exc)
                     out = chunk.size
@@ -328,16 +346,23 @@ class TieredTable(SparseTable):
             before_disk = self.disk_keys
             before, gone = self._shrink_locked()
             if self._disk is None or not len(self._disk):
+                self._filter = DiskKeyFilter()  # only stale bits left
                 return before, gone
             gone_disk = [gone]
+            live: list[npt.NDArray[np.uint64]] = []
             for logical in range(self._disk_opts.logical_shards if self._disk_opts else 0):
-                gone_disk.append(self._shrink_disk_shard(logical))
+                gone_disk.append(self._shrink_disk_shard(logical, live))
+            # Rebuilt from the live disk keys: drops promoted and deleted keys' stale bits.
+            self._filter = DiskKeyFilter(np.concatenate(live) if live else None)
             all_gone = np.concatenate(gone_disk)
             if all_gone.size > gone.size:
                 self._tombstones.append(all_gone[gone.size :])
             return before + before_disk, all_gone
 
-    def _shrink_disk_shard(self, logical: int) -> npt.NDArray[np.uint64]:
+    def _shrink_disk_shard(
+        self, logical: int, live_keys: list[npt.NDArray[np.uint64]]
+    ) -> npt.NDArray[np.uint64]:
+        """Shrink one logical shard's disk rows; appends the keys left to ``live_keys``."""
         store = self._store()
         keys, full, hot = store.shard_rows(logical)
         if not keys.size:
@@ -352,7 +377,9 @@ class TieredTable(SparseTable):
         store.delete(gone)
         live = np.empty(int(meta[ix.COUNT]), dtype=np.int64)
         ix.live_rows(a.slots, live)
-        store.replace(*_gather_content(self, a, live))
+        kept = _gather_content(self, a, live)
+        store.replace(*kept)
+        live_keys.append(kept[0])
         return gone
 
     # -- saves ------------------------------------------------------------------------------
@@ -449,7 +476,7 @@ class TieredTable(SparseTable):
         slot_bytes = 4 * ix.needed_capacity(keys.size)
         fits = int(max(0, ram_budget - slot_bytes) // per_key) if ram_budget > 0 else keys.size
         if fits >= keys.size or self._disk_opts is None:
-            return TieredContent(self.build(keys, rows, tombstones, hot), None)
+            return TieredContent(self.build(keys, rows, tombstones, hot), None, DiskKeyFilter())
         show = rows[:, SHOW].astype(np.float64)
         click = rows[:, CLICK].astype(np.float64)
         show[hot.positions], click[hot.positions] = hot.counts[:, 0], hot.counts[:, 1]
@@ -465,7 +492,7 @@ class TieredTable(SparseTable):
         except BaseException:
             store.close()
             raise
-        return TieredContent(ram, store)
+        return TieredContent(ram, store, DiskKeyFilter(keys[spill]))
 
     def install_tiered(self, content: TieredContent) -> None:
         """Swap in a ``build_tiered`` content: RAM arrays and disk store together. The
@@ -473,6 +500,7 @@ class TieredTable(SparseTable):
         old = self._disk
         self.install(content.ram)
         self._disk = content.disk
+        self._filter = content.filter
         self._shadows = []
         self.moves += 1
         if old is not None:
@@ -483,6 +511,7 @@ class TieredTable(SparseTable):
         if self._disk is not None:
             self._disk.close()
             self._disk = None
+        self._filter = DiskKeyFilter()
 
 
 def _no_hot() -> HotCounters:
