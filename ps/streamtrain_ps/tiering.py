@@ -332,8 +332,9 @@ class TieredTable(SparseTable):
         rows = np.empty(n, dtype=np.int64)
         scores = np.empty(n, dtype=np.float64)
         unseen = np.empty(n, dtype=np.float32)
-        args = (a.slots, a.slab, a.slab_u32, a.hot, threshold, self._ap, rows, scores, unseen)
-        got = int(tk.collect_cold(*args))
+        start = (self.moves * 0x9E3779B97F4A7C15) % a.slots.size  # a new place each time
+        args = (a.slots, a.slab, a.slab_u32, a.hot, threshold, self._ap, start, rows, scores)
+        got = int(tk.collect_cold(*args, unseen))
         order = np.lexsort((-unseen[:got], scores[:got]))
         return rows[:got][order]
 
