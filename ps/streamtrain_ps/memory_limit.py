@@ -119,6 +119,7 @@ class MemoryGovernor:
         self._tables = list(tables)
         #: The largest working set (bytes of one request's unique keys) seen.
         self.working_set_bytes = 0
+        self._spilled: set[str] = set()
 
     def check_request(self, table: TieredTable, unique_keys: int) -> None:
         """Refuse a request whose unique keys alone would take more than
@@ -150,6 +151,7 @@ class MemoryGovernor:
         if others + table.ram_bytes() + need <= self.table_budget:
             return 0
         target = int(self.table_budget * LOW_WATER) - others - need
+        self._note_spill(table)
         return self._demoted(table.demote(max(target, 0)))
 
     def enforce(self) -> int:
@@ -163,8 +165,15 @@ class MemoryGovernor:
             excess = self.ram_bytes() - int(self.table_budget * LOW_WATER)
             if excess <= 0:
                 break
+            self._note_spill(t)
             moved += t.demote(t.ram_bytes() - excess)
         return self._demoted(moved)
+
+    def _note_spill(self, table: TieredTable) -> None:
+        """Say once per table that its keys start moving to disk (an operator's signal)."""
+        if table.name not in self._spilled:
+            self._spilled.add(table.name)
+            log.info("table %s: RAM tier at its budget; cold keys go to disk", table.name)
 
     def _demoted(self, moved: int) -> int:
         """After a demotion: give the freed scratch back, then check the process's RSS
