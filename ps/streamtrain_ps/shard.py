@@ -161,7 +161,7 @@ class Shard:
         """Rows ``[show, click, embed_w, embedx_w...]``; unknown keys are zeros (not created)."""
         t = self._table(table)
         k = self._keys(keys)
-        self._memory.make_room(t, k.size)  # promotions bring disk keys into RAM
+        self._memory.make_room(t, t.disk_candidates(k))  # promotions bring keys into RAM
         out = t.pull(k)
         self._memory.enforce()
         return out

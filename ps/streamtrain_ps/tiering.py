@@ -178,6 +178,13 @@ class TieredTable(SparseTable):
         out[miss] = pulled[inverse]
         return out
 
+    def disk_candidates(self, keys: npt.NDArray[np.uint64]) -> int:
+        """How many of ``keys`` may be on disk: what a pull may bring into RAM."""
+        if self._disk is None or not len(self._disk):
+            return 0
+        with self.lock.read():
+            return int(np.count_nonzero(self._filter.maybe(keys)))
+
     def _fetch_locked(
         self, keys: npt.NDArray[np.uint64]
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.bool_]]:
