@@ -8,7 +8,7 @@ a ``DiskStore``, so a shard under a memory limit keeps every key instead of dyin
 - **Promotion**: a pull or push of a disk key puts its full row back into RAM first (under
   the writer lock, atomically with the push), so its results are bit-identical to a key
   that never left RAM.
-- **Maintenance covers both tiers**: a shrink decays and deletes disk rows with the same
+- **Maintenance covers both tiers** (the rules on full rows: ``disk_rows``): a shrink decays and deletes disk rows with the same
   kernel (on a scratch table built from them); a save writes a logical shard's RAM rows
   plus its disk rows, through the same filter; a save's side effects apply by key to
   whichever tier holds the key; a load fills RAM up to the budget and spills the rest.
@@ -24,22 +24,21 @@ import logging
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from streamtrain_ps import disk_rows as dr
 from streamtrain_ps import index as ix
 from streamtrain_ps import kernels as kn
 from streamtrain_ps import snapshot as sn
 from streamtrain_ps import tier_kernels as tk
-from streamtrain_ps.accessor import CLICK, DELTA, SHOW, UNSEEN
 from streamtrain_ps.api import SaveMode
 from streamtrain_ps.config import TableConfig
 from streamtrain_ps.disk_filter import DiskKeyFilter
 from streamtrain_ps.disk_store import DiskFullError, DiskStore, StoreMemory
 from streamtrain_ps.kernels import EVICTIONS
-from streamtrain_ps.slabs import Arrays, HotCounters, TableContent, build_content
+from streamtrain_ps.slabs import HotCounters, TableContent
 from streamtrain_ps.table import Merged, SparseTable
 
 log = logging.getLogger(__name__)
@@ -224,12 +223,12 @@ class TieredTable(SparseTable):
             return (
                 np.zeros(keys.size, np.bool_),
                 np.empty((0, self.layout.width), np.float32),
-                _no_hot(),
+                dr.no_hot(),
             )
         found = np.zeros(keys.size, dtype=np.bool_)
         maybe = np.flatnonzero(self._filter.maybe(keys))
         if not maybe.size:
-            return found, np.empty((0, self.layout.width), np.float32), _no_hot()
+            return found, np.empty((0, self.layout.width), np.float32), dr.no_hot()
         on_disk, full, hot = store.get(keys[maybe])
         found[maybe[on_disk]] = True
         k = keys[found]
@@ -295,7 +294,7 @@ class TieredTable(SparseTable):
                 keys, full, hot = self._gather(chunk)
                 out = max(0, min(chunk.size, evict - lo))  # evicted, not stored
                 try:
-                    store.put(keys[out:], full[out:], _shift(hot, out))
+                    store.put(keys[out:], full[out:], dr.shift_hot(hot, out))
                     self._filter.add(keys[out:])
                 except DiskFullError as exc:
                     log.warning("table %s: %s; evicting instead", self.name, exc)
@@ -372,20 +371,12 @@ class TieredTable(SparseTable):
     ) -> npt.NDArray[np.uint64]:
         """Shrink one logical shard's disk rows; appends the keys left to ``live_keys``."""
         store = self._store()
-        keys, full, hot = store.shard_rows(logical)
-        if not keys.size:
+        rows = store.shard_rows(logical)
+        if not rows[0].size:
             return np.empty(0, np.uint64)
-        scratch = build_content(self.layout, keys, full, np.empty(0, np.uint64), hot)
-        a, meta = scratch.arrays, scratch.meta
-        deleted = np.empty(keys.size, dtype=np.uint64)
-        args = (a.slots, a.keys, meta, a.slab, a.slab_u32, a.xslab, a.xslab_u32, a.hot)
-        nd = int(kn.shrink_kernel(*args, self._ap, self.layout.xptr, deleted))
-        self._meta[EVICTIONS] += nd
-        gone = deleted[:nd].copy()
+        gone, kept = dr.shrink(self.layout, self._ap, rows)
+        self._meta[EVICTIONS] += gone.size
         store.delete(gone)
-        live = np.empty(int(meta[ix.COUNT]), dtype=np.int64)
-        ix.live_rows(a.slots, live)
-        kept = _gather_content(self, a, live)
         store.replace(*kept)
         live_keys.append(kept[0])
         return gone
@@ -403,8 +394,8 @@ class TieredTable(SparseTable):
             return rows, keys, full, hot
         with self.lock.write():
             dk, dfull, dhot = self._disk.shard_rows(logical)
-        keep = ~np.isin(dk, keys) & self._passes(dfull, dhot, mode)
-        dk, dfull, dhot = dk[keep], dfull[keep], _select_hot(dhot, keep)
+        keep = ~np.isin(dk, keys) & dr.passes(dfull, dhot, mode, self._save_params())
+        dk, dfull, dhot = dk[keep], dfull[keep], dr.select_hot(dhot, keep)
         all_hot = HotCounters(
             np.concatenate([hot.positions, dhot.positions + keys.size]),
             np.concatenate([hot.counts, dhot.counts]),
@@ -415,20 +406,6 @@ class TieredTable(SparseTable):
             np.concatenate([full, dfull]),
             all_hot,
         )
-
-    def _passes(
-        self, full: npt.NDArray[np.float32], hot: HotCounters, mode: SaveMode
-    ) -> npt.NDArray[np.bool_]:
-        """``snapshot._passes`` on full rows (float64 arithmetic, exact hot counters)."""
-        if mode in (SaveMode.CHECKPOINT, SaveMode.BATCH):
-            return np.ones(full.shape[0], dtype=np.bool_)
-        show = full[:, SHOW].astype(np.float64)
-        click = full[:, CLICK].astype(np.float64)
-        delta = full[:, DELTA].astype(np.float64)
-        show[hot.positions], click[hot.positions], delta[hot.positions] = hot.counts.T
-        sp = self._save_params()
-        ok = ((show - click) * sp[0] + click * sp[1] >= sp[2]) & (full[:, UNSEEN] <= sp[3])
-        return ok & (delta >= sp[4]) if mode == SaveMode.DELTA else ok
 
     def apply_save(
         self,
@@ -454,13 +431,9 @@ class TieredTable(SparseTable):
             found, full, hot = self._disk.get(keys[~ram])
             if not found.any():
                 return
-            dk = keys[~ram][found]
-            scratch = build_content(self.layout, dk, full, np.empty(0, np.uint64), hot)
-            s = scratch.arrays
-            at = np.arange(dk.size, dtype=np.int64)  # a fresh build puts key i at row i
             delta = saved_delta[~ram][found]
-            sn.after_save(s.slab, s.slab_u32, s.hot, at, delta, unseen_inc)
-            self._disk.replace(*_gather_content(self, s, at))
+            done = dr.after_save(self.layout, (keys[~ram][found], full, hot), delta, unseen_inc)
+            self._disk.replace(*done)
 
     # -- load -------------------------------------------------------------------------------
 
@@ -474,28 +447,17 @@ class TieredTable(SparseTable):
     ) -> TieredContent:
         """``build`` that keeps the hottest keys in RAM up to ``ram_budget`` bytes (0 = all)
         and spills the rest into a fresh disk store (a load). Nothing is swapped in."""
-        hot = hot or _no_hot()
-        lay = self.layout
-        per_key = (
-            8
-            + 4 * lay.primary_width
-            + 4 * lay.x_width * float(np.mean(rows[:, lay.xflag] >= 0) if keys.size else 0.0)
-        )
-        slot_bytes = 4 * ix.needed_capacity(keys.size)
-        fits = int(max(0, ram_budget - slot_bytes) // per_key) if ram_budget > 0 else keys.size
-        if fits >= keys.size or self._disk_opts is None:
+        hot = hot or dr.no_hot()
+        coeffs = (self.config.nonclkCoeff, self.config.clickCoeff)
+        split = dr.ram_split(self.layout, coeffs, (keys, rows, hot), ram_budget)
+        if split is None or self._disk_opts is None:
             return TieredContent(self.build(keys, rows, tombstones, hot), None, DiskKeyFilter())
-        show = rows[:, SHOW].astype(np.float64)
-        click = rows[:, CLICK].astype(np.float64)
-        show[hot.positions], click[hot.positions] = hot.counts[:, 0], hot.counts[:, 1]
-        score = (show - click) * self.config.nonclkCoeff + click * self.config.clickCoeff
-        order = np.lexsort((-rows[:, UNSEEN], score))  # coldest first
-        spill, stay = np.sort(order[: keys.size - fits]), np.sort(order[keys.size - fits :])
+        spill, stay = split
         store = self._new_store()
         try:
-            store.put(keys[spill], rows[spill], _select_hot(hot, _mask(keys.size, spill)))
+            store.put(keys[spill], rows[spill], dr.select_hot(hot, dr.mask(keys.size, spill)))
             ram = self.build(
-                keys[stay], rows[stay], tombstones, _select_hot(hot, _mask(keys.size, stay))
+                keys[stay], rows[stay], tombstones, dr.select_hot(hot, dr.mask(keys.size, stay))
             )
         except BaseException:
             store.close()
@@ -520,41 +482,3 @@ class TieredTable(SparseTable):
             self._disk.close()
             self._disk = None
         self._filter = DiskKeyFilter()
-
-
-def _no_hot() -> HotCounters:
-    return HotCounters(np.empty(0, np.int64), np.empty((0, 3), np.float64))
-
-
-def _shift(hot: HotCounters, start: int) -> HotCounters:
-    """``hot`` for the rows ``start:`` of the array it indexes."""
-    keep = hot.positions >= start
-    return HotCounters(hot.positions[keep] - start, hot.counts[keep])
-
-
-def _mask(n: int, idx: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
-    m = np.zeros(n, dtype=np.bool_)
-    m[idx] = True
-    return m
-
-
-def _select_hot(hot: HotCounters, keep: npt.NDArray[np.bool_]) -> HotCounters:
-    """``hot`` for ``rows[keep]`` (positions renumbered)."""
-    new_pos = np.cumsum(keep) - 1
-    sel = keep[hot.positions]
-    return HotCounters(new_pos[hot.positions[sel]], hot.counts[sel])
-
-
-def _gather_content(
-    t: TieredTable, a: Arrays, rows: npt.NDArray[np.int64]
-) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32], HotCounters]:
-    """Keys, full rows and exact hot counters of ``rows`` of scratch arrays ``a``."""
-    lay = t.layout
-    keys = np.empty(rows.size, dtype=np.uint64)
-    full = np.empty((rows.size, lay.width), dtype=np.float32)
-    pos = np.empty(rows.size, dtype=np.int64)
-    counts = np.empty((rows.size, 3), dtype=np.float64)
-    args: Any = (a.keys, a.slab, a.slab_u32, a.xslab, a.hot, rows, keys, full, pos, counts)
-    kernel: Any = sn.gather  # numba's Dispatcher stub does not model *args
-    nh = int(kernel(*args, lay.xptr, lay.xflag))
-    return keys, full, HotCounters(pos[:nh], counts[:nh])
