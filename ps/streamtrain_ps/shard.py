@@ -18,7 +18,6 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -35,7 +34,6 @@ from streamtrain_ps.errors import (
     RequestTooLargeError,
     UnknownTableError,
 )
-from streamtrain_ps.kernels import BAD_CLICK, BAD_GRAD, BAD_SHOW, NOT_OWNED, OVERFLOW
 from streamtrain_ps.memory_limit import (
     LOW_WATER,
     MemoryBudget,
@@ -44,10 +42,11 @@ from streamtrain_ps.memory_limit import (
     peak_rss_bytes,
     warm_kernels,
 )
+from streamtrain_ps.push_errors import raise_push_errors
 from streamtrain_ps.staging import Pending, SaveEffects
-from streamtrain_ps.table import HotCounters, Merged, release_scratch_memory
+from streamtrain_ps.table import HotCounters, release_scratch_memory
 from streamtrain_ps.tiering import DiskOptions, TieredContent, TieredTable
-from streamtrain_ps.validation import require_array
+from streamtrain_ps.validation import contiguous_array, dense_name, require_finite, save_mode
 
 
 @dataclass(frozen=True)
@@ -179,13 +178,13 @@ class Shard:
         t = self._table(table)
         k = self._keys(keys)
         n = k.size
-        g = _array(grads, "grads", np.float32, (n, t.layout.embedx_dim + 1))
-        s = _array(shows, "shows", np.float32, (n,))
-        c = _array(clicks, "clicks", np.float32, (n,))
-        sl = _NO_SLOTS if slots is None else _array(slots, "slots", np.uint32, (n,))
+        g = contiguous_array(grads, "grads", np.float32, (n, t.layout.embedx_dim + 1))
+        s = contiguous_array(shows, "shows", np.float32, (n,))
+        c = contiguous_array(clicks, "clicks", np.float32, (n,))
+        sl = _NO_SLOTS if slots is None else contiguous_array(slots, "slots", np.uint32, (n,))
         route = (self.config.logicalShards, self.num_shards, self.shard_index)
         parts = t.merge(k, g, s, c, sl, route)
-        self._raise_push_errors(parts, k, s, c)
+        raise_push_errors(parts, k, s, c, route)
         unique = sum(int(part.n) for part in parts)
         self._memory.check_request(t, unique)
         self._memory.make_room(t, unique)
@@ -196,46 +195,6 @@ class Shard:
             release_scratch_memory()
         return unique
 
-    def _raise_push_errors(
-        self,
-        parts: list[Merged],
-        keys: npt.NDArray[np.uint64],
-        shows: npt.NDArray[np.float32],
-        clicks: npt.NDArray[np.float32],
-    ) -> None:
-        for p in parts:
-            self._raise_push_error(p, keys, shows, clicks)
-
-    def _raise_push_error(
-        self,
-        p: Merged,
-        keys: npt.NDArray[np.uint64],
-        shows: npt.NDArray[np.float32],
-        clicks: npt.NDArray[np.float32],
-    ) -> None:
-        at = int(p.n)
-        if p.code == BAD_GRAD:
-            raise InvalidRequestError("grads", f"row {at} is not finite")
-        if p.code == BAD_SHOW:
-            raise InvalidRequestError(
-                "shows", f"entry {at} must be finite and >= 0, got {shows[at]}"
-            )
-        if p.code == BAD_CLICK:
-            raise InvalidRequestError(
-                "clicks", f"entry {at} must be finite and >= 0, got {clicks[at]}"
-            )
-        if p.code == OVERFLOW:
-            raise InvalidRequestError(
-                "grads", f"the repeated rows of key {int(p.keys[at])} sum to a non-finite value"
-            )
-        if p.code == NOT_OWNED:
-            logical = int(sharding.logical_shard(keys[at : at + 1], self.config.logicalShards)[0])
-            raise InvalidRequestError(
-                "keys",
-                f"key {int(keys[at])} (logical shard {logical}) belongs to server "
-                f"{logical % self.num_shards} of {self.num_shards}, not {self.shard_index}",
-            )
-
     # -- dense ------------------------------------------------------------------------------
 
     def init_dense(
@@ -243,19 +202,19 @@ class Shard:
     ) -> tuple[npt.NDArray[np.float32], int]:
         """Create ``name`` from ``values`` unless it exists (first writer wins); with
         ``summary_decay`` it is a summary vector (``dense.py``)."""
-        v = _array(values, "values", np.float32, None)
-        _finite(v, "values")
+        v = contiguous_array(values, "values", np.float32, None)
+        require_finite(v, "values")
         if summary_decay is not None and not 0.0 < summary_decay <= 1.0:
             raise InvalidRequestError("summary.decay", f"must be in (0, 1], got {summary_decay}")
-        return self._dense.init(_name(name), v, summary_decay)
+        return self._dense.init(dense_name(name), v, summary_decay)
 
     def pull_dense(self, name: str) -> tuple[npt.NDArray[np.float32], int]:
-        return self._dense.get(_name(name)).pull()
+        return self._dense.get(dense_name(name)).pull()
 
     def push_dense(self, name: str, grads: npt.NDArray[np.float32]) -> int:
-        g = _array(grads, "grads", np.float32, None)
-        _finite(g, "grads")
-        return self._dense.push(_name(name), g)
+        g = contiguous_array(grads, "grads", np.float32, None)
+        require_finite(g, "grads")
+        return self._dense.push(dense_name(name), g)
 
     # -- maintenance ------------------------------------------------------------------------
 
@@ -320,7 +279,7 @@ class Shard:
         stage: bool,
         save_id: str | None = None,
     ) -> tuple[api.SaveResult, str]:
-        mode = _mode(mode)
+        mode = save_mode(mode)
         if not isinstance(uri, str) or not uri:
             raise InvalidRequestError("uri", "must be a non-empty fsspec URL")
         tables = self._selected(table)
@@ -486,7 +445,7 @@ class Shard:
         return list(self._tables.values()) if table is None else [self._table(table)]
 
     def _keys(self, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
-        k = _array(keys, "keys", np.uint64, None)
+        k = contiguous_array(keys, "keys", np.uint64, None)
         if k.ndim != 1:
             raise InvalidRequestError("keys", f"must be 1-D, got shape {k.shape}")
         if k.size > self.config.maxKeysPerRequest:
@@ -510,30 +469,3 @@ def _disk_root(config: PSConfig, shard_index: int) -> Path:
     if config.diskPath:
         return Path(config.diskPath) / f"shard-{shard_index}"
     return Path(tempfile.gettempdir()) / f"streamtrain-ps-{os.getpid()}-shard-{shard_index}"
-
-
-def _array(
-    value: object, field: str, dtype: type[np.generic], shape: tuple[int, ...] | None
-) -> npt.NDArray[Any]:
-    """``require_array`` (the checks ``RemotePS`` makes too), made contiguous for the kernels."""
-    return np.ascontiguousarray(require_array(value, field, dtype, shape))
-
-
-def _finite(values: npt.NDArray[np.float32], field: str) -> None:
-    if not np.isfinite(values).all():
-        raise InvalidRequestError(field, "must be finite")
-
-
-def _name(name: str) -> str:
-    if not isinstance(name, str) or not name:
-        raise InvalidRequestError("name", "must name a dense vector")
-    return name
-
-
-def _mode(mode: api.SaveMode | int) -> api.SaveMode:
-    try:
-        return api.SaveMode(int(mode))
-    except (ValueError, TypeError):
-        raise InvalidRequestError(
-            "mode", f"must be 0 (checkpoint), 1 (delta), 2 (base) or 3 (batch), got {mode!r}"
-        ) from None

@@ -8,8 +8,9 @@ a ``DiskStore``, so a shard under a memory limit keeps every key instead of dyin
 - **Promotion**: a pull or push of a disk key puts its full row back into RAM first (under
   the writer lock, atomically with the push), so its results are bit-identical to a key
   that never left RAM.
-- **Maintenance covers both tiers** (the rules on full rows: ``disk_rows``): a shrink decays and deletes disk rows with the same
-  kernel (on a scratch table built from them); a save writes a logical shard's RAM rows
+- **Maintenance covers both tiers** (the rules on full rows are in ``disk_rows``): a
+  shrink decays and deletes disk rows with the same kernel (on a scratch table built from
+  them); a save writes a logical shard's RAM rows
   plus its disk rows, through the same filter; a save's side effects apply by key to
   whichever tier holds the key; a load fills RAM up to the budget and spills the rest.
 - **During a save** demotion waits (it needs ``lock.maintenance``) and a promotion leaves
