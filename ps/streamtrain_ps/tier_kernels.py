@@ -82,7 +82,7 @@ def collect_cold(
     hot: npt.NDArray[np.float64],
     threshold: float,
     ap: npt.NDArray[np.float64],
-    start: Int,
+    salt: Int,
     rows: npt.NDArray[np.int64],
     scores: npt.NDArray[np.float64],
     unseen: npt.NDArray[np.float32],
@@ -90,24 +90,48 @@ def collect_cold(
     """Live rows scoring at most ``threshold`` (those strictly below first, then ties, up to
     ``rows.size``) with their score and unseen_days; returns how many.
 
-    Slots are scanned from ``start`` (wrapping): ties are taken in slot order, and always
-    starting at slot 0 would empty the low slots demotion after demotion, leaving the high
-    ones ever denser — long linear-probing runs (measured: inserts 10x slower)."""
+    Ties are taken *spread over the slot array*: each with the probability that fills
+    ``rows`` (a hash of its slot and ``salt``), then the shortfall from a salted start.
+    Taking them in slot order emptied one run of slots per demotion while new keys land
+    everywhere, so the slots left alone longest filled up: linear-probing runs grew until
+    a capped shard took ~8k new keys/s."""
     n = 0
+    ties = 0
     size = arr_slots.size
-    for tie in range(2):
+    for s in range(size):
+        r = arr_slots[s]
+        if r < 0:
+            continue
+        sc = _row_score(slab, slab_u32, hot, r, ap)
+        if sc < threshold and n < rows.size:
+            rows[n] = r
+            scores[n] = sc
+            unseen[n] = slab[r, UNSEEN]
+            n += 1
+        elif sc == threshold:
+            ties += 1
+    if n >= rows.size or ties == 0:
+        return n
+    cut = np.uint64(min(1.0, (rows.size - n) / ties) * 4294967295.0)
+    salt64 = np.uint64(salt)
+    for second in range(2):
         for i in range(size):
             if n >= rows.size:
                 return n
-            r = arr_slots[(start + i) % size]
+            s = (i + salt) % size
+            r = arr_slots[s]
             if r < 0:
                 continue
             sc = _row_score(slab, slab_u32, hot, r, ap)
-            if (tie == 0 and sc < threshold) or (tie == 1 and sc == threshold):
-                rows[n] = r
-                scores[n] = sc
-                unseen[n] = slab[r, UNSEEN]
-                n += 1
+            if sc != threshold:
+                continue
+            picked = (ix.mix64(np.uint64(s) ^ salt64) >> np.uint64(32)) <= cut
+            if picked != (second == 0):
+                continue
+            rows[n] = r
+            scores[n] = sc
+            unseen[n] = slab[r, UNSEEN]
+            n += 1
     return n
 
 

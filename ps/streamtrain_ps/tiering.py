@@ -339,8 +339,8 @@ class TieredTable(SparseTable):
         rows = np.empty(n, dtype=np.int64)
         scores = np.empty(n, dtype=np.float64)
         unseen = np.empty(n, dtype=np.float32)
-        start = (self.moves * 0x9E3779B97F4A7C15) % a.slots.size  # a new place each time
-        args = (a.slots, a.slab, a.slab_u32, a.hot, threshold, self._ap, start, rows, scores)
+        salt = (self.moves * 0x9E3779B97F4A7C15) % a.slots.size  # other ties each time
+        args = (a.slots, a.slab, a.slab_u32, a.hot, threshold, self._ap, salt, rows, scores)
         got = int(tk.collect_cold(*args, unseen))
         order = np.lexsort((-unseen[:got], scores[:got]))
         return rows[:got][order]
