@@ -61,6 +61,9 @@ MIN_TABLE_BUDGET = 8 << 20
 #: glibc's ``mallopt`` parameter: allocations from this size up are mapped on their own.
 _M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 1 << 20
+#: glibc's ``mallopt`` parameter: how many heaps (arenas) threads allocate from.
+_M_ARENA_MAX = -8
+ARENA_MAX = 2
 
 
 class MemoryLimitError(RequestTooLargeError):
@@ -204,11 +207,14 @@ def bound_allocator() -> None:
     glibc raises its mmap threshold to the size of every mapped block freed (up to 32 MiB),
     so after a few large numpy temporaries, blocks of that size come from the heap, where a
     free leaves the pages resident (measured: ~40 MB of a capped shard's RSS). A fixed
-    threshold keeps large temporaries in their own mappings.
+    threshold keeps large temporaries in their own mappings. And each of the many server
+    threads would get a heap of its own (up to 8 per core), each keeping its freed small
+    blocks: a few heaps shared by all keep that bounded.
     """
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+        libc.mallopt(_M_ARENA_MAX, ARENA_MAX)
     except (OSError, AttributeError):
         return
 

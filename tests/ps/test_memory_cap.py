@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-#: Measured: peak RSS 0.9 % past a 236 MB limit (docs/ps-engine.md, "Memory limit").
+#: Measured: peak RSS 0.9-1.45 % past a 236 MB limit (docs/benchmarks.md, issue 12).
 TOLERANCE = 0.02
 
 
