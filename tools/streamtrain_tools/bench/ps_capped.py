@@ -5,10 +5,10 @@ The issue's point is a shard limited to 2 GiB holding 100M keys. That takes tens
 minutes to grow on a 2-core box, so the default is the same limit *per key* at a smaller
 table (``--capped-keys``, default 4M; ``--capped-keys 100000000`` for the full size):
 
-- **limit** = the fixed overhead of a shard process (the RSS of a capped one once it
-  serves, before any key: interpreter, numpy, numba code, RocksDB, the gRPC server) plus
+- **limit** = the fixed overhead of a shard process (measured in a fresh interpreter as
+  the shard measures it: interpreter, numpy, numba code, RocksDB, gRPC modules) plus
   ``--capped-bytes-per-key`` (default 20 B: (2 GiB − ~170 MB of overhead) / 100M keys)
-  times the keys. About a quarter of the keys fit in the RAM tier; the rest go to disk.
+  times the keys. About a fifth of the keys fit in the RAM tier; the rest go to disk.
 - **growth**: both shards get every key once (score 0.1, the long tail), then the
   ``HOT_SHARE`` most popular keys of the Zipf law again (score 0.5), so the hot set is
   what the capped shard keeps in RAM; keys/s of each growth step, for the capped shard past
@@ -25,6 +25,9 @@ table (``--capped-keys``, default 4M; ``--capped-keys 100000000`` for the full s
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import replace
@@ -33,6 +36,8 @@ from typing import Any
 
 import numpy as np
 
+import streamtrain_ps
+import streamtrain_tools as bench
 from streamtrain_ps.config import PSConfig
 from streamtrain_ps.launch import Launched, shard_process
 from streamtrain_ps.remote import RemotePS
@@ -41,8 +46,16 @@ from streamtrain_tools.bench.ps_scale import DIM, TABLE, config, rss, spread, th
 #: Share of the table pushed again (more shows): the Zipf head the capped RAM tier keeps.
 HOT_SHARE = 0.1
 SAMPLE_SECONDS = 0.05
-#: The limit of the shard process started only to measure the fixed overhead.
-PROBE_LIMIT = 1 << 30
+#: Run in a fresh interpreter: what a shard process holds before its first key, measured
+#: as the shard measures it (the allocator bounded, every kernel warm, RocksDB loaded).
+OVERHEAD = (
+    "import streamtrain_ps.__main__\n"
+    "from streamtrain_ps.memory_limit import bound_allocator, current_rss_bytes, warm_kernels\n"
+    "from streamtrain_tools.bench.ps_scale import config\n"
+    "bound_allocator()\n"
+    "warm_kernels(config())\n"
+    "print(current_rss_bytes())\n"
+)
 
 
 class RssSampler:
@@ -69,6 +82,19 @@ class RssSampler:
         return self.peak
 
 
+def fixed_overhead() -> int:
+    """A shard process's fixed overhead (``OVERHEAD``; an uncapped shard process compiles
+    lazily and a capped one sizes its slot array for its limit, so neither shows it)."""
+    # the child imports these very packages even when they are not installed
+    roots = [str(Path(str(m.__file__)).resolve().parents[1]) for m in (streamtrain_ps, bench)]
+    path = os.pathsep.join([*roots, os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path}
+    out = subprocess.run(
+        [sys.executable, "-c", OVERHEAD], capture_output=True, text=True, check=True, env=env
+    )
+    return int(out.stdout.strip().splitlines()[-1])
+
+
 def grow(ps: RemotePS, keys: np.ndarray, batch: int, show: float) -> float:
     """Push ``keys`` once in batches (no click); returns keys/s."""
     start = time.perf_counter()
@@ -90,12 +116,7 @@ def capped_phase(args: argparse.Namespace, work: Path) -> dict[str, float]:
     base = replace(config(), maxKeysPerRequest=args.batch)
     (work / "uncapped").mkdir()
     (work / "capped").mkdir()
-    (work / "probe").mkdir()
-    # A shard process under a limit warms its kernels and opens RocksDB before it serves:
-    # its RSS then is the fixed overhead (an uncapped one compiles lazily).
-    probe_cfg = replace(base, memoryLimit=PROBE_LIMIT, diskPath=str(work / "probe"))
-    with shard_process(probe_cfg, work / "probe") as probe:
-        overhead = rss(probe.pid)
+    overhead = fixed_overhead()
     with shard_process(base, work / "uncapped") as free_child:
         limit = overhead + int(n * args.capped_bytes_per_key)
         res: dict[str, float] = {
