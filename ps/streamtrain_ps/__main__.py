@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from streamtrain_ps.config import ConfigError, PSConfig
 from streamtrain_ps.grpc_serving import exit_now
+from streamtrain_ps.memory_limit import MemoryLimitError
 from streamtrain_ps.server import DEFAULT_WORKERS, PSServer, serve_until_signal
 from streamtrain_ps.shard import Shard
 from streamtrain_ps.startup import announce
@@ -55,7 +56,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--memory-limit",
         type=int,
-        help="bytes of sparse-table RAM (overrides the config's memoryLimit; 0: unlimited)",
+        help="bytes of RAM the shard process may hold (overrides the config's memoryLimit; "
+        "0: unlimited)",
     )
     p.add_argument("--disk-path", help="directory of the disk tier (overrides diskPath)")
     args = p.parse_args(argv)
@@ -96,7 +98,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         except TLSConfigError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-    shard = Shard(config, shard_index=args.shard_index, num_shards=args.num_shards)
+    try:
+        shard = Shard(config, shard_index=args.shard_index, num_shards=args.num_shards)
+    except MemoryLimitError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     registry = CollectorRegistry()
     server = PSServer(
         shard,

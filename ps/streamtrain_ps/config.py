@@ -172,8 +172,10 @@ class PSConfig:
     )
     memoryLimit: int | None = setting(
         None,
-        "Bytes the sparse tables of one shard may hold in RAM; past it the coldest keys move "
-        "to the disk tier. Omitted or 0: unlimited.",
+        "Bytes of RAM one shard process may hold (its RSS: the measured fixed overhead, the "
+        "disk tier's cache and a scratch reserve are taken from it, the rest holds tables); "
+        "past it the coldest keys move to the disk tier. In-process shards (LocalPS): the "
+        "table budget. Omitted or 0: unlimited.",
         minimum=0,
     )
     diskLimit: int = setting(

@@ -17,6 +17,11 @@ write-ahead log is off, and opening a path wipes what an earlier process left th
 A size cap (``limit_bytes``) is enforced here, by the live bytes this store accounts, since
 RocksDB's own space limit is not exposed by the binding; ``put`` refuses what would pass it
 (``DiskFullError``), and a filesystem that runs out first raises the same error.
+
+RocksDB's memory is bounded explicitly (``StoreMemory``): one LRU block cache per shard,
+shared by every table's store, holds the data blocks, the index and bloom-filter blocks and
+(through a write-buffer manager) the memtables, so the store's RAM is one number that the
+shard's memory limit counts (``memory_limit``).
 """
 
 from __future__ import annotations
@@ -35,7 +40,34 @@ from streamtrain_ps.slabs import HotCounters
 #: overhead after compaction (measured: ~118 B on disk for a 108-byte entry).
 ENTRY_OVERHEAD = 20
 HOT_BYTES = 24
-WRITE_BUFFER_BYTES = 16 << 20
+#: Keys per RocksDB call: each key is a few Python objects while it is in flight.
+BATCH_KEYS = 8192
+#: The smallest RAM budget a shard's stores get (a memtable needs a few MiB to be useful).
+MIN_STORE_MEMORY = 4 << 20
+
+
+class StoreMemory:
+    """One shard's RocksDB memory budget: an LRU cache of ``budget_bytes`` that holds every
+    store's blocks (data, index, filters) and, charged through a write-buffer manager, their
+    memtables (at most half the budget). Shared by the stores of all tables of a shard."""
+
+    def __init__(self, budget_bytes: int) -> None:
+        from rocksdict import Cache, WriteBufferManager
+
+        self.budget_bytes = max(int(budget_bytes), MIN_STORE_MEMORY)
+        self.cache: Any = Cache(self.budget_bytes)
+        self.write_buffers: Any = WriteBufferManager.new_write_buffer_manager_with_cache(
+            self.budget_bytes // 2, False, self.cache
+        )
+
+    @property
+    def memtable_bytes(self) -> int:
+        """One memtable's size: two per store fit the write-buffer share several times."""
+        return max(1 << 20, self.budget_bytes // 4)
+
+    def usage(self) -> int:
+        """Bytes the cache holds now (blocks plus memtable reservations)."""
+        return int(self.cache.get_usage())
 
 
 class DiskFullError(OSError):
@@ -46,8 +78,15 @@ class DiskStore:
     """Full rows of one table's disk-resident keys. Thread-safe (RocksDB is); the table's
     locks decide who may change which keys."""
 
-    def __init__(self, path: Path, width: int, logical_shards: int, limit_bytes: int = 0) -> None:
-        from rocksdict import BlockBasedOptions, Options, Rdict, WriteOptions
+    def __init__(
+        self,
+        path: Path,
+        width: int,
+        logical_shards: int,
+        limit_bytes: int = 0,
+        memory: StoreMemory | None = None,
+    ) -> None:
+        from rocksdict import BlockBasedIndexType, BlockBasedOptions, Options, Rdict, WriteOptions
 
         shutil.rmtree(path, ignore_errors=True)  # a spill area: nothing to recover
         path.mkdir(parents=True, exist_ok=True)
@@ -57,11 +96,26 @@ class DiskStore:
         self._L = logical_shards
         opts = Options(raw_mode=True)
         opts.create_if_missing(True)
+        memory = memory or StoreMemory(MIN_STORE_MEMORY)
         table = BlockBasedOptions()
-        table.set_bloom_filter(10, False)  # a miss (a key that is in no tier) skips the disk
+        table.set_bloom_filter(10, False)  # a lookup skips the levels without its key
+        # Index and filter blocks live in the bounded cache too (not in unbounded table
+        # readers): 100M keys' bloom filters alone would be 125 MB. *Partitioned*, so each
+        # is a few KiB: a whole filter of a large file does not fit in one shard of a small
+        # cache and was read back from the file on every lookup (measured: 300 µs a get).
+        table.set_block_cache(memory.cache)
+        table.set_cache_index_and_filter_blocks(True)
+        table.set_index_type(BlockBasedIndexType.two_level_index_search())
+        table.set_partition_filters(True)
+        table.set_metadata_block_size(4096)
+        table.set_pin_top_level_index_and_filter(True)
+        table.set_pin_l0_filter_and_index_blocks_in_cache(True)
         opts.set_block_based_table_factory(table)
-        # Its memory counts against the pod too: two 16 MiB memtables, not 64 MiB ones.
-        opts.set_write_buffer_size(WRITE_BUFFER_BYTES)
+        # The table's own RAM filter (``disk_filter``) rules out keys that are in no tier,
+        # so the store's lookups are nearly all hits: no filter for the last level.
+        opts.set_optimize_filters_for_hits(True)
+        opts.set_write_buffer_manager(memory.write_buffers)
+        opts.set_write_buffer_size(memory.memtable_bytes)
         opts.set_max_write_buffer_number(2)
         self._db: Any = Rdict(str(path), opts)
         self._wo = WriteOptions()
@@ -94,8 +148,12 @@ class DiskStore:
         packed = np.empty(keys.size, dtype=[("s", ">u2"), ("k", ">u8")])
         packed["s"] = logical_shard(keys, self._L)
         packed["k"] = keys
-        raw = packed.tobytes()
-        return [raw[i : i + 10] for i in range(0, len(raw), 10)]
+        keys_bytes: list[bytes] = packed.view("V10").tolist()  # one bytes object per key
+        return keys_bytes
+
+    def _store_order(self, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
+        """The permutation that sorts ``keys`` as the store does (logical shard, key)."""
+        return np.lexsort((keys, logical_shard(keys, self._L))).astype(np.int64)
 
     def put(
         self, keys: npt.NDArray[np.uint64], rows: npt.NDArray[np.float32], hot: HotCounters
@@ -110,14 +168,21 @@ class DiskStore:
         extra = keys.size * self.row_bytes + hot.positions.size * HOT_BYTES
         if self.limit_bytes > 0 and self.stored_bytes() + extra > self.limit_bytes:
             raise DiskFullError(f"disk tier {self.path} at its cap of {self.limit_bytes} bytes")
-        hot_of = dict(zip(hot.positions.tolist(), hot.counts, strict=True))
-        batch = WriteBatch(raw_mode=True)
-        rows = np.ascontiguousarray(rows, dtype=np.float32)
-        for i, sk in enumerate(self._store_keys(keys)):
-            value = rows[i].tobytes()
-            h = hot_of.get(i)
-            batch.put(sk, value if h is None else value + np.asarray(h, np.float64).tobytes())
-        self._write(batch)
+        # Written in store order: sorted inserts into the memtable are 2-2.5x faster than
+        # random ones (measured with 8k-key batches of random keys).
+        order = self._store_order(keys)
+        hot_at = np.full(keys.size, -1, dtype=np.int64)
+        hot_at[hot.positions] = np.arange(hot.positions.size)
+        for lo in range(0, keys.size, BATCH_KEYS):  # bounded Python objects per batch
+            idx = order[lo : lo + BATCH_KEYS]
+            h = hot_at[idx]
+            hot_here = HotCounters(np.flatnonzero(h >= 0), hot.counts[h[h >= 0]])
+            values = _encode(np.ascontiguousarray(rows[idx], dtype=np.float32), hot_here)
+            batch = WriteBatch(raw_mode=True)
+            put = batch.put
+            for sk, v in zip(self._store_keys(keys[idx]), values, strict=True):
+                put(sk, v)
+            self._write(batch)
         self._count += int(keys.size)
         self._hot += int(hot.positions.size)
 
@@ -142,37 +207,55 @@ class DiskStore:
         found = np.zeros(keys.size, dtype=np.bool_)
         if not keys.size or not self._count:
             return found, np.empty((0, self.width), np.float32), _no_hot()
-        values = self._db.get(self._store_keys(keys))
-        return (found, *self._decode(values, found))
+        # Looked up in store order (nearby keys share blocks: ~2x the rate of random order).
+        order = self._store_order(keys)
+        parts = []
+        for lo in range(0, keys.size, BATCH_KEYS):  # bounded Python objects per batch
+            values = self._db.get(self._store_keys(keys[order[lo : lo + BATCH_KEYS]]))
+            parts.append(self._decode(values, found[lo : lo + BATCH_KEYS]))
+        rows_sorted = np.concatenate([p[0] for p in parts])
+        hot_sorted = _concat_hot([p[1] for p in parts], [p[0].shape[0] for p in parts])
+        found_sorted = found.copy()
+        found[order] = found_sorted
+        # Rows back in the caller's key order: the i-th found row of sorted order belongs to
+        # key order[found_sorted][i].
+        where = order[found_sorted]
+        back = np.argsort(where, kind="stable")
+        rank = np.empty(back.size, dtype=np.int64)
+        rank[back] = np.arange(back.size)
+        rows = rows_sorted[back]
+        hot = HotCounters(rank[hot_sorted.positions], hot_sorted.counts)
+        return found, rows, _sorted_hot(hot)
 
     def _decode(
         self, values: list[bytes | None], found: npt.NDArray[np.bool_]
     ) -> tuple[npt.NDArray[np.float32], HotCounters]:
+        """Rows (and hot counters) of the non-None ``values``, whose places it marks in
+        ``found``: one join and numpy slicing, not Python per row."""
         nb = self.width * 4
-        rows: list[bytes] = []
-        pos: list[int] = []
-        counts: list[npt.NDArray[np.float64]] = []
-        for i, v in enumerate(values):
-            if v is None:
-                continue
-            found[i] = True
-            if len(v) > nb:
-                pos.append(len(rows))
-                counts.append(np.frombuffer(v, np.float64, 3, nb))
-            rows.append(v[:nb])
-        out = np.frombuffer(b"".join(rows), np.float32).reshape(len(rows), self.width).copy()
-        hot = HotCounters(np.asarray(pos, np.int64), np.asarray(counts, np.float64).reshape(-1, 3))
-        return out, hot
+        found[:] = np.fromiter((v is not None for v in values), np.bool_, len(values))
+        present = [v for v in values if v is not None]
+        raw = np.frombuffer(b"".join(present), np.uint8)
+        lengths = np.fromiter(map(len, present), np.int64, len(present))
+        if not (lengths > nb).any():  # no hot key: the rows are back to back
+            rows = raw.view(np.float32).reshape(len(present), self.width).copy()
+            return rows, _no_hot()
+        starts = np.cumsum(lengths) - lengths
+        rows = raw[starts[:, None] + np.arange(nb)].view(np.float32).reshape(-1, self.width)
+        pos = np.flatnonzero(lengths > nb)
+        counts = raw[starts[pos, None] + nb + np.arange(HOT_BYTES)].view(np.float64)
+        return rows, HotCounters(pos.astype(np.int64), counts.reshape(-1, 3))
 
-    def delete(self, keys: npt.NDArray[np.uint64]) -> None:
-        """Remove stored keys (each must be stored)."""
+    def delete(self, keys: npt.NDArray[np.uint64], hot_keys: int | None = None) -> None:
+        """Remove stored keys (each must be stored). ``hot_keys``: how many of them carry
+        exact counters, when the caller knows (a promotion read them); else read here."""
         from rocksdict import WriteBatch
 
         if not keys.size:
             return
-        nhot = self.get(keys)[2].positions.size
+        nhot = self.get(keys)[2].positions.size if hot_keys is None else hot_keys
         batch = WriteBatch(raw_mode=True)
-        for sk in self._store_keys(keys):
+        for sk in self._store_keys(keys[self._store_order(keys)]):
             batch.delete(sk)
         self._write(batch)
         self._count -= int(keys.size)
@@ -216,5 +299,29 @@ class DiskStore:
             shutil.rmtree(self.path, ignore_errors=True)
 
 
+def _encode(rows: npt.NDArray[np.float32], hot: HotCounters) -> list[bytes]:
+    """One value per row: its bytes, plus its exact float64 counters for a hot row. Sliced
+    out of one buffer (numpy encodes; Python only cuts)."""
+    values: list[bytes] = rows.view(f"V{rows.shape[1] * 4}").ravel().tolist()
+    counts = np.ascontiguousarray(hot.counts, np.float64)
+    for p, c in zip(hot.positions.tolist(), counts, strict=True):
+        values[p] += c.tobytes()
+    return values
+
+
 def _no_hot() -> HotCounters:
     return HotCounters(np.empty(0, np.int64), np.empty((0, 3), np.float64))
+
+
+def _concat_hot(parts: list[HotCounters], sizes: list[int]) -> HotCounters:
+    """Hot counters of concatenated row blocks (positions shifted by the blocks before)."""
+    starts = np.cumsum([0, *sizes[:-1]])
+    return HotCounters(
+        np.concatenate([h.positions + s for h, s in zip(parts, starts, strict=True)]),
+        np.concatenate([h.counts for h in parts]).reshape(-1, 3),
+    )
+
+
+def _sorted_hot(hot: HotCounters) -> HotCounters:
+    order = np.argsort(hot.positions)
+    return HotCounters(hot.positions[order], hot.counts[order])

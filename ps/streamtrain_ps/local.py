@@ -21,6 +21,7 @@ import numpy.typing as npt
 from streamtrain_ps import api, checkpoint, sharding
 from streamtrain_ps.config import PSConfig
 from streamtrain_ps.errors import CheckpointError, InvalidRequestError, UnknownTableError
+from streamtrain_ps.memory_limit import MemoryBudget
 from streamtrain_ps.shard import Shard
 
 R = TypeVar("R")
@@ -34,7 +35,10 @@ class LocalPS:
             raise ValueError(f"num_shards must be >= 1, got {num_shards}")
         self.config = config
         self.num_shards = num_shards
-        self.shards = [Shard(config, i, num_shards) for i in range(num_shards)]
+        # In-process shards share their caller's process (a worker, a test): its RSS is not
+        # theirs to bound, so ``memoryLimit`` is each shard's table budget here.
+        budget = MemoryBudget.tables_only(config.memoryLimit or 0)
+        self.shards = [Shard(config, i, num_shards, budget) for i in range(num_shards)]
         self._pool = ThreadPoolExecutor(num_shards, "localps") if num_shards > 1 else None
 
     # -- routing ----------------------------------------------------------------------------

@@ -1,80 +1,268 @@
-"""A shard's memory limit: keep its tables' RAM tier under ``PSConfig.memoryLimit`` by
-demoting the coldest keys to the disk tier (``tiering``), and refuse a request that could
-never fit.
+"""A shard's memory limit: keep the shard *process* under ``PSConfig.memoryLimit`` by
+demoting the coldest keys of its tables to the disk tier (``tiering``), and refuse what
+could never fit.
 
-The limit counts the tables' live bytes (``TieredTable.ram_bytes``: index, rows, embedx
-rows, exact counters). Freed rows are reused before a slab grows, so the resident table
-stays at about the most it ever held live; the rest of the process (interpreter, gRPC
-buffers, a request's scratch) is the headroom the operator leaves between the pod's limit
-and this one. Demotion brings the total down to ``LOW_WATER`` of the limit, taking keys
-from the table with the most bytes first.
+The limit is a process budget (``docs/decisions.md``, "The memory limit is a process
+budget"): the shard's resident set size should never pass it. ``MemoryBudget.measure``
+splits it when the shard starts:
+
+- **fixed overhead**: the process's RSS measured after every kernel was compiled (or loaded
+  from numba's cache) and the disk tier's library loaded (interpreter, numpy, numba/LLVM,
+  RocksDB code); measured, not configured;
+- **store**: RocksDB's block cache, index and filter blocks and memtables, all in one LRU
+  cache of this size (``disk_store.StoreMemory``);
+- **scratch**: requests in flight (decoded arrays, merge buffers, pull outputs) and gRPC
+  buffers;
+- **tables**: the rest. The governor keeps the tables' resident bytes under it: before a
+  request it demotes so that the table's live bytes plus the request's keys fit, and the
+  table's slabs are sized for the budget up front (untouched pages cost nothing), so
+  reaching the budget never copies a slab.
+
+Freed rows are reused before anything grows, so the resident table stays at about the most
+it ever held live. What the split cannot see (heap fragmentation, code paths first run
+later) is what the scratch reserve absorbs; after each demotion the governor trims the heap
+and logs a warning if the RSS passed the limit anyway.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import logging
+import os
 import resource
 import sys
+import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
+import numpy as np
+
+from streamtrain_ps.api import SaveMode
+from streamtrain_ps.config import PSConfig
 from streamtrain_ps.errors import RequestTooLargeError
-from streamtrain_ps.tiering import TieredTable
+from streamtrain_ps.heap import release_scratch_memory
+from streamtrain_ps.tiering import DiskOptions, TieredTable
 
-#: Demotion stops at this share of the limit, so it runs once per few percent of growth.
+log = logging.getLogger(__name__)
+
+#: Demotion stops at this share of the table budget, so it runs once per few percent of growth.
 LOW_WATER = 0.9
-#: A single request may use at most this share of the limit (the rest holds other keys).
+#: A single request may use at most this share of the table budget.
 MAX_REQUEST_SHARE = 0.5
+#: Shares of (limit - fixed overhead) for the store's cache and for requests' scratch.
+STORE_SHARE = 0.125
+SCRATCH_SHARE = 0.3
+MIN_SCRATCH = 16 << 20
+MAX_STORE = 256 << 20
+#: A limit must leave at least this much for the tables after the rest.
+MIN_TABLE_BUDGET = 8 << 20
+#: glibc's ``mallopt`` parameter: allocations from this size up are mapped on their own.
+_M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD = 1 << 20
+#: glibc's ``mallopt`` parameter: how many heaps (arenas) threads allocate from.
+_M_ARENA_MAX = -8
+ARENA_MAX = 2
 
 
 class MemoryLimitError(RequestTooLargeError):
-    """The memory limit cannot hold one request's keys (``spec.ps.memoryLimit`` too small)."""
+    """The memory limit cannot hold what it must (``spec.ps.memoryLimit`` too small)."""
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """How one shard's ``memoryLimit`` is split (bytes; ``limit`` 0: unlimited)."""
+
+    limit: int
+    fixed_overhead: int
+    store: int
+    scratch: int
+    tables: int
+
+    @classmethod
+    def unlimited(cls) -> MemoryBudget:
+        return cls(0, 0, 0, 0, 0)
+
+    @classmethod
+    def tables_only(cls, limit: int) -> MemoryBudget:
+        """The whole limit for the tables (tests that exercise tier moves with tiny tables
+        inject this; the process's own memory is then not bounded)."""
+        return cls(limit, 0, 0, 0, limit)
+
+    @classmethod
+    def measure(cls, limit: int, fixed_overhead: int | None = None) -> MemoryBudget:
+        """Split ``limit`` after measuring the process's RSS now (call once the kernels are
+        warm). Raises ``MemoryLimitError`` naming the field if too little is left."""
+        if not limit:
+            return cls.unlimited()
+        base = current_rss_bytes() if fixed_overhead is None else fixed_overhead
+        rest = limit - base
+        store = min(MAX_STORE, int(rest * STORE_SHARE))
+        scratch = max(MIN_SCRATCH, int(rest * SCRATCH_SHARE))
+        tables = rest - store - scratch
+        if tables < MIN_TABLE_BUDGET:
+            raise MemoryLimitError(
+                f"spec.ps.memoryLimit ({limit} bytes) is below what the shard process needs: "
+                f"{base} bytes measured at start (interpreter, numba kernels, RocksDB), "
+                f"{max(store, 0)} for the disk tier's cache, {scratch} for requests in flight "
+                f"and at least {MIN_TABLE_BUDGET} for the tables; raise it to at least "
+                f"{base + max(store, 0) + scratch + MIN_TABLE_BUDGET}"
+            )
+        return cls(limit, base, store, scratch, tables)
 
 
 class MemoryGovernor:
-    """Applies one shard's ``memoryLimit`` (0: unlimited) to its tables."""
+    """Applies one shard's ``MemoryBudget`` to its tables."""
 
-    def __init__(self, limit: int, tables: Sequence[TieredTable]) -> None:
-        self.limit = limit
+    def __init__(self, budget: MemoryBudget, tables: Sequence[TieredTable]) -> None:
+        self.budget = budget
+        self.limit = budget.limit
+        self.table_budget = budget.tables
         self._tables = list(tables)
         #: The largest working set (bytes of one request's unique keys) seen.
         self.working_set_bytes = 0
+        self._spilled: set[str] = set()
 
     def check_request(self, table: TieredTable, unique_keys: int) -> None:
         """Refuse a request whose unique keys alone would take more than
-        ``MAX_REQUEST_SHARE`` of the limit: demoting could never make room for it."""
+        ``MAX_REQUEST_SHARE`` of the table budget: demoting could never make room."""
         if not self.limit:
             return
         ws = int(unique_keys * table.key_bytes())
         self.working_set_bytes = max(self.working_set_bytes, ws)
-        if ws > self.limit * MAX_REQUEST_SHARE:
+        if ws > self.table_budget * MAX_REQUEST_SHARE:
             raise MemoryLimitError(
                 f"spec.ps.memoryLimit ({self.limit} bytes) is too small for the working set: "
                 f"one request to table {table.name!r} needs {ws} bytes for {unique_keys} "
-                f"keys, more than {int(MAX_REQUEST_SHARE * 100)} % of the limit; raise "
-                "spec.ps.memoryLimit (or the PS memory), or use more PS replicas or smaller "
-                "batches"
+                f"keys, more than {int(MAX_REQUEST_SHARE * 100)} % of the "
+                f"{self.table_budget} bytes left for tables; raise spec.ps.memoryLimit (or "
+                "the PS memory), or use more PS replicas or smaller batches"
             )
 
     def ram_bytes(self) -> int:
         return sum(t.ram_bytes() for t in self._tables)
 
-    def enforce(self) -> int:
-        """Demote until the RAM tier is under ``LOW_WATER`` of the limit when it is past the
-        limit; returns keys moved (or evicted when the disk tier is full too)."""
+    def make_room(self, table: TieredTable, incoming_keys: int) -> int:
+        """Before a request that may bring ``incoming_keys`` keys into ``table``'s RAM:
+        demote its coldest keys so they fit in rows already resident (no slab grows past
+        the budget). Returns keys moved."""
         if not self.limit:
             return 0
-        total = self.ram_bytes()
-        if total <= self.limit:
+        need = int(incoming_keys * table.key_bytes())
+        others = sum(t.memory_bytes() for t in self._tables if t is not table)
+        if others + table.ram_bytes() + need <= self.table_budget:
+            return 0
+        target = int(self.table_budget * LOW_WATER) - others - need
+        self._note_spill(table)
+        return self._demoted(table.demote(max(target, 0)))
+
+    def enforce(self) -> int:
+        """After a request: demote until the tables are under ``LOW_WATER`` of the table
+        budget when they are past it; returns keys moved (or evicted when the disk tier is
+        full too)."""
+        if not self.limit or self.ram_bytes() <= self.table_budget:
             return 0
         moved = 0
         for t in sorted(self._tables, key=lambda t: t.ram_bytes(), reverse=True):
-            excess = self.ram_bytes() - int(self.limit * LOW_WATER)
+            excess = self.ram_bytes() - int(self.table_budget * LOW_WATER)
             if excess <= 0:
                 break
+            self._note_spill(t)
             moved += t.demote(t.ram_bytes() - excess)
+        return self._demoted(moved)
+
+    def _note_spill(self, table: TieredTable) -> None:
+        """Say once per table that its keys start moving to disk (an operator's signal)."""
+        if table.name not in self._spilled:
+            self._spilled.add(table.name)
+            log.info("table %s: RAM tier at its budget; cold keys go to disk", table.name)
+
+    def _demoted(self, moved: int) -> int:
+        """After a demotion: give the freed scratch back, then check the process's RSS
+        against the limit (the feedback for what the split did not foresee)."""
+        if not moved or not self.budget.fixed_overhead:
+            return moved
+        release_scratch_memory()
+        rss = current_rss_bytes()
+        if rss > self.limit:
+            # Demoting more would not help: freed rows stay resident for reuse. Said once
+            # per demotion so the operator sees which share to raise.
+            log.warning(
+                "shard RSS %d bytes is past memoryLimit %d (fixed overhead %d, store %d, "
+                "scratch reserve %d, tables %d resident)",
+                rss,
+                self.limit,
+                self.budget.fixed_overhead,
+                self.budget.store,
+                self.budget.scratch,
+                sum(t.memory_bytes() for t in self._tables),
+            )
         return moved
+
+
+def bound_allocator() -> None:
+    """Make large freed allocations go back to the OS at once (glibc; a no-op elsewhere).
+
+    glibc raises its mmap threshold to the size of every mapped block freed (up to 32 MiB),
+    so after a few large numpy temporaries, blocks of that size come from the heap, where a
+    free leaves the pages resident (measured: ~40 MB of a capped shard's RSS). A fixed
+    threshold keeps large temporaries in their own mappings. And each of the many server
+    threads would get a heap of its own (up to 8 per core), each keeping its freed small
+    blocks: a few heaps shared by all keep that bounded.
+    """
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+        libc.mallopt(_M_ARENA_MAX, ARENA_MAX)
+    except (OSError, AttributeError):
+        return
+
+
+def current_rss_bytes() -> int:
+    """The process's resident set size now (``/proc/self/statm``; 0 where absent)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def peak_rss_bytes() -> int:
     """The process's peak resident set size (``getrusage``; kilobytes on Linux)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def warm_kernels(config: PSConfig) -> None:
+    """Run every kernel a capped shard uses (push, admission, pull, demotion, promotion,
+    shrink of both tiers, a save's selection and copy) once on scratch tables, and load the
+    disk tier's library, so the fixed overhead measured next includes their code and
+    numba's compilation (or cache load) never lands on the table budget later."""
+    with tempfile.TemporaryDirectory(prefix="streamtrain-warm-") as tmp:
+        for i, tc in enumerate(config.tables):
+            disk = DiskOptions(Path(tmp) / str(i), 0, config.logicalShards)
+            t = TieredTable(tc, seed=config.seed, disk=disk)
+            try:
+                _exercise(t, config.logicalShards)
+            finally:
+                t.close()
+    release_scratch_memory()
+
+
+def _exercise(t: TieredTable, logical_shards: int) -> None:
+    n = 2048
+    keys = np.arange(1, n + 1, dtype=np.uint64)
+    grads = np.zeros((n, t.layout.embedx_dim + 1), np.float32)
+    big = np.full(n, 1e3, np.float32)
+    no_slots = np.empty(0, np.uint32)
+    t.push_merged(t.merge(keys, grads, big, big, no_slots, (logical_shards, 1, 0)), False)
+    t.pull(keys)
+    t.demote(0)  # every key to disk
+    t.pull(keys)  # promoted back
+    t.demote(t.ram_bytes() // 2)
+    t.shrink_keys()
+    for mode in (SaveMode.DELTA, SaveMode.CHECKPOINT):
+        rows, offsets = t.rows_by_logical_shard(logical_shards, mode)
+        for s in range(logical_shards):
+            t.snapshot_part(rows[offsets[s] : offsets[s + 1]], mode, s)

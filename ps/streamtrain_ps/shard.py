@@ -18,16 +18,16 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from streamtrain_ps import api, checkpoint, saving, sharding
-from streamtrain_ps.accessor import SLOT
+from streamtrain_ps.accessor import SLOT, RowLayout
 from streamtrain_ps.config import PSConfig
 from streamtrain_ps.dense import DenseState, DenseStore
-from streamtrain_ps.disk_store import DiskFullError
+from streamtrain_ps.disk_filter import DiskKeyFilter
+from streamtrain_ps.disk_store import DiskFullError, StoreMemory
 from streamtrain_ps.errors import (
     CheckpointError,
     InvalidRequestError,
@@ -37,13 +37,20 @@ from streamtrain_ps.errors import (
 )
 from streamtrain_ps.heap import release_scratch_memory
 from streamtrain_ps.held_save import SnapshotSlot
-from streamtrain_ps.kernels import BAD_CLICK, BAD_GRAD, BAD_SHOW, NOT_OWNED, OVERFLOW
-from streamtrain_ps.memory_limit import LOW_WATER, MemoryGovernor, peak_rss_bytes
+from streamtrain_ps.memory_limit import (
+    LOW_WATER,
+    MemoryBudget,
+    MemoryGovernor,
+    bound_allocator,
+    peak_rss_bytes,
+    warm_kernels,
+)
 from streamtrain_ps.packed import SLOT_CODES
+from streamtrain_ps.push_errors import raise_push_errors
 from streamtrain_ps.staging import Pending, SaveEffects
-from streamtrain_ps.table import HotCounters, Merged
+from streamtrain_ps.table import HotCounters
 from streamtrain_ps.tiering import DiskOptions, TieredContent, TieredTable
-from streamtrain_ps.validation import require_array
+from streamtrain_ps.validation import contiguous_array, dense_name, require_finite, save_mode
 
 
 @dataclass(frozen=True)
@@ -95,9 +102,28 @@ class Shard:
     """Shard ``shard_index`` of ``num_shards``: owns the logical shards
     ``sharding.owned_logical_shards(shard_index, num_shards, config.logicalShards)``."""
 
-    def __init__(self, config: PSConfig, shard_index: int = 0, num_shards: int = 1) -> None:
+    def __init__(
+        self,
+        config: PSConfig,
+        shard_index: int = 0,
+        num_shards: int = 1,
+        memory_budget: MemoryBudget | None = None,
+    ) -> None:
+        """``memory_budget``: how ``config.memoryLimit`` is split; default measured here
+        (``MemoryBudget.measure`` after warming the kernels: a process budget)."""
         if not 0 <= shard_index < num_shards:
             raise ValueError(f"shard_index {shard_index} not in [0, {num_shards})")
+        limit = config.memoryLimit or 0
+        if memory_budget is None:
+            memory_budget = MemoryBudget.unlimited()
+            if limit:
+                bound_allocator()
+                warm_kernels(config)
+                memory_budget = MemoryBudget.measure(limit)
+        store_memory = StoreMemory(memory_budget.store) if limit else None
+        # Slabs sized for the table budget up front (untouched pages are not resident), so
+        # reaching the budget never copies a slab (a copy would hold old and new at once).
+        per_table = memory_budget.tables // max(1, len(config.tables)) if limit else 0
         self.config = config
         self.shard_index = shard_index
         self.num_shards = num_shards
@@ -111,14 +137,18 @@ class Shard:
             t.name: TieredTable(
                 t,
                 seed=config.seed,
+                capacity=per_table // (8 + 4 * RowLayout.of(t).primary_width),
                 helpers=self._helpers,
                 disk=DiskOptions(
-                    self._disk_root / t.name.encode().hex(), config.diskLimit, config.logicalShards
+                    self._disk_root / t.name.encode().hex(),
+                    config.diskLimit,
+                    config.logicalShards,
+                    store_memory,
                 ),
             )
             for t in config.tables
         }
-        self._memory = MemoryGovernor(config.memoryLimit or 0, list(self._tables.values()))
+        self._memory = MemoryGovernor(memory_budget, list(self._tables.values()))
         self._dense = DenseStore(config.dense.optimizer)
         self._last_save = 0.0
         self._last_load = 0.0
@@ -135,8 +165,10 @@ class Shard:
     def pull_sparse(self, table: str, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]:
         """Rows ``[show, click, embed_w, embedx_w...]``; unknown keys are zeros (not created)."""
         t = self._table(table)
-        out = t.pull(self._keys(keys))
-        self._memory.enforce()  # promotions may have filled RAM
+        k = self._keys(keys)
+        self._memory.make_room(t, t.disk_candidates(k))  # promotions bring keys into RAM
+        out = t.pull(k)
+        self._memory.enforce()
         return out
 
     def push_sparse(
@@ -152,61 +184,22 @@ class Shard:
         t = self._table(table)
         k = self._keys(keys)
         n = k.size
-        g = _array(grads, "grads", np.float32, (n, t.layout.embedx_dim + 1))
-        s = _array(shows, "shows", np.float32, (n,))
-        c = _array(clicks, "clicks", np.float32, (n,))
-        sl = _NO_SLOTS if slots is None else _array(slots, "slots", np.uint32, (n,))
+        g = contiguous_array(grads, "grads", np.float32, (n, t.layout.embedx_dim + 1))
+        s = contiguous_array(shows, "shows", np.float32, (n,))
+        c = contiguous_array(clicks, "clicks", np.float32, (n,))
+        sl = _NO_SLOTS if slots is None else contiguous_array(slots, "slots", np.uint32, (n,))
         route = (self.config.logicalShards, self.num_shards, self.shard_index)
         parts = t.merge(k, g, s, c, sl, route)
-        self._raise_push_errors(parts, k, s, c)
+        raise_push_errors(parts, k, s, c, route)
         unique = sum(int(part.n) for part in parts)
         self._memory.check_request(t, unique)
+        self._memory.make_room(t, unique)
         t.push_merged(parts, has_slots=slots is not None)
         self._memory.enforce()
         if n >= BULK_PUSH_KEYS:
             del parts  # the last reference to the scratch arrays
             release_scratch_memory()
         return unique
-
-    def _raise_push_errors(
-        self,
-        parts: list[Merged],
-        keys: npt.NDArray[np.uint64],
-        shows: npt.NDArray[np.float32],
-        clicks: npt.NDArray[np.float32],
-    ) -> None:
-        for p in parts:
-            self._raise_push_error(p, keys, shows, clicks)
-
-    def _raise_push_error(
-        self,
-        p: Merged,
-        keys: npt.NDArray[np.uint64],
-        shows: npt.NDArray[np.float32],
-        clicks: npt.NDArray[np.float32],
-    ) -> None:
-        at = int(p.n)
-        if p.code == BAD_GRAD:
-            raise InvalidRequestError("grads", f"row {at} is not finite")
-        if p.code == BAD_SHOW:
-            raise InvalidRequestError(
-                "shows", f"entry {at} must be finite and >= 0, got {shows[at]}"
-            )
-        if p.code == BAD_CLICK:
-            raise InvalidRequestError(
-                "clicks", f"entry {at} must be finite and >= 0, got {clicks[at]}"
-            )
-        if p.code == OVERFLOW:
-            raise InvalidRequestError(
-                "grads", f"the repeated rows of key {int(p.keys[at])} sum to a non-finite value"
-            )
-        if p.code == NOT_OWNED:
-            logical = int(sharding.logical_shard(keys[at : at + 1], self.config.logicalShards)[0])
-            raise InvalidRequestError(
-                "keys",
-                f"key {int(keys[at])} (logical shard {logical}) belongs to server "
-                f"{logical % self.num_shards} of {self.num_shards}, not {self.shard_index}",
-            )
 
     # -- dense ------------------------------------------------------------------------------
 
@@ -215,19 +208,19 @@ class Shard:
     ) -> tuple[npt.NDArray[np.float32], int]:
         """Create ``name`` from ``values`` unless it exists (first writer wins); with
         ``summary_decay`` it is a summary vector (``dense.py``)."""
-        v = _array(values, "values", np.float32, None)
-        _finite(v, "values")
+        v = contiguous_array(values, "values", np.float32, None)
+        require_finite(v, "values")
         if summary_decay is not None and not 0.0 < summary_decay <= 1.0:
             raise InvalidRequestError("summary.decay", f"must be in (0, 1], got {summary_decay}")
-        return self._dense.init(_name(name), v, summary_decay)
+        return self._dense.init(dense_name(name), v, summary_decay)
 
     def pull_dense(self, name: str) -> tuple[npt.NDArray[np.float32], int]:
-        return self._dense.get(_name(name)).pull()
+        return self._dense.get(dense_name(name)).pull()
 
     def push_dense(self, name: str, grads: npt.NDArray[np.float32]) -> int:
-        g = _array(grads, "grads", np.float32, None)
-        _finite(g, "grads")
-        return self._dense.push(_name(name), g)
+        g = contiguous_array(grads, "grads", np.float32, None)
+        require_finite(g, "grads")
+        return self._dense.push(dense_name(name), g)
 
     # -- maintenance ------------------------------------------------------------------------
 
@@ -298,7 +291,7 @@ class Shard:
         without applying anything twice (a retried call). Modes 1-3 only: a checkpoint's
         copy of every row would double the shard's memory.
         """
-        mode = _mode(mode)
+        mode = save_mode(mode)
         if mode == api.SaveMode.CHECKPOINT:
             raise InvalidRequestError("mode", "a snapshot save takes modes 1-3, not checkpoints")
         if not isinstance(snapshot_id, str) or not snapshot_id:
@@ -350,7 +343,7 @@ class Shard:
         stage: bool,
         save_id: str | None = None,
     ) -> tuple[api.SaveResult, str]:
-        mode = _mode(mode)
+        mode = save_mode(mode)
         if not isinstance(uri, str) or not uri:
             raise InvalidRequestError("uri", "must be a non-empty fsspec URL")
         tables = self._selected(table)
@@ -417,11 +410,11 @@ class Shard:
         coldness first (``TieredTable.build_tiered``)."""
         uri = plan.manifest.uri
         t = self._tables[name]
-        budget = int((self.config.memoryLimit or 0) * LOW_WATER / max(1, len(self._tables)))
+        budget = int(self._memory.table_budget * LOW_WATER / max(1, len(self._tables)))
         try:
             if budget <= 0:
-                parts = plan.table_parts(name)
-                return TieredContent(t.build_parts(plan.table_keys(name), parts), None)
+                ram = t.build_parts(plan.table_keys(name), plan.table_parts(name))
+                return TieredContent(ram, None, DiskKeyFilter())
             tp = plan.table(name)
             slots = np.unique(np.ascontiguousarray(tp.rows[:, SLOT]).view(np.uint32))
             if np.count_nonzero(slots) >= SLOT_CODES:  # spilled keys are coded when promoted
@@ -499,6 +492,11 @@ class Shard:
             working_set_bytes=self._memory.working_set_bytes,
         )
 
+    @property
+    def memory_budget(self) -> MemoryBudget:
+        """How ``memoryLimit`` was split when the shard started."""
+        return self._memory.budget
+
     def dense_snapshot(self) -> dict[str, DenseState]:
         """Copies of every dense vector with its optimizer state (tools and tests)."""
         return self._dense.snapshot()
@@ -528,7 +526,7 @@ class Shard:
         return list(self._tables.values()) if table is None else [self._table(table)]
 
     def _keys(self, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
-        k = _array(keys, "keys", np.uint64, None)
+        k = contiguous_array(keys, "keys", np.uint64, None)
         if k.ndim != 1:
             raise InvalidRequestError("keys", f"must be 1-D, got shape {k.shape}")
         if k.size > self.config.maxKeysPerRequest:
@@ -552,30 +550,3 @@ def _disk_root(config: PSConfig, shard_index: int) -> Path:
     if config.diskPath:
         return Path(config.diskPath) / f"shard-{shard_index}"
     return Path(tempfile.gettempdir()) / f"streamtrain-ps-{os.getpid()}-shard-{shard_index}"
-
-
-def _array(
-    value: object, field: str, dtype: type[np.generic], shape: tuple[int, ...] | None
-) -> npt.NDArray[Any]:
-    """``require_array`` (the checks ``RemotePS`` makes too), made contiguous for the kernels."""
-    return np.ascontiguousarray(require_array(value, field, dtype, shape))
-
-
-def _finite(values: npt.NDArray[np.float32], field: str) -> None:
-    if not np.isfinite(values).all():
-        raise InvalidRequestError(field, "must be finite")
-
-
-def _name(name: str) -> str:
-    if not isinstance(name, str) or not name:
-        raise InvalidRequestError("name", "must name a dense vector")
-    return name
-
-
-def _mode(mode: api.SaveMode | int) -> api.SaveMode:
-    try:
-        return api.SaveMode(int(mode))
-    except (ValueError, TypeError):
-        raise InvalidRequestError(
-            "mode", f"must be 0 (checkpoint), 1 (delta), 2 (base) or 3 (batch), got {mode!r}"
-        ) from None

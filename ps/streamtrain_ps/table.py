@@ -100,7 +100,7 @@ class SparseTable:
         self._ip = np.array([lay.embedx_dim, lay.kind, lay.xptr], dtype=np.int64)
         self._seed = table_seed(seed, config.name)
         self._meta = ix.new_meta(kn.TABLE_META_SIZE)
-        self._arrays = empty_arrays(capacity, 0, lay)
+        self._arrays = empty_arrays(capacity, capacity, lay)  # untouched pages: not resident
         self._tombstones: list[npt.NDArray[np.uint64]] = []
 
     # -- hot paths ------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Kernels that move rows between a table's RAM slabs and full rows (the disk tier's unit).
 
-- ``coldness``: every live row with its score (exact counters for hot keys) and
-  unseen_days, for choosing the coldest keys in the shrink rule's order.
+- ``sample_scores`` and ``collect_cold``: a sample of the live rows' scores (exact
+  counters for hot keys), then the rows at or below a score with their unseen_days, for
+  choosing the coldest keys in the shrink rule's order with scratch in proportion to them.
 - ``release_rows``: take keys out of RAM (index, embedx row, side-table entry) without
   counting them as evictions — they moved, they were not deleted.
 - ``place_rows``: put full rows (with exact hot counters) of keys absent from RAM back into
@@ -11,6 +12,8 @@ No locking here; ``tiering.TieredTable`` holds the right lock around each.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -35,28 +38,103 @@ from streamtrain_ps.kernels import (
 
 
 @njit(nogil=True, cache=True)
-def coldness(
+def _row_score(
+    slab: npt.NDArray[np.float32],
+    slab_u32: npt.NDArray[np.uint32],
+    hot: npt.NDArray[np.float64],
+    r: Int,
+    ap: npt.NDArray[np.float64],
+) -> float | np.floating[Any]:
+    if slab[r, P_SHOW] < 0.0:
+        h = slab_u32[r, P_CLICK]
+        return score(hot[h, 0], hot[h, 1], ap)
+    return score(np.float64(slab[r, P_SHOW]), np.float64(slab[r, P_CLICK]), ap)
+
+
+@njit(nogil=True, cache=True)
+def sample_scores(
+    arr_slots: npt.NDArray[np.int32],
+    slab: npt.NDArray[np.float32],
+    slab_u32: npt.NDArray[np.uint32],
+    hot: npt.NDArray[np.float64],
+    stride: Int,
+    ap: npt.NDArray[np.float64],
+    out: npt.NDArray[np.float64],
+) -> Int:
+    """Scores of every ``stride``-th live row (slot order: keys are hashed, so an unbiased
+    sample) into ``out``; returns how many."""
+    n = 0
+    seen = 0
+    for s in range(arr_slots.size):
+        r = arr_slots[s]
+        if r < 0:
+            continue
+        if seen % stride == 0 and n < out.size:
+            out[n] = _row_score(slab, slab_u32, hot, r, ap)
+            n += 1
+        seen += 1
+    return n
+
+
+@njit(nogil=True, cache=True)
+def collect_cold(
     arr_slots: npt.NDArray[np.int32],
     slab: npt.NDArray[np.float32],
     slab_u32: npt.NDArray[np.uint32],
     xslab_u32: npt.NDArray[np.uint32],
     hot: npt.NDArray[np.float64],
-    count: Int,
+    threshold: float,
     ap: npt.NDArray[np.float64],
+    salt: Int,
     rows: npt.NDArray[np.int64],
     scores: npt.NDArray[np.float64],
     unseen: npt.NDArray[np.float32],
 ) -> Int:
-    """Live rows into ``rows`` with their score and unseen_days; returns how many."""
-    n = ix.live_rows(arr_slots, rows)
-    for t in range(n):
-        r = rows[t]
-        if slab[r, P_SHOW] < 0.0:
-            h = slab_u32[r, P_CLICK]
-            scores[t] = score(hot[h, 0], hot[h, 1], ap)
-        else:
-            scores[t] = score(np.float64(slab[r, P_SHOW]), np.float64(slab[r, P_CLICK]), ap)
-        unseen[t] = pk.unseen_of(pk.word_of(slab_u32, xslab_u32, r))
+    """Live rows scoring at most ``threshold`` (those strictly below first, then ties, up to
+    ``rows.size``) with their score and unseen_days; returns how many.
+
+    Ties are taken *spread over the slot array*: each with the probability that fills
+    ``rows`` (a hash of its slot and ``salt``), then the shortfall from a salted start.
+    Taking them in slot order emptied one run of slots per demotion while new keys land
+    everywhere, so the slots left alone longest filled up: linear-probing runs grew until
+    a capped shard took ~8k new keys/s."""
+    n = 0
+    ties = 0
+    size = arr_slots.size
+    for s in range(size):
+        r = arr_slots[s]
+        if r < 0:
+            continue
+        sc = _row_score(slab, slab_u32, hot, r, ap)
+        if sc < threshold and n < rows.size:
+            rows[n] = r
+            scores[n] = sc
+            unseen[n] = pk.unseen_of(pk.word_of(slab_u32, xslab_u32, r))
+            n += 1
+        elif sc == threshold:
+            ties += 1
+    if n >= rows.size or ties == 0:
+        return n
+    cut = np.uint64(min(1.0, (rows.size - n) / ties) * 4294967295.0)
+    salt64 = np.uint64(salt)
+    for second in range(2):
+        for i in range(size):
+            if n >= rows.size:
+                return n
+            s = (i + salt) % size
+            r = arr_slots[s]
+            if r < 0:
+                continue
+            sc = _row_score(slab, slab_u32, hot, r, ap)
+            if sc != threshold:
+                continue
+            picked = (ix.mix64(np.uint64(s) ^ salt64) >> np.uint64(32)) <= cut
+            if picked != (second == 0):
+                continue
+            rows[n] = r
+            scores[n] = sc
+            unseen[n] = pk.unseen_of(pk.word_of(slab_u32, xslab_u32, r))
+            n += 1
     return n
 
 

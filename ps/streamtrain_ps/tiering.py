@@ -8,8 +8,9 @@ a ``DiskStore``, so a shard under a memory limit keeps every key instead of dyin
 - **Promotion**: a pull or push of a disk key puts its full row back into RAM first (under
   the writer lock, atomically with the push), so its results are bit-identical to a key
   that never left RAM.
-- **Maintenance covers both tiers**: a shrink decays and deletes disk rows with the same
-  kernel (on a scratch table built from them); a save writes a logical shard's RAM rows
+- **Maintenance covers both tiers** (the rules on full rows are in ``disk_rows``): a
+  shrink decays and deletes disk rows with the same kernel (on a scratch table built from
+  them); a save writes a logical shard's RAM rows
   plus its disk rows, through the same filter; a save's side effects apply by key to
   whichever tier holds the key; a load fills RAM up to the budget and spills the rest.
 - **During a save** demotion waits (it needs ``lock.maintenance``) and a promotion leaves
@@ -29,31 +30,38 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from streamtrain_ps import disk_rows as dr
 from streamtrain_ps import index as ix
 from streamtrain_ps import kernels as kn
 from streamtrain_ps import snapshot as sn
 from streamtrain_ps import tier_kernels as tk
-from streamtrain_ps.accessor import CLICK, DELTA, SHOW, UNSEEN
 from streamtrain_ps.api import SaveMode
 from streamtrain_ps.config import TableConfig
-from streamtrain_ps.disk_store import DiskFullError, DiskStore
+from streamtrain_ps.disk_filter import DiskKeyFilter
+from streamtrain_ps.disk_store import DiskFullError, DiskStore, StoreMemory
 from streamtrain_ps.kernels import EVICTIONS
-from streamtrain_ps.slabs import Arrays, HotCounters, TableContent, build_content
+from streamtrain_ps.slabs import HotCounters, TableContent
 from streamtrain_ps.table import Merged, SparseTable
 
 log = logging.getLogger(__name__)
 
 #: A demotion moves at least this share of the RAM keys, so it runs rarely (it scans all).
 DEMOTE_MIN_SHARE = 0.05
+#: Rows sampled to estimate the score below which a demotion's keys lie.
+COLD_SAMPLE = 65_536
+#: A demotion writes and releases its rows in chunks of this many keys (bounded scratch).
+DEMOTE_CHUNK = 32_768
 
 
 @dataclass(frozen=True)
 class DiskOptions:
-    """Where a table's disk tier lives and its cap (0 = only the filesystem's size)."""
+    """Where a table's disk tier lives, its cap (0 = only the filesystem's size) and the
+    shard's RocksDB memory budget its store shares (None: a small one of its own)."""
 
     path: Path
     limit_bytes: int
     logical_shards: int
+    memory: StoreMemory | None = None
 
 
 @dataclass(frozen=True)
@@ -62,6 +70,7 @@ class TieredContent:
 
     ram: TableContent
     disk: DiskStore | None
+    filter: DiskKeyFilter
 
 
 class TieredTable(SparseTable):
@@ -78,6 +87,8 @@ class TieredTable(SparseTable):
         super().__init__(config, seed=seed, capacity=capacity, helpers=helpers)
         self._disk_opts = disk
         self._disk: DiskStore | None = None
+        #: Keys that may be on disk: a RAM miss it rules out never reaches the store.
+        self._filter = DiskKeyFilter()
         self._generation = 0
         self._shadows: list[npt.NDArray[np.uint64]] = []
         #: Bumped by every demotion: rows recorded before it may hold other keys now.
@@ -91,7 +102,7 @@ class TieredTable(SparseTable):
     def ram_bytes(self) -> int:
         """Bytes the RAM tier's *live* keys take (freed rows are reused before the slabs
         grow, so this bounds the resident table): slot array, key + primary row per key,
-        embedx rows of admitted keys, hot entries."""
+        embedx rows of admitted keys, hot entries, the filter of the disk keys."""
         a = self._arrays
         m = self._meta
         per_key = a.keys.itemsize + a.slab.shape[1] * 4
@@ -101,7 +112,11 @@ class TieredTable(SparseTable):
             + len(self) * per_key
             + xrows * a.xslab.shape[1] * 4
             + self.hot_keys * a.hot.shape[1] * 8
+            + self._filter.nbytes
         )
+
+    def memory_bytes(self) -> int:
+        return super().memory_bytes() + self._filter.nbytes
 
     def key_bytes(self) -> float:
         """Average RAM bytes per key besides the slot array (a new key's cost estimate)."""
@@ -109,7 +124,7 @@ class TieredTable(SparseTable):
         if not n:
             lay = self.layout
             return 8 + 4 * lay.primary_width
-        return (self.ram_bytes() - self._arrays.slots.nbytes) / n
+        return (self.ram_bytes() - self._arrays.slots.nbytes - self._filter.nbytes) / n
 
     @property
     def disk_keys(self) -> int:
@@ -140,7 +155,7 @@ class TieredTable(SparseTable):
             raise RuntimeError(f"table {self.name!r} has no disk tier configured")
         self._generation += 1
         path = o.path / f"gen-{self._generation}"
-        return DiskStore(path, self.layout.width, o.logical_shards, o.limit_bytes)
+        return DiskStore(path, self.layout.width, o.logical_shards, o.limit_bytes, o.memory)
 
     # -- promotion --------------------------------------------------------------------------
 
@@ -152,13 +167,24 @@ class TieredTable(SparseTable):
         if not miss.size:
             return out
         uniq, inverse = np.unique(keys[miss], return_inverse=True)
+        with self.lock.read():
+            maybe = np.flatnonzero(self._filter.maybe(uniq))
+        if not maybe.size:  # no tier holds them: zeros, as super().pull left them
+            return out
         with self.lock.write():
-            values, found = self._fetch_locked(uniq)
+            values, found = self._fetch_locked(uniq[maybe])
         cols = self.layout.inference_columns()
         pulled = np.zeros((uniq.size, cols.size), dtype=np.float32)
-        pulled[found] = values[:, cols]
+        pulled[maybe[found]] = values[:, cols]
         out[miss] = pulled[inverse]
         return out
+
+    def disk_candidates(self, keys: npt.NDArray[np.uint64]) -> int:
+        """How many of ``keys`` may be on disk: what a pull may bring into RAM."""
+        if self._disk is None or not len(self._disk):
+            return 0
+        with self.lock.read():
+            return int(np.count_nonzero(self._filter.maybe(keys)))
 
     def _fetch_locked(
         self, keys: npt.NDArray[np.uint64]
@@ -199,9 +225,14 @@ class TieredTable(SparseTable):
             return (
                 np.zeros(keys.size, np.bool_),
                 np.empty((0, self.layout.width), np.float32),
-                _no_hot(),
+                dr.no_hot(),
             )
-        found, full, hot = store.get(keys)
+        found = np.zeros(keys.size, dtype=np.bool_)
+        maybe = np.flatnonzero(self._filter.maybe(keys))
+        if not maybe.size:
+            return found, np.empty((0, self.layout.width), np.float32), dr.no_hot()
+        on_disk, full, hot = store.get(keys[maybe])
+        found[maybe[on_disk]] = True
         k = keys[found]
         if k.size:
             self._place_locked(k, full, hot)
@@ -210,7 +241,7 @@ class TieredTable(SparseTable):
                 self._shadows.append(k)
             else:
                 self._flush_shadows_locked()
-                store.delete(k)
+                store.delete(k, int(hot.positions.size))
         return found, full, hot
 
     def _place_locked(
@@ -259,50 +290,64 @@ class TieredTable(SparseTable):
                 return 0
             n = max(int(np.ceil(excess / self.key_bytes())), int(len(self) * DEMOTE_MIN_SHARE))
             rows = self._coldest_locked(min(n, len(self)))
-            keys, full, hot = self._gather(rows)
             store = self._store()
-            keep = min(rows.size, store.room())
-            evict = rows.size - keep  # the coldest go first when the disk is full
-            try:
-                store.put(keys[evict:], full[evict:], _shift(hot, evict))
-            except DiskFullError as exc:
-                log.warning("table %s: %s; evicting %d keys instead", self.name, exc, keep)
-                evict = rows.size
-            a = self._arrays
-            tk.release_rows(
-                a.slots,
-                a.keys,
-                self._meta,
-                a.slab,
-                a.slab_u32,
-                a.xslab,
-                a.xslab_u32,
-                a.hot,
-                rows,
-            )
-            if evict:
-                self._tombstones.append(keys[:evict].copy())
-                self._meta[EVICTIONS] += evict
-                self.pressure_evictions_total += evict
-            self.demotions_total += rows.size - evict
+            evict = rows.size - min(rows.size, store.room())  # the coldest go first
+            evicted = 0
+            for lo in range(0, rows.size, DEMOTE_CHUNK):
+                chunk = rows[lo : lo + DEMOTE_CHUNK]
+                keys, full, hot = self._gather(chunk)
+                out = max(0, min(chunk.size, evict - lo))  # evicted, not stored
+                try:
+                    store.put(keys[out:], full[out:], dr.shift_hot(hot, out))
+                    self._filter.add(keys[out:])
+                except DiskFullError as exc:
+                    log.warning("table %s: %s; evicting instead", self.name, exc)
+                    out = chunk.size
+                self._release_locked(chunk)
+                if out:
+                    self._tombstones.append(keys[:out].copy())
+                    self._meta[EVICTIONS] += out
+                    self.pressure_evictions_total += out
+                    evicted += out
+            self.demotions_total += rows.size - evicted
             self.moves += 1
             return int(rows.size)
 
+    def _release_locked(self, rows: npt.NDArray[np.int64]) -> None:
+        a = self._arrays
+        tk.release_rows(
+            a.slots,
+            a.keys,
+            self._meta,
+            a.slab,
+            a.slab_u32,
+            a.xslab,
+            a.xslab_u32,
+            a.hot,
+            rows,
+        )
+
     def _coldest_locked(self, n: int) -> npt.NDArray[np.int64]:
-        """The ``n`` coldest live rows, coldest first: lowest score, then longest unseen."""
+        """About the ``n`` coldest live rows, coldest first (lowest score, then longest
+        unseen). The score below which ``n`` rows lie is estimated from a sample of at most
+        ``COLD_SAMPLE`` rows, so the scratch is O(n + sample), not O(keys): a demotion
+        must not need memory in proportion to the table it relieves."""
         a = self._arrays
         count = len(self)
-        rows = np.empty(count, dtype=np.int64)
-        scores = np.empty(count, dtype=np.float64)
-        unseen = np.empty(count, dtype=np.float32)
-        kernel: Any = tk.coldness  # numba's Dispatcher stub does not model *args
+        stride = max(1, count // COLD_SAMPLE)
+        sample = np.empty(min(count, COLD_SAMPLE), dtype=np.float64)
+        m = int(tk.sample_scores(a.slots, a.slab, a.slab_u32, a.hot, stride, self._ap, sample))
+        threshold = float(np.quantile(sample[:m], min(1.0, n / max(count, 1)), method="higher"))
+        rows = np.empty(n, dtype=np.int64)
+        scores = np.empty(n, dtype=np.float64)
+        unseen = np.empty(n, dtype=np.float32)
+        salt = (self.moves * 0x9E3779B97F4A7C15) % a.slots.size  # other ties each time
         slabs = (a.slots, a.slab, a.slab_u32, a.xslab_u32, a.hot)
-        m = int(kernel(*slabs, count, self._ap, rows, scores, unseen))
-        if n < m:
-            cut = np.argpartition(scores[:m], n - 1)[:n]
-            rows, scores, unseen = rows[cut], scores[cut], unseen[cut]
-        order = np.lexsort((-unseen[:n], scores[:n]))
-        return rows[order]
+        args = (*slabs, threshold, self._ap, salt, rows, scores, unseen)
+        kernel: Any = tk.collect_cold  # numba's Dispatcher stub does not model *args
+        got = int(kernel(*args))
+        order = np.lexsort((-unseen[:got], scores[:got]))
+        return rows[:got][order]
 
     # -- shrink -----------------------------------------------------------------------------
 
@@ -313,31 +358,32 @@ class TieredTable(SparseTable):
             before_disk = self.disk_keys
             before, gone = self._shrink_locked()
             if self._disk is None or not len(self._disk):
+                self._filter = DiskKeyFilter()  # only stale bits left
                 return before, gone
             gone_disk = [gone]
+            live: list[npt.NDArray[np.uint64]] = []
             for logical in range(self._disk_opts.logical_shards if self._disk_opts else 0):
-                gone_disk.append(self._shrink_disk_shard(logical))
+                gone_disk.append(self._shrink_disk_shard(logical, live))
+            # Rebuilt from the live disk keys: drops promoted and deleted keys' stale bits.
+            self._filter = DiskKeyFilter(np.concatenate(live) if live else None)
             all_gone = np.concatenate(gone_disk)
             if all_gone.size > gone.size:
                 self._tombstones.append(all_gone[gone.size :])
             return before + before_disk, all_gone
 
-    def _shrink_disk_shard(self, logical: int) -> npt.NDArray[np.uint64]:
+    def _shrink_disk_shard(
+        self, logical: int, live_keys: list[npt.NDArray[np.uint64]]
+    ) -> npt.NDArray[np.uint64]:
+        """Shrink one logical shard's disk rows; appends the keys left to ``live_keys``."""
         store = self._store()
-        keys, full, hot = store.shard_rows(logical)
-        if not keys.size:
+        rows = store.shard_rows(logical)
+        if not rows[0].size:
             return np.empty(0, np.uint64)
-        scratch = build_content(self.layout, keys, full, np.empty(0, np.uint64), hot)
-        a, meta = scratch.arrays, scratch.meta
-        deleted = np.empty(keys.size, dtype=np.uint64)
-        args = (a.slots, a.keys, meta, a.slab, a.slab_u32, a.xslab, a.xslab_u32, a.hot)
-        nd = int(kn.shrink_kernel(*args, self._ap, deleted))
-        self._meta[EVICTIONS] += nd
-        gone = deleted[:nd].copy()
+        gone, kept = dr.shrink(self.layout, self._ap, rows)
+        self._meta[EVICTIONS] += gone.size
         store.delete(gone)
-        live = np.empty(int(meta[ix.COUNT]), dtype=np.int64)
-        ix.live_rows(a.slots, live)
-        store.replace(*_gather_content(self, a, live))
+        store.replace(*kept)
+        live_keys.append(kept[0])
         return gone
 
     # -- saves ------------------------------------------------------------------------------
@@ -353,8 +399,8 @@ class TieredTable(SparseTable):
             return rows, keys, full, hot
         with self.lock.write():
             dk, dfull, dhot = self._disk.shard_rows(logical)
-        keep = ~np.isin(dk, keys) & self._passes(dfull, dhot, mode)
-        dk, dfull, dhot = dk[keep], dfull[keep], _select_hot(dhot, keep)
+        keep = ~np.isin(dk, keys) & dr.passes(dfull, dhot, mode, self._save_params())
+        dk, dfull, dhot = dk[keep], dfull[keep], dr.select_hot(dhot, keep)
         all_hot = HotCounters(
             np.concatenate([hot.positions, dhot.positions + keys.size]),
             np.concatenate([hot.counts, dhot.counts]),
@@ -365,20 +411,6 @@ class TieredTable(SparseTable):
             np.concatenate([full, dfull]),
             all_hot,
         )
-
-    def _passes(
-        self, full: npt.NDArray[np.float32], hot: HotCounters, mode: SaveMode
-    ) -> npt.NDArray[np.bool_]:
-        """``snapshot._passes`` on full rows (float64 arithmetic, exact hot counters)."""
-        if mode in (SaveMode.CHECKPOINT, SaveMode.BATCH):
-            return np.ones(full.shape[0], dtype=np.bool_)
-        show = full[:, SHOW].astype(np.float64)
-        click = full[:, CLICK].astype(np.float64)
-        delta = full[:, DELTA].astype(np.float64)
-        show[hot.positions], click[hot.positions], delta[hot.positions] = hot.counts.T
-        sp = self._save_params()
-        ok = ((show - click) * sp[0] + click * sp[1] >= sp[2]) & (full[:, UNSEEN] <= sp[3])
-        return ok & (delta >= sp[4]) if mode == SaveMode.DELTA else ok
 
     def apply_save(
         self,
@@ -406,13 +438,9 @@ class TieredTable(SparseTable):
             found, full, hot = self._disk.get(keys[~ram])
             if not found.any():
                 return
-            dk = keys[~ram][found]
-            scratch = build_content(self.layout, dk, full, np.empty(0, np.uint64), hot)
-            s = scratch.arrays
-            at = np.arange(dk.size, dtype=np.int64)  # a fresh build puts key i at row i
             delta = saved_delta[~ram][found]
-            sn.after_save(s.slab, s.slab_u32, s.xslab_u32, s.hot, at, delta, unseen_inc)
-            self._disk.replace(*_gather_content(self, s, at))
+            done = dr.after_save(self.layout, (keys[~ram][found], full, hot), delta, unseen_inc)
+            self._disk.replace(*done)
 
     # -- load -------------------------------------------------------------------------------
 
@@ -426,33 +454,22 @@ class TieredTable(SparseTable):
     ) -> TieredContent:
         """``build`` that keeps the hottest keys in RAM up to ``ram_budget`` bytes (0 = all)
         and spills the rest into a fresh disk store (a load). Nothing is swapped in."""
-        hot = hot or _no_hot()
-        lay = self.layout
-        per_key = (
-            8
-            + 4 * lay.primary_width
-            + 4 * lay.x_width * float(np.mean(rows[:, lay.xflag] >= 0) if keys.size else 0.0)
-        )
-        slot_bytes = 4 * ix.needed_capacity(keys.size)
-        fits = int(max(0, ram_budget - slot_bytes) // per_key) if ram_budget > 0 else keys.size
-        if fits >= keys.size or self._disk_opts is None:
-            return TieredContent(self.build(keys, rows, tombstones, hot), None)
-        show = rows[:, SHOW].astype(np.float64)
-        click = rows[:, CLICK].astype(np.float64)
-        show[hot.positions], click[hot.positions] = hot.counts[:, 0], hot.counts[:, 1]
-        score = (show - click) * self.config.nonclkCoeff + click * self.config.clickCoeff
-        order = np.lexsort((-rows[:, UNSEEN], score))  # coldest first
-        spill, stay = np.sort(order[: keys.size - fits]), np.sort(order[keys.size - fits :])
+        hot = hot or dr.no_hot()
+        coeffs = (self.config.nonclkCoeff, self.config.clickCoeff)
+        split = dr.ram_split(self.layout, coeffs, (keys, rows, hot), ram_budget)
+        if split is None or self._disk_opts is None:
+            return TieredContent(self.build(keys, rows, tombstones, hot), None, DiskKeyFilter())
+        spill, stay = split
         store = self._new_store()
         try:
-            store.put(keys[spill], rows[spill], _select_hot(hot, _mask(keys.size, spill)))
+            store.put(keys[spill], rows[spill], dr.select_hot(hot, dr.mask(keys.size, spill)))
             ram = self.build(
-                keys[stay], rows[stay], tombstones, _select_hot(hot, _mask(keys.size, stay))
+                keys[stay], rows[stay], tombstones, dr.select_hot(hot, dr.mask(keys.size, stay))
             )
         except BaseException:
             store.close()
             raise
-        return TieredContent(ram, store)
+        return TieredContent(ram, store, DiskKeyFilter(keys[spill]))
 
     def install_tiered(self, content: TieredContent) -> None:
         """Swap in a ``build_tiered`` content: RAM arrays and disk store together. The
@@ -460,6 +477,7 @@ class TieredTable(SparseTable):
         old = self._disk
         self.install(content.ram)
         self._disk = content.disk
+        self._filter = content.filter
         self._shadows = []
         self.moves += 1
         if old is not None:
@@ -470,41 +488,4 @@ class TieredTable(SparseTable):
         if self._disk is not None:
             self._disk.close()
             self._disk = None
-
-
-def _no_hot() -> HotCounters:
-    return HotCounters(np.empty(0, np.int64), np.empty((0, 3), np.float64))
-
-
-def _shift(hot: HotCounters, start: int) -> HotCounters:
-    """``hot`` for the rows ``start:`` of the array it indexes."""
-    keep = hot.positions >= start
-    return HotCounters(hot.positions[keep] - start, hot.counts[keep])
-
-
-def _mask(n: int, idx: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
-    m = np.zeros(n, dtype=np.bool_)
-    m[idx] = True
-    return m
-
-
-def _select_hot(hot: HotCounters, keep: npt.NDArray[np.bool_]) -> HotCounters:
-    """``hot`` for ``rows[keep]`` (positions renumbered)."""
-    new_pos = np.cumsum(keep) - 1
-    sel = keep[hot.positions]
-    return HotCounters(new_pos[hot.positions[sel]], hot.counts[sel])
-
-
-def _gather_content(
-    t: TieredTable, a: Arrays, rows: npt.NDArray[np.int64]
-) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32], HotCounters]:
-    """Keys, full rows and exact hot counters of ``rows`` of scratch arrays ``a``."""
-    lay = t.layout
-    keys = np.empty(rows.size, dtype=np.uint64)
-    full = np.empty((rows.size, lay.width), dtype=np.float32)
-    pos = np.empty(rows.size, dtype=np.int64)
-    counts = np.empty((rows.size, 3), dtype=np.float64)
-    args: Any = (a.keys, a.slab, a.slab_u32, a.xslab, a.hot, a.slot_ids, rows, keys, full)
-    kernel: Any = sn.gather  # numba's Dispatcher stub does not model *args
-    nh = int(kernel(*args, pos, counts, lay.xptr, lay.xflag))
-    return keys, full, HotCounters(pos[:nh], counts[:nh])
+        self._filter = DiskKeyFilter()

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from streamtrain_ps import api
 from streamtrain_ps.errors import InvalidRequestError
 
 
@@ -37,3 +38,30 @@ def require_array(
     elif value.shape != shape:
         raise InvalidRequestError(field, f"must have shape {shape}, got {value.shape}")
     return value
+
+
+def contiguous_array(
+    value: object, field: str, dtype: type[np.generic], shape: tuple[int, ...] | None
+) -> npt.NDArray[Any]:
+    """``require_array``, made contiguous for the kernels (what ``Shard`` takes)."""
+    return np.ascontiguousarray(require_array(value, field, dtype, shape))
+
+
+def require_finite(values: npt.NDArray[np.float32], field: str) -> None:
+    if not np.isfinite(values).all():
+        raise InvalidRequestError(field, "must be finite")
+
+
+def dense_name(name: str) -> str:
+    if not isinstance(name, str) or not name:
+        raise InvalidRequestError("name", "must name a dense vector")
+    return name
+
+
+def save_mode(mode: api.SaveMode | int) -> api.SaveMode:
+    try:
+        return api.SaveMode(int(mode))
+    except (ValueError, TypeError):
+        raise InvalidRequestError(
+            "mode", f"must be 0 (checkpoint), 1 (delta), 2 (base) or 3 (batch), got {mode!r}"
+        ) from None

@@ -16,7 +16,7 @@ from streamtrain_ps.api import SaveMode
 from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
 from streamtrain_ps.errors import CheckpointError
 from streamtrain_ps.local import LocalPS
-from streamtrain_ps.memory_limit import MemoryLimitError
+from streamtrain_ps.memory_limit import MemoryBudget, MemoryLimitError
 from streamtrain_ps.shard import Shard
 
 from . import faultfs
@@ -45,6 +45,13 @@ def config(
         diskLimit=disk,
         diskPath=str(tmp) if tmp else "",
     )
+
+
+def capped_shard(tmp: Path, limit: int, disk: int = 0, kind: str = "adagrad") -> Shard:
+    """A shard whose whole ``limit`` is table budget (tier moves with tiny tables; the
+    process budget is tested in test_memory_cap.py)."""
+    cfg = config(tmp / "disk", limit, disk, kind)
+    return Shard(cfg, memory_budget=MemoryBudget.tables_only(limit))
 
 
 def step(shards: list[Shard], rng: np.random.Generator, n: int = 400) -> None:
@@ -84,7 +91,7 @@ def save(shard: Shard, uri: str, mode: SaveMode) -> None:
 @pytest.mark.parametrize("kind", ["adagrad", "adam"])
 def test_a_capped_shard_is_bit_identical_to_an_unlimited_one(tmp_path: Path, kind: str) -> None:
     ref = Shard(config(kind=kind))
-    capped = Shard(config(tmp_path / "disk", limit=90_000, kind=kind))
+    capped = capped_shard(tmp_path, 90_000, kind=kind)
     rng = np.random.default_rng(7)
     for day in range(3):
         for _ in range(25):
@@ -110,7 +117,7 @@ def test_a_capped_shard_is_bit_identical_to_an_unlimited_one(tmp_path: Path, kin
 
 def test_save_load_and_reshard_with_disk_resident_keys(tmp_path: Path) -> None:
     ref = Shard(config())
-    capped = Shard(config(tmp_path / "disk", limit=100_000))
+    capped = capped_shard(tmp_path, 100_000)
     rng = np.random.default_rng(3)
     for _ in range(40):
         step([ref, capped], rng)
@@ -140,7 +147,7 @@ def test_save_load_and_reshard_with_disk_resident_keys(tmp_path: Path) -> None:
 
 
 def test_a_full_disk_tier_evicts_by_the_shrink_rule_and_counts(tmp_path: Path) -> None:
-    shard = Shard(config(tmp_path / "disk", limit=100_000, disk=60_000))
+    shard = capped_shard(tmp_path, 100_000, disk=60_000)
     rng = np.random.default_rng(5)
     for _ in range(60):
         step([shard], rng)
@@ -156,7 +163,7 @@ def test_a_full_disk_tier_evicts_by_the_shrink_rule_and_counts(tmp_path: Path) -
 
 
 def test_a_limit_too_small_for_one_request_names_the_field(tmp_path: Path) -> None:
-    shard = Shard(config(tmp_path / "disk", limit=20_000))
+    shard = capped_shard(tmp_path, 20_000)
     rng = np.random.default_rng(1)
     with pytest.raises(MemoryLimitError, match=r"spec\.ps\.memoryLimit .* needs \d+ bytes"):
         step([shard], rng, n=2_000)
@@ -173,7 +180,7 @@ def failfs() -> faultfs.Faults:
 def test_a_disk_full_save_keeps_the_previous_one_and_the_disk_tier(
     tmp_path: Path, failfs: faultfs.Faults
 ) -> None:
-    shard = Shard(config(tmp_path / "disk", limit=100_000))
+    shard = capped_shard(tmp_path, 100_000)
     rng = np.random.default_rng(9)
     for _ in range(30):
         step([shard], rng)

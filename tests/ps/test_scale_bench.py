@@ -16,6 +16,7 @@ def test_the_last_line_is_the_json_summary(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     args = ["--sizes", "20000", "--batch", "2000", "--seconds", "0.05", "--skip-rpc"]
+    args += ["--capped-keys", "0"]
     assert ps_scale.main([*args, "--workdir", str(tmp_path), "--json"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     per = result["sizes"]["20000"]
@@ -31,6 +32,21 @@ def test_the_last_line_is_the_json_summary(
     )
     assert per["restore_seconds"] > 0 and per["peak_ratio_restore"] > 0
     assert per["keys_after_throughput"] > 20000, "the Zipf tail created keys"
+
+
+def test_the_capped_phase_reports_its_ratio_and_rss_against_the_limit(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # 150 B a key above the overhead: the smallest limit a shard accepts at this size
+    args = ["--sizes", "20000", "--batch", "20000", "--seconds", "0.05", "--skip-rpc"]
+    args += ["--capped-keys", "200000", "--capped-bytes-per-key", "150"]
+    assert ps_scale.main([*args, "--workdir", str(tmp_path), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["capped_pull_ratio"] > 0 and result["capped_push_ratio"] > 0
+    assert result["capped_limit_bytes"] > result["capped_fixed_overhead_bytes"] > 0
+    peak = result["capped_rss_peak_bytes"]
+    assert result["capped_rss_max_over_limit_bytes"] == peak - result["capped_limit_bytes"]
+    assert peak >= result["capped_fixed_overhead_bytes"], "sampled while it held its keys"
 
 
 def test_zipf_ranks_have_a_hot_head_and_a_long_tail() -> None:

@@ -132,7 +132,9 @@ class PSSpec:
     memoryLimit: int | None = same_as(
         PSConfig,
         "memoryLimit",
-        doc="Bytes of sparse-table RAM per shard; past it the coldest keys move to the disk "
+        doc="Bytes of RAM per shard process (its RSS; the process's measured fixed overhead, "
+        "the disk tier's cache and a scratch reserve come out of it, the rest holds "
+        "tables); past it the coldest keys move to the disk "
         "tier. Omitted: resources.limits.memory minus headroom for gRPC buffers and the "
         "process (a quarter of it, at least 2 x 256 MiB), or unlimited without a limit. "
         "0: unlimited.",

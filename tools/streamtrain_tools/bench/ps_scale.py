@@ -22,6 +22,8 @@ One shard, one table: embedxDim 8, SparseAdaGrad, ``embedxThreshold`` 10. Per ta
   checkpoint, in seconds.
 - the same bytes per key and throughputs for a shard **process grown over gRPC** (``--rpc-
   keys``, default the first size; ``--skip-rpc`` to leave it out).
+- a **memory-capped** shard process against the same shard uncapped (``ps_capped``:
+  ``capped_pull_ratio``, ``capped_rss_max_over_limit_bytes``; ``--capped-keys 0`` skips it).
 
 The human table goes to stdout; the LAST line is one JSON object (worst case over sizes for
 ``unadmitted_bytes_per_key``, ``admitted_bytes_per_key``, ``peak_rss_ratio``; the per-size
@@ -310,6 +312,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workdir", default=None, help="where saves go (default: a temp dir)")
     p.add_argument("--skip-rpc", action="store_true", help="in-process only")
+    p.add_argument(
+        "--capped-keys",
+        type=int,
+        default=4_000_000,
+        help="keys of the memory-capped phase (0: skip it; 100000000 for the issue's size)",
+    )
+    p.add_argument(
+        "--capped-bytes-per-key",
+        type=float,
+        default=20.0,
+        help="capped limit above the fixed overhead per key (20: 2 GiB for 100M keys)",
+    )
     p.add_argument("--json", action="store_true", help="end with one JSON line (always printed)")
     return p.parse_args(argv)
 
@@ -335,6 +349,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.skip_rpc:
             rpc = over_rpc(args.rpc_keys or sizes[0], args, Path(tmp))
             report(f"gRPC shard process, {args.rpc_keys or sizes[0]:,} keys", rpc)
+        capped: dict[str, float] = {}
+        if args.capped_keys:
+            # imported here: the capped phase builds on this module's helpers
+            from streamtrain_tools.bench.ps_capped import capped_phase
+
+            d = Path(tmp) / "capped"
+            d.mkdir()
+            capped = capped_phase(args, d)
+            report(f"memory-capped shard process vs uncapped, {args.capped_keys:,} keys", capped)
     first = per_size[str(sizes[0])]
     result: dict[str, Any] = {
         "unadmitted_bytes_per_key": max(r["unadmitted_bytes_per_key"] for r in per_size.values()),
@@ -346,6 +369,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "delta_save_seconds_10m": first["delta_save_seconds"] * 1e7 / sizes[0],
         "delta_after_pass_seconds_10m": first["delta_after_pass_seconds"] * 1e7 / sizes[0],
         **{k: v for k, v in rpc.items() if "bytes" in k or "unique_keys" in k},
+        **capped,
         "sizes": {n: {k: round(v, 3) for k, v in r.items()} for n, r in per_size.items()},
     }
     print(json.dumps(_rounded(result)), flush=True)

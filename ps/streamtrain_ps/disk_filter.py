@@ -1,0 +1,159 @@
+"""An in-RAM filter of the keys on a table's disk tier: a key it rules out is in no tier's
+store, so a pull or push skips RocksDB for it.
+
+Why: once a shard's disk tier holds keys, every pull or push looked all of its RAM misses
+up in RocksDB (about 10 µs a key, even for a miss that RocksDB's own bloom filters answer:
+the call, the key encoding and the block-cache lookup are per key), so a capped shard took
+*new* keys at ~40k keys/s. A new key is a miss of both tiers; this filter answers it in
+RAM in a few nanoseconds.
+
+What it is: a *blocked* Bloom filter over the 64-bit keys (every key's bits lie in one
+64-byte block, so a query costs one cache miss), ``BITS_PER_KEY`` bits and ``PROBES`` bits
+per key (about 1 % false positives when full). It only ever answers "maybe on disk" or
+"certainly not":
+
+- **added to** when keys are demoted (and built from the spilled keys at a load);
+- **never cleared** by a promotion or a deletion: such keys leave stale bits, i.e. false
+  positives, which cost one RocksDB lookup and nothing else; never a false negative;
+- **grown without rescanning the store**: when the keys added pass its capacity, a new
+  filter joins the old ones (a scalable Bloom filter: a query ORs them), as large as all
+  before it together, so a filter of n keys has O(log n) parts and at most twice the bytes
+  it needs (measured: a part 3x the total before it and power-of-two sizes took 5.6 B per
+  disk key, most of a small shard's table budget);
+- **rebuilt** from the store's live keys after a shrink (which reads them anyway), which
+  drops stale bits and merges the parts into one.
+
+Its bytes count in the table's RAM budget (``TieredTable.ram_bytes``): about 1.25 B per
+disk key.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+from numba import njit
+
+from streamtrain_ps.index import Int
+
+BITS_PER_KEY = 10
+PROBES = 6
+#: A block is one cache line: 8 words of 64 bits.
+BLOCK_WORDS = 8
+#: The smallest part (keys): a small table's filter stays small against its budget.
+MIN_CAPACITY = 1 << 10
+#: A new part holds this many times the keys of all parts before it (1: the filter's
+#: bytes at most double its need, right after a part is added; parts ~ log2 of keys).
+GROWTH = 1
+
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_SEED = np.uint64(0x9E3779B97F4A7C15)
+_S30 = np.uint64(30)
+_S27 = np.uint64(27)
+_S31 = np.uint64(31)
+_S9 = np.uint64(9)
+_S32 = np.uint64(32)
+_S6 = np.uint64(6)
+_LOW9 = np.uint64(511)
+_LOW6 = np.uint64(63)
+_ONE = np.uint64(1)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _mix(z: np.uint64) -> np.uint64:
+    """splitmix64's finaliser (a bijection on 64 bits)."""
+    z = (z ^ (z >> _S30)) * _M1
+    z = (z ^ (z >> _S27)) * _M2
+    return z ^ (z >> _S31)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _block(h: np.uint64, nblocks: np.uint64) -> np.int64:
+    """Block of hash ``h`` in [0, nblocks): its high 32 bits scaled (no power-of-two size
+    needed, so a part is no larger than its keys need)."""
+    return np.int64(((h >> _S32) * nblocks) >> _S32)
+
+
+@njit(nogil=True, cache=True)
+def add_keys(blocks: npt.NDArray[np.uint64], keys: npt.NDArray[np.uint64]) -> None:
+    """Set every key's ``PROBES`` bits in its block (``blocks``: (n, 8))."""
+    nblocks = np.uint64(blocks.shape[0])
+    for i in range(keys.size):
+        h = _mix(keys[i] ^ _SEED)
+        b = _block(h, nblocks)
+        g = _mix(h)
+        for _ in range(PROBES):
+            bit = g & _LOW9
+            blocks[b, np.int64(bit >> _S6)] |= _ONE << (bit & _LOW6)
+            g >>= _S9
+
+
+@njit(nogil=True, cache=True)
+def may_contain(
+    blocks: npt.NDArray[np.uint64], keys: npt.NDArray[np.uint64], out: npt.NDArray[np.bool_]
+) -> Int:
+    """``out[i] |= key i may be in this part``; returns how many are set after."""
+    nblocks = np.uint64(blocks.shape[0])
+    n = 0
+    for i in range(keys.size):
+        if not out[i]:
+            h = _mix(keys[i] ^ _SEED)
+            b = _block(h, nblocks)
+            g = _mix(h)
+            hit = True
+            for _ in range(PROBES):
+                bit = g & _LOW9
+                if not (blocks[b, np.int64(bit >> _S6)] >> (bit & _LOW6)) & _ONE:
+                    hit = False
+                    break
+                g >>= _S9
+            out[i] = hit
+        if out[i]:
+            n += 1
+    return n
+
+
+class _Part:
+    """One Bloom filter sized for ``capacity`` keys."""
+
+    def __init__(self, capacity: int) -> None:
+        nblocks = max(1, -(-capacity * BITS_PER_KEY // (BLOCK_WORDS * 64)))
+        self.blocks = np.zeros((nblocks, BLOCK_WORDS), dtype=np.uint64)
+        self.capacity = capacity
+        self.added = 0
+
+
+class DiskKeyFilter:
+    """The set of keys that may be on disk (see the module docstring). Not thread-safe:
+    ``TieredTable`` adds under its exclusive lock and queries under its writer lock."""
+
+    def __init__(self, keys: npt.NDArray[np.uint64] | None = None) -> None:
+        self._parts: list[_Part] = []
+        if keys is not None and keys.size:
+            self.add(keys)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(p.blocks.nbytes) for p in self._parts)
+
+    def add(self, keys: npt.NDArray[np.uint64]) -> None:
+        """Record ``keys`` as possibly on disk."""
+        lo = 0
+        while lo < keys.size:
+            if not self._parts or self._parts[-1].added >= self._parts[-1].capacity:
+                total = sum(p.capacity for p in self._parts)
+                self._parts.append(_Part(max(MIN_CAPACITY, GROWTH * total, keys.size - lo)))
+            part = self._parts[-1]
+            take = min(keys.size - lo, part.capacity - part.added)
+            add_keys(part.blocks, np.ascontiguousarray(keys[lo : lo + take]))
+            part.added += take
+            lo += take
+
+    def maybe(self, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.bool_]:
+        """A mask of ``keys`` that may be on disk (False: certainly not)."""
+        out = np.zeros(keys.size, dtype=np.bool_)
+        k = np.ascontiguousarray(keys)
+        for p in self._parts:
+            if may_contain(p.blocks, k, out) == keys.size:
+                break
+        return out

@@ -1,0 +1,65 @@
+"""A long-tail stream through ``streamtrain run`` under a small ``spec.ps.memoryLimit``
+finishes with the same model as without one: part of the table lives on the disk tier
+during the run (the cap leaves the tables less than the stream's keys need), and every
+sparse row and dense array of the final checkpoint is bit-identical."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from faults.harness import DETERMINISTIC, assert_same_model, checkpoint_of, read_checkpoint
+from streams import START, write_stream
+
+from .conftest import manifest, streamtrain
+
+#: Measures a shard process's fixed overhead as the shard does (kernels warm, RocksDB loaded).
+OVERHEAD = (
+    "import streamtrain_ps.__main__\n"  # what a shard process imports (gRPC, protobuf)
+    "from streamtrain_ps.config import PSConfig, TableConfig\n"
+    "from streamtrain_ps.memory_limit import bound_allocator, current_rss_bytes, warm_kernels\n"
+    "bound_allocator()\n"
+    "warm_kernels(PSConfig(tables=(TableConfig(name='embedding', embedxDim=64),)))\n"
+    "print(current_rss_bytes())\n"
+)
+#: Above the overhead: the disk tier's cache (4 MB), the scratch reserve (16 MiB) and
+#: ~12 MB of tables (8 MiB at the least the shard accepts), less than the stream's ~50k
+#: keys of 64-wide rows take (~15 MB).
+TABLES_AND_RESERVES = 32 << 20
+
+
+def fixed_overhead() -> int:
+    out = subprocess.run(
+        [sys.executable, "-c", OVERHEAD], capture_output=True, text=True, check=True
+    )
+    return int(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_capped_long_tail_run_ends_with_the_uncapped_model(tmp_path: Path) -> None:
+    limit = fixed_overhead() + TABLES_AND_RESERVES
+    models = {}
+    for name, ps in (("uncapped", {}), ("capped", {"memoryLimit": limit})):
+        root = tmp_path / name
+        write_stream(root, days=1, rows_per_folder=6000, num_users=10**6, num_items=5 * 10**5)
+        spec = manifest(
+            root,
+            1,
+            **{
+                **DETERMINISTIC,
+                "model": {"hiddenUnits": [8], "batchSize": 256, "embeddingDim": 64},
+                "sparse": {"embedxThreshold": 0, "baseThreshold": 0, "deltaThreshold": 0},
+                "ps": {"replicas": 1, "logicalShards": 8, **ps},
+                "seed": 7,
+            },
+        )
+        (root / "job.yaml").write_text(yaml.safe_dump(spec))
+        run = streamtrain("run", str(root / "job.yaml"), cwd=root, timeout=180)
+        assert run.returncode == 0, run.stdout + run.stderr
+        models[name] = read_checkpoint(checkpoint_of(root, START, 4))
+        logs = "".join(p.read_text() for p in root.rglob("logs/ps-*.log"))
+        assert ("cold keys go to disk" in logs) == (name == "capped"), logs[-2000:]
+    assert len(models["capped"].keys) > 5_000  # after the end-of-day shrink
+    assert_same_model(models["capped"], models["uncapped"])

@@ -1,0 +1,65 @@
+"""The in-RAM filter of a table's disk keys: never a false negative (a key on disk must
+reach the store), few false positives, grown without rescanning, rebuilt by a shrink;
+and a capped shard's pushes of new keys stop asking the store about them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from streamtrain_ps.disk_filter import MIN_CAPACITY, DiskKeyFilter
+from streamtrain_ps.disk_store import DiskStore
+from streamtrain_ps.slabs import HotCounters
+
+from .test_disk_tier import T, capped_shard, step
+
+
+def test_every_added_key_may_be_on_disk_and_few_others_do() -> None:
+    rng = np.random.default_rng(3)
+    f = DiskKeyFilter()
+    added = []
+    for n in (500, 3_000, 40_000, 200_000):  # several parts, each larger
+        keys = rng.integers(1, 2**64 - 1, n, dtype=np.uint64)
+        f.add(keys)
+        added.append(keys)
+        assert f.maybe(np.concatenate(added)).all(), "a false negative"
+    assert len(f._parts) > 1 and f._parts[0].capacity == MIN_CAPACITY
+    others = rng.integers(1, 2**64 - 1, 200_000, dtype=np.uint64)
+    # about 1 % per full part (a query ORs the parts)
+    assert f.maybe(others).mean() < 0.015 * len(f._parts)
+    # 10 bits per key of capacity, and the capacity at most twice the keys added
+    capacity = sum(p.capacity for p in f._parts)
+    assert f.nbytes <= 10 / 8 * capacity + 64 * len(f._parts)
+    assert capacity <= 2 * sum(a.size for a in added)
+
+
+def test_a_capped_table_keeps_its_disk_keys_in_the_filter(tmp_path: Path) -> None:
+    shard = capped_shard(tmp_path, 120_000)
+    rng = np.random.default_rng(7)
+    for _ in range(40):
+        step([shard], rng)
+    t = shard.table(T)
+    store = t._disk
+    assert isinstance(store, DiskStore) and t.disk_keys > 0
+    disk_keys = np.concatenate([store.shard_rows(s)[0] for s in range(8)])
+    assert t._filter.maybe(disk_keys).all()
+    assert t.ram_bytes() >= t._filter.nbytes > 0, "the filter counts in the RAM budget"
+    # keys no tier holds are not looked up in the store (the filter rules out nearly all)
+    asked: list[int] = []
+    real_get = store.get
+
+    def counting_get(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, HotCounters]:
+        asked.append(keys.size)
+        return real_get(keys)
+
+    store.get = counting_get  # type: ignore[method-assign]
+    new = np.arange(10**12, 10**12 + 5_000, dtype=np.uint64)
+    out = shard.pull_sparse(T, new)
+    assert not out.any()
+    assert sum(asked) <= 0.015 * len(t._filter._parts) * new.size
+    shard.shrink()
+    disk_keys = np.concatenate([store.shard_rows(s)[0] for s in range(8)])
+    assert t._filter.maybe(disk_keys).all(), "rebuilt from the live disk keys"
+    assert t._filter.nbytes <= 10 / 8 * max(disk_keys.size, 1024) + 64, "one part, no stale"
+    shard.close()
