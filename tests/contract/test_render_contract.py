@@ -119,7 +119,7 @@ def test_ps_parses_what_the_operator_renders(raw: dict[str, Any]) -> None:
     (table,) = parsed.tables
     assert table.embedxDim == spec.model.embeddingDim
     assert _same_named_fields(spec.sparse, table, skip={"optimizer"}) == 9
-    assert _same_named_fields(spec.sparse.optimizer, table.optimizer) == 8
+    assert _same_named_fields(spec.sparse.optimizer, table.optimizer) == 10
     assert _same_named_fields(spec.dense.optimizer, parsed.dense.optimizer) == 5
     assert (parsed.logicalShards, parsed.seed) == (spec.ps.logicalShards, spec.seed)
     # Every field is explicit in the JSON: nothing is left to the PS's defaults.
@@ -132,7 +132,7 @@ def test_worker_parses_what_the_operator_renders(raw: dict[str, Any]) -> None:
     text = render.render_worker(spec, ENDPOINTS)
     parsed = WorkerConfig.from_json(text)
     assert parsed == render.worker_config(spec, ENDPOINTS)
-    assert _same_named_fields(spec.model, parsed.model) == 11
+    assert _same_named_fields(spec.model, parsed.model) == 12
     data = parsed.data
     assert _same_named_fields(spec.data, data) == len(dataclasses.fields(spec.data))
     assert parsed.ps.endpoints == ENDPOINTS
