@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from streamtrain_ps import api, checkpoint, saving, sharding
+from streamtrain_ps import api, checkpoint, load_plan, saving, sharding
 from streamtrain_ps.accessor import SLOT, RowLayout
 from streamtrain_ps.config import PSConfig
 from streamtrain_ps.dense import DenseState, DenseStore
@@ -393,7 +393,7 @@ class Shard:
         if not isinstance(uri, str) or not uri:
             raise InvalidRequestError("uri", "must be a non-empty fsspec URL")
         try:
-            plan = checkpoint.plan_load(uri, self.config, self.shard_index, self.num_shards)
+            plan = load_plan.plan_load(uri, self.config, self.shard_index, self.num_shards)
             tables = {name: self._build(plan, name) for name in self._tables}
             dense = plan.dense()
         except PSError:
@@ -403,7 +403,7 @@ class Shard:
         keys_total = sum(plan.table_keys(name) for name in self._tables)
         return PreparedLoad(tables, dense, keys_total)
 
-    def _build(self, plan: checkpoint.LoadPlan, name: str) -> TieredContent:
+    def _build(self, plan: load_plan.LoadPlan, name: str) -> TieredContent:
         """One table of a load, built beside the current one (which stays until
         ``install``). Without a memory limit it is built part by part, so the load holds
         one part of the save at a time; with one, the disk tier orders all keys by

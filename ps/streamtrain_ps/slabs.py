@@ -65,7 +65,7 @@ class TableContent(NamedTuple):
 
 
 class Part(NamedTuple):
-    """One piece of a load (``checkpoint.TablePayload`` has this shape): keys, full rows,
+    """One piece of a load (``load_plan.TablePayload`` has this shape): keys, full rows,
     tombstones and the exact counters of hot keys at ``hot_rows`` of ``rows``."""
 
     keys: npt.NDArray[np.uint64]

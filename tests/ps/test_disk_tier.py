@@ -11,7 +11,7 @@ import fsspec
 import numpy as np
 import pytest
 
-from streamtrain_ps import checkpoint
+from streamtrain_ps import checkpoint, load_plan
 from streamtrain_ps.api import SaveMode
 from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
 from streamtrain_ps.errors import CheckpointError
@@ -76,7 +76,7 @@ def saved(uri: str, kind: str = "adagrad") -> tuple[np.ndarray, ...]:
         keys, values, tombs = checkpoint.read_sparse(uri, T)
         order = np.argsort(keys)
         return keys[order], values[order], np.sort(tombs)
-    tp = checkpoint.load_payload(uri, config(kind=kind), 0, 1).tables[T]
+    tp = load_plan.load_payload(uri, config(kind=kind), 0, 1).tables[T]
     exact = np.zeros((tp.keys.size, 3))
     exact[tp.hot_rows] = tp.hot_counts
     order = np.argsort(tp.keys)
