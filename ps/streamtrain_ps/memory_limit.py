@@ -58,6 +58,10 @@ MIN_SCRATCH = 16 << 20
 MAX_STORE = 256 << 20
 #: A limit must leave at least this much for the tables after the rest.
 MIN_TABLE_BUDGET = 8 << 20
+#: Resident memory of one table beyond its accounted bytes: its key column and two slabs are
+#: reservations backed by transparent huge pages (``address_space``), so the last, partly
+#: written 2 MiB page of each is resident whole.
+HUGE_PAGE_SLACK_PER_TABLE = 3 * (2 << 20)
 #: glibc's ``mallopt`` parameter: allocations from this size up are mapped on their own.
 _M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 1 << 20
@@ -91,7 +95,9 @@ class MemoryBudget:
         return cls(limit, 0, 0, 0, limit)
 
     @classmethod
-    def measure(cls, limit: int, fixed_overhead: int | None = None) -> MemoryBudget:
+    def measure(
+        cls, limit: int, fixed_overhead: int | None = None, num_tables: int = 1
+    ) -> MemoryBudget:
         """Split ``limit`` after measuring the process's RSS now (call once the kernels are
         warm). Raises ``MemoryLimitError`` naming the field if too little is left."""
         if not limit:
@@ -100,7 +106,7 @@ class MemoryBudget:
         rest = limit - base
         store = min(MAX_STORE, int(rest * STORE_SHARE))
         scratch = max(MIN_SCRATCH, int(rest * SCRATCH_SHARE))
-        tables = rest - store - scratch
+        tables = rest - store - scratch - num_tables * HUGE_PAGE_SLACK_PER_TABLE
         if tables < MIN_TABLE_BUDGET:
             raise MemoryLimitError(
                 f"spec.ps.memoryLimit ({limit} bytes) is below what the shard process needs: "

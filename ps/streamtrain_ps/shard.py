@@ -119,7 +119,7 @@ class Shard:
             if limit:
                 bound_allocator()
                 warm_kernels(config)
-                memory_budget = MemoryBudget.measure(limit)
+                memory_budget = MemoryBudget.measure(limit, num_tables=len(config.tables))
         store_memory = StoreMemory(memory_budget.store) if limit else None
         # Slabs sized for the table budget up front (untouched pages are not resident), so
         # reaching the budget never copies a slab (a copy would hold old and new at once).
