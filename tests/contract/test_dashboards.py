@@ -91,7 +91,7 @@ def endpoints(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, An
     (tmp / "ps.json").write_text(render.render_ps(job.spec))
     ps = Process(
         [sys.executable, "-m", "streamtrain_ps", "--port", "0", "--metrics-port", "0",
-         "--config", str(tmp / "ps.json"), "--memory-limit", str(256 << 20),
+         "--config", str(tmp / "ps.json"), "--memory-limit", str(512 << 20),
          "--disk-path", str(tmp / "ps-disk")],
         tmp,
     )  # fmt: skip
