@@ -48,6 +48,20 @@ class SaveResult:
     tombstones: int
     seconds: float
 
+    @classmethod
+    def combined(
+        cls, uri: str, mode: SaveMode | int, results: Sequence[SaveResult], seconds: float
+    ) -> SaveResult:
+        """One save's result over every shard's part of it."""
+        return cls(
+            uri=uri,
+            mode=SaveMode(mode),
+            files=tuple(f for r in results for f in r.files),
+            keys_saved=sum(r.keys_saved for r in results),
+            tombstones=sum(r.tombstones for r in results),
+            seconds=seconds,
+        )
+
 
 @dataclass(frozen=True)
 class ShrinkResult:

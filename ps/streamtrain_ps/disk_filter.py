@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 from numba import njit
 
-from streamtrain_ps.index import Int
+from streamtrain_ps.index import Int, mix64
 
 BITS_PER_KEY = 10
 PROBES = 6
@@ -45,26 +45,13 @@ MIN_CAPACITY = 1 << 10
 #: bytes at most double its need, right after a part is added; parts ~ log2 of keys).
 GROWTH = 1
 
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
 _SEED = np.uint64(0x9E3779B97F4A7C15)
-_S30 = np.uint64(30)
-_S27 = np.uint64(27)
-_S31 = np.uint64(31)
 _S9 = np.uint64(9)
 _S32 = np.uint64(32)
 _S6 = np.uint64(6)
 _LOW9 = np.uint64(511)
 _LOW6 = np.uint64(63)
 _ONE = np.uint64(1)
-
-
-@njit(nogil=True, cache=True, inline="always")
-def _mix(z: np.uint64) -> np.uint64:
-    """splitmix64's finaliser (a bijection on 64 bits)."""
-    z = (z ^ (z >> _S30)) * _M1
-    z = (z ^ (z >> _S27)) * _M2
-    return z ^ (z >> _S31)
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -79,9 +66,9 @@ def add_keys(blocks: npt.NDArray[np.uint64], keys: npt.NDArray[np.uint64]) -> No
     """Set every key's ``PROBES`` bits in its block (``blocks``: (n, 8))."""
     nblocks = np.uint64(blocks.shape[0])
     for i in range(keys.size):
-        h = _mix(keys[i] ^ _SEED)
+        h = mix64(keys[i] ^ _SEED)
         b = _block(h, nblocks)
-        g = _mix(h)
+        g = mix64(h)
         for _ in range(PROBES):
             bit = g & _LOW9
             blocks[b, np.int64(bit >> _S6)] |= _ONE << (bit & _LOW6)
@@ -97,9 +84,9 @@ def may_contain(
     n = 0
     for i in range(keys.size):
         if not out[i]:
-            h = _mix(keys[i] ^ _SEED)
+            h = mix64(keys[i] ^ _SEED)
             b = _block(h, nblocks)
-            g = _mix(h)
+            g = mix64(h)
             hit = True
             for _ in range(PROBES):
                 bit = g & _LOW9

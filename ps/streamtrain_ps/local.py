@@ -168,14 +168,7 @@ class LocalPS:
             self._each(lambda s: s.finish_save(save_id, commit=False))
             raise
         self._each(lambda s: s.finish_save(save_id, commit=True))
-        return api.SaveResult(
-            uri=uri,
-            mode=api.SaveMode(mode),
-            files=tuple(f for r in results for f in r.files),
-            keys_saved=sum(r.keys_saved for r in results),
-            tombstones=sum(r.tombstones for r in results),
-            seconds=time.perf_counter() - start,
-        )
+        return api.SaveResult.combined(uri, mode, results, time.perf_counter() - start)
 
     def snapshot(self, mode: api.SaveMode, snapshot_id: str) -> None:
         """Every shard takes a snapshot save now (``Shard.snapshot_save``); a retry with the
@@ -197,14 +190,7 @@ class LocalPS:
             raise CheckpointError(f"snapshot {snapshot_id} is not a mode {int(mode)} save")
         checkpoint.publish(uri, results, meta, config=self.config)
         self._each(lambda s: s.drop_snapshot(snapshot_id))
-        return api.SaveResult(
-            uri=uri,
-            mode=api.SaveMode(mode),
-            files=tuple(f for r in results for f in r.files),
-            keys_saved=sum(r.keys_saved for r in results),
-            tombstones=sum(r.tombstones for r in results),
-            seconds=time.perf_counter() - start,
-        )
+        return api.SaveResult.combined(uri, mode, results, time.perf_counter() - start)
 
     def load(self, uri: str) -> int:
         """Read and verify every shard's part first; swap in only if all of them are good."""

@@ -286,14 +286,7 @@ class RemotePS:
             self._finish_save(uri, save_id, commit=False)
             raise
         self._finish_save(uri, save_id, commit=True)
-        return api.SaveResult(
-            uri=uri,
-            mode=mode,
-            files=tuple(f for r in results for f in r.files),
-            keys_saved=sum(r.keys_saved for r in results),
-            tombstones=sum(r.tombstones for r in results),
-            seconds=time.perf_counter() - start,
-        )
+        return api.SaveResult.combined(uri, mode, results, time.perf_counter() - start)
 
     def snapshot(self, mode: api.SaveMode, snapshot_id: str) -> None:
         """Every server takes a snapshot save now (``Shard.snapshot_save``): its parts in
@@ -321,14 +314,7 @@ class RemotePS:
             uri, results, {**self._manifest_meta(mode), **(meta or {})}, config=self._config
         )
         self._finish_save(uri, snapshot_id, commit=False)
-        return api.SaveResult(
-            uri=uri,
-            mode=mode,
-            files=tuple(f for r in results for f in r.files),
-            keys_saved=sum(r.keys_saved for r in results),
-            tombstones=sum(r.tombstones for r in results),
-            seconds=time.perf_counter() - start,
-        )
+        return api.SaveResult.combined(uri, mode, results, time.perf_counter() - start)
 
     def _finish_save(self, uri: str, save_id: str, commit: bool) -> None:
         """Commit or abort a staged save on every server; failures are logged (see
