@@ -107,7 +107,7 @@ def test_statistics_are_summed_over_every_worker_on_the_ps(
     chunks: list[str],  # noqa: F811 - the fixture
     tmp_path: Path,
 ) -> None:
-    cfg = worker_config(summaryDecayRate=1.0, dataNormPrior=100.0)
+    cfg = worker_config(summaryDecayRate=1.0, dataNormPrior=100.0, normalizeEmbeddings=True)
     ps = LocalPS(cfg.ps.config, num_shards=2)
     trainers = [Trainer(cfg, ps, cfg.data.num_slots) for _ in range(2)]
     try:

@@ -138,10 +138,11 @@ def _adopt_batch_statistics(norm: torch.nn.Module, x: torch.Tensor) -> None:
 
 @pytest.mark.parametrize("cvm", [True, False])
 def test_slot_dnn_can_normalise_only_the_cvm_columns(cvm: bool) -> None:
-    """normalizeEmbeddings false: the CVM log counts are standardised with the global
+    """normalizeEmbeddings false (the default): the CVM log counts are standardised with the global
     statistics, the embeddings reach the MLP as they are (as in plain PyTorch;
     docs/decisions.md)."""
-    spec = dataclasses.replace(spec_for("slot_dnn", cvm=cvm), normalize_embeddings=False)
+    spec = spec_for("slot_dnn", cvm=cvm)  # the default
+    assert not spec.normalize_embeddings
     model = build_model("slot_dnn", spec).eval()
     g = torch.Generator().manual_seed(1)
     pooled = torch.randn(64, S, spec.slot_width, generator=g) * 1e-3
@@ -165,9 +166,9 @@ def test_slot_dnn_can_normalise_only_the_cvm_columns(cvm: bool) -> None:
     script(model)  # still exportable
 
 
-def test_slot_dnn_normalises_the_whole_input_by_default() -> None:
-    """The default normalises every column of the flattened input."""
-    spec = spec_for("slot_dnn", cvm=True)
+def test_slot_dnn_can_normalise_the_whole_input() -> None:
+    """normalizeEmbeddings true normalises every column of the flattened input."""
+    spec = dataclasses.replace(spec_for("slot_dnn", cvm=True), normalize_embeddings=True)
     model = build_model("slot_dnn", spec).eval()
     pooled = torch.randn(64, S, spec.slot_width) * 1e-3
     norm = model.get_submodule("norm")

@@ -30,7 +30,7 @@ class ModelSpec:
     sequence_slot: int | None = None
     target_slot: int = 0
     attention_units: tuple[int, ...] = (64, 32)
-    normalize_embeddings: bool = True
+    normalize_embeddings: bool = False
     #: Pseudo-examples (mean 0, variance 1) the data-norm statistics start from.
     norm_prior: float = DEFAULT_PRIOR
     #: slot_dnn only: the embed_w column of every slot also adds to the logit.
