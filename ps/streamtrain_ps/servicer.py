@@ -7,6 +7,8 @@ exception                      status                 trailing metadata
 =============================  =====================  ===============================
 ``InvalidRequestError``        ``INVALID_ARGUMENT``   ``streamtrain-field-bin``
 ``UnknownTableError``          ``NOT_FOUND``          ``streamtrain-{kind,name}-bin``
+``MemoryLimitError`` (request)  ``RESOURCE_EXHAUSTED``  ``streamtrain-reason: memory-limit``
+                                                      and ``streamtrain-ws-*`` (numbers)
 ``RequestTooLargeError``       ``RESOURCE_EXHAUSTED``
 ``CheckpointError``            ``FAILED_PRECONDITION``
 any other ``PSError``          ``INTERNAL``
@@ -35,6 +37,7 @@ from streamtrain_ps.config import PSConfig, TableConfig
 from streamtrain_ps.errors import (
     CheckpointError,
     InvalidRequestError,
+    MemoryLimitError,
     RequestTooLargeError,
     UnknownTableError,
 )
@@ -118,7 +121,7 @@ class ShardLike(Protocol):
     def stats(self) -> ShardStatsLike: ...
 
 
-Metadata = tuple[tuple[str, bytes], ...]
+Metadata = tuple[tuple[str, str | bytes], ...]
 
 
 def status_of(exc: BaseException) -> tuple[grpc.StatusCode, Metadata]:
@@ -130,6 +133,8 @@ def status_of(exc: BaseException) -> tuple[grpc.StatusCode, Metadata]:
             (KIND_KEY, _utf8(exc.kind)),
             (NAME_KEY, _utf8(exc.name)),
         )
+    if isinstance(exc, MemoryLimitError) and exc.working_set is not None:
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, exc.working_set.metadata()
     if isinstance(exc, RequestTooLargeError):
         return grpc.StatusCode.RESOURCE_EXHAUSTED, ()
     if isinstance(exc, CheckpointError):

@@ -148,7 +148,9 @@ class Shard:
             )
             for t in config.tables
         }
-        self._memory = MemoryGovernor(memory_budget, list(self._tables.values()))
+        self._memory = MemoryGovernor(
+            memory_budget, list(self._tables.values()), disk_limit=config.diskLimit
+        )
         self._dense = DenseStore(config.dense.optimizer)
         self._last_save = 0.0
         self._last_load = 0.0
