@@ -110,9 +110,11 @@ class ShardLike(Protocol):
 
     def drop_snapshot(self, snapshot_id: str) -> None: ...
 
-    def load(self, uri: str) -> int: ...
+    def load(self, uri: str, discard_live: bool = False) -> int: ...
 
-    def prepare_load(self, uri: str, load_id: str | None = None) -> int: ...
+    def prepare_load(
+        self, uri: str, load_id: str | None = None, discard_live: bool = False
+    ) -> int: ...
 
     def finish_load(self, uri: str, commit: bool, load_id: str | None = None) -> int: ...
 
@@ -315,10 +317,11 @@ class PSServicer(ps_pb2_grpc.ParameterServerServicer):
             uri = _uri(request.uri)
             start = time.perf_counter()
             phase = request.phase
+            discard = request.discard_live
             if phase == ps_pb2.LOAD_ONE_SHOT:
-                keys = self._shard.load(uri)
+                keys = self._shard.load(uri, discard_live=discard)
             elif phase == ps_pb2.LOAD_PREPARE:
-                keys = self._shard.prepare_load(uri, request.load_id or None)
+                keys = self._shard.prepare_load(uri, request.load_id or None, discard_live=discard)
             elif phase in (ps_pb2.LOAD_COMMIT, ps_pb2.LOAD_ABORT):
                 commit = phase == ps_pb2.LOAD_COMMIT
                 keys = self._shard.finish_load(uri, commit, request.load_id or None)

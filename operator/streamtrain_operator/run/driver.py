@@ -443,7 +443,9 @@ class Driver:
 
     async def _load(self, uri: str) -> Event:
         await self._wait_for_idle_workers()
-        keys = await asyncio.to_thread(self.ps.load, uri)
+        # A restore replaces the live state, which is to be discarded anyway: release it
+        # first (once every part is verified), half the peak of keeping it until the swap.
+        keys = await asyncio.to_thread(self.ps.load, uri, discard_live=True)
         return Done({"keys": float(keys)})
 
     async def _wait_for_idle_workers(self) -> None:
