@@ -41,7 +41,7 @@ import numpy as np
 
 from streamtrain_ps.api import SaveMode
 from streamtrain_ps.config import PSConfig
-from streamtrain_ps.errors import MemoryLimitError, WorkingSet
+from streamtrain_ps.errors import MemoryLimitError, WorkingSet  # the error lives in errors
 from streamtrain_ps.heap import release_scratch_memory
 from streamtrain_ps.tiering import DiskOptions, TieredTable
 
@@ -72,8 +72,6 @@ ARENA_MAX = 2
 
 #: The disk tier counts as full from this share of ``diskLimit`` (it evicts a little below).
 DISK_FULL_SHARE = 0.95
-
-__all__ = ["MemoryBudget", "MemoryGovernor", "MemoryLimitError"]
 
 
 @dataclass(frozen=True)
