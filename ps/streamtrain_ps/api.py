@@ -140,8 +140,11 @@ class PSLike(Protocol):
         retried); then free it."""
         ...
 
-    def load(self, uri: str) -> int:
-        """Load a published save into every shard; returns keys loaded."""
+    def load(self, uri: str, discard_live: bool = False) -> int:
+        """Load a published save into every shard; returns keys loaded. The live tables
+        stay until the new ones are complete (a bad save changes nothing), or with
+        ``discard_live`` are released first, once every part was verified (a rollback:
+        half the peak memory; a failure after the release leaves the shards empty)."""
         ...
 
     def shrink(self) -> ShrinkResult: ...

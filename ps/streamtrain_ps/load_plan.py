@@ -1,7 +1,8 @@
 """A load's plan: a published save checked against this shard's config, read one
 logical shard at a time (``LoadPlan.table_parts``) so a load can build its tables part by
 part instead of holding every row of the save at once; ``load_payload`` reads everything
-at once (the disk tier's load, which orders all keys by coldness first).
+at once (the disk tier's load, which orders all keys by coldness first); ``LoadPlan.verify``
+checks every part without keeping any (a load that discards the live tables first).
 
 The files, the manifest and their verification are ``checkpoint``'s; this module only
 decides which of them one shard reads and turns them into table content.
@@ -102,6 +103,16 @@ class LoadPlan:
             np.concatenate(hot_rows) if hot_rows else np.empty(0, dtype=np.int64),
             np.concatenate(hot_counts) if hot_counts else np.empty((0, 3), dtype=np.float64),
         )
+
+    def verify(self) -> int:
+        """Read, checksum and decode every part this shard would load, one at a time and
+        keeping nothing (a load that discards the live tables first checks the save up
+        front: a bad one is refused before anything is dropped). Returns the keys."""
+        for tc in self.config.tables:
+            for _ in self.table_parts(tc.name):
+                pass
+        self.dense()
+        return sum(self.table_keys(tc.name) for tc in self.config.tables)
 
     def dense(self) -> dict[str, DenseState] | None:
         """The dense vectors this shard owns (mode 0), or None (modes 2/3)."""

@@ -192,8 +192,13 @@ class LocalPS:
         self._each(lambda s: s.drop_snapshot(snapshot_id))
         return api.SaveResult.combined(uri, mode, results, time.perf_counter() - start)
 
-    def load(self, uri: str) -> int:
-        """Read and verify every shard's part first; swap in only if all of them are good."""
+    def load(self, uri: str, discard_live: bool = False) -> int:
+        """Read and verify every shard's part first; swap in only if all of them are good.
+        ``discard_live``: verify every shard's parts first (nothing kept), then each shard
+        releases its live tables and builds the save (``shard_loads``)."""
+        if discard_live:
+            self._each(lambda s: s.verify_save(uri))
+            return sum(self._settled(lambda s: s.replace(uri)))
         payloads = self._each(lambda s: s.read_save(uri))
         return sum(
             shard.install(payload) for shard, payload in zip(self.shards, payloads, strict=True)

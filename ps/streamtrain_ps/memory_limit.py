@@ -41,7 +41,7 @@ import numpy as np
 
 from streamtrain_ps.api import SaveMode
 from streamtrain_ps.config import PSConfig
-from streamtrain_ps.errors import RequestTooLargeError
+from streamtrain_ps.errors import MemoryLimitError, WorkingSet  # the error lives in errors
 from streamtrain_ps.heap import release_scratch_memory
 from streamtrain_ps.tiering import DiskOptions, TieredTable
 
@@ -70,8 +70,8 @@ _M_ARENA_MAX = -8
 ARENA_MAX = 2
 
 
-class MemoryLimitError(RequestTooLargeError):
-    """The memory limit cannot hold what it must (``spec.ps.memoryLimit`` too small)."""
+#: The disk tier counts as full from this share of ``diskLimit`` (it evicts a little below).
+DISK_FULL_SHARE = 0.95
 
 
 @dataclass(frozen=True)
@@ -117,12 +117,43 @@ class MemoryBudget:
             )
         return cls(limit, base, store, scratch, tables)
 
+    def limit_for_tables(self, tables: int, num_tables: int = 1) -> int:
+        """The smallest limit (rounded up to MiB) whose split leaves ``tables`` bytes for the
+        tables, with this budget's measured fixed overhead: what to tell an operator."""
+        if not self.fixed_overhead and not self.scratch:  # ``tables_only``: no split
+            return _mib_up(tables)
+        lo = self.fixed_overhead // _MIB  # in MiB: never enough (nothing is left)
+        hi = max(lo, self.limit // _MIB) * 2 + 1
+        while self._tables_at(hi, num_tables) < tables:
+            lo, hi = hi, hi * 2
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if self._tables_at(mid, num_tables) >= tables else (mid, hi)
+        return hi * _MIB
+
+    def _tables_at(self, mib: int, num_tables: int) -> int:
+        try:
+            return MemoryBudget.measure(mib * _MIB, self.fixed_overhead, num_tables).tables
+        except MemoryLimitError:
+            return 0
+
+
+_MIB = 1 << 20
+
+
+def _mib_up(n: int) -> int:
+    return -(-n // _MIB) * _MIB
+
 
 class MemoryGovernor:
     """Applies one shard's ``MemoryBudget`` to its tables."""
 
-    def __init__(self, budget: MemoryBudget, tables: Sequence[TieredTable]) -> None:
+    def __init__(
+        self, budget: MemoryBudget, tables: Sequence[TieredTable], disk_limit: int = 0
+    ) -> None:
         self.budget = budget
+        #: ``diskLimit`` of each table's disk tier (0: no cap), for a refusal's numbers.
+        self.disk_limit = disk_limit
         self.limit = budget.limit
         self.table_budget = budget.tables
         self._tables = list(tables)
@@ -138,13 +169,34 @@ class MemoryGovernor:
         ws = int(unique_keys * table.key_bytes())
         self.working_set_bytes = max(self.working_set_bytes, ws)
         if ws > self.table_budget * MAX_REQUEST_SHARE:
+            working_set = self._working_set(table, unique_keys, ws)
             raise MemoryLimitError(
                 f"spec.ps.memoryLimit ({self.limit} bytes) is too small for the working set: "
                 f"one request to table {table.name!r} needs {ws} bytes for {unique_keys} "
                 f"keys, more than {int(MAX_REQUEST_SHARE * 100)} % of the "
-                f"{self.table_budget} bytes left for tables; raise spec.ps.memoryLimit (or "
-                "the PS memory), or use more PS replicas or smaller batches"
+                f"{self.table_budget} bytes left for tables; raise spec.ps.memoryLimit to at "
+                f"least {working_set.suggested_memory_limit} (or the PS memory), or use more "
+                "PS replicas or smaller batches",
+                working_set,
             )
+
+    def _working_set(self, table: TieredTable, keys: int, ws: int) -> WorkingSet:
+        """The refused request's numbers, with the limit that would have held it."""
+        need = int(ws / MAX_REQUEST_SHARE) + 1
+        disk = table.disk_bytes()
+        full = table.pressure_evictions_total > 0 or (
+            self.disk_limit > 0 and disk >= self.disk_limit * DISK_FULL_SHARE
+        )
+        return WorkingSet(
+            keys=keys,
+            needed_bytes=ws,
+            table_budget=self.table_budget,
+            memory_limit=self.limit,
+            suggested_memory_limit=self.budget.limit_for_tables(need, len(self._tables)),
+            disk_bytes=disk,
+            disk_limit=self.disk_limit,
+            disk_full=full,
+        )
 
     def ram_bytes(self) -> int:
         return sum(t.ram_bytes() for t in self._tables)

@@ -326,17 +326,23 @@ class RemotePS:
             what = "commit" if commit else "abort"
             log.warning("%s of staged save %s of %s failed: %s", what, save_id, uri, exc)
 
-    def load(self, uri: str) -> int:
+    def load(self, uri: str, discard_live: bool = False) -> int:
         """Load a published save on every server, all or nothing across servers: every
         server first reads and verifies its parts into memory (PREPARE); only if all
         succeeded do they swap in (COMMIT), otherwise all drop them (ABORT) and the
         ``CheckpointError`` (or ``PSUnavailableError``) is raised with every server still
-        serving its previous state."""
+        serving its previous state.
+
+        ``discard_live``: PREPARE only verifies every part (nothing is built), so a bad save
+        is refused on every server before any drops anything; COMMIT then releases each
+        server's live tables and builds the save in their place (~1x the table's memory
+        instead of 2x). A COMMIT that fails leaves that server empty: the error says so,
+        and the caller loads again."""
         everyone = range(self.num_servers)
         load_id = uuid.uuid4().hex
 
         def phase(p: ps_pb2.LoadPhase) -> list[Any]:  # settled: an abort follows every prepare
-            req = ps_pb2.LoadRequest(uri=uri, phase=p, load_id=load_id)
+            req = ps_pb2.LoadRequest(uri=uri, phase=p, load_id=load_id, discard_live=discard_live)
             return self._call_all("Load", [(i, req) for i in everyone], control=True, settle=True)
 
         try:

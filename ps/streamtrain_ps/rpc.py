@@ -32,10 +32,12 @@ from streamtrain_ps.config import PSConfig
 from streamtrain_ps.errors import (
     CheckpointError,
     InvalidRequestError,
+    MemoryLimitError,
     PSError,
     PSUnavailableError,
     RequestTooLargeError,
     UnknownTableError,
+    WorkingSet,
 )
 from streamtrain_ps.proto import ps_pb2_grpc
 from streamtrain_ps.server import SERVICE_NAME, channel_options
@@ -117,6 +119,9 @@ def error_from_rpc(err: grpc.RpcError, method: str, endpoint: str) -> PSError:
     if code is grpc.StatusCode.NOT_FOUND and KIND_KEY in meta:
         return UnknownTableError(meta[KIND_KEY], meta.get(NAME_KEY, ""))
     if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+        working_set = WorkingSet.from_metadata(meta.items())
+        if working_set is not None:
+            return MemoryLimitError(f"{method} on {endpoint}: {details}", working_set)
         return RequestTooLargeError(f"{method} on {endpoint}: {details}")
     if code is grpc.StatusCode.FAILED_PRECONDITION:
         return CheckpointError(details)

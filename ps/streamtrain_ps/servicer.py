@@ -7,6 +7,8 @@ exception                      status                 trailing metadata
 =============================  =====================  ===============================
 ``InvalidRequestError``        ``INVALID_ARGUMENT``   ``streamtrain-field-bin``
 ``UnknownTableError``          ``NOT_FOUND``          ``streamtrain-{kind,name}-bin``
+``MemoryLimitError`` (request)  ``RESOURCE_EXHAUSTED``  ``streamtrain-reason: memory-limit``
+                                                      and ``streamtrain-ws-*`` (numbers)
 ``RequestTooLargeError``       ``RESOURCE_EXHAUSTED``
 ``CheckpointError``            ``FAILED_PRECONDITION``
 any other ``PSError``          ``INTERNAL``
@@ -35,6 +37,7 @@ from streamtrain_ps.config import PSConfig, TableConfig
 from streamtrain_ps.errors import (
     CheckpointError,
     InvalidRequestError,
+    MemoryLimitError,
     RequestTooLargeError,
     UnknownTableError,
 )
@@ -107,9 +110,11 @@ class ShardLike(Protocol):
 
     def drop_snapshot(self, snapshot_id: str) -> None: ...
 
-    def load(self, uri: str) -> int: ...
+    def load(self, uri: str, discard_live: bool = False) -> int: ...
 
-    def prepare_load(self, uri: str, load_id: str | None = None) -> int: ...
+    def prepare_load(
+        self, uri: str, load_id: str | None = None, discard_live: bool = False
+    ) -> int: ...
 
     def finish_load(self, uri: str, commit: bool, load_id: str | None = None) -> int: ...
 
@@ -118,7 +123,7 @@ class ShardLike(Protocol):
     def stats(self) -> ShardStatsLike: ...
 
 
-Metadata = tuple[tuple[str, bytes], ...]
+Metadata = tuple[tuple[str, str | bytes], ...]
 
 
 def status_of(exc: BaseException) -> tuple[grpc.StatusCode, Metadata]:
@@ -130,6 +135,8 @@ def status_of(exc: BaseException) -> tuple[grpc.StatusCode, Metadata]:
             (KIND_KEY, _utf8(exc.kind)),
             (NAME_KEY, _utf8(exc.name)),
         )
+    if isinstance(exc, MemoryLimitError) and exc.working_set is not None:
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, exc.working_set.metadata()
     if isinstance(exc, RequestTooLargeError):
         return grpc.StatusCode.RESOURCE_EXHAUSTED, ()
     if isinstance(exc, CheckpointError):
@@ -310,10 +317,11 @@ class PSServicer(ps_pb2_grpc.ParameterServerServicer):
             uri = _uri(request.uri)
             start = time.perf_counter()
             phase = request.phase
+            discard = request.discard_live
             if phase == ps_pb2.LOAD_ONE_SHOT:
-                keys = self._shard.load(uri)
+                keys = self._shard.load(uri, discard_live=discard)
             elif phase == ps_pb2.LOAD_PREPARE:
-                keys = self._shard.prepare_load(uri, request.load_id or None)
+                keys = self._shard.prepare_load(uri, request.load_id or None, discard_live=discard)
             elif phase in (ps_pb2.LOAD_COMMIT, ps_pb2.LOAD_ABORT):
                 commit = phase == ps_pb2.LOAD_COMMIT
                 keys = self._shard.finish_load(uri, commit, request.load_id or None)

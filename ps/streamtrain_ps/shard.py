@@ -22,12 +22,11 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from streamtrain_ps import api, checkpoint, load_plan, saving, sharding
-from streamtrain_ps.accessor import SLOT, RowLayout
+from streamtrain_ps import api, checkpoint, saving, sharding
+from streamtrain_ps.accessor import RowLayout
 from streamtrain_ps.config import PSConfig
 from streamtrain_ps.dense import DenseState, DenseStore
-from streamtrain_ps.disk_filter import DiskKeyFilter
-from streamtrain_ps.disk_store import DiskFullError, StoreMemory
+from streamtrain_ps.disk_store import StoreMemory
 from streamtrain_ps.errors import (
     CheckpointError,
     InvalidRequestError,
@@ -38,18 +37,16 @@ from streamtrain_ps.errors import (
 from streamtrain_ps.heap import release_scratch_memory
 from streamtrain_ps.held_save import SnapshotSlot
 from streamtrain_ps.memory_limit import (
-    LOW_WATER,
     MemoryBudget,
     MemoryGovernor,
     bound_allocator,
     peak_rss_bytes,
     warm_kernels,
 )
-from streamtrain_ps.packed import SLOT_CODES
 from streamtrain_ps.push_errors import raise_push_errors
+from streamtrain_ps.shard_loads import PreparedLoad, ShardLoads
 from streamtrain_ps.staging import Pending, SaveEffects
-from streamtrain_ps.table import HotCounters
-from streamtrain_ps.tiering import DiskOptions, TieredContent, TieredTable
+from streamtrain_ps.tiering import DiskOptions, TieredTable
 from streamtrain_ps.validation import contiguous_array, dense_name, require_finite, save_mode
 
 
@@ -84,21 +81,13 @@ class ShardStats:
     working_set_bytes: int = 0
 
 
-@dataclass(frozen=True)
-class PreparedLoad:
-    """A verified, fully built load waiting to be swapped in (``Shard.read_save``)."""
-
-    tables: dict[str, TieredContent]
-    dense: dict[str, DenseState] | None
-    keys: int
-
-
 _NO_SLOTS = np.empty(0, dtype=np.uint32)
+
 #: Pushes at least this large (bulk loads) give their scratch memory back to the OS.
 BULK_PUSH_KEYS = 500_000
 
 
-class Shard:
+class Shard(ShardLoads):
     """Shard ``shard_index`` of ``num_shards``: owns the logical shards
     ``sharding.owned_logical_shards(shard_index, num_shards, config.logicalShards)``."""
 
@@ -148,7 +137,9 @@ class Shard:
             )
             for t in config.tables
         }
-        self._memory = MemoryGovernor(memory_budget, list(self._tables.values()))
+        self._memory = MemoryGovernor(
+            memory_budget, list(self._tables.values()), disk_limit=config.diskLimit
+        )
         self._dense = DenseStore(config.dense.optimizer)
         self._last_save = 0.0
         self._last_load = 0.0
@@ -373,94 +364,6 @@ class Shard:
         seconds = time.perf_counter() - start
         self._last_save = seconds
         return api.SaveResult(uri, mode, tuple(files), saved, tombs, seconds), staged.save_id
-
-    def load(self, uri: str) -> int:
-        """Replace this shard's content with its logical shards of a published save.
-
-        Everything is read, checksum-verified and parsed before anything is swapped in, so a
-        corrupt or incomplete save raises ``CheckpointError`` and leaves the shard as it was.
-        Returns the number of keys loaded.
-        """
-        start = time.perf_counter()
-        payload = self.read_save(uri)
-        keys = self.install(payload)
-        self._last_load = time.perf_counter() - start
-        return keys
-
-    def read_save(self, uri: str) -> PreparedLoad:
-        """First half of ``load``: read, verify and build this shard's part of a save
-        (tables fully indexed, nothing swapped in yet)."""
-        if not isinstance(uri, str) or not uri:
-            raise InvalidRequestError("uri", "must be a non-empty fsspec URL")
-        try:
-            plan = load_plan.plan_load(uri, self.config, self.shard_index, self.num_shards)
-            tables = {name: self._build(plan, name) for name in self._tables}
-            dense = plan.dense()
-        except PSError:
-            raise
-        except Exception as exc:  # storage errors of any fsspec backend
-            raise CheckpointError(f"load from {uri} failed: {type(exc).__name__}: {exc}") from exc
-        keys_total = sum(plan.table_keys(name) for name in self._tables)
-        return PreparedLoad(tables, dense, keys_total)
-
-    def _build(self, plan: load_plan.LoadPlan, name: str) -> TieredContent:
-        """One table of a load, built beside the current one (which stays until
-        ``install``). Without a memory limit it is built part by part, so the load holds
-        one part of the save at a time; with one, the disk tier orders all keys by
-        coldness first (``TieredTable.build_tiered``)."""
-        uri = plan.manifest.uri
-        t = self._tables[name]
-        budget = int(self._memory.table_budget * LOW_WATER / max(1, len(self._tables)))
-        try:
-            if budget <= 0:
-                ram = t.build_parts(plan.table_keys(name), plan.table_parts(name))
-                return TieredContent(ram, None, DiskKeyFilter())
-            tp = plan.table(name)
-            slots = np.unique(np.ascontiguousarray(tp.rows[:, SLOT]).view(np.uint32))
-            if np.count_nonzero(slots) >= SLOT_CODES:  # spilled keys are coded when promoted
-                raise ValueError(f"more than the {SLOT_CODES} distinct slot ids a table holds")
-            hot = HotCounters(tp.hot_rows, tp.hot_counts)
-            return t.build_tiered(tp.keys, tp.rows, tp.tombstones, hot, budget)
-        except ValueError as exc:
-            raise CheckpointError(f"{uri}: table {name!r}: {exc}") from exc
-        except DiskFullError as exc:
-            raise CheckpointError(f"{uri}: table {name!r}: spilling to disk: {exc}") from exc
-
-    def prepare_load(self, uri: str, load_id: str | None = None) -> int:
-        """First phase of a multi-server load: ``read_save`` and keep the result pending as
-        ``load_id`` (default: ``uri``; one per shard, a newer prepare replaces an older
-        one). Returns keys prepared."""
-        prepared = self.read_save(uri)
-        self._loads.put(load_id or uri, prepared)
-        return prepared.keys
-
-    def finish_load(self, uri: str, commit: bool, load_id: str | None = None) -> int:
-        """Second phase: swap the prepared load in (``commit``) or drop it. Returns the keys
-        installed (0 for an abort or a repeated commit)."""
-        if not isinstance(uri, str) or not uri:
-            raise InvalidRequestError("uri", "must be a non-empty fsspec URL")
-        prepared = self._loads.take(load_id or uri, commit)
-        if prepared is None or not commit:
-            return 0
-        start = time.perf_counter()
-        keys = self.install(prepared)
-        self._last_load = time.perf_counter() - start
-        return keys
-
-    def install(self, prepared: PreparedLoad) -> int:
-        """Second half of ``load``: swap a prepared load in; returns keys installed.
-        A staged save is dropped: its rows and tombstones belong to the replaced content."""
-        tables = list(self._tables.values())
-        with ExitStack() as stack:
-            for t in tables:
-                stack.enter_context(t.lock.maintenance)
-            self._saves.clear("a load replaced the shard's content")
-            self._snapshot.drop()  # a copy of the replaced content
-            for t in tables:
-                t.install_tiered(prepared.tables[t.name])
-            if prepared.dense is not None:
-                self._dense.replace(prepared.dense)
-        return prepared.keys
 
     def stats(self) -> ShardStats:
         tables = tuple(

@@ -26,6 +26,7 @@ import yaml
 
 from streamtrain_operator.job import render
 from streamtrain_operator.job.spec import SpecError, load_job, parse_job
+from streamtrain_operator.kube import disk_tier
 from streamtrain_operator.kube import resources as r
 from streamtrain_ps.config import PSConfig
 from streamtrain_ps.server import channel_options
@@ -74,9 +75,13 @@ def test_pods_are_locked_down(example: Path, role: str) -> None:
     assert sc["privileged"] is False
     assert sc["capabilities"] == {"drop": ["ALL"]}
     writable = [m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")]
-    assert writable == ["/tmp"]  # the only writable path: an emptyDir with a size limit
+    # The only writable paths: an emptyDir with a size limit, and a PS's disk tier volume
+    # (an emptyDir, or a PVC per pod) when it has a memory or disk limit.
+    disk = disk_tier.disk_volume(load_job(example)) if role == "ps" else None
+    assert writable == ["/tmp"] + ([disk_tier.DISK_DIR] if disk is not None else [])
     (tmp,) = [v for v in pod["volumes"] if v["name"] == "tmp"]
     assert tmp["emptyDir"]["sizeLimit"]
+    assert [v for v in pod["volumes"] if v["name"] == "disk-tier"] == ([disk] if disk else [])
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)

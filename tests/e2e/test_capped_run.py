@@ -5,6 +5,7 @@ sparse row and dense array of the final checkpoint is bit-identical."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -63,3 +64,40 @@ def test_a_capped_long_tail_run_ends_with_the_uncapped_model(tmp_path: Path) -> 
         assert ("cold keys go to disk" in logs) == (name == "capped"), logs[-2000:]
     assert len(models["capped"].keys) > 5_000  # after the end-of-day shrink
     assert_same_model(models["capped"], models["uncapped"])
+
+
+def test_a_limit_too_small_for_a_pass_ends_the_run_with_a_condition(tmp_path: Path) -> None:
+    """Batches of 16,000 rows push ~40k new 64-wide keys at once: more than half of the
+    ~11 MiB the same limit leaves for tables. The run fails at the first pass that does
+    not fit, without retrying it, naming the field, the measured working set and a value."""
+    root = tmp_path
+    write_stream(root, days=1, rows_per_folder=16000, num_users=10**6, num_items=5 * 10**5)
+    spec = manifest(
+        root,
+        1,
+        **{
+            **DETERMINISTIC,
+            "model": {"hiddenUnits": [8], "batchSize": 16384, "embeddingDim": 64},
+            "sparse": {"embedxThreshold": 0, "baseThreshold": 0, "deltaThreshold": 0},
+            "ps": {
+                "replicas": 1,
+                "logicalShards": 8,
+                "memoryLimit": fixed_overhead() + TABLES_AND_RESERVES,
+            },
+            "seed": 7,
+        },
+    )
+    (root / "job.yaml").write_text(yaml.safe_dump(spec))
+    run = streamtrain("run", str(root / "job.yaml"), cwd=root, timeout=180)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "error: MemoryLimitTooSmall: pass " in run.stderr, run.stderr
+    assert re.search(r"spec\.ps\.memoryLimit \(\d+ bytes\) is too small", run.stderr)
+    assert re.search(
+        r"one push of \d+ unique keys \(worker-0\) needs \d+ bytes of PS RAM", run.stderr
+    )
+    assert re.search(r"Set spec\.ps\.memoryLimit to at least \d+ bytes \(\d+Mi\)", run.stderr)
+    status = streamtrain("status", str(root / "job.yaml"), cwd=root)
+    assert "condition Failed: MemoryLimitTooSmall: pass " in status.stdout, status.stdout
+    logs = "".join(p.read_text() for p in root.rglob("logs/worker-*.log"))
+    assert logs.count("MemoryLimitError") >= 1
+    assert "restor" not in run.stdout.lower(), run.stdout  # no restore and retry of the pass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import json
 import os
 import shutil
@@ -12,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 
@@ -25,6 +27,7 @@ from streamtrain_operator.run.export import read_donefile, verify_model
 from streamtrain_operator.run.hooks import MANIFEST_POINT
 from streamtrain_operator.run.state import MemoryStateStore
 from streamtrain_ps import sharding
+from streamtrain_ps.errors import MemoryLimitError
 from streamtrain_ps.local import LocalPS
 from streamtrain_ps.shard import Shard
 from streamtrain_worker.metrics import PassMetrics
@@ -313,6 +316,62 @@ def test_an_unforeseen_error_becomes_a_failed_condition_not_a_crash(tmp_path: Pa
     assert progress.phase == Phase.FAILED
     assert "InternalError" in progress.message
     assert "ValueError: duplicate files in the listing" in progress.message
+
+
+class MemoryRefusal(grpc.RpcError):
+    """A worker's RunPass ended by a PS memory-limit refusal (``control.py`` forwards the
+    PS's trailing metadata)."""
+
+    def __init__(self, exc: MemoryLimitError) -> None:
+        assert exc.working_set is not None
+        self.metadata = exc.working_set.metadata()
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    def details(self) -> str:
+        return "RunPass(...): MemoryLimitError: ..."
+
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self.metadata
+
+
+class WideWorker(FakeWorker):
+    """Pushes 5,000 new keys at once, as a real worker would, turning the PS's refusal into
+    the worker's status."""
+
+    async def run_pass(
+        self, day: str, pass_index: int, files: Sequence[str], generation: int, train: bool
+    ) -> Any:
+        self.calls.append((day, pass_index, tuple(files), generation))
+        n = 5_000
+        keys = np.arange(1, n + 1, dtype=np.uint64) + 10**6 * self.index
+        ones = np.ones(n, dtype=np.float32)
+        try:
+            self.ps.push_sparse("embedding", keys, np.zeros((n, 3), np.float32), ones, ones * 0)
+        except MemoryLimitError as exc:
+            raise MemoryRefusal(exc) from exc
+        return await super().run_pass(day, pass_index, files, generation, train)
+
+
+def test_a_memory_limit_too_small_for_a_pass_fails_the_job_at_once(tmp_path: Path) -> None:
+    job = make_job(tmp_path)
+    write_folder(tmp_path, "20261101", "0000")
+    config = dataclasses.replace(render.ps_config(job.spec), memoryLimit=64_000)
+    ps = LocalPS(config)
+    workers = [WideWorker(ps, 0), WideWorker(ps, 1)]
+    store = MemoryStateStore()
+    progress = run(job, workers, ps, store)
+    assert progress.phase == Phase.FAILED
+    failed = progress.condition("Failed")
+    assert failed is not None and failed.reason == "MemoryLimitTooSmall"
+    assert failed.message.startswith("pass 20261101/1: spec.ps.memoryLimit (64000 bytes)")
+    assert (
+        "5000 unique keys" in failed.message
+        and "Set spec.ps.memoryLimit to at least" in failed.message
+    )
+    # terminal: no share retry, no restore and replay (passRetries is 1)
+    assert [len(w.calls) for w in workers] == [1, 1]
 
 
 class DyingWorker(FakeWorker):

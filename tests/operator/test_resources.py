@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
-from streamtrain_operator.job.spec import Job, SpecError, load_job
+from streamtrain_operator.job.spec import Job, SpecError, load_job, parse_job
+from streamtrain_operator.kube import disk_tier
 from streamtrain_operator.kube import resources as r
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -191,3 +193,70 @@ def test_a_name_too_long_for_a_statefulset_names_the_field(job: Job) -> None:
         _build(long)
     assert error.value.path == "metadata.name"
     assert _build(replace(job, name="x" * 45))  # the longest that fits
+
+
+def _ps_pod(job: Job, **ps: Any) -> dict[str, Any]:
+    spec = replace(job.spec, ps=replace(job.spec.ps, **ps))
+    pod: dict[str, Any] = _build(replace(job, spec=spec))["StatefulSet/ctr-online-ps"]
+    return pod["spec"]["template"]["spec"]
+
+
+def _disk_mounts(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    (c,) = pod["containers"]
+    return [m for m in c["volumeMounts"] if m["name"] == "disk-tier"]
+
+
+def test_a_disk_limit_gets_an_empty_dir_of_its_size_plus_headroom(job: Job) -> None:
+    pod = _ps_pod(job, diskLimit=40 << 30)  # 40 GiB + a quarter for compactions
+    assert _disk_mounts(pod) == [{"name": "disk-tier", "mountPath": disk_tier.DISK_DIR}]
+    (disk,) = [v for v in pod["volumes"] if v["name"] == "disk-tier"]
+    assert disk == {"name": "disk-tier", "emptyDir": {"sizeLimit": f"{50 << 10}Mi"}}
+    args = pod["containers"][0]["args"]
+    assert args[args.index("--disk-path") + 1] == disk_tier.DISK_DIR
+    small = _ps_pod(job, diskLimit=100 << 20)  # headroom at least 256 MiB
+    assert next(v for v in small["volumes"] if v["name"] == "disk-tier")["emptyDir"] == {
+        "sizeLimit": "356Mi"
+    }
+    worker = _build(replace(job, spec=replace(job.spec, ps=replace(job.spec.ps, diskLimit=1))))
+    (wc,) = worker["StatefulSet/ctr-online-worker"]["spec"]["template"]["spec"]["containers"]
+    assert "--disk-path" not in wc["args"] and len(wc["volumeMounts"]) == 2
+
+
+def test_a_storage_class_gets_a_generic_ephemeral_volume_per_pod(job: Job) -> None:
+    pod = _ps_pod(job, diskLimit=8 << 30, diskStorageClass="local-ssd")
+    (disk,) = [v for v in pod["volumes"] if v["name"] == "disk-tier"]
+    assert disk == {
+        "name": "disk-tier",
+        "ephemeral": {
+            "volumeClaimTemplate": {
+                "spec": {
+                    "accessModes": ["ReadWriteOnce"],
+                    "storageClassName": "local-ssd",
+                    "resources": {"requests": {"storage": f"{10 << 10}Mi"}},
+                }
+            }
+        },
+    }
+    assert len(_disk_mounts(pod)) == 1
+
+
+def test_a_memory_limit_alone_spills_to_the_node_s_disk_and_no_limit_gets_no_volume(
+    job: Job,
+) -> None:
+    assert job.spec.ps.memoryLimit is None and "memory" not in job.spec.ps.resources.limits
+    none = _ps_pod(job)
+    assert _disk_mounts(none) == [] and "--disk-path" not in none["containers"][0]["args"]
+    capped = _ps_pod(job, memoryLimit=24 << 30)
+    assert [v for v in capped["volumes"] if v["name"] == "disk-tier"] == [
+        {"name": "disk-tier", "emptyDir": {}}
+    ]
+    limits = replace(job.spec.ps.resources, limits={"memory": "32Gi"})  # memoryLimit from it
+    assert len(_disk_mounts(_ps_pod(job, resources=limits))) == 1
+
+
+def test_a_storage_class_without_a_disk_limit_is_refused_naming_the_field() -> None:
+    text = (ROOT / "crds/examples/ctr-online.yaml").read_text()
+    manifest = yaml.safe_load(text)
+    manifest["spec"]["ps"]["diskStorageClass"] = "local-ssd"
+    with pytest.raises(SpecError, match=r"spec\.ps\.diskStorageClass.*diskLimit > 0"):
+        parse_job(manifest)

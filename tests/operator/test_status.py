@@ -12,7 +12,9 @@ import yaml
 
 from streamtrain_operator.job.plan import StepKey, StepKind
 from streamtrain_operator.job.progress import Condition, PassRecord, Phase, Progress, Published
+from streamtrain_operator.job.ps_limits import MEMORY_LIMIT_TOO_SMALL, memory_limit_message
 from streamtrain_operator.kube import status as st
+from streamtrain_ps.errors import WorkingSet
 from streamtrain_tools import crdgen
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,6 +98,38 @@ def test_printer_fields_metrics_and_trimmed_history() -> None:
     assert len(status["scheduler"]["history"]) == st.STATUS_HISTORY
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
     assert ready["status"] == "True" and ready["observedGeneration"] == 4
+
+
+def test_a_memory_limit_failure_is_the_ready_condition_s_reason_with_the_numbers() -> None:
+    ws = WorkingSet(
+        keys=80_000,
+        needed_bytes=6_400_000,
+        table_budget=8 << 20,
+        memory_limit=250 << 20,
+        suggested_memory_limit=260 << 20,
+        disk_bytes=4_000_000,
+        disk_limit=4_194_304,
+        disk_full=True,
+    )
+    message = memory_limit_message(ws, "pass 20261101/8", "worker-0")
+    progress = Progress(phase=Phase.FAILED, message=f"{MEMORY_LIMIT_TOO_SMALL}: {message}")
+    progress = progress.with_condition(
+        Condition("Failed", "True", MEMORY_LIMIT_TOO_SMALL, message, T0)
+    )
+    status = st.status_from_progress(progress, T0 + 1, observed_generation=3)
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["Failed"]["reason"] == MEMORY_LIMIT_TOO_SMALL
+    assert conditions["Ready"]["status"] == "False"
+    assert conditions["Ready"]["reason"] == MEMORY_LIMIT_TOO_SMALL
+    text = conditions["Failed"]["message"]
+    assert text.startswith(f"pass 20261101/8: spec.ps.memoryLimit ({250 << 20} bytes)")
+    for part in ("80000 unique keys", "6400000 bytes", f"at least {260 << 20} bytes (260Mi)"):
+        assert part in text
+    assert "spec.ps.diskLimit (4194304 bytes)" in text and "raise spec.ps.diskLimit" in text
+    # a failure without a reason of its own keeps the generic one
+    plain = st.status_from_progress(Progress(phase=Phase.FAILED, message="x"), T0)
+    ready = next(c for c in plain["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "Failed"
 
 
 def test_status_fits_the_crd_schema_so_nothing_is_pruned() -> None:

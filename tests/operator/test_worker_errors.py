@@ -2,18 +2,30 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import grpc
 import pytest
 
+from streamtrain_operator.job.ps_limits import MEMORY_LIMIT_TOO_SMALL
 from streamtrain_operator.run import worker_errors
+from streamtrain_ps.errors import WorkingSet
 from streamtrain_worker.refusals import Reason, trailing_metadata
 
 
 class FakeRpcError(grpc.RpcError):
-    """What ``grpc.aio`` raises: a status code, details and the worker's refusal reason."""
+    """What ``grpc.aio`` raises: a status code, details and the worker's refusal reason
+    (or the trailing metadata a worker forwards from the PS)."""
 
-    def __init__(self, code: grpc.StatusCode, details: str, reason: Reason | None = None) -> None:
+    def __init__(
+        self,
+        code: grpc.StatusCode,
+        details: str,
+        reason: Reason | None = None,
+        metadata: tuple[tuple[str, str], ...] = (),
+    ) -> None:
         self._code, self._details, self._reason = code, details, reason
+        self._metadata = metadata
 
     def code(self) -> grpc.StatusCode:
         return self._code
@@ -22,7 +34,7 @@ class FakeRpcError(grpc.RpcError):
         return self._details
 
     def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
-        return () if self._reason is None else trailing_metadata(self._reason)
+        return self._metadata or (() if self._reason is None else trailing_metadata(self._reason))
 
 
 PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
@@ -65,4 +77,47 @@ def test_descriptions_name_the_worker_and_the_cause() -> None:
     assert worker_errors.busy(FakeRpcError(PRECONDITION, "Reset: busy", Reason.BUSY))
     assert not worker_errors.busy(
         FakeRpcError(PRECONDITION, "Reset: stale", Reason.STALE_GENERATION)
+    )
+
+
+MIB = 1 << 20
+WS = WorkingSet(
+    keys=120_000,
+    needed_bytes=9_600_000,
+    table_budget=12 * MIB,
+    memory_limit=300 * MIB,
+    suggested_memory_limit=317 * MIB,
+)
+
+
+def test_a_ps_memory_limit_refusal_is_permanent_and_names_what_to_set() -> None:
+    exhausted = grpc.StatusCode.RESOURCE_EXHAUSTED
+    rpc = FakeRpcError(exhausted, "RunPass(...): MemoryLimitError: ...", metadata=WS.metadata())
+    assert worker_errors.working_set(rpc) == WS
+    assert not worker_errors.refused(rpc)  # it may have pushed: the job ends, no retry
+    permanent = worker_errors.permanent(rpc, "pass 20261101/3", "w-0")
+    assert permanent is not None
+    reason, message = permanent
+    assert reason == MEMORY_LIMIT_TOO_SMALL
+    assert message.startswith(f"pass 20261101/3: spec.ps.memoryLimit ({300 * MIB} bytes)")
+    for part in ("120000 unique keys", "9600000 bytes", f"{12 * MIB} bytes", "317Mi", "w-0"):
+        assert part in message
+    assert "diskLimit" not in message
+    full = FakeRpcError(
+        exhausted,
+        "RunPass(...): MemoryLimitError: ...",
+        metadata=replace(WS, disk_bytes=1000, disk_limit=1024, disk_full=True).metadata(),
+    )
+    _, message = worker_errors.permanent(full, "pass 20261101/3", "w-0") or ("", "")
+    assert "spec.ps.diskLimit (1024 bytes)" in message and "1000 bytes stored" in message
+
+
+def test_resource_exhausted_without_the_numbers_is_an_ordinary_share_failure() -> None:
+    rpc = FakeRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, "RunPass(...): too many keys")
+    assert worker_errors.working_set(rpc) is None
+    assert worker_errors.permanent(rpc, "pass 1", "w-0") is None
+    bad = FakeRpcError(grpc.StatusCode.DATA_LOSS, "RunPass(...): BadDataError: x")
+    assert worker_errors.permanent(bad, "pass 1", "w-0") == (
+        "BadData",
+        "pass 1: w-0: DATA_LOSS: RunPass(...): BadDataError: x",
     )

@@ -4,6 +4,7 @@ RemotePS, the Criteo sample as data."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import subprocess
 import sys
@@ -22,6 +23,8 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from streamtrain_ps.errors import WorkingSet
+from streamtrain_ps.memory_limit import MemoryBudget
 from streamtrain_ps.remote import RemotePS, RetryPolicy
 from streamtrain_ps.server import PSServer
 from streamtrain_ps.shard import Shard
@@ -269,6 +272,33 @@ def test_a_gone_ps_is_reported_as_unavailable(setup: Setup, chunk: str) -> None:
     health = health_pb2_grpc.HealthStub(setup.channel)  # the worker itself stays up
     reply = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_a_ps_memory_limit_refusal_is_forwarded_with_its_numbers(chunk: str) -> None:
+    """A PS whose table budget cannot hold one push of the pass: the worker ends the pass
+    with RESOURCE_EXHAUSTED, reason MEMORY_LIMIT and the PS's numbers, as they came."""
+    config = WorkerConfig.from_dict(CONFIG)
+    ps_config = dataclasses.replace(config.ps.config, memoryLimit=20_000)
+    shard = Shard(ps_config, memory_budget=MemoryBudget.tables_only(20_000))
+    ps_server = PSServer(shard, ps_config)
+    ps_server.start()
+    ps = RemotePS([ps_server.address], ps_config, retry=RetryPolicy(max_attempts=1))
+    server = WorkerServer(WorkerServicer(config, ps))
+    server.start()
+    try:
+        with grpc.insecure_channel(server.address) as channel, pytest.raises(grpc.RpcError) as err:
+            run_pass(worker_pb2_grpc.WorkerStub(channel), [chunk])
+        assert err.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert reason_of(err.value) is Reason.MEMORY_LIMIT
+        ws = WorkingSet.from_metadata(err.value.trailing_metadata() or ())
+        assert ws is not None and ws.memory_limit == 20_000 and ws.table_budget == 20_000
+        assert ws.needed_bytes > 10_000 and ws.keys > 0
+        assert "spec.ps.memoryLimit" in (err.value.details() or "")
+    finally:
+        server.close(grace=0)
+        ps.close()
+        ps_server.close(grace=0)
+        shard.close()
 
 
 def test_main_prints_its_port_and_stops_on_sigterm(tmp_path: Path) -> None:

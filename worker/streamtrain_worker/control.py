@@ -10,6 +10,9 @@ call (or an export) and maps failures to gRPC status codes in one place (``_stat
   reason ``STALE_GENERATION``;
 - a pass cancelled by a ``Reset`` of a newer generation -> ``ABORTED``, reason ``CANCELLED``;
 - PS unreachable after the client's retries (``PSUnavailableError``) -> ``UNAVAILABLE``;
+- a PS shard's ``memoryLimit`` too small for a push of the pass (``MemoryLimitError`` with
+  its ``WorkingSet``) -> ``RESOURCE_EXHAUSTED``, reason ``MEMORY_LIMIT``, the PS's numbers
+  forwarded as they came (the driver ends the job with a condition naming them);
 - a data error — a file over the bad-line limit, a corrupt file — -> ``DATA_LOSS`` (the
   scheduler treats it as permanent: the job fails, no retry); a missing file -> ``NOT_FOUND``
   (the scheduler's ``DataChanged``); a listed path that is a directory or unreadable ->
@@ -42,7 +45,7 @@ from typing import Any, NoReturn
 import grpc
 
 from streamtrain_ps.api import PSLike
-from streamtrain_ps.errors import PSError, PSUnavailableError
+from streamtrain_ps.errors import MemoryLimitError, PSError, PSUnavailableError
 from streamtrain_ps.grpc_serving import GrpcServer
 from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.data.errors import DataError
@@ -74,10 +77,19 @@ def _reason(exc: BaseException) -> Reason | None:
     return None
 
 
+def _extra(exc: BaseException) -> tuple[tuple[str, str], ...]:
+    """Trailing metadata forwarded from the PS (a memory-limit refusal's numbers)."""
+    if isinstance(exc, MemoryLimitError) and exc.working_set is not None:
+        return exc.working_set.metadata()
+    return ()
+
+
 def _status(exc: BaseException) -> grpc.StatusCode:
     """The one mapping from worker-side failures to gRPC status codes."""
     if isinstance(exc, PSUnavailableError):
         return grpc.StatusCode.UNAVAILABLE
+    if isinstance(exc, MemoryLimitError) and exc.working_set is not None:
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
     if isinstance(exc, PassCancelledError):
         return grpc.StatusCode.ABORTED
     if isinstance(exc, DataError):  # BadDataError, CorruptFileError
@@ -152,7 +164,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             except Exception as exc:
                 code = _status(exc)
                 log.exception("worker %d: %s failed", self.worker_index, what)
-                _abort(context, code, f"{what}: {type(exc).__name__}: {exc}", _reason(exc))
+                _abort(
+                    context, code, f"{what}: {type(exc).__name__}: {exc}", _reason(exc), _extra(exc)
+                )
 
     def RunPass(  # noqa: N802 - gRPC method name
         self, request: Any, context: grpc.ServicerContext
@@ -239,8 +253,12 @@ def _abort(
     code: grpc.StatusCode,
     message: str,
     reason: Reason | None = None,
+    extra: tuple[tuple[str, str], ...] = (),
 ) -> NoReturn:
-    if reason is not None:
+    """Abort with ``reason`` (if any) and ``extra`` metadata (which may carry its own)."""
+    if extra:
+        context.set_trailing_metadata(extra)
+    elif reason is not None:
         context.set_trailing_metadata(trailing_metadata(reason))
     context.abort(code, message)
     raise AssertionError("context.abort returned")  # grpc raises; this line is unreachable

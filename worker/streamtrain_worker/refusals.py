@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-#: Trailing-metadata key of a refused or ended call's ``Reason``.
-REASON_KEY = "streamtrain-reason"
+from streamtrain_ps import errors as ps_errors
+
+#: Trailing-metadata key of a refused or ended call's ``Reason`` (the PS uses it too).
+REASON_KEY = ps_errors.REASON_KEY
 
 
 class Reason(StrEnum):
@@ -24,6 +26,10 @@ class Reason(StrEnum):
     STALE_GENERATION = "stale-generation"
     #: ``ABORTED``: a Reset of a newer generation cancelled the pass at a batch boundary.
     CANCELLED = "cancelled"
+    #: ``RESOURCE_EXHAUSTED``: a PS shard refused a push of the pass because its
+    #: ``memoryLimit`` cannot hold the request's working set; the PS's numbers
+    #: (``streamtrain_ps.errors.WorkingSet``) are forwarded beside it. Retrying fails alike.
+    MEMORY_LIMIT = ps_errors.MEMORY_LIMIT_REASON
 
 
 def trailing_metadata(reason: Reason) -> tuple[tuple[str, str], ...]:

@@ -140,6 +140,21 @@ class PSSpec:
         "0: unlimited.",
     )
     diskLimit: int = same_as(PSConfig, "diskLimit")
+    diskStorageClass: str = setting(
+        "",
+        "StorageClass of the disk tier's volume on Kubernetes: a generic ephemeral volume, one "
+        "PersistentVolumeClaim per PS pod created and deleted with the pod, sized diskLimit "
+        "plus a quarter for RocksDB's compactions (at least 256 MiB). Empty: an emptyDir "
+        "(the node's disk) with that sizeLimit. Needs diskLimit > 0. A shard gets a disk "
+        "tier volume whenever it has a memory limit or a diskLimit.",
+    )
+
+    def _validate(self, path: str) -> None:
+        if self.diskStorageClass and not self.diskLimit:
+            raise SpecError(
+                f"{path}.diskStorageClass",
+                "needs diskLimit > 0: the volume is sized from it (diskLimit plus headroom)",
+            )
 
 
 @dataclass(frozen=True)

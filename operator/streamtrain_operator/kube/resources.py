@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from streamtrain_operator.job.spec import API_VERSION, KIND, Job, SpecError
+from streamtrain_operator.kube.disk_tier import DISK_DIR, disk_volume
 from streamtrain_ps.proto import ps_pb2
 from streamtrain_ps.settings import setting
 from streamtrain_worker.proto import worker_pb2
@@ -260,6 +261,7 @@ def _grpc_probe(port: int, service: str | None, period: int, failures: int) -> d
 def container_args(job: Job, role: str, replicas: int, options: Options) -> list[str]:
     """The component's command line (also run as a local process by the contract test)."""
     if role == "ps":
+        disk = ["--disk-path", DISK_DIR] if disk_volume(job) is not None else []
         return [
             "--host", "0.0.0.0",
             "--port", str(options.ps_port),
@@ -267,6 +269,7 @@ def container_args(job: Job, role: str, replicas: int, options: Options) -> list
             "--num-shards", str(replicas),
             "--shard-index-from-hostname",
             "--metrics-port", str(options.metrics_port),
+            *disk,
         ]  # fmt: skip
     return [
         "--host", "0.0.0.0",
@@ -327,6 +330,14 @@ def pod_template(
     }
     if spec.storageSecretRef:
         container["envFrom"] = [{"secretRef": {"name": spec.storageSecretRef}}]
+    volumes: list[dict[str, Any]] = [
+        {"name": "config", "configMap": {"name": config_map_name(job)}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
+    ]
+    disk = disk_volume(job) if is_ps else None
+    if disk is not None:
+        container["volumeMounts"].append({"name": disk["name"], "mountPath": DISK_DIR})
+        volumes.append(disk)
     return {
         "metadata": {
             "labels": _pod_labels(job, role),
@@ -345,10 +356,7 @@ def pod_template(
                 "seccompProfile": {"type": "RuntimeDefault"},
             },
             "containers": [container],
-            "volumes": [
-                {"name": "config", "configMap": {"name": config_map_name(job)}},
-                {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
-            ],
+            "volumes": volumes,
         },
     }
 

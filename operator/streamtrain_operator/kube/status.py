@@ -108,8 +108,10 @@ def _ready(progress: Progress) -> tuple[bool, str, str]:
         return True, "Running", f"the scheduler is {phase}"
     if phase == Phase.SUCCEEDED:
         return False, "Succeeded", progress.message or "endDay reached"
-    if phase == Phase.FAILED:
-        return False, "Failed", progress.message
+    if phase == Phase.FAILED:  # the failure's own reason (e.g. MemoryLimitTooSmall) if set
+        failed = progress.condition("Failed")
+        reason = failed.reason if failed is not None and failed.status == "True" else ""
+        return False, reason or "Failed", progress.message
     if phase == Phase.SUSPENDED:
         return False, "Suspended", "spec.suspend is true"
     return False, phase, progress.message or f"the scheduler is {phase}"

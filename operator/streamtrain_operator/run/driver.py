@@ -394,12 +394,11 @@ class Driver:
                 self._results[w] = outcome
         where = f"pass {action.key.day}/{action.key.pass_index}"
         for w, outcome in zip(action.shares, outcomes, strict=True):
-            code = worker_errors.grpc_code(outcome) if isinstance(outcome, BaseException) else ""
-            if code == "DATA_LOSS":
-                # The data is wrong, not the worker: retrying would fail the same way.
-                return Failed("BadData", f"{where}: {failed[w]}")
-            if code == "NOT_FOUND":  # a recorded file vanished after it was verified
-                return Failed("DataChanged", f"{where}: a file of the pass is gone: {failed[w]}")
+            # Bad data, a vanished file, a PS memory limit too small: retrying fails alike.
+            if isinstance(outcome, BaseException):
+                permanent = worker_errors.permanent(outcome, where, self.workers[w].name)
+                if permanent is not None:
+                    return Failed(*permanent)
         if failed:
             return PassRan(failed, refused=frozenset(refused))
         parts = [self._results[w] for w in range(len(self.workers))]
@@ -444,7 +443,9 @@ class Driver:
 
     async def _load(self, uri: str) -> Event:
         await self._wait_for_idle_workers()
-        keys = await asyncio.to_thread(self.ps.load, uri)
+        # A restore replaces the live state, which is to be discarded anyway: release it
+        # first (once every part is verified), half the peak of keeping it until the swap.
+        keys = await asyncio.to_thread(self.ps.load, uri, discard_live=True)
         return Done({"keys": float(keys)})
 
     async def _wait_for_idle_workers(self) -> None:

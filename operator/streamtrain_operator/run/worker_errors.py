@@ -2,13 +2,17 @@
 
 A ``RunPass`` that failed is one of: refused before it started (busy with another call, or
 a request of a stale generation — nothing was pushed, the share may be retried alone), a
-data error (``DATA_LOSS``: permanent), a vanished file (``NOT_FOUND``), or anything else —
-which may have pushed part of the share. ``UNAVAILABLE`` (or a ``ConnectionError``) is a
+data error (``DATA_LOSS``: permanent), a vanished file (``NOT_FOUND``), a PS shard whose
+``memoryLimit`` cannot hold one push of the pass (``RESOURCE_EXHAUSTED``, reason
+``MEMORY_LIMIT``, with the PS's measured numbers: permanent), or anything else — which may
+have pushed part of the share. ``UNAVAILABLE`` (or a ``ConnectionError``) is a
 worker that cannot be reached: down, or restarting.
 """
 
 from __future__ import annotations
 
+from streamtrain_operator.job.ps_limits import MEMORY_LIMIT_TOO_SMALL, memory_limit_message
+from streamtrain_ps.errors import WorkingSet
 from streamtrain_worker.refusals import Reason, reason_of
 
 
@@ -44,3 +48,26 @@ def describe(exc: BaseException, worker: str) -> str:
     if isinstance(exc, TimeoutError):
         return f"{worker}: no answer within passTimeoutSeconds"
     return f"{worker}: {type(exc).__name__}: {exc}"
+
+
+def working_set(exc: BaseException) -> WorkingSet | None:
+    """The PS's numbers when a PS shard's memory limit refused a push of the pass."""
+    trailing = getattr(exc, "trailing_metadata", None)
+    if reason_of(exc) is not Reason.MEMORY_LIMIT or not callable(trailing):
+        return None
+    return WorkingSet.from_metadata(trailing() or ())
+
+
+def permanent(exc: BaseException, where: str, worker: str) -> tuple[str, str] | None:
+    """``(reason, message)`` of a failed share that no retry can fix (the job fails with
+    that condition), or ``None``: the data is wrong (``DATA_LOSS``), a recorded file
+    vanished (``NOT_FOUND``), or a PS shard's ``memoryLimit`` is too small for the pass."""
+    code = grpc_code(exc)
+    if code == "DATA_LOSS":
+        return "BadData", f"{where}: {describe(exc, worker)}"
+    if code == "NOT_FOUND":
+        return "DataChanged", f"{where}: a file of the pass is gone: {describe(exc, worker)}"
+    ws = working_set(exc)
+    if ws is not None:
+        return MEMORY_LIMIT_TOO_SMALL, memory_limit_message(ws, where, worker)
+    return None

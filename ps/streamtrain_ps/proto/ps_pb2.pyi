@@ -193,14 +193,16 @@ class FinishSaveResponse(_message.Message):
     def __init__(self, applied: _Optional[bool] = ...) -> None: ...
 
 class LoadRequest(_message.Message):
-    __slots__ = ("uri", "phase", "load_id")
+    __slots__ = ("uri", "phase", "load_id", "discard_live")
     URI_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     LOAD_ID_FIELD_NUMBER: _ClassVar[int]
+    DISCARD_LIVE_FIELD_NUMBER: _ClassVar[int]
     uri: str
     phase: LoadPhase
     load_id: str
-    def __init__(self, uri: _Optional[str] = ..., phase: _Optional[_Union[LoadPhase, str]] = ..., load_id: _Optional[str] = ...) -> None: ...
+    discard_live: bool
+    def __init__(self, uri: _Optional[str] = ..., phase: _Optional[_Union[LoadPhase, str]] = ..., load_id: _Optional[str] = ..., discard_live: _Optional[bool] = ...) -> None: ...
 
 class LoadResponse(_message.Message):
     __slots__ = ("keys_loaded", "seconds")
