@@ -9,8 +9,8 @@ RAM in a few nanoseconds.
 
 What it is: a *blocked* Bloom filter over the 64-bit keys (every key's bits lie in one
 64-byte block, so a query costs one cache miss), ``BITS_PER_KEY`` bits and ``PROBES`` bits
-per key (about 1 % false positives when full). It only ever answers "maybe on disk" or
-"certainly not":
+per key (about 0.2 % false positives per part when full). It only ever answers "maybe on
+disk" or "certainly not":
 
 - **added to** when keys are demoted (and built from the spilled keys at a load);
 - **never cleared** by a promotion or a deletion: such keys leave stale bits, i.e. false
@@ -23,8 +23,8 @@ per key (about 1 % false positives when full). It only ever answers "maybe on di
 - **rebuilt** from the store's live keys after a shrink (which reads them anyway), which
   drops stale bits and merges the parts into one.
 
-Its bytes count in the table's RAM budget (``TieredTable.ram_bytes``): about 1.25 B per
-disk key.
+Its bytes count in the table's RAM budget (``TieredTable.ram_bytes``): about 1.75 B per
+disk key (up to twice that right after a part joins).
 """
 
 from __future__ import annotations
@@ -35,8 +35,12 @@ from numba import njit
 
 from streamtrain_ps.index import Int, mix64
 
-BITS_PER_KEY = 10
-PROBES = 6
+#: 14 bits and 7 probes (7 x 9 bits of one 64-bit hash): ~0.2 % false positives per full
+#: part, ~1.5 % over the ~8 parts of a few million disk keys. 10 bits and 6 probes (~1 % a
+#: part) let 6.8 % of a capped shard's misses through to RocksDB at ~10 us each: as long
+#: as the whole RAM pull of a Zipf batch (docs/benchmarks.md).
+BITS_PER_KEY = 14
+PROBES = 7
 #: A block is one cache line: 8 words of 64 bits.
 BLOCK_WORDS = 8
 #: The smallest part (keys): a small table's filter stays small against its budget.

@@ -63,6 +63,8 @@ MERGE_SPLIT_MAX_KEYS = 262_144
 #: arrays stay small: big short-lived allocations linger in the malloc heap and would show
 #: up as resident memory per key.
 APPLY_CHUNK = 131_072
+#: "Not recorded" for the pull kernel's disk-tier outputs.
+_NONE = np.empty(0, dtype=np.uint8)
 
 
 class Merged(NamedTuple):
@@ -106,13 +108,25 @@ class SparseTable:
     # -- hot paths ------------------------------------------------------------------------
 
     def pull(self, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]:
+        return self._pull_ram(keys, _NONE, _NONE)
+
+    def _pull_ram(
+        self,
+        keys: npt.NDArray[np.uint64],
+        missed: npt.NDArray[np.uint8],
+        touched: npt.NDArray[np.uint8],
+    ) -> npt.NDArray[np.float32]:
+        """The RAM pull; ``missed`` (one byte a key) and ``touched`` (one bit a row) are
+        the disk tier's records (``kernels.pull_kernel``), empty when not wanted."""
         out = np.empty((keys.size, self.layout.pull_dim), dtype=np.float32)
         with self.lock.read():
             while True:  # again if a hot key moved into a side table grown after we looked
                 a = self._arrays
                 args = (a.slots, a.keys, a.slab, a.slab_u32, a.xslab, a.hot)
-                if not self._split(keys.size, partial(_pull, args, keys, out)):
+                work = partial(_pull, args, keys, out, missed, touched)
+                if not self._split(keys.size, work):
                     break
+                missed[:] = 0
         return out
 
     def rows_of(self, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
@@ -505,12 +519,15 @@ def _pull(
     arrays: tuple[Any, ...],
     keys: npt.NDArray[np.uint64],
     out: npt.NDArray[np.float32],
+    missed: npt.NDArray[np.uint8],
+    touched: npt.NDArray[np.uint8],
     lo: int,
     hi: int,
 ) -> int:
     """``kernels.pull_kernel`` over ``lo:hi``; returns the stale keys (see there)."""
     kernel: Any = kn.pull_kernel  # numba's Dispatcher stub does not model *args
-    return int(kernel(*arrays, keys[lo:hi], out[lo:hi]))
+    miss = missed[lo:hi] if missed.size else missed
+    return int(kernel(*arrays, keys[lo:hi], out[lo:hi], miss, touched))
 
 
 def _update(head: tuple[Any, ...], tail: tuple[Any, ...], lo: int, hi: int) -> int:

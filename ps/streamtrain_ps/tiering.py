@@ -22,6 +22,7 @@ a ``DiskStore``, so a shard under a memory limit keeps every key instead of dyin
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,6 +92,10 @@ class TieredTable(SparseTable):
         self._filter = DiskKeyFilter()
         self._generation = 0
         self._shadows: list[npt.NDArray[np.uint64]] = []
+        #: One bit a RAM row: pulled or promoted since the last demotion (recorded once
+        #: the table has a disk tier). A demotion passes over these rows while it finds
+        #: others, then clears every bit: a CLOCK-style second chance.
+        self._touched = np.zeros(0, dtype=np.uint8)
         #: Bumped by every demotion: rows recorded before it may hold other keys now.
         self.moves = 0
         self.promotions_total = 0
@@ -102,7 +107,8 @@ class TieredTable(SparseTable):
     def ram_bytes(self) -> int:
         """Bytes the RAM tier's *live* keys take (freed rows are reused before the slabs
         grow, so this bounds the resident table): slot array, key + primary row per key,
-        embedx rows of admitted keys, hot entries, the filter of the disk keys."""
+        embedx rows of admitted keys, hot entries, the filter of the disk keys, the touched
+        bits of the rows ever used."""
         a = self._arrays
         m = self._meta
         per_key = a.keys.itemsize + a.slab.shape[1] * 4
@@ -113,7 +119,13 @@ class TieredTable(SparseTable):
             + xrows * a.xslab.shape[1] * 4
             + self.hot_keys * a.hot.shape[1] * 8
             + self._filter.nbytes
+            + self._touched_bytes()
         )
+
+    def _touched_bytes(self) -> int:
+        """Resident bytes of the touched bits: those of the rows ever used (untouched
+        pages of the bitmap are not resident)."""
+        return min(self._touched.nbytes, (int(self._meta[ix.NEXT_ROW]) + 7) // 8)
 
     def memory_bytes(self) -> int:
         return super().memory_bytes() + self._filter.nbytes
@@ -159,11 +171,27 @@ class TieredTable(SparseTable):
 
     # -- promotion --------------------------------------------------------------------------
 
-    def pull(self, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]:
-        out = super().pull(keys)
-        if self._disk is None or not len(self._disk):
+    def pull(
+        self,
+        keys: npt.NDArray[np.uint64],
+        make_room: Callable[[int], object] | None = None,
+    ) -> npt.NDArray[np.float32]:
+        """``SparseTable.pull``, then the RAM misses that the filter of disk keys does not
+        rule out are looked up on disk and promoted. ``make_room(n)`` is called first with
+        how many keys may come into RAM (the shard's governor demotes for them).
+
+        Only the misses meet the filter: asking it about every key of a batch (most of
+        them hot and in RAM) cost more than the pull itself (``docs/benchmarks.md``)."""
+        if self._disk is None:
+            return super().pull(keys)
+        if self._touched.size * 8 < self._arrays.keys.shape[0]:
+            with self.lock.write():
+                self._grow_touched()
+        missed = np.zeros(keys.size, dtype=np.uint8)
+        out = self._pull_ram(keys, missed, self._touched)
+        if not len(self._disk):
             return out
-        miss = np.flatnonzero(self.rows_of(keys) < 0)
+        miss = np.flatnonzero(missed)
         if not miss.size:
             return out
         uniq, inverse = np.unique(keys[miss], return_inverse=True)
@@ -171,6 +199,8 @@ class TieredTable(SparseTable):
             maybe = np.flatnonzero(self._filter.maybe(uniq))
         if not maybe.size:  # no tier holds them: zeros, as super().pull left them
             return out
+        if make_room is not None:
+            make_room(int(maybe.size))
         with self.lock.write():
             values, found = self._fetch_locked(uniq[maybe])
         cols = self.layout.inference_columns()
@@ -178,13 +208,6 @@ class TieredTable(SparseTable):
         pulled[maybe[found]] = values[:, cols]
         out[miss] = pulled[inverse]
         return out
-
-    def disk_candidates(self, keys: npt.NDArray[np.uint64]) -> int:
-        """How many of ``keys`` may be on disk: what a pull may bring into RAM."""
-        if self._disk is None or not len(self._disk):
-            return 0
-        with self.lock.read():
-            return int(np.count_nonzero(self._filter.maybe(keys)))
 
     def _fetch_locked(
         self, keys: npt.NDArray[np.uint64]
@@ -199,7 +222,7 @@ class TieredTable(SparseTable):
         if in_ram.any():
             full[in_ram] = self._gather(rows[in_ram])[1]
         rest = np.flatnonzero(~in_ram)
-        found_disk, disk_full, _ = self._promote_locked(keys[rest])
+        found_disk, disk_full, _ = self._promote_locked(keys[rest], filtered=True)
         full[rest[found_disk]] = disk_full
         found = in_ram.copy()
         found[rest[found_disk]] = True
@@ -216,10 +239,11 @@ class TieredTable(SparseTable):
             self._promote_locked(k[rows < 0])
 
     def _promote_locked(
-        self, keys: npt.NDArray[np.uint64]
+        self, keys: npt.NDArray[np.uint64], filtered: bool = False
     ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.float32], HotCounters]:
         """Move the disk-resident ones of ``keys`` (unique, absent from RAM) into RAM.
-        Returns (found on disk, their full rows, hot counters). Writer lock held."""
+        Returns (found on disk, their full rows, hot counters). Writer lock held.
+        ``filtered``: the caller already kept only keys the filter does not rule out."""
         store = self._store() if self._disk_opts is not None else None
         if store is None or not keys.size:
             return (
@@ -228,7 +252,7 @@ class TieredTable(SparseTable):
                 dr.no_hot(),
             )
         found = np.zeros(keys.size, dtype=np.bool_)
-        maybe = np.flatnonzero(self._filter.maybe(keys))
+        maybe = np.arange(keys.size) if filtered else np.flatnonzero(self._filter.maybe(keys))
         if not maybe.size:
             return found, np.empty((0, self.layout.width), np.float32), dr.no_hot()
         on_disk, full, hot = store.get(keys[maybe])
@@ -244,9 +268,19 @@ class TieredTable(SparseTable):
                 store.delete(k, int(hot.positions.size))
         return found, full, hot
 
+    def _grow_touched(self) -> None:
+        """Touched bits for every row the primary slab can hold (writer lock held)."""
+        rows = self._arrays.keys.shape[0]
+        if self._touched.size * 8 < rows:
+            bits = np.zeros(rows // 8 + 1, dtype=np.uint8)
+            bits[: self._touched.size] = self._touched
+            self._touched = bits
+
     def _place_locked(
         self, keys: npt.NDArray[np.uint64], full: npt.NDArray[np.float32], hot: HotCounters
     ) -> None:
+        """Put promoted keys' full rows into RAM, marked touched (a demotion right after
+        must not send them straight back)."""
         lay = self.layout
         a = self._reserve(int(keys.size))
         rows = np.empty(keys.size, dtype=np.int64)
@@ -270,6 +304,8 @@ class TieredTable(SparseTable):
             lay.xptr,
             lay.xflag,
         )
+        self._grow_touched()
+        tk.mark_rows(self._touched, rows, True)
 
     def _flush_shadows_locked(self) -> None:
         """Delete disk copies of keys promoted during a save (no save runs now)."""
@@ -311,6 +347,7 @@ class TieredTable(SparseTable):
                     evicted += out
             self.demotions_total += rows.size - evicted
             self.moves += 1
+            self._touched[:] = 0  # the next window's second chances start now
             return int(rows.size)
 
     def _release_locked(self, rows: npt.NDArray[np.int64]) -> None:
@@ -329,21 +366,38 @@ class TieredTable(SparseTable):
 
     def _coldest_locked(self, n: int) -> npt.NDArray[np.int64]:
         """About the ``n`` coldest live rows, coldest first (lowest score, then longest
-        unseen). The score below which ``n`` rows lie is estimated from a sample of at most
-        ``COLD_SAMPLE`` rows, so the scratch is O(n + sample), not O(keys): a demotion
-        must not need memory in proportion to the table it relieves."""
+        unseen), rows not touched since the last demotion first: a key a pull just
+        promoted has the lowest score in RAM, and demoting it again at once made promoted
+        keys go back and forth every few batches (``docs/decisions.md``). Touched rows are
+        taken, coldest first, only when the untouched ones are too few."""
+        self._grow_touched()
+        rows = self._collect_cold(n, tk.UNTOUCHED)
+        if rows.size < n:
+            rows = np.concatenate([rows, self._collect_cold(n - rows.size, tk.TOUCHED)])
+        return rows
+
+    def _collect_cold(self, n: int, want: int) -> npt.NDArray[np.int64]:
+        """About the ``n`` coldest live rows of the ``want`` kind (``tk.UNTOUCHED`` or
+        ``tk.TOUCHED``), coldest first. The score below which ``n`` rows lie is estimated
+        from a sample of at most ``COLD_SAMPLE`` rows, so the scratch is O(n + sample), not
+        O(keys): a demotion must not need memory in proportion to the table it relieves."""
         a = self._arrays
         count = len(self)
         stride = max(1, count // COLD_SAMPLE)
         sample = np.empty(min(count, COLD_SAMPLE), dtype=np.float64)
-        m = int(tk.sample_scores(a.slots, a.slab, a.slab_u32, a.hot, stride, self._ap, sample))
-        threshold = float(np.quantile(sample[:m], min(1.0, n / max(count, 1)), method="higher"))
+        bits = self._touched
+        picked = (self._ap, bits, want, sample)
+        m = int(tk.sample_scores(a.slots, a.slab, a.slab_u32, a.hot, stride, *picked))
+        if not m:
+            return np.empty(0, dtype=np.int64)
+        kind = m * stride  # about how many rows of that kind
+        threshold = float(np.quantile(sample[:m], min(1.0, n / max(kind, 1)), method="higher"))
         rows = np.empty(n, dtype=np.int64)
         scores = np.empty(n, dtype=np.float64)
         unseen = np.empty(n, dtype=np.float32)
         salt = (self.moves * 0x9E3779B97F4A7C15) % a.slots.size  # other ties each time
         slabs = (a.slots, a.slab, a.slab_u32, a.xslab_u32, a.hot)
-        args = (*slabs, threshold, self._ap, salt, rows, scores, unseen)
+        args = (*slabs, threshold, self._ap, salt, bits, want, rows, scores, unseen)
         kernel: Any = tk.collect_cold  # numba's Dispatcher stub does not model *args
         got = int(kernel(*args))
         order = np.lexsort((-unseen[:got], scores[:got]))
@@ -479,6 +533,7 @@ class TieredTable(SparseTable):
         self._disk = content.disk
         self._filter = content.filter
         self._shadows = []
+        self._touched = np.zeros(0, dtype=np.uint8)
         self.moves += 1
         if old is not None:
             old.close()
