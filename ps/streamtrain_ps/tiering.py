@@ -50,8 +50,11 @@ log = logging.getLogger(__name__)
 DEMOTE_MIN_SHARE = 0.05
 #: Rows sampled to estimate the score below which a demotion's keys lie.
 COLD_SAMPLE = 65_536
-#: A demotion writes and releases its rows in chunks of this many keys (bounded scratch).
-DEMOTE_CHUNK = 32_768
+#: Demotions and promotions move rows in chunks of this many keys, so their scratch (full
+#: rows, encoded values, RocksDB batches: ~300 B a key) stays a few MB whatever the batch:
+#: 32k-key demotions and whole-request promotions took a capped shard process ~40 MB past
+#: its limit in a push of disk keys (``docs/benchmarks.md``).
+MOVE_CHUNK = 8_192
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,11 @@ class TieredTable(SparseTable):
         self.promotions_total = 0
         self.demotions_total = 0
         self.pressure_evictions_total = 0
+        #: Called after each chunk of rows a promotion or demotion moved (the shard's
+        #: memory governor gives freed heap back there when the process nears its limit:
+        #: one push of disk keys moves ~100k keys, for seconds, with RocksDB's compactions
+        #: allocating beside it).
+        self.after_move: Callable[[], object] | None = None
 
     # -- accounting -------------------------------------------------------------------------
 
@@ -221,11 +229,14 @@ class TieredTable(SparseTable):
         full = np.zeros((keys.size, self.layout.width), dtype=np.float32)
         if in_ram.any():
             full[in_ram] = self._gather(rows[in_ram])[1]
-        rest = np.flatnonzero(~in_ram)
-        found_disk, disk_full, _ = self._promote_locked(keys[rest], filtered=True)
-        full[rest[found_disk]] = disk_full
         found = in_ram.copy()
-        found[rest[found_disk]] = True
+        rest = np.flatnonzero(~in_ram)
+        for lo in range(0, rest.size, MOVE_CHUNK):
+            part = rest[lo : lo + MOVE_CHUNK]
+            found_disk, disk_full, _ = self._promote_locked(keys[part], filtered=True)
+            full[part[found_disk]] = disk_full
+            found[part[found_disk]] = True
+            self._moved()
         return full[found], found
 
     def _before_push(self, parts: list[Merged]) -> None:
@@ -236,7 +247,10 @@ class TieredTable(SparseTable):
             rows = np.empty(k.size, dtype=np.int64)
             a = self._arrays
             ix.lookup_many(a.slots, a.keys, k, rows)
-            self._promote_locked(k[rows < 0])
+            absent = k[rows < 0]
+            for lo in range(0, absent.size, MOVE_CHUNK):
+                self._promote_locked(absent[lo : lo + MOVE_CHUNK])
+                self._moved()
 
     def _promote_locked(
         self, keys: npt.NDArray[np.uint64], filtered: bool = False
@@ -267,6 +281,10 @@ class TieredTable(SparseTable):
                 self._flush_shadows_locked()
                 store.delete(k, int(hot.positions.size))
         return found, full, hot
+
+    def _moved(self) -> None:
+        if self.after_move is not None:
+            self.after_move()
 
     def _grow_touched(self) -> None:
         """Touched bits for every row the primary slab can hold (writer lock held)."""
@@ -329,8 +347,8 @@ class TieredTable(SparseTable):
             store = self._store()
             evict = rows.size - min(rows.size, store.room())  # the coldest go first
             evicted = 0
-            for lo in range(0, rows.size, DEMOTE_CHUNK):
-                chunk = rows[lo : lo + DEMOTE_CHUNK]
+            for lo in range(0, rows.size, MOVE_CHUNK):
+                chunk = rows[lo : lo + MOVE_CHUNK]
                 keys, full, hot = self._gather(chunk)
                 out = max(0, min(chunk.size, evict - lo))  # evicted, not stored
                 try:
@@ -340,6 +358,7 @@ class TieredTable(SparseTable):
                     log.warning("table %s: %s; evicting instead", self.name, exc)
                     out = chunk.size
                 self._release_locked(chunk)
+                self._moved()
                 if out:
                     self._tombstones.append(keys[:out].copy())
                     self._meta[EVICTIONS] += out
