@@ -2,17 +2,17 @@
 a ``DiskStore``, so a shard under a memory limit keeps every key instead of dying.
 
 - **Demotion** (``demote``, called by the shard when its RAM tier passes its budget): the
-  coldest keys in the shrink rule's order (lowest score, then longest unseen) are copied
-  out as full rows with exact counters and removed from RAM. Keys that do not fit under the
-  disk cap are evicted instead (tombstoned and counted: the shard never dies).
+  coldest keys (``demotion_order``: the shrink rule's order, keys used since the last
+  demotion last) are copied out as full rows with exact counters and removed from RAM;
+  keys that do not fit under the disk cap are evicted (tombstoned, counted).
 - **Promotion**: a pull or push of a disk key puts its full row back into RAM first (under
   the writer lock, atomically with the push), so its results are bit-identical to a key
   that never left RAM.
 - **Maintenance covers both tiers** (the rules on full rows are in ``disk_rows``): a
   shrink decays and deletes disk rows with the same kernel (on a scratch table built from
-  them); a save writes a logical shard's RAM rows
-  plus its disk rows, through the same filter; a save's side effects apply by key to
-  whichever tier holds the key; a load fills RAM up to the budget and spills the rest.
+  them); a save writes a logical shard's RAM rows plus its disk rows, through the same
+  filter; a save's side effects apply by key to whichever tier holds the key; a load
+  fills RAM up to the budget and spills the rest.
 - **During a save** demotion waits (it needs ``lock.maintenance``) and a promotion leaves
   the disk copy in place (a *shadow*), so a save that has not reached that key's logical
   shard yet still finds it; shadows are deleted at the next demotion, shrink or load, and a
@@ -26,7 +26,6 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -38,6 +37,7 @@ from streamtrain_ps import snapshot as sn
 from streamtrain_ps import tier_kernels as tk
 from streamtrain_ps.api import SaveMode
 from streamtrain_ps.config import TableConfig
+from streamtrain_ps.demotion_order import TouchedBits, coldest_rows
 from streamtrain_ps.disk_filter import DiskKeyFilter
 from streamtrain_ps.disk_store import DiskFullError, DiskStore, StoreMemory
 from streamtrain_ps.kernels import EVICTIONS
@@ -48,12 +48,8 @@ log = logging.getLogger(__name__)
 
 #: A demotion moves at least this share of the RAM keys, so it runs rarely (it scans all).
 DEMOTE_MIN_SHARE = 0.05
-#: Rows sampled to estimate the score below which a demotion's keys lie.
-COLD_SAMPLE = 65_536
 #: Demotions and promotions move rows in chunks of this many keys, so their scratch (full
-#: rows, encoded values, RocksDB batches: ~300 B a key) stays a few MB whatever the batch:
-#: 32k-key demotions and whole-request promotions took a capped shard process ~40 MB past
-#: its limit in a push of disk keys (``docs/benchmarks.md``).
+#: rows, encoded values, RocksDB batches: ~300 B a key) stays a few MB whatever the batch.
 MOVE_CHUNK = 8_192
 
 
@@ -95,19 +91,16 @@ class TieredTable(SparseTable):
         self._filter = DiskKeyFilter()
         self._generation = 0
         self._shadows: list[npt.NDArray[np.uint64]] = []
-        #: One bit a RAM row: pulled or promoted since the last demotion (recorded once
-        #: the table has a disk tier). A demotion passes over these rows while it finds
-        #: others, then clears every bit: a CLOCK-style second chance.
-        self._touched = np.zeros(0, dtype=np.uint8)
+        #: Rows pulled or promoted since the last demotion (``demotion_order``; recorded
+        #: once the table has a disk tier).
+        self._touched = TouchedBits()
         #: Bumped by every demotion: rows recorded before it may hold other keys now.
         self.moves = 0
         self.promotions_total = 0
         self.demotions_total = 0
         self.pressure_evictions_total = 0
-        #: Called after each chunk of rows a promotion or demotion moved (the shard's
-        #: memory governor gives freed heap back there when the process nears its limit:
-        #: one push of disk keys moves ~100k keys, for seconds, with RocksDB's compactions
-        #: allocating beside it).
+        #: Called after each chunk a promotion or demotion moved (the governor trims the
+        #: heap there near the limit: one push of disk keys moves rows for seconds).
         self.after_move: Callable[[], object] | None = None
 
     # -- accounting -------------------------------------------------------------------------
@@ -127,13 +120,8 @@ class TieredTable(SparseTable):
             + xrows * a.xslab.shape[1] * 4
             + self.hot_keys * a.hot.shape[1] * 8
             + self._filter.nbytes
-            + self._touched_bytes()
+            + self._touched.resident_bytes(int(m[ix.NEXT_ROW]))
         )
-
-    def _touched_bytes(self) -> int:
-        """Resident bytes of the touched bits: those of the rows ever used (untouched
-        pages of the bitmap are not resident)."""
-        return min(self._touched.nbytes, (int(self._meta[ix.NEXT_ROW]) + 7) // 8)
 
     def memory_bytes(self) -> int:
         return super().memory_bytes() + self._filter.nbytes
@@ -184,19 +172,16 @@ class TieredTable(SparseTable):
         keys: npt.NDArray[np.uint64],
         make_room: Callable[[int], object] | None = None,
     ) -> npt.NDArray[np.float32]:
-        """``SparseTable.pull``, then the RAM misses that the filter of disk keys does not
-        rule out are looked up on disk and promoted. ``make_room(n)`` is called first with
-        how many keys may come into RAM (the shard's governor demotes for them).
-
-        Only the misses meet the filter: asking it about every key of a batch (most of
-        them hot and in RAM) cost more than the pull itself (``docs/benchmarks.md``)."""
+        """``SparseTable.pull``, then only the RAM misses the disk filter does not rule out
+        are looked up on disk and promoted (the filter over a whole batch cost more than the
+        pull); ``make_room(n)`` first, with how many keys may come into RAM."""
         if self._disk is None:
             return super().pull(keys)
-        if self._touched.size * 8 < self._arrays.keys.shape[0]:
+        if not self._touched.covers(self._arrays.keys.shape[0]):
             with self.lock.write():
-                self._grow_touched()
+                self._touched.cover(self._arrays.keys.shape[0])
         missed = np.zeros(keys.size, dtype=np.uint8)
-        out = self._pull_ram(keys, missed, self._touched)
+        out = self._pull_ram(keys, missed, self._touched.bits)
         if not len(self._disk):
             return out
         miss = np.flatnonzero(missed)
@@ -286,14 +271,6 @@ class TieredTable(SparseTable):
         if self.after_move is not None:
             self.after_move()
 
-    def _grow_touched(self) -> None:
-        """Touched bits for every row the primary slab can hold (writer lock held)."""
-        rows = self._arrays.keys.shape[0]
-        if self._touched.size * 8 < rows:
-            bits = np.zeros(rows // 8 + 1, dtype=np.uint8)
-            bits[: self._touched.size] = self._touched
-            self._touched = bits
-
     def _place_locked(
         self, keys: npt.NDArray[np.uint64], full: npt.NDArray[np.float32], hot: HotCounters
     ) -> None:
@@ -322,8 +299,8 @@ class TieredTable(SparseTable):
             lay.xptr,
             lay.xflag,
         )
-        self._grow_touched()
-        tk.mark_rows(self._touched, rows, True)
+        self._touched.cover(self._arrays.keys.shape[0])
+        self._touched.mark(rows)
 
     def _flush_shadows_locked(self) -> None:
         """Delete disk copies of keys promoted during a save (no save runs now)."""
@@ -343,7 +320,10 @@ class TieredTable(SparseTable):
             if excess <= 0 or not len(self):
                 return 0
             n = max(int(np.ceil(excess / self.key_bytes())), int(len(self) * DEMOTE_MIN_SHARE))
-            rows = self._coldest_locked(min(n, len(self)))
+            salt = (self.moves * 0x9E3779B97F4A7C15) % self._arrays.slots.size
+            rows = coldest_rows(
+                self._arrays, len(self), self._ap, self._touched, salt, min(n, len(self))
+            )
             store = self._store()
             evict = rows.size - min(rows.size, store.room())  # the coldest go first
             evicted = 0
@@ -366,7 +346,7 @@ class TieredTable(SparseTable):
                     evicted += out
             self.demotions_total += rows.size - evicted
             self.moves += 1
-            self._touched[:] = 0  # the next window's second chances start now
+            self._touched.clear()
             return int(rows.size)
 
     def _release_locked(self, rows: npt.NDArray[np.int64]) -> None:
@@ -382,45 +362,6 @@ class TieredTable(SparseTable):
             a.hot,
             rows,
         )
-
-    def _coldest_locked(self, n: int) -> npt.NDArray[np.int64]:
-        """About the ``n`` coldest live rows, coldest first (lowest score, then longest
-        unseen), rows not touched since the last demotion first: a key a pull just
-        promoted has the lowest score in RAM, and demoting it again at once made promoted
-        keys go back and forth every few batches (``docs/decisions.md``). Touched rows are
-        taken, coldest first, only when the untouched ones are too few."""
-        self._grow_touched()
-        rows = self._collect_cold(n, tk.UNTOUCHED)
-        if rows.size < n:
-            rows = np.concatenate([rows, self._collect_cold(n - rows.size, tk.TOUCHED)])
-        return rows
-
-    def _collect_cold(self, n: int, want: int) -> npt.NDArray[np.int64]:
-        """About the ``n`` coldest live rows of the ``want`` kind (``tk.UNTOUCHED`` or
-        ``tk.TOUCHED``), coldest first. The score below which ``n`` rows lie is estimated
-        from a sample of at most ``COLD_SAMPLE`` rows, so the scratch is O(n + sample), not
-        O(keys): a demotion must not need memory in proportion to the table it relieves."""
-        a = self._arrays
-        count = len(self)
-        stride = max(1, count // COLD_SAMPLE)
-        sample = np.empty(min(count, COLD_SAMPLE), dtype=np.float64)
-        bits = self._touched
-        picked = (self._ap, bits, want, sample)
-        m = int(tk.sample_scores(a.slots, a.slab, a.slab_u32, a.hot, stride, *picked))
-        if not m:
-            return np.empty(0, dtype=np.int64)
-        kind = m * stride  # about how many rows of that kind
-        threshold = float(np.quantile(sample[:m], min(1.0, n / max(kind, 1)), method="higher"))
-        rows = np.empty(n, dtype=np.int64)
-        scores = np.empty(n, dtype=np.float64)
-        unseen = np.empty(n, dtype=np.float32)
-        salt = (self.moves * 0x9E3779B97F4A7C15) % a.slots.size  # other ties each time
-        slabs = (a.slots, a.slab, a.slab_u32, a.xslab_u32, a.hot)
-        args = (*slabs, threshold, self._ap, salt, bits, want, rows, scores, unseen)
-        kernel: Any = tk.collect_cold  # numba's Dispatcher stub does not model *args
-        got = int(kernel(*args))
-        order = np.lexsort((-unseen[:got], scores[:got]))
-        return rows[:got][order]
 
     # -- shrink -----------------------------------------------------------------------------
 
@@ -552,7 +493,7 @@ class TieredTable(SparseTable):
         self._disk = content.disk
         self._filter = content.filter
         self._shadows = []
-        self._touched = np.zeros(0, dtype=np.uint8)
+        self._touched = TouchedBits()
         self.moves += 1
         if old is not None:
             old.close()
