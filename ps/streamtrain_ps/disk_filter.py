@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 from numba import njit
 
-from streamtrain_ps.index import Int, mix64
+from streamtrain_ps.index import PREFETCH, Int, mix64, prefetch
 
 #: 14 bits and 7 probes (7 x 9 bits of one 64-bit hash): ~0.2 % false positives per full
 #: part, ~1.5 % over the ~8 parts of a few million disk keys. 10 bits and 6 probes (~1 % a
@@ -83,10 +83,18 @@ def add_keys(blocks: npt.NDArray[np.uint64], keys: npt.NDArray[np.uint64]) -> No
 def may_contain(
     blocks: npt.NDArray[np.uint64], keys: npt.NDArray[np.uint64], out: npt.NDArray[np.bool_]
 ) -> Int:
-    """``out[i] |= key i may be in this part``; returns how many are set after."""
+    """``out[i] |= key i may be in this part``; returns how many are set after.
+
+    Each key's block is a random cache miss in a part of megabytes: the block of the key
+    ``PREFETCH`` places ahead is fetched meanwhile, so the misses overlap (the query of a
+    capped pull's misses is the largest cost it adds to a pull, ``docs/benchmarks.md``)."""
     nblocks = np.uint64(blocks.shape[0])
     n = 0
-    for i in range(keys.size):
+    size = keys.size
+    for i in range(size):
+        ahead = i + PREFETCH
+        if ahead < size and not out[ahead]:
+            prefetch(blocks, _block(mix64(keys[ahead] ^ _SEED), nblocks))
         if not out[i]:
             h = mix64(keys[i] ^ _SEED)
             b = _block(h, nblocks)
