@@ -9,8 +9,8 @@ RAM in a few nanoseconds.
 
 What it is: a *blocked* Bloom filter over the 64-bit keys (every key's bits lie in one
 64-byte block, so a query costs one cache miss), ``BITS_PER_KEY`` bits and ``PROBES`` bits
-per key (about 1 % false positives when full). It only ever answers "maybe on disk" or
-"certainly not":
+per key (about 0.2 % false positives per part when full). It only ever answers "maybe on
+disk" or "certainly not":
 
 - **added to** when keys are demoted (and built from the spilled keys at a load);
 - **never cleared** by a promotion or a deletion: such keys leave stale bits, i.e. false
@@ -23,8 +23,8 @@ per key (about 1 % false positives when full). It only ever answers "maybe on di
 - **rebuilt** from the store's live keys after a shrink (which reads them anyway), which
   drops stale bits and merges the parts into one.
 
-Its bytes count in the table's RAM budget (``TieredTable.ram_bytes``): about 1.25 B per
-disk key.
+Its bytes count in the table's RAM budget (``TieredTable.ram_bytes``): about 1.75 B per
+disk key (up to twice that right after a part joins).
 """
 
 from __future__ import annotations
@@ -33,10 +33,14 @@ import numpy as np
 import numpy.typing as npt
 from numba import njit
 
-from streamtrain_ps.index import Int, mix64
+from streamtrain_ps.index import PREFETCH, Int, mix64, prefetch
 
-BITS_PER_KEY = 10
-PROBES = 6
+#: 14 bits and 7 probes (7 x 9 bits of one 64-bit hash): ~0.2 % false positives per full
+#: part, ~1.5 % over the ~8 parts of a few million disk keys. 10 bits and 6 probes (~1 % a
+#: part) let 6.8 % of a capped shard's misses through to RocksDB at ~10 us each: as long
+#: as the whole RAM pull of a Zipf batch (docs/benchmarks.md).
+BITS_PER_KEY = 14
+PROBES = 7
 #: A block is one cache line: 8 words of 64 bits.
 BLOCK_WORDS = 8
 #: The smallest part (keys): a small table's filter stays small against its budget.
@@ -79,10 +83,18 @@ def add_keys(blocks: npt.NDArray[np.uint64], keys: npt.NDArray[np.uint64]) -> No
 def may_contain(
     blocks: npt.NDArray[np.uint64], keys: npt.NDArray[np.uint64], out: npt.NDArray[np.bool_]
 ) -> Int:
-    """``out[i] |= key i may be in this part``; returns how many are set after."""
+    """``out[i] |= key i may be in this part``; returns how many are set after.
+
+    Each key's block is a random cache miss in a part of megabytes: the block of the key
+    ``PREFETCH`` places ahead is fetched meanwhile, so the misses overlap (the query of a
+    capped pull's misses is the largest cost it adds to a pull, ``docs/benchmarks.md``)."""
     nblocks = np.uint64(blocks.shape[0])
     n = 0
-    for i in range(keys.size):
+    size = keys.size
+    for i in range(size):
+        ahead = i + PREFETCH
+        if ahead < size and not out[ahead]:
+            prefetch(blocks, _block(mix64(keys[ahead] ^ _SEED), nblocks))
         if not out[i]:
             h = mix64(keys[i] ^ _SEED)
             b = _block(h, nblocks)

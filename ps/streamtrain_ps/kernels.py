@@ -322,10 +322,17 @@ def pull_kernel(
     hot: npt.NDArray[np.float64],
     keys: npt.NDArray[np.uint64],
     out: npt.NDArray[np.float32],
+    missed: npt.NDArray[np.uint8],
+    touched: npt.NDArray[np.uint8],
 ) -> Int:
     """Pull rows; returns how many keys were *stale*: hot keys whose side-table entry lies
     beyond the ``hot`` array this caller holds (the table grew it meanwhile). The caller
-    pulls again with the current arrays then."""
+    pulls again with the current arrays then.
+
+    For the disk tier (both may be empty: not recorded): ``missed[i] = 1`` for a key absent
+    from RAM, and each found row's bit in ``touched`` (one bit a row) is set, the recency
+    mark a demotion respects. Concurrent pulls may lose a bit to each other's byte write:
+    that only lets a key be demoted sooner, never changes a value."""
     dim = out.shape[1] - 3
     stale = 0
     hcap = hot.shape[0]
@@ -351,7 +358,11 @@ def pull_kernel(
         if r < 0:
             for j in range(dim + 3):
                 out[i, j] = 0.0
+            if missed.size:
+                missed[i] = 1
             continue
+        if (r >> 3) < touched.size:
+            touched[r >> 3] |= np.uint8(1 << (r & 7))
         show = slab[r, P_SHOW]
         if show < 0.0:  # hot key: counters in the side table at the index in CLICK's bits
             h = slab_u32[r, P_CLICK]

@@ -157,8 +157,8 @@ class Shard(ShardLoads):
         """Rows ``[show, click, embed_w, embedx_w...]``; unknown keys are zeros (not created)."""
         t = self._table(table)
         k = self._keys(keys)
-        self._memory.make_room(t, t.disk_candidates(k))  # promotions bring keys into RAM
-        out = t.pull(k)
+        # Promotions bring keys into RAM: the governor makes room for those the pull finds.
+        out = t.pull(k, make_room=functools.partial(self._memory.make_room, t))
         self._memory.enforce()
         return out
 

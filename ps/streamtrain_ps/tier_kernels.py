@@ -3,6 +3,9 @@
 - ``sample_scores`` and ``collect_cold``: a sample of the live rows' scores (exact
   counters for hot keys), then the rows at or below a score with their unseen_days, for
   choosing the coldest keys in the shrink rule's order with scratch in proportion to them.
+  Both can leave out (or keep only) rows whose *touched* bit is set: a row pulled or
+  promoted since the last demotion gets a second chance (``touched_bit``).
+- ``mark_rows``: set or clear rows' touched bits.
 - ``release_rows``: take keys out of RAM (index, embedx row, side-table entry) without
   counting them as evictions — they moved, they were not deleted.
 - ``place_rows``: put full rows (with exact hot counters) of keys absent from RAM back into
@@ -51,6 +54,32 @@ def _row_score(
     return score(np.float64(slab[r, P_SHOW]), np.float64(slab[r, P_CLICK]), ap)
 
 
+#: ``want`` of ``sample_scores`` and ``collect_cold``: every row, untouched rows, touched rows.
+ANY = -1
+UNTOUCHED = 0
+TOUCHED = 1
+
+
+@njit(nogil=True, cache=True, inline="always")
+def touched_bit(touched: npt.NDArray[np.uint8], r: Int) -> Int:
+    """Row ``r``'s touched bit (0 beyond the bitmap)."""
+    if (r >> 3) >= touched.size:
+        return 0
+    return (touched[r >> 3] >> (r & 7)) & 1
+
+
+@njit(nogil=True, cache=True)
+def mark_rows(touched: npt.NDArray[np.uint8], rows: npt.NDArray[np.int64], on: bool) -> None:
+    """Set (``on``) or clear the touched bits of ``rows`` (those inside the bitmap)."""
+    for t in range(rows.size):
+        r = rows[t]
+        if (r >> 3) < touched.size:
+            if on:
+                touched[r >> 3] |= np.uint8(1 << (r & 7))
+            else:
+                touched[r >> 3] &= np.uint8(~(1 << (r & 7)) & 0xFF)
+
+
 @njit(nogil=True, cache=True)
 def sample_scores(
     arr_slots: npt.NDArray[np.int32],
@@ -59,15 +88,17 @@ def sample_scores(
     hot: npt.NDArray[np.float64],
     stride: Int,
     ap: npt.NDArray[np.float64],
+    touched: npt.NDArray[np.uint8],
+    want: Int,
     out: npt.NDArray[np.float64],
 ) -> Int:
-    """Scores of every ``stride``-th live row (slot order: keys are hashed, so an unbiased
-    sample) into ``out``; returns how many."""
+    """Scores of every ``stride``-th live row of the ``want`` kind (slot order: keys are
+    hashed, so an unbiased sample) into ``out``; returns how many."""
     n = 0
     seen = 0
     for s in range(arr_slots.size):
         r = arr_slots[s]
-        if r < 0:
+        if r < 0 or (want >= 0 and touched_bit(touched, r) != want):
             continue
         if seen % stride == 0 and n < out.size:
             out[n] = _row_score(slab, slab_u32, hot, r, ap)
@@ -86,12 +117,15 @@ def collect_cold(
     threshold: float,
     ap: npt.NDArray[np.float64],
     salt: Int,
+    touched: npt.NDArray[np.uint8],
+    want: Int,
     rows: npt.NDArray[np.int64],
     scores: npt.NDArray[np.float64],
     unseen: npt.NDArray[np.float32],
 ) -> Int:
-    """Live rows scoring at most ``threshold`` (those strictly below first, then ties, up to
-    ``rows.size``) with their score and unseen_days; returns how many.
+    """Live rows of the ``want`` kind scoring at most ``threshold`` (those strictly below
+    first, then ties, up to ``rows.size``) with their score and unseen_days; returns how
+    many.
 
     Ties are taken *spread over the slot array*: each with the probability that fills
     ``rows`` (a hash of its slot and ``salt``), then the shortfall from a salted start.
@@ -103,7 +137,7 @@ def collect_cold(
     size = arr_slots.size
     for s in range(size):
         r = arr_slots[s]
-        if r < 0:
+        if r < 0 or (want >= 0 and touched_bit(touched, r) != want):
             continue
         sc = _row_score(slab, slab_u32, hot, r, ap)
         if sc < threshold and n < rows.size:
@@ -123,7 +157,7 @@ def collect_cold(
                 return n
             s = (i + salt) % size
             r = arr_slots[s]
-            if r < 0:
+            if r < 0 or (want >= 0 and touched_bit(touched, r) != want):
                 continue
             sc = _row_score(slab, slab_u32, hot, r, ap)
             if sc != threshold:

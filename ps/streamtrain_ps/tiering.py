@@ -2,17 +2,17 @@
 a ``DiskStore``, so a shard under a memory limit keeps every key instead of dying.
 
 - **Demotion** (``demote``, called by the shard when its RAM tier passes its budget): the
-  coldest keys in the shrink rule's order (lowest score, then longest unseen) are copied
-  out as full rows with exact counters and removed from RAM. Keys that do not fit under the
-  disk cap are evicted instead (tombstoned and counted: the shard never dies).
+  coldest keys (``demotion_order``: the shrink rule's order, keys used since the last
+  demotion last) are copied out as full rows with exact counters and removed from RAM;
+  keys that do not fit under the disk cap are evicted (tombstoned, counted).
 - **Promotion**: a pull or push of a disk key puts its full row back into RAM first (under
   the writer lock, atomically with the push), so its results are bit-identical to a key
   that never left RAM.
 - **Maintenance covers both tiers** (the rules on full rows are in ``disk_rows``): a
   shrink decays and deletes disk rows with the same kernel (on a scratch table built from
-  them); a save writes a logical shard's RAM rows
-  plus its disk rows, through the same filter; a save's side effects apply by key to
-  whichever tier holds the key; a load fills RAM up to the budget and spills the rest.
+  them); a save writes a logical shard's RAM rows plus its disk rows, through the same
+  filter; a save's side effects apply by key to whichever tier holds the key; a load
+  fills RAM up to the budget and spills the rest.
 - **During a save** demotion waits (it needs ``lock.maintenance``) and a promotion leaves
   the disk copy in place (a *shadow*), so a save that has not reached that key's logical
   shard yet still finds it; shadows are deleted at the next demotion, shrink or load, and a
@@ -22,10 +22,10 @@ a ``DiskStore``, so a shard under a memory limit keeps every key instead of dyin
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -37,6 +37,7 @@ from streamtrain_ps import snapshot as sn
 from streamtrain_ps import tier_kernels as tk
 from streamtrain_ps.api import SaveMode
 from streamtrain_ps.config import TableConfig
+from streamtrain_ps.demotion_order import TouchedBits, coldest_rows
 from streamtrain_ps.disk_filter import DiskKeyFilter
 from streamtrain_ps.disk_store import DiskFullError, DiskStore, StoreMemory
 from streamtrain_ps.kernels import EVICTIONS
@@ -47,10 +48,9 @@ log = logging.getLogger(__name__)
 
 #: A demotion moves at least this share of the RAM keys, so it runs rarely (it scans all).
 DEMOTE_MIN_SHARE = 0.05
-#: Rows sampled to estimate the score below which a demotion's keys lie.
-COLD_SAMPLE = 65_536
-#: A demotion writes and releases its rows in chunks of this many keys (bounded scratch).
-DEMOTE_CHUNK = 32_768
+#: Demotions and promotions move rows in chunks of this many keys, so their scratch (full
+#: rows, encoded values, RocksDB batches: ~300 B a key) stays a few MB whatever the batch.
+MOVE_CHUNK = 8_192
 
 
 @dataclass(frozen=True)
@@ -91,18 +91,25 @@ class TieredTable(SparseTable):
         self._filter = DiskKeyFilter()
         self._generation = 0
         self._shadows: list[npt.NDArray[np.uint64]] = []
+        #: Rows pulled or promoted since the last demotion (``demotion_order``; recorded
+        #: once the table has a disk tier).
+        self._touched = TouchedBits()
         #: Bumped by every demotion: rows recorded before it may hold other keys now.
         self.moves = 0
         self.promotions_total = 0
         self.demotions_total = 0
         self.pressure_evictions_total = 0
+        #: Called after each chunk a promotion or demotion moved (the governor trims the
+        #: heap there near the limit: one push of disk keys moves rows for seconds).
+        self.after_move: Callable[[], object] | None = None
 
     # -- accounting -------------------------------------------------------------------------
 
     def ram_bytes(self) -> int:
         """Bytes the RAM tier's *live* keys take (freed rows are reused before the slabs
         grow, so this bounds the resident table): slot array, key + primary row per key,
-        embedx rows of admitted keys, hot entries, the filter of the disk keys."""
+        embedx rows of admitted keys, hot entries, the filter of the disk keys, the touched
+        bits of the rows ever used."""
         a = self._arrays
         m = self._meta
         per_key = a.keys.itemsize + a.slab.shape[1] * 4
@@ -113,6 +120,7 @@ class TieredTable(SparseTable):
             + xrows * a.xslab.shape[1] * 4
             + self.hot_keys * a.hot.shape[1] * 8
             + self._filter.nbytes
+            + self._touched.resident_bytes(int(m[ix.NEXT_ROW]))
         )
 
     def memory_bytes(self) -> int:
@@ -159,11 +167,24 @@ class TieredTable(SparseTable):
 
     # -- promotion --------------------------------------------------------------------------
 
-    def pull(self, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]:
-        out = super().pull(keys)
-        if self._disk is None or not len(self._disk):
+    def pull(
+        self,
+        keys: npt.NDArray[np.uint64],
+        make_room: Callable[[int], object] | None = None,
+    ) -> npt.NDArray[np.float32]:
+        """``SparseTable.pull``, then only the RAM misses the disk filter does not rule out
+        are looked up on disk and promoted (the filter over a whole batch cost more than the
+        pull); ``make_room(n)`` first, with how many keys may come into RAM."""
+        if self._disk is None:
+            return super().pull(keys)
+        if not self._touched.covers(self._arrays.keys.shape[0]):
+            with self.lock.write():
+                self._touched.cover(self._arrays.keys.shape[0])
+        missed = np.zeros(keys.size, dtype=np.uint8)
+        out = self._pull_ram(keys, missed, self._touched.bits)
+        if not len(self._disk):
             return out
-        miss = np.flatnonzero(self.rows_of(keys) < 0)
+        miss = np.flatnonzero(missed)
         if not miss.size:
             return out
         uniq, inverse = np.unique(keys[miss], return_inverse=True)
@@ -171,6 +192,8 @@ class TieredTable(SparseTable):
             maybe = np.flatnonzero(self._filter.maybe(uniq))
         if not maybe.size:  # no tier holds them: zeros, as super().pull left them
             return out
+        if make_room is not None:
+            make_room(int(maybe.size))
         with self.lock.write():
             values, found = self._fetch_locked(uniq[maybe])
         cols = self.layout.inference_columns()
@@ -178,13 +201,6 @@ class TieredTable(SparseTable):
         pulled[maybe[found]] = values[:, cols]
         out[miss] = pulled[inverse]
         return out
-
-    def disk_candidates(self, keys: npt.NDArray[np.uint64]) -> int:
-        """How many of ``keys`` may be on disk: what a pull may bring into RAM."""
-        if self._disk is None or not len(self._disk):
-            return 0
-        with self.lock.read():
-            return int(np.count_nonzero(self._filter.maybe(keys)))
 
     def _fetch_locked(
         self, keys: npt.NDArray[np.uint64]
@@ -198,11 +214,14 @@ class TieredTable(SparseTable):
         full = np.zeros((keys.size, self.layout.width), dtype=np.float32)
         if in_ram.any():
             full[in_ram] = self._gather(rows[in_ram])[1]
-        rest = np.flatnonzero(~in_ram)
-        found_disk, disk_full, _ = self._promote_locked(keys[rest])
-        full[rest[found_disk]] = disk_full
         found = in_ram.copy()
-        found[rest[found_disk]] = True
+        rest = np.flatnonzero(~in_ram)
+        for lo in range(0, rest.size, MOVE_CHUNK):
+            part = rest[lo : lo + MOVE_CHUNK]
+            found_disk, disk_full, _ = self._promote_locked(keys[part], filtered=True)
+            full[part[found_disk]] = disk_full
+            found[part[found_disk]] = True
+            self._moved()
         return full[found], found
 
     def _before_push(self, parts: list[Merged]) -> None:
@@ -213,13 +232,17 @@ class TieredTable(SparseTable):
             rows = np.empty(k.size, dtype=np.int64)
             a = self._arrays
             ix.lookup_many(a.slots, a.keys, k, rows)
-            self._promote_locked(k[rows < 0])
+            absent = k[rows < 0]
+            for lo in range(0, absent.size, MOVE_CHUNK):
+                self._promote_locked(absent[lo : lo + MOVE_CHUNK])
+                self._moved()
 
     def _promote_locked(
-        self, keys: npt.NDArray[np.uint64]
+        self, keys: npt.NDArray[np.uint64], filtered: bool = False
     ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.float32], HotCounters]:
         """Move the disk-resident ones of ``keys`` (unique, absent from RAM) into RAM.
-        Returns (found on disk, their full rows, hot counters). Writer lock held."""
+        Returns (found on disk, their full rows, hot counters). Writer lock held.
+        ``filtered``: the caller already kept only keys the filter does not rule out."""
         store = self._store() if self._disk_opts is not None else None
         if store is None or not keys.size:
             return (
@@ -228,7 +251,7 @@ class TieredTable(SparseTable):
                 dr.no_hot(),
             )
         found = np.zeros(keys.size, dtype=np.bool_)
-        maybe = np.flatnonzero(self._filter.maybe(keys))
+        maybe = np.arange(keys.size) if filtered else np.flatnonzero(self._filter.maybe(keys))
         if not maybe.size:
             return found, np.empty((0, self.layout.width), np.float32), dr.no_hot()
         on_disk, full, hot = store.get(keys[maybe])
@@ -244,9 +267,15 @@ class TieredTable(SparseTable):
                 store.delete(k, int(hot.positions.size))
         return found, full, hot
 
+    def _moved(self) -> None:
+        if self.after_move is not None:
+            self.after_move()
+
     def _place_locked(
         self, keys: npt.NDArray[np.uint64], full: npt.NDArray[np.float32], hot: HotCounters
     ) -> None:
+        """Put promoted keys' full rows into RAM, marked touched (a demotion right after
+        must not send them straight back)."""
         lay = self.layout
         a = self._reserve(int(keys.size))
         rows = np.empty(keys.size, dtype=np.int64)
@@ -270,6 +299,8 @@ class TieredTable(SparseTable):
             lay.xptr,
             lay.xflag,
         )
+        self._touched.cover(self._arrays.keys.shape[0])
+        self._touched.mark(rows)
 
     def _flush_shadows_locked(self) -> None:
         """Delete disk copies of keys promoted during a save (no save runs now)."""
@@ -289,12 +320,15 @@ class TieredTable(SparseTable):
             if excess <= 0 or not len(self):
                 return 0
             n = max(int(np.ceil(excess / self.key_bytes())), int(len(self) * DEMOTE_MIN_SHARE))
-            rows = self._coldest_locked(min(n, len(self)))
+            salt = (self.moves * 0x9E3779B97F4A7C15) % self._arrays.slots.size
+            rows = coldest_rows(
+                self._arrays, len(self), self._ap, self._touched, salt, min(n, len(self))
+            )
             store = self._store()
             evict = rows.size - min(rows.size, store.room())  # the coldest go first
             evicted = 0
-            for lo in range(0, rows.size, DEMOTE_CHUNK):
-                chunk = rows[lo : lo + DEMOTE_CHUNK]
+            for lo in range(0, rows.size, MOVE_CHUNK):
+                chunk = rows[lo : lo + MOVE_CHUNK]
                 keys, full, hot = self._gather(chunk)
                 out = max(0, min(chunk.size, evict - lo))  # evicted, not stored
                 try:
@@ -304,6 +338,7 @@ class TieredTable(SparseTable):
                     log.warning("table %s: %s; evicting instead", self.name, exc)
                     out = chunk.size
                 self._release_locked(chunk)
+                self._moved()
                 if out:
                     self._tombstones.append(keys[:out].copy())
                     self._meta[EVICTIONS] += out
@@ -311,6 +346,7 @@ class TieredTable(SparseTable):
                     evicted += out
             self.demotions_total += rows.size - evicted
             self.moves += 1
+            self._touched.clear()
             return int(rows.size)
 
     def _release_locked(self, rows: npt.NDArray[np.int64]) -> None:
@@ -326,28 +362,6 @@ class TieredTable(SparseTable):
             a.hot,
             rows,
         )
-
-    def _coldest_locked(self, n: int) -> npt.NDArray[np.int64]:
-        """About the ``n`` coldest live rows, coldest first (lowest score, then longest
-        unseen). The score below which ``n`` rows lie is estimated from a sample of at most
-        ``COLD_SAMPLE`` rows, so the scratch is O(n + sample), not O(keys): a demotion
-        must not need memory in proportion to the table it relieves."""
-        a = self._arrays
-        count = len(self)
-        stride = max(1, count // COLD_SAMPLE)
-        sample = np.empty(min(count, COLD_SAMPLE), dtype=np.float64)
-        m = int(tk.sample_scores(a.slots, a.slab, a.slab_u32, a.hot, stride, self._ap, sample))
-        threshold = float(np.quantile(sample[:m], min(1.0, n / max(count, 1)), method="higher"))
-        rows = np.empty(n, dtype=np.int64)
-        scores = np.empty(n, dtype=np.float64)
-        unseen = np.empty(n, dtype=np.float32)
-        salt = (self.moves * 0x9E3779B97F4A7C15) % a.slots.size  # other ties each time
-        slabs = (a.slots, a.slab, a.slab_u32, a.xslab_u32, a.hot)
-        args = (*slabs, threshold, self._ap, salt, rows, scores, unseen)
-        kernel: Any = tk.collect_cold  # numba's Dispatcher stub does not model *args
-        got = int(kernel(*args))
-        order = np.lexsort((-unseen[:got], scores[:got]))
-        return rows[:got][order]
 
     # -- shrink -----------------------------------------------------------------------------
 
@@ -479,6 +493,7 @@ class TieredTable(SparseTable):
         self._disk = content.disk
         self._filter = content.filter
         self._shadows = []
+        self._touched = TouchedBits()
         self.moves += 1
         if old is not None:
             old.close()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from streamtrain_ps.disk_filter import MIN_CAPACITY, DiskKeyFilter
+from streamtrain_ps.disk_filter import BITS_PER_KEY, MIN_CAPACITY, DiskKeyFilter
 from streamtrain_ps.disk_store import DiskStore
 from streamtrain_ps.slabs import HotCounters
 
@@ -26,11 +26,11 @@ def test_every_added_key_may_be_on_disk_and_few_others_do() -> None:
         assert f.maybe(np.concatenate(added)).all(), "a false negative"
     assert len(f._parts) > 1 and f._parts[0].capacity == MIN_CAPACITY
     others = rng.integers(1, 2**64 - 1, 200_000, dtype=np.uint64)
-    # about 1 % per full part (a query ORs the parts)
-    assert f.maybe(others).mean() < 0.015 * len(f._parts)
-    # 10 bits per key of capacity, and the capacity at most twice the keys added
+    # about 0.2 % per full part (a query ORs the parts)
+    assert f.maybe(others).mean() < 0.004 * len(f._parts)
+    # BITS_PER_KEY bits per key of capacity, and the capacity at most twice the keys added
     capacity = sum(p.capacity for p in f._parts)
-    assert f.nbytes <= 10 / 8 * capacity + 64 * len(f._parts)
+    assert f.nbytes <= BITS_PER_KEY / 8 * capacity + 64 * len(f._parts)
     assert capacity <= 2 * sum(a.size for a in added)
 
 
@@ -57,9 +57,9 @@ def test_a_capped_table_keeps_its_disk_keys_in_the_filter(tmp_path: Path) -> Non
     new = np.arange(10**12, 10**12 + 5_000, dtype=np.uint64)
     out = shard.pull_sparse(T, new)
     assert not out.any()
-    assert sum(asked) <= 0.015 * len(t._filter._parts) * new.size
+    assert sum(asked) <= 0.004 * len(t._filter._parts) * new.size
     shard.shrink()
     disk_keys = np.concatenate([store.shard_rows(s)[0] for s in range(8)])
     assert t._filter.maybe(disk_keys).all(), "rebuilt from the live disk keys"
-    assert t._filter.nbytes <= 10 / 8 * max(disk_keys.size, 1024) + 64, "one part, no stale"
+    assert t._filter.nbytes <= BITS_PER_KEY / 8 * max(disk_keys.size, 1024) + 64, "one part"
     shard.close()

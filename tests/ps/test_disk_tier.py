@@ -201,3 +201,34 @@ def test_a_disk_full_save_keeps_the_previous_one_and_the_disk_tier(
     assert shard.table(T).disk_keys > 0
     faultfs.reset()
     shard.close()
+
+
+def test_a_demotion_spares_keys_pulled_since_the_last_one(tmp_path: Path) -> None:
+    """Second chance: keys a pull promoted (the lowest score in RAM) stay in RAM through
+    the next demotion while untouched keys of the same score can go; the demotion after
+    that may take them again (their marks are cleared)."""
+    shard = capped_shard(tmp_path, 400_000)
+    t = shard.table(T)
+    one = np.ones(1_000, np.float32)
+    grads = np.zeros((1_000, D + 1), np.float32)
+
+    def push(keys: np.ndarray) -> None:  # one score for all keys: ties everywhere
+        for lo in range(0, keys.size, 1_000):
+            k = keys[lo : lo + 1_000]
+            shard.push_sparse(T, k, grads[: k.size], one[: k.size], 0 * one[: k.size])
+
+    keys = np.arange(1, 40_001, dtype=np.uint64)
+    push(keys)
+    on_disk = keys[t.rows_of(keys) < 0]
+    assert on_disk.size > 20_000 and t.disk_keys == on_disk.size
+    pulled = on_disk[:500]
+    shard.pull_sparse(T, pulled)
+    assert (t.rows_of(pulled) >= 0).all(), "promoted"
+    before = t.demotions_total
+    new = np.arange(10**9, 10**9 + len(t) // 2, dtype=np.uint64)  # half the RAM keys
+    push(new)
+    assert t.demotions_total - before >= new.size // 2, "untouched keys of that score went"
+    assert (t.rows_of(pulled) >= 0).all(), "the pulled keys had a second chance"
+    push(np.arange(2 * 10**9, 2 * 10**9 + 40_000, dtype=np.uint64))  # pulled keys left alone
+    assert (t.rows_of(pulled) < 0).any(), "unmarked by the demotion, they may go again"
+    shard.close()

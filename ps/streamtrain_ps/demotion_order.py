@@ -1,0 +1,104 @@
+"""Which RAM rows a demotion takes: the shrink rule's order (lowest score, then longest
+unseen) with a recency term, so keys in use are not sent to disk just after they came back.
+
+Why the recency term: a key that a pull promotes from disk is a tail key, so it has the
+lowest score in RAM, and in the shrink order alone the next demotion took exactly such keys
+again: a capped shard moved the same keys back and forth every few batches. Pulls do not
+change a score, so the order needs a second input: a *touched* bit per RAM row (CLOCK's
+second chance), set by a pull that finds the row and by a promotion that places it, and
+cleared for every row once a demotion ran. A demotion takes untouched rows first, coldest
+first; touched rows, coldest first, only when untouched ones are too few.
+
+The bits are one per row of the primary slab (0.125 B a key, in the table's RAM budget).
+Pulls set them under the reader lock, so two concurrent pulls may lose one of each other's
+bits in a shared byte: that only lets a key be demoted sooner. Which tier a key lives in
+never changes its values, so the order affects speed only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from streamtrain_ps import tier_kernels as tk
+from streamtrain_ps.slabs import Arrays
+
+#: Rows sampled to estimate the score below which a demotion's keys lie.
+COLD_SAMPLE = 65_536
+
+
+class TouchedBits:
+    """One bit per RAM row: pulled or promoted since the last demotion."""
+
+    def __init__(self) -> None:
+        self.bits = np.zeros(0, dtype=np.uint8)
+
+    def resident_bytes(self, rows_used: int) -> int:
+        """Bytes of the bitmap that are resident: those of the rows ever used (untouched
+        pages of the zeroed bitmap are not)."""
+        return min(self.bits.nbytes, (rows_used + 7) // 8)
+
+    def covers(self, rows: int) -> bool:
+        return self.bits.size * 8 >= rows
+
+    def cover(self, rows: int) -> None:
+        """Bits for ``rows`` rows (call under the table's writer lock)."""
+        if not self.covers(rows):
+            bits = np.zeros(rows // 8 + 1, dtype=np.uint8)
+            bits[: self.bits.size] = self.bits
+            self.bits = bits
+
+    def mark(self, rows: npt.NDArray[np.int64]) -> None:
+        tk.mark_rows(self.bits, rows, True)
+
+    def clear(self) -> None:
+        """A demotion ran: the next window's second chances start now."""
+        self.bits[:] = 0
+
+
+def coldest_rows(
+    a: Arrays, count: int, ap: npt.NDArray[np.float64], bits: TouchedBits, salt: int, n: int
+) -> npt.NDArray[np.int64]:
+    """About the ``n`` coldest of the ``count`` live rows of ``a``, coldest first: untouched
+    rows first, touched ones only when those are too few (module docstring). ``salt`` picks
+    other rows among ties each time (see ``tier_kernels.collect_cold``)."""
+    bits.cover(a.keys.shape[0])
+    rows = _collect_cold(a, count, ap, bits.bits, salt, n, tk.UNTOUCHED)
+    if rows.size < n:
+        more = _collect_cold(a, count, ap, bits.bits, salt, n - rows.size, tk.TOUCHED)
+        rows = np.concatenate([rows, more])
+    return rows
+
+
+def _collect_cold(
+    a: Arrays,
+    count: int,
+    ap: npt.NDArray[np.float64],
+    bits: npt.NDArray[np.uint8],
+    salt: int,
+    n: int,
+    want: int,
+) -> npt.NDArray[np.int64]:
+    """About the ``n`` coldest live rows of the ``want`` kind, coldest first (lowest score,
+    then longest unseen). The score below which ``n`` rows lie is estimated from a sample of
+    at most ``COLD_SAMPLE`` rows, so the scratch is O(n + sample), not O(keys): a demotion
+    must not need memory in proportion to the table it relieves."""
+    stride = max(1, count // COLD_SAMPLE)
+    sample = np.empty(min(count, COLD_SAMPLE), dtype=np.float64)
+    picked = (ap, bits, want, sample)
+    m = int(tk.sample_scores(a.slots, a.slab, a.slab_u32, a.hot, stride, *picked))
+    if not m:
+        return np.empty(0, dtype=np.int64)
+    kind = m * stride  # about how many rows of that kind
+    threshold = float(np.quantile(sample[:m], min(1.0, n / max(kind, 1)), method="higher"))
+    rows = np.empty(n, dtype=np.int64)
+    scores = np.empty(n, dtype=np.float64)
+    unseen = np.empty(n, dtype=np.float32)
+    slabs = (a.slots, a.slab, a.slab_u32, a.xslab_u32, a.hot)
+    args = (*slabs, threshold, ap, salt, bits, want, rows, scores, unseen)
+    kernel: Any = tk.collect_cold  # numba's Dispatcher stub does not model *args
+    got = int(kernel(*args))
+    order = np.lexsort((-unseen[:got], scores[:got]))
+    return rows[:got][order]
