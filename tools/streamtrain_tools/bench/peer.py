@@ -14,9 +14,10 @@ so the load of other processes on the shared cores hits them alike:
   creates it), a server and a worker process with the role environment ``fleetrun`` sets.
   Its training-only figure is examples over its training passes' wall time: it excludes
   the loading of each pass into memory and the separate evaluation pass it runs over each
-  pass before training on it. Its end-to-end figure is launch of the server to the
-  worker's exit (start-up, loading, evaluation, training and, with saves on, the per-pass
-  delta model, a checkpoint every 6 passes and the day end's shrink, base and batch model).
+  pass before training on it. Its end-to-end figure is launch of the server until both
+  its processes are gone, the server stopped once the worker is done as ``fleetrun`` does
+  (start-up, loading, evaluation, training and, with saves on, the per-pass delta model, a
+  checkpoint every 6 passes and the day end's shrink, base and batch model).
 
 Reported per side: the median over rounds of each figure, and the ratios ours / peer
 (median of the per-round ratios): ``train_ratio`` (the goal: >= 2), ``e2e_ratio_saves_off``
@@ -94,7 +95,7 @@ class PeerRun:
     @classmethod
     def from_result(cls, result: Mapping[str, Any], wall: float, launched: float) -> PeerRun:
         """Read the worker's JSON (``peer_trainer.py``); ``launched`` is the wall-clock time
-        the server was started, ``wall`` launch to the worker's exit."""
+        the server was started, ``wall`` launch until both processes were gone."""
         passes = result["passes"]
         if not passes:
             raise ValueError("the peer's result holds no pass")
@@ -208,12 +209,11 @@ def run_peer(
                 stderr=subprocess.STDOUT,
                 timeout=TIMEOUT,
             ).returncode
+            # The server serves until it is stopped, as ``fleetrun`` stops it once the
+            # workers are done: launch to finish ends when both processes are gone.
+            server.terminate()
+            server.wait(timeout=60)
             wall = time.perf_counter() - started
-            # The worker's stop_worker() stops the server; give it a moment, then make sure.
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                server.terminate()
         finally:
             if server.poll() is None:
                 server.kill()
@@ -267,6 +267,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--peer-python", type=Path, default=PEER_PYTHON)
     p.add_argument("--data", type=Path, default=SAMPLES_DIR, help="folder of the samples")
     args = p.parse_args(argv)
+    # absolute, not resolved: the venv's interpreter is a symlink that must stay one
+    args.peer_python = args.peer_python.absolute()
     if not args.peer_python.exists():
         raise SystemExit(f"{args.peer_python}: no peer interpreter (`make bench-peer` makes it)")
     if args.rounds < 1:
