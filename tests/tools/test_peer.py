@@ -146,6 +146,7 @@ def test_a_peer_run_reads_its_figures_from_the_workers_result() -> None:
     figures = run.figures()
     assert figures["train_ex_per_s"] == 24 * 600 / (24 * 2.0)
     assert figures["e2e_ex_per_s"] == 24 * 600 / 120.0
+    assert figures["e2e_ex_per_s_without_eval"] == 24 * 600 / (120.0 - 24.0)
     assert figures["startup_seconds"] == 5.0
     assert figures["step_seconds"] == {
         "load": 12.0,
