@@ -45,7 +45,7 @@ TABLE = "embedding"
 class Net:
     """The model's variables: feeds, prediction, loss and the AUC statistics."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self) -> None:
         def feed(name: str) -> Any:
             return paddle.static.data(name=name, shape=[None, 1], dtype="int64", lod_level=1)
 
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     paddle.enable_static()
     fleet.init(role_maker.PaddleCloudRoleMaker(is_collective=False))
-    net = Net(args)
+    net = Net()
     optimizer = paddle.optimizer.Adam(learning_rate=args.dense_lr, lazy_mode=True)
     optimizer = fleet.distributed_optimizer(optimizer, strategy(args, net))
     optimizer.minimize(net.loss)
