@@ -75,6 +75,20 @@ bench-quality: $(STAMP) ## streamtrain's defaults vs Vowpal Wabbit vs plain PyTo
 bench-load: $(STAMP) ## Concurrent clients against 2 PS shards
 	$(PY) -m streamtrain_tools.bench.ps_load --json
 
+# The peer (PaddlePaddle's parameter server) lives in a virtualenv of its own: nothing of it
+# enters .venv. Pins: paddle 2.6 reads protobuf's FieldDescriptor.label (gone in protobuf 7)
+# and, on Python 3.11, needs protobuf's upb runtime (>= 4.21); numpy 1.x as in the runs
+# recorded in docs/benchmarks.md.
+PEER_VENV := .venv-peer
+PEER_PYTHON ?= $(PYTHON)
+$(PEER_VENV)/.installed:
+	test -x $(PEER_VENV)/bin/python || $(PEER_PYTHON) -m venv $(PEER_VENV)
+	$(PEER_VENV)/bin/python -m pip install -q paddlepaddle==2.6.2 'protobuf>=4.21,<5' 'numpy<2'
+	touch $@
+
+bench-peer: $(STAMP) $(PEER_VENV)/.installed ## Ours vs PaddlePaddle's PS, alternating (opt-in: not in `make bench`)
+	$(PY) -m streamtrain_tools.bench.peer --json --peer-python $(PEER_VENV)/bin/python
+
 bench-ps-scale: $(STAMP) ## One PS shard at the long tail: bytes/key, peaks, unique keys/s, saves
 	$(PY) -m streamtrain_tools.bench.ps_scale --json
 
@@ -106,4 +120,4 @@ lint-manifests: $(STAMP) test-deps ## hadolint, chart lint/render, kubernetes-va
 clean: ## Remove caches and demo output (keeps .venv)
 	rm -rf .pytest_cache .mypy_cache .ruff_cache demo-run
 
-.PHONY: help install proto proto-check lint fmt typecheck test-deps pytest test test-faults bench bench-ps bench-worker bench-e2e bench-load bench-ps-scale bench-quality demo crds crds-check images lint-manifests clean
+.PHONY: help install proto proto-check lint fmt typecheck test-deps pytest test test-faults bench bench-ps bench-worker bench-e2e bench-load bench-ps-scale bench-quality bench-peer demo crds crds-check images lint-manifests clean
