@@ -26,6 +26,7 @@ from streamtrain_ps.startup import announce
 from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.control import WorkerServer, WorkerServicer
 from streamtrain_worker.monitoring import WorkerMetrics
+from streamtrain_worker.warmup import start_warm_up
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -70,6 +71,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not config.ps.endpoints:
         print(f"error: --config {args.config}: worker.ps.endpoints: required", file=sys.stderr)
         return 2
+    # The parse and dedup kernels load from numba's cache while the server starts and the
+    # scheduler connects, not in the first pass's first batch.
+    start_warm_up(config.data)
     torch.set_num_threads(config.runtime.numThreads)
     torch.set_num_interop_threads(1)
     ps = RemotePS(config.ps.endpoints, config.ps.config, retry=retry_policy(config))
