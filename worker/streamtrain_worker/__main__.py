@@ -71,15 +71,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not config.ps.endpoints:
         print(f"error: --config {args.config}: worker.ps.endpoints: required", file=sys.stderr)
         return 2
-    # The parse and dedup kernels load from numba's cache while the server starts and the
-    # scheduler connects, not in the first pass's first batch.
-    start_warm_up(config.data)
     torch.set_num_threads(config.runtime.numThreads)
     torch.set_num_interop_threads(1)
     ps = RemotePS(config.ps.endpoints, config.ps.config, retry=retry_policy(config))
     registry = CollectorRegistry()
     servicer = WorkerServicer(
-        config, ps, worker_index=args.worker_index, monitoring=WorkerMetrics(registry)
+        config,
+        ps,
+        worker_index=args.worker_index,
+        monitoring=WorkerMetrics(registry),
+        # The parse and dedup kernels load from numba's cache once the trainer is built
+        # (the scheduler's first call; then the genesis checkpoint keeps the PS busy), not
+        # in the first pass's first batch.
+        after_build=lambda: start_warm_up(config.data),
     )
     server = WorkerServer(servicer, host=args.host, port=args.port)
     try:

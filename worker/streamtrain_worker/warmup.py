@@ -5,9 +5,11 @@ its first call, in the calling thread: ~0.4-0.8 s for the parse kernel and the k
 on this code, and the first call is the first batch of the first pass, where it delays
 training (``make bench-e2e``: the first pass's first batch took 0.75 s, the others 10-20
 ms). ``start_warm_up`` does those first calls on a blank line and three keys in a daemon
-thread while the worker starts serving, i.e. while its PS shards start and the scheduler
-connects; a pass that begins before it finished waits on numba's own compile lock for the
-same load, never loads twice.
+thread, started once the worker has built its trainer (the scheduler's first call; at a
+job's start the genesis checkpoint follows, which keeps the PS, not the worker, busy):
+started earlier it slowed the server start and the trainer build, which hold the GIL as
+the cache load does. A pass that begins before it finished waits on numba's own compile
+lock for the same load, never loads twice.
 
 Nothing here touches the model, the PS or any data file, so it cannot change what is
 learned.
