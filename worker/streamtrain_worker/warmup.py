@@ -1,7 +1,7 @@
 """Load the worker's numba kernels from their cache before the first pass needs them.
 
 A numba function is compiled — or, with ``cache=True``, loaded from its on-disk cache — at
-its first call, in the calling thread: ~0.4-0.8 s for the parse kernel and the key dedup
+its first call, in the calling thread: 0.3-0.8 s for the parse kernel and the key dedup
 on this code, and the first call is the first batch of the first pass, where it delays
 training (``make bench-e2e``: the first pass's first batch took 0.75 s, the others 10-20
 ms). ``start_warm_up`` does those first calls on a blank line and three keys in a daemon
