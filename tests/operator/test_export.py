@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -17,6 +17,7 @@ from streamtrain_operator.run.export import (
     publish_model,
     read_donefile,
     verify_model,
+    write_parts,
 )
 from streamtrain_ps.api import SavedFile, SaveMode, SaveResult
 from streamtrain_worker.model_folder import ModelFormatError, ModelKind, Serving
@@ -158,3 +159,53 @@ def test_parts_of_a_failed_attempt_do_not_survive_into_the_published_model(
     on_disk = {str(p.relative_to(model)) for p in model.rglob("*") if p.is_file()}
     listed = {f.path for f in verify_model(str(tmp_path), "20261101/delta-3").files}
     assert on_disk == listed | {"MODEL.json"}
+
+
+def test_the_snapshot_and_the_dense_export_are_taken_at_once(tmp_path: Path) -> None:
+    """Both read the model state after the pass, which nothing changes until the step is
+    recorded: the snapshot waits here until the dense export has started (sequential, it
+    would wait forever), and a failed snapshot still lets the dense export finish first."""
+    parts = FakeParts()
+    exporting = asyncio.Event()
+    finished: list[str] = []
+
+    async def export_dense(uri: str) -> Sequence[str]:
+        exporting.set()
+        await asyncio.sleep(0.05)
+        files = await parts.export_dense(uri)
+        finished.append("dense")
+        return files
+
+    def take(fail: bool) -> Callable[[], Awaitable[None]]:
+        async def snapshot() -> None:
+            await asyncio.wait_for(exporting.wait(), timeout=10)
+            if fail:
+                raise ExportError("snapshot refused")
+            finished.append("snapshot")
+
+        return snapshot
+
+    async def sleep(seconds: float) -> None:
+        pass
+
+    async def write(fail: bool, tgt: ModelTarget) -> None:
+        exporting.clear()
+        rest = await write_parts(
+            tgt,
+            save_sparse=parts.save_sparse,
+            export_dense=export_dense,
+            metrics={},
+            policy=RetryPolicy(retries=0, backoff_seconds=0.5),
+            sleep=sleep,
+            snapshot=take(fail),
+        )
+        await rest()
+
+    asyncio.run(write(False, target(tmp_path / "ok")))
+    assert finished == ["snapshot", "dense"]
+    assert [line.key for line in read_donefile(str(tmp_path / "ok"))] == ["20261101/delta-3"]
+    finished.clear()
+    with pytest.raises(ExportError, match="snapshot refused"):
+        asyncio.run(write(True, target(tmp_path / "failed")))
+    assert finished == ["dense"]  # awaited, not left running after the failure
+    assert read_donefile(str(tmp_path / "failed")) == []

@@ -122,6 +122,20 @@ def test_run_pass_returns_the_pass_sums(setup: Setup, chunk: str) -> None:
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
+def test_the_hook_after_the_trainer_build_runs_once(setup: Setup, chunk: str) -> None:
+    """``after_build`` (the kernels' warm-up in ``__main__``) runs when the first call has
+    built the trainer, and only then: not at construction, not for later calls."""
+    built: list[bool] = []
+    servicer = WorkerServicer(
+        setup.config, setup.ps, after_build=lambda: built.append(servicer._trainer is not None)
+    )
+    assert built == []
+    servicer.trainer.sync_dense()
+    servicer.trainer.sync_dense()
+    assert built == [True]
+    servicer.close()
+
+
 def test_export_dense_equals_the_live_model(setup: Setup, chunk: str, tmp_path: Path) -> None:
     run_pass(setup.stub, [chunk])
     uri = f"file://{tmp_path}/export/20261101-1"

@@ -144,6 +144,26 @@ def test_bucket_error() -> None:
     assert bucket_error_from_histograms(few, few) is None
 
 
+def test_bucket_error_of_sparse_histograms_is_the_bucket_by_bucket_walk() -> None:
+    """A pass fills a few thousand of 65,536 buckets: the walk over the non-empty ones
+    (with the window starts that empty stretches make) equals the literal walk."""
+    rng = np.random.default_rng(11)
+    defined = 0
+    for trial in range(300):
+        size = int(rng.choice([7, 100, 1000, 65536]))
+        preds = rng.beta(rng.uniform(0.2, 3), rng.uniform(0.5, 30), int(rng.integers(1, 30_000)))
+        labels = (rng.random(preds.shape[0]) < preds).astype(np.float64)
+        m = PassMetrics(num_buckets=size)
+        m.add(preds, labels if trial % 5 else np.zeros_like(labels), np.zeros_like(preds))
+        expected = reference_bucket_error(m.pos.astype(float), m.neg.astype(float))
+        if m.bucket_error is None:
+            assert expected == 0.0
+        else:
+            defined += 1
+            assert m.bucket_error == pytest.approx(expected, rel=1e-12), (trial, size)
+    assert defined > 50  # most small or one-class samples leave it undefined
+
+
 def test_an_empty_pass_defines_only_its_example_count() -> None:
     m = PassMetrics(num_buckets=100)
     m.add(np.zeros(0), np.zeros(0), np.zeros(0))  # a batch of nothing, as a reader may send

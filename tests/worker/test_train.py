@@ -372,9 +372,9 @@ class GatedDensePS(LocalPS):
         super().push_dense(name, grads)
 
 
-@pytest.mark.parametrize(("max_merged", "steps"), [(None, 6), (4, 3)])
+@pytest.mark.parametrize(("max_merged", "steps"), [(None, {6}), (4, {2, 3})])
 def test_every_batch_is_one_dense_step_unless_merging_is_asked_for(
-    chunks: list[str], max_merged: int | None, steps: int
+    chunks: list[str], max_merged: int | None, steps: set[int]
 ) -> None:
     """A backlog of pushes must not silently shrink the number of optimizer steps (a merged
     push is one Adam step for several batches: a lower effective learning rate)."""
@@ -390,5 +390,6 @@ def test_every_batch_is_one_dense_step_unless_merging_is_asked_for(
     finally:
         trainer.close()
     assert result.examples == 1200
-    # default: 6 batches, 6 steps; merging 4: [1], [2, 3, 4, 5], [6]
-    assert ps.dense_pushes == steps
+    # default: 6 batches, 6 steps; merging 4: [1], [2, 3, 4, 5], [6] — or [1, 2], [3, 4,
+    # 5, 6] when batch 2 was queued before the push thread woke up for batch 1 (a loaded box)
+    assert ps.dense_pushes in steps

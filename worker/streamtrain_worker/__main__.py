@@ -26,6 +26,7 @@ from streamtrain_ps.startup import announce
 from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.control import WorkerServer, WorkerServicer
 from streamtrain_worker.monitoring import WorkerMetrics
+from streamtrain_worker.warmup import start_warm_up
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -75,7 +76,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ps = RemotePS(config.ps.endpoints, config.ps.config, retry=retry_policy(config))
     registry = CollectorRegistry()
     servicer = WorkerServicer(
-        config, ps, worker_index=args.worker_index, monitoring=WorkerMetrics(registry)
+        config,
+        ps,
+        worker_index=args.worker_index,
+        monitoring=WorkerMetrics(registry),
+        # The parse and dedup kernels load from numba's cache once the trainer is built
+        # (the scheduler's first call; then the genesis checkpoint keeps the PS busy), not
+        # in the first pass's first batch.
+        after_build=lambda: start_warm_up(config.data),
     )
     server = WorkerServer(servicer, host=args.host, port=args.port)
     try:

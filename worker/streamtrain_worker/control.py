@@ -117,11 +117,15 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         *,
         worker_index: int = 0,
         monitoring: WorkerMetrics | None = None,
+        after_build: Callable[[], object] | None = None,
     ) -> None:
         self.config = config
         self.ps = ps
         self.worker_index = worker_index
         self.monitoring = monitoring
+        #: Called once the trainer is built (``__main__``: start loading the parse kernels,
+        #: so that it does not slow the build itself, which the scheduler waits for).
+        self._after_build = after_build
         self._busy = threading.Lock()
         self._trainer: Trainer | None = None
         self._generation = 0
@@ -141,6 +145,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 sequence_slot=self.config.data.sequenceSlot,
                 monitoring=self.monitoring,
             )
+            if self._after_build is not None:
+                self._after_build()
         return self._trainer
 
     @contextmanager

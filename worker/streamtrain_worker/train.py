@@ -232,7 +232,6 @@ class Trainer:
         started = time.perf_counter()
         metrics = PassMetrics(num_buckets=self.config.metrics.numBuckets)
         self.model.train(train)
-        self.sync_dense()
         try:
             compute = self._run_batches(batches, train, metrics, should_stop)
         except BaseException:
@@ -270,6 +269,10 @@ class Trainer:
                 )
             else:
                 ready = map(self.prepare, batches)
+            # The pass starts from the PS's dense parameters. With overlap the prefetch
+            # thread is already reading, parsing and pulling the first batches meanwhile
+            # (the sparse rows do not depend on them): the pull costs a pass no wall time.
+            self.sync_dense()
             for step, prepared in enumerate(ready, start=1):
                 if should_stop is not None and should_stop():
                     raise PassCancelledError(f"pass cancelled before batch {step}")

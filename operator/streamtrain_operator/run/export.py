@@ -13,6 +13,7 @@ part from an empty directory, so a published model holds exactly the files its m
 
 from __future__ import annotations
 
+import asyncio
 import os
 import tempfile
 import time
@@ -224,13 +225,28 @@ async def write_parts(
         await hook.hold(PARTS, key)
         timed.restart()
 
+    async def write_dense() -> None:
+        started = time.perf_counter()
+        await with_retries(f"{dense_uri}: dense export", fresh_dense, policy, sleep)
+        if on_phase is not None:
+            on_phase("dense", time.perf_counter() - started)
+
     if snapshot is None:
         await write_sparse()
+        await write_dense()
     else:
-        await with_retries(f"{sparse_uri}: snapshot", snapshot, policy, sleep)
-        timed("snapshot")
-    await with_retries(f"{dense_uri}: dense export", fresh_dense, policy, sleep)
-    timed("dense")
+        # The snapshot copies the sparse rows, the dense export has worker 0 pull the dense
+        # vectors: disjoint parts of one PS state that nothing changes until the step is
+        # recorded (the next pass is dispatched after it), so they are taken at once.
+        async def take_snapshot() -> None:
+            await with_retries(f"{sparse_uri}: snapshot", snapshot, policy, sleep)
+            timed("snapshot")
+
+        outcomes = await asyncio.gather(take_snapshot(), write_dense(), return_exceptions=True)
+        for outcome in outcomes:  # both ended: nothing of this attempt runs on after a failure
+            if isinstance(outcome, BaseException):
+                raise outcome
+    timed.restart()
 
     async def write_manifest() -> None:
         saved = sparse[0]
