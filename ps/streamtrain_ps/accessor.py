@@ -29,7 +29,17 @@ from numba import njit
 from streamtrain_ps.api import SaveMode
 from streamtrain_ps.config import TableConfig
 from streamtrain_ps.index import Float, Int
-from streamtrain_ps.optim import ADAM, OPTIMIZER_CODES, flag_offset, state_width
+from streamtrain_ps.optim import (
+    ADAM,
+    FTRL,
+    OPTIMIZER_CODES,
+    PART_EMBED,
+    PART_EMBEDX,
+    flag_offset,
+    ftrl_z_np,
+    state_width,
+    table_params,
+)
 
 SLOT = 0
 UNSEEN = 1
@@ -62,15 +72,17 @@ class RowLayout:
     """Column offsets of one table's rows (derived from its config, never stored)."""
 
     embedx_dim: int
-    kind: int  # optim.ADAGRAD / STD_ADAGRAD / ADAM
+    kind: int  # the embedx part's rule: optim.ADAGRAD / STD_ADAGRAD / ADAM / FTRL
+    embed_kind: int  # the embed part's rule
 
     @classmethod
     def of(cls, table: TableConfig) -> RowLayout:
-        return cls(table.embedxDim, OPTIMIZER_CODES[table.optimizer.type])
+        opt = table.optimizer
+        return cls(table.embedxDim, OPTIMIZER_CODES[opt.type], OPTIMIZER_CODES[opt.embed_type])
 
     @property
     def embedx_w(self) -> int:
-        return EMBED_STATE + state_width(self.kind, 1)
+        return EMBED_STATE + state_width(self.embed_kind, 1)
 
     @property
     def embedx_state(self) -> int:
@@ -110,7 +122,7 @@ class RowLayout:
         """Column names of a full row, recorded in checkpoint headers."""
         d = self.embedx_dim
         names = ["slot", "unseen_days", "delta_score", "show", "click", "embed_w"]
-        names += [f"embed_state{j}" for j in range(state_width(self.kind, 1))]
+        names += [f"embed_state{j}" for j in range(state_width(self.embed_kind, 1))]
         names += [f"embedx_w{j}" for j in range(d)]
         names += [f"embedx_state{j}" for j in range(state_width(self.kind, d))]
         return names
@@ -189,8 +201,9 @@ def rows_from_inference(
 ) -> npt.NDArray[np.float32]:
     """Full rows from inference values ``[show, click, embed_w, embedx_w...]`` (warm start).
 
-    Optimizer state starts fresh; embedx counts as admitted if it has any non-zero weight
-    or the key's score reaches the threshold, otherwise it is zeroed and flagged as such.
+    Optimizer state starts fresh (an FTRL part at the z whose closed form is its weight);
+    embedx counts as admitted if it has any non-zero weight or the key's score reaches the
+    threshold, otherwise it is zeroed and flagged as such.
     """
     lay = RowLayout.of(table)
     d = lay.embedx_dim
@@ -203,8 +216,15 @@ def rows_from_inference(
         score_np(values[:, 0], values[:, 1], table) >= table.embedxThreshold
     )
     rows[:, lay.embedx_w : lay.embedx_w + d] = np.where(admitted[:, None], embedx, 0)
-    if lay.kind == ADAM:
+    fp = table_params(table.optimizer)
+    if lay.embed_kind == ADAM:
         rows[:, EMBED_STATE + 2 : EMBED_STATE + 4] = 1.0
+    elif lay.embed_kind == FTRL:
+        rows[:, EMBED_STATE] = ftrl_z_np(rows[:, EMBED_W], fp[PART_EMBED])
+    x = slice(lay.embedx_w, lay.embedx_w + d)
+    if lay.kind == ADAM:
         rows[:, lay.embedx_state + 2 * d : lay.embedx_state + 2 * d + 2] = 1.0
+    elif lay.kind == FTRL:
+        rows[:, lay.embedx_state : lay.embedx_state + d] = ftrl_z_np(rows[:, x], fp[PART_EMBEDX])
     rows[~admitted, lay.xflag] = -1.0
     return rows

@@ -276,7 +276,7 @@ def publish(
                 raise CheckpointError(
                     f"{uri}: parts of table {name!r}, not in the config"
                 ) from None
-            info = {"embedxDim": tc.embedxDim, "optimizer": tc.optimizer.type}
+            info = {"embedxDim": tc.embedxDim, "optimizer": tc.optimizer.signature}
         else:
             header, _ = decode_part(_read(fs, f"{root}/{t['parts'][first]}", name), name)
             info = {"embedxDim": header["embedxDim"], "optimizer": header["optimizer"]}

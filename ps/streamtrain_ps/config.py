@@ -35,7 +35,7 @@ __all__ = [
     "TableConfig",
 ]
 
-SparseOptimizerType = Literal["adagrad", "std_adagrad", "adam"]
+SparseOptimizerType = Literal["adagrad", "std_adagrad", "adam", "ftrl"]
 DenseOptimizerType = Literal["adam", "sgd"]
 
 
@@ -44,7 +44,14 @@ class SparseOptimizerConfig:
     """Update rule of the sparse table (docs/design.md §4)."""
 
     type: SparseOptimizerType = setting(
-        "adagrad", "adagrad (one accumulator per part), std_adagrad (per dimension) or adam."
+        "adagrad",
+        "adagrad (one accumulator per part), std_adagrad (per dimension), adam or ftrl "
+        "(FTRL-Proximal, per dimension).",
+    )
+    # embed_w is the per-key weight of the wide (linear) part: a per-coordinate linear
+    # learner's rule (FTRL-Proximal) may suit it while embedx keeps AdaGrad (docs/decisions.md).
+    embedType: SparseOptimizerType | None = setting(
+        None, "The embed part's update rule; unset: type."
     )
     learningRate: float = setting(0.05, "Step size.", exclusive_minimum=0)
     initialG2sum: float = setting(3.0, "AdaGrad's G0.", exclusive_minimum=0)
@@ -62,6 +69,23 @@ class SparseOptimizerConfig:
     beta1: float = setting(0.9, "Adam only.", minimum=0, exclusive_maximum=1)
     beta2: float = setting(0.999, "Adam only.", minimum=0, exclusive_maximum=1)
     epsilon: float = setting(1e-8, "Adam only.", exclusive_minimum=0)
+    ftrlAlpha: float = setting(0.05, "FTRL only: alpha (step size).", exclusive_minimum=0)
+    ftrlBeta: float = setting(1.0, "FTRL only: beta (step smoothing).", exclusive_minimum=0)
+    ftrlL1: float = setting(0.0, "FTRL only: L1 strength (exact zeros).", minimum=0)
+    ftrlL2: float = setting(0.0, "FTRL only: L2 strength.", minimum=0)
+
+    @property
+    def embed_type(self) -> SparseOptimizerType:
+        """The embed part's rule (``embedType``, else ``type``)."""
+        return self.type if self.embedType is None else self.embedType
+
+    @property
+    def signature(self) -> str:
+        """The rules as saves record them: ``type``, or ``embed:<rule>,embedx:<rule>`` when
+        the parts differ (a checkpoint's state only fits a config with the same)."""
+        if self.embed_type == self.type:
+            return self.type
+        return f"embed:{self.embed_type},embedx:{self.type}"
 
     def _validate(self, path: str) -> None:
         lo, hi = self.weightBounds

@@ -65,7 +65,8 @@ PROMOTED = 1 << 32
 IP_DIM = 0
 IP_KIND = 1
 IP_XPTR = 2  # the full row's embedx_w column (the init hash column of embedx)
-IP_SIZE = 3
+IP_EMBED_KIND = 3  # the embed part's rule (IP_KIND: the embedx part's)
+IP_SIZE = 4
 
 # Error codes of ``merge_push``.
 OK = 0
@@ -204,6 +205,7 @@ def update_rows(
     """
     dim = ip[IP_DIM]
     kind = ip[IP_KIND]
+    ekind = ip[IP_EMBED_KIND]
     xslab_u32 = xslab.view(np.uint32)
     threshold = ap[AP_EMBEDX_THRESHOLD]
     pending = 0
@@ -219,8 +221,10 @@ def update_rows(
         key = keys[i]
         embed = fp[PART_EMBED]
         if created[i]:  # all zeros: slot 0, unseen 0, embedx not admitted
-            rand = kind == ADAM
-            init_part(slab, row, P_EMBED_W, P_EMBED_STATE, 1, kind, rand, seed, key, embed, EMBED_W)
+            rand = ekind == ADAM
+            init_part(
+                slab, row, P_EMBED_W, P_EMBED_STATE, 1, ekind, rand, seed, key, embed, EMBED_W
+            )
         show = np.float64(shows[i])
         click = np.float64(clicks[i])
         mark = 0
@@ -241,7 +245,7 @@ def update_rows(
         code = slots[i] if has_slots else pk.code_of(pk.word_of(slab_u32, xslab_u32, row))
         pk.set_word(slab_u32, xslab_u32, row, pk.pack(code, 0))
         scale = 1.0 / show if show > 0.0 else 1.0
-        update_part(slab, row, P_EMBED_W, P_EMBED_STATE, 1, kind, grads, i, 0, scale, embed)
+        update_part(slab, row, P_EMBED_W, P_EMBED_STATE, 1, ekind, grads, i, 0, scale, embed)
         xr = pk.xrow_of(slab_u32, row)
         if xr >= 0:
             update_part(xslab, xr, 0, dim, dim, kind, grads, i, 1, scale, fp[PART_EMBEDX])

@@ -159,10 +159,10 @@ def plan_load(uri: str, config: PSConfig, shard_index: int, num_shards: int) -> 
             raise CheckpointError(
                 f"{uri}: table {tc.name!r} has embedxDim {info['embedxDim']}, config {tc.embedxDim}"
             )
-        if m.mode == SaveMode.CHECKPOINT and info["optimizer"] != tc.optimizer.type:
+        if m.mode == SaveMode.CHECKPOINT and info["optimizer"] != tc.optimizer.signature:
             raise CheckpointError(
                 f"{uri}: table {tc.name!r} was trained with {info['optimizer']}, "
-                f"config says {tc.optimizer.type}; optimizer state would not fit"
+                f"config says {tc.optimizer.signature}; optimizer state would not fit"
             )
     owned = tuple(owned_logical_shards(shard_index, num_shards, config.logicalShards))
     return LoadPlan(m, config, owned, shard_index, num_shards)

@@ -16,6 +16,16 @@ A row has two *parts* that the rules update independently: ``embed`` (width 1) a
       m <- beta1 m + (1 - beta1) g;  v <- beta2 v + (1 - beta2) g^2
       w <- clip(w - lr_t * m / (sqrt(v) + eps))
 
+- ``ftrl`` (FTRL-Proximal, McMahan et al. 2013): per dimension z and n; the weight column
+  holds the clipped closed form, so pulls, saves and the tiers read it like any other rule::
+
+      sigma = (sqrt(n + g^2) - sqrt(n)) / alpha;  z <- z + g - sigma * w;  n <- n + g^2
+      w <- clip(0 if |z| <= l1 else -(z - sign(z) l1) / ((beta + sqrt(n)) / alpha + l2))
+
+  A part that starts at a random w0 (embedx) starts at z = -w0 (beta/alpha + l2) -
+  sign(w0) l1, the z whose closed form is w0, so its first step moves from w0 rather than
+  resetting it to 0.
+
 ``g`` is the pushed gradient already divided by the key's pushed show (the caller passes
 ``scale = 1 / show``, or 1 when show is 0). Arithmetic is float64, storage float32.
 
@@ -38,8 +48,9 @@ from streamtrain_ps.index import Float, Int, mix64
 ADAGRAD = 0
 STD_ADAGRAD = 1
 ADAM = 2
+FTRL = 3
 
-OPTIMIZER_CODES = {"adagrad": ADAGRAD, "std_adagrad": STD_ADAGRAD, "adam": ADAM}
+OPTIMIZER_CODES = {"adagrad": ADAGRAD, "std_adagrad": STD_ADAGRAD, "adam": ADAM, "ftrl": FTRL}
 
 # Indices into the float64 parameter vector ``fp`` every kernel receives.
 FP_LR = 0
@@ -50,7 +61,11 @@ FP_WHI = 4
 FP_BETA1 = 5
 FP_BETA2 = 6
 FP_EPS = 7
-FP_SIZE = 8
+FP_ALPHA = 8
+FP_BETA = 9
+FP_L1 = 10
+FP_L2 = 11
+FP_SIZE = 12
 
 # Rows of the ``(2, FP_SIZE)`` parameter array a table passes its kernels: the embed part
 # and the embedx part may have their own learning rate and G0 (``SparseOptimizerConfig``).
@@ -67,16 +82,36 @@ def state_width(kind: int, dim: int) -> int:
         return 1
     if kind == STD_ADAGRAD:
         return dim
+    if kind == FTRL:
+        return 2 * dim
     return 2 * dim + 2
 
 
 def flag_offset(kind: int, dim: int) -> int:
     """Offset (within a part's state) of a value that is >= 0 once the part is initialised.
 
-    A part that is not admitted yet holds -1 there: G (AdaGrad) and b1^t (Adam) are never
-    negative, so the flag costs no memory (see docs/ps-engine.md, "lazy embedx").
+    A part that is not admitted yet holds -1 there: G (AdaGrad), b1^t (Adam) and n (FTRL)
+    are never negative, so the flag costs no memory (see docs/ps-engine.md, "lazy embedx").
     """
-    return 2 * dim if kind == ADAM else 0
+    if kind == ADAM:
+        return 2 * dim
+    return dim if kind == FTRL else 0
+
+
+@njit(nogil=True, cache=True, inline="always")
+def ftrl_z_of(w: Float, fp: npt.NDArray[np.float64]) -> Float:
+    """The z (with n = 0) whose FTRL closed form is ``w``: a part's state at init."""
+    if w == 0.0:
+        return 0.0
+    z = -w * (fp[FP_BETA] / fp[FP_ALPHA] + fp[FP_L2])
+    return z - fp[FP_L1] if w > 0.0 else z + fp[FP_L1]
+
+
+def ftrl_z_np(w: npt.NDArray[np.float32], fp: npt.NDArray[np.float64]) -> npt.NDArray[np.float32]:
+    """``ftrl_z_of`` over an array of weights (rows built outside the kernels)."""
+    w64 = w.astype(np.float64)
+    z = -w64 * (fp[FP_BETA] / fp[FP_ALPHA] + fp[FP_L2]) - np.sign(w64) * fp[FP_L1]
+    return z.astype(np.float32)
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -111,9 +146,18 @@ def init_part(
     for j in range(dim):
         w = uniform_init(seed, key, hcol + j, fp[FP_RANGE]) if random else 0.0
         slab[row, wcol + j] = min(max(w, lo), hi)
-    width = 1 if kind == ADAGRAD else (dim if kind == STD_ADAGRAD else 2 * dim + 2)
+    width: Int = 1
+    if kind == STD_ADAGRAD:
+        width = dim
+    elif kind == FTRL:
+        width = 2 * dim
+    else:
+        width = 2 * dim + 2
     for j in range(width):
         slab[row, scol + j] = 0.0
+    if kind == FTRL:
+        for j in range(dim):
+            slab[row, scol + j] = ftrl_z_of(np.float64(slab[row, wcol + j]), fp)
     if kind == ADAM:
         slab[row, scol + 2 * dim] = 1.0
         slab[row, scol + 2 * dim + 1] = 1.0
@@ -155,6 +199,23 @@ def update_part(
             w = np.float64(slab[row, wcol + j]) - lr * g * math.sqrt(g0 / (g0 + G))
             slab[row, wcol + j] = min(max(w, lo), hi)
             slab[row, scol + j] = G + g * g
+    elif kind == FTRL:
+        alpha = fp[FP_ALPHA]
+        beta = fp[FP_BETA]
+        l1 = fp[FP_L1]
+        l2 = fp[FP_L2]
+        for j in range(dim):
+            g = np.float64(grads[gi, goff + j]) * scale
+            n = np.float64(slab[row, scol + dim + j])
+            n_new = n + g * g
+            sigma = (math.sqrt(n_new) - math.sqrt(n)) / alpha
+            z = np.float64(slab[row, scol + j]) + g - sigma * np.float64(slab[row, wcol + j])
+            w = 0.0
+            if abs(z) > l1:
+                w = -(z - math.copysign(l1, z)) / ((beta + math.sqrt(n_new)) / alpha + l2)
+            slab[row, wcol + j] = min(max(w, lo), hi)
+            slab[row, scol + j] = z
+            slab[row, scol + dim + j] = n_new
     else:
         b1 = fp[FP_BETA1]
         b2 = fp[FP_BETA2]
@@ -182,8 +243,10 @@ def params_vector(
     beta1: float,
     beta2: float,
     epsilon: float,
+    ftrl: tuple[float, float, float, float] = (0.05, 1.0, 0.0, 0.0),
 ) -> npt.NDArray[np.float64]:
-    """The ``fp`` vector the kernels read (one array instead of eight scalar arguments)."""
+    """The ``fp`` vector the kernels read (one array instead of a dozen scalar arguments);
+    ``ftrl`` is (alpha, beta, l1, l2)."""
     fp = np.zeros(FP_SIZE, dtype=np.float64)
     fp[FP_LR] = learning_rate
     fp[FP_G0] = initial_g2sum
@@ -192,6 +255,7 @@ def params_vector(
     fp[FP_BETA1] = beta1
     fp[FP_BETA2] = beta2
     fp[FP_EPS] = epsilon
+    fp[FP_ALPHA], fp[FP_BETA], fp[FP_L1], fp[FP_L2] = ftrl
     return fp
 
 
@@ -200,9 +264,11 @@ def table_params(opt: SparseOptimizerConfig) -> npt.NDArray[np.float64]:
     ``PART_EMBEDX``): the embed part takes ``embedLearningRate``/``embedInitialG2sum`` where
     set, everything else is shared."""
 
+    ftrl = (opt.ftrlAlpha, opt.ftrlBeta, opt.ftrlL1, opt.ftrlL2)
+
     def part(lr: float, g0: float) -> npt.NDArray[np.float64]:
         return params_vector(
-            lr, g0, opt.initialRange, opt.weightBounds, opt.beta1, opt.beta2, opt.epsilon
+            lr, g0, opt.initialRange, opt.weightBounds, opt.beta1, opt.beta2, opt.epsilon, ftrl
         )
 
     embed_lr = opt.learningRate if opt.embedLearningRate is None else opt.embedLearningRate

@@ -64,7 +64,7 @@ def write_tables(
                 "logicalShards": L,
                 "mode": int(mode),
                 "embedxDim": lay.embedx_dim,
-                "optimizer": t.config.optimizer.type,
+                "optimizer": t.config.optimizer.signature,
                 "columns": lay.columns()
                 if mode == api.SaveMode.CHECKPOINT
                 else ["show", "click", "embed_w"] + [f"embedx_w{j}" for j in range(lay.embedx_dim)],

@@ -97,7 +97,7 @@ class SparseTable(TableSaves):
         self._fp = table_params(config.optimizer)
         self._ap = accessor_params(config)
         lay = self.layout
-        self._ip = np.array([lay.embedx_dim, lay.kind, lay.xptr], dtype=np.int64)
+        self._ip = np.array([lay.embedx_dim, lay.kind, lay.xptr, lay.embed_kind], dtype=np.int64)
         self._seed = table_seed(seed, config.name)
         self._meta = ix.new_meta(kn.TABLE_META_SIZE)
         self._arrays = empty_arrays(capacity, capacity, lay)  # untouched pages: not resident

@@ -70,6 +70,11 @@ NON_DEFAULT: dict[str, Any] = {
             "beta1": 0.8,
             "beta2": 0.99,
             "epsilon": 1e-6,
+            "embedType": "ftrl",
+            "ftrlAlpha": 0.1,
+            "ftrlBeta": 0.5,
+            "ftrlL1": 0.2,
+            "ftrlL2": 0.3,
         },
     },
     "dense": {
@@ -119,7 +124,7 @@ def test_ps_parses_what_the_operator_renders(raw: dict[str, Any]) -> None:
     (table,) = parsed.tables
     assert table.embedxDim == spec.model.embeddingDim
     assert _same_named_fields(spec.sparse, table, skip={"optimizer"}) == 9
-    assert _same_named_fields(spec.sparse.optimizer, table.optimizer) == 10
+    assert _same_named_fields(spec.sparse.optimizer, table.optimizer) == 15
     assert _same_named_fields(spec.dense.optimizer, parsed.dense.optimizer) == 5
     assert (parsed.logicalShards, parsed.seed) == (spec.ps.logicalShards, spec.seed)
     # Every field is explicit in the JSON: nothing is left to the PS's defaults.

@@ -123,7 +123,7 @@ def test_non_default_values_are_kept() -> None:
         ({"model.batchSize": 1.5}, "spec.model.batchSize: must be an integer"),
         ({"model.cvm": "yes"}, "spec.model.cvm: must be true or false"),
         ({"sparse.showClickDecayRate": 0}, "spec.sparse.showClickDecayRate: must be > 0"),
-        ({"sparse.optimizer.type": "ftrl"}, "spec.sparse.optimizer.type: must be one of"),
+        ({"sparse.optimizer.type": "sgd"}, "spec.sparse.optimizer.type: must be one of"),
         ({"sparse.optimizer.weightBounds": [1, -1]}, "spec.sparse.optimizer.weightBounds:"),
         ({"sparse.optimizer.weightBounds": [1]}, "spec.sparse.optimizer.weightBounds: must have 2"),
         ({"dense.optimizer.beta1": 1.0}, "spec.dense.optimizer.beta1: must be < 1"),

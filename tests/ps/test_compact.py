@@ -16,7 +16,7 @@ from streamtrain_ps import checkpoint
 from streamtrain_ps.accessor import RowLayout, save_filter
 from streamtrain_ps.api import SaveMode
 from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
-from streamtrain_ps.errors import InvalidRequestError
+from streamtrain_ps.errors import CheckpointError, InvalidRequestError
 from streamtrain_ps.packed import SLOT_CODES, UNSEEN_MAX
 from streamtrain_ps.shard import Shard
 
@@ -25,7 +25,9 @@ T = "embedding"
 
 
 def _shard(kind: str = "adagrad", **table: object) -> Shard:
-    opt = SparseOptimizerConfig(type=kind)  # type: ignore[arg-type]
+    """``kind``: a rule, or ``embed_rule/embedx_rule`` for the two parts apart."""
+    embed, _, embedx = kind.rpartition("/")
+    opt = SparseOptimizerConfig(type=embedx, embedType=embed or None)  # type: ignore[arg-type]
     tc = TableConfig(embedxDim=D, optimizer=opt, **table)  # type: ignore[arg-type]
     return Shard(PSConfig(tables=(tc,), logicalShards=4, maxKeysPerRequest=100_000))
 
@@ -75,7 +77,7 @@ def test_shrink_frees_embedx_rows_and_admission_reuses_them() -> None:
     )
 
 
-@pytest.mark.parametrize("kind", ["adagrad", "std_adagrad", "adam"])
+@pytest.mark.parametrize("kind", ["adagrad", "std_adagrad", "adam", "ftrl", "ftrl/adagrad"])
 def test_a_checkpoint_round_trip_is_bit_identical_and_keeps_training_identically(
     tmp_path: Path, kind: str
 ) -> None:
@@ -184,3 +186,16 @@ def test_a_push_past_the_slot_dictionary_changes_nothing() -> None:
     assert len(t) == n - 1
     np.testing.assert_array_equal(t.copy_rows(t.rows_of(keys[:-1]))[1], before)
     shard.push_sparse(T, keys[:2], g[:2], ones[:2], ones[:2] * 0, slots[:2])  # known ids: fine
+
+
+def test_a_checkpoint_loads_only_into_the_same_rule_of_each_part(tmp_path: Path) -> None:
+    src = _shard("ftrl/adagrad", embedxThreshold=0.0)
+    keys = np.arange(1, 50, dtype=np.uint64)
+    _push(src, keys, np.ones(keys.size))
+    uri = str(tmp_path / "ck")
+    checkpoint.publish(uri, [src.save(uri, SaveMode.CHECKPOINT)], config=src.config)
+    with pytest.raises(CheckpointError, match=r"embed:ftrl,embedx:adagrad.*says adagrad"):
+        _shard("adagrad", embedxThreshold=0.0).load(uri)
+    same = _shard("ftrl/adagrad", embedxThreshold=0.0)
+    same.load(uri)
+    np.testing.assert_array_equal(same.pull_sparse(T, keys), src.pull_sparse(T, keys))

@@ -36,7 +36,12 @@ def config(
         deleteThreshold=0.3,
         baseThreshold=0.5,
         deltaThreshold=0.2,
-        optimizer=SparseOptimizerConfig(type=kind, initialRange=0.01),  # type: ignore[arg-type]
+        # kind: a rule, or embed_rule/embedx_rule for the two parts apart
+        optimizer=SparseOptimizerConfig(
+            type=kind.rpartition("/")[2],  # type: ignore[arg-type]
+            embedType=kind.rpartition("/")[0] or None,  # type: ignore[arg-type]
+            initialRange=0.01,
+        ),
     )
     return PSConfig(
         tables=(table,),
@@ -88,7 +93,7 @@ def save(shard: Shard, uri: str, mode: SaveMode) -> None:
     checkpoint.publish(uri, [result], {}, config=shard.config)
 
 
-@pytest.mark.parametrize("kind", ["adagrad", "adam"])
+@pytest.mark.parametrize("kind", ["adagrad", "adam", "ftrl", "ftrl/adagrad"])
 def test_a_capped_shard_is_bit_identical_to_an_unlimited_one(tmp_path: Path, kind: str) -> None:
     ref = Shard(config(kind=kind))
     capped = capped_shard(tmp_path, 90_000, kind=kind)

@@ -8,11 +8,14 @@ optimizer slots) after every round.
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from streamtrain_ps import checkpoint
 from streamtrain_ps.accessor import CLICK, DELTA, EMBED_STATE, EMBED_W, SHOW, UNSEEN, RowLayout
+from streamtrain_ps.api import SaveMode
 from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
 from streamtrain_ps.local import LocalPS
 from streamtrain_ps.shard import Shard
@@ -41,15 +44,25 @@ class Reference:
 
     def rule(self, w, state, g, part="embedx"):  # type: ignore[no-untyped-def]
         o = self.o
-        if part == "embed":  # the embed part's own step size and G0, where set
+        if part == "embed":  # the embed part's own rule, step size and G0, where set
             o = replace(
                 o,
+                type=o.embedType or o.type,
                 learningRate=o.embedLearningRate or o.learningRate,
                 initialG2sum=o.embedInitialG2sum or o.initialG2sum,
             )
         lo, hi = o.weightBounds
         d = w.shape[1]
-        if o.type == "adagrad":
+        if o.type == "ftrl":  # McMahan et al. 2013, Algorithm 1 per coordinate
+            z, n = state[:, :d], state[:, d:]
+            n_new = n + g * g
+            z = z + g - (np.sqrt(n_new) - np.sqrt(n)) / o.ftrlAlpha * w
+            closed = -(z - np.sign(z) * o.ftrlL1) / (
+                (o.ftrlBeta + np.sqrt(n_new)) / o.ftrlAlpha + o.ftrlL2
+            )
+            w = np.clip(np.where(np.abs(z) <= o.ftrlL1, 0.0, closed), lo, hi)
+            state = np.concatenate([z, n_new], axis=1)
+        elif o.type == "adagrad":
             G = state[:, 0]
             w = np.clip(
                 w - o.learningRate * g * np.sqrt(o.initialG2sum / (o.initialG2sum + G))[:, None],
@@ -77,10 +90,15 @@ class Reference:
 
 
 def _config(
-    kind: str, bounds: tuple[float, float], lr: float, embed: tuple[float, float] | None = None
+    kind: str,
+    bounds: tuple[float, float],
+    lr: float,
+    embed: tuple[float, float] | None = None,
+    **opt_fields: object,
 ) -> PSConfig:
     """``embed``: the embed part's own (learning rate, G0); None shares the embedx part's."""
     opt = SparseOptimizerConfig(type=kind, learningRate=lr, weightBounds=bounds, initialRange=0.01)  # type: ignore[arg-type]
+    opt = replace(opt, **opt_fields)  # type: ignore[arg-type]
     if embed is not None:
         opt = replace(opt, embedLearningRate=embed[0], embedInitialG2sum=embed[1])
     return PSConfig(
@@ -88,15 +106,47 @@ def _config(
     )
 
 
-@pytest.mark.parametrize("kind", ["adagrad", "std_adagrad", "adam"])
-@pytest.mark.parametrize(
-    ("bounds", "lr", "embed"),
-    [((-10.0, 10.0), 0.05, None), ((-0.02, 0.02), 0.5, None), ((-10.0, 10.0), 0.05, (0.3, 0.5))],
-)
+FTRL_CASES: list[dict[str, object]] = [
+    {"ftrlAlpha": 0.1, "ftrlBeta": 1.0, "ftrlL1": 0.0, "ftrlL2": 0.0},
+    {"ftrlAlpha": 0.5, "ftrlBeta": 0.5, "ftrlL1": 1.0, "ftrlL2": 1.0},  # many exact zeros
+]
+
+
+_RULE_CASES = [
+    (kind, bounds, lr, embed, ftrl)
+    for kind in ["adagrad", "std_adagrad", "adam", "ftrl"]
+    for bounds, lr, embed in [
+        ((-10.0, 10.0), 0.05, None),
+        ((-0.02, 0.02), 0.5, None),
+        ((-10.0, 10.0), 0.05, (0.3, 0.5)),
+    ]
+    for ftrl in (FTRL_CASES if kind == "ftrl" else FTRL_CASES[:1])  # only FTRL reads them
+]
+
+
+@pytest.mark.parametrize(("kind", "bounds", "lr", "embed", "ftrl"), _RULE_CASES)
 def test_update_rule_matches_numpy_transcription(
-    kind: str, bounds: tuple[float, float], lr: float, embed: tuple[float, float] | None
+    kind: str,
+    bounds: tuple[float, float],
+    lr: float,
+    embed: tuple[float, float] | None,
+    ftrl: dict[str, object],
 ) -> None:
-    cfg = _config(kind, bounds, lr, embed)
+    _check_against_reference(_config(kind, bounds, lr, embed, **ftrl), bounds)
+
+
+@pytest.mark.parametrize("embedx_kind", ["adagrad", "adam"])
+@pytest.mark.parametrize("ftrl", FTRL_CASES)
+def test_an_ftrl_embed_part_beside_another_embedx_rule(
+    embedx_kind: str, ftrl: dict[str, object]
+) -> None:
+    cfg = _config(embedx_kind, (-10.0, 10.0), 0.05, embedType="ftrl", **ftrl)
+    lay = RowLayout.of(cfg.tables[0])
+    assert lay.embedx_w == EMBED_STATE + 2, "z and n of one embed weight"
+    _check_against_reference(cfg, (-10.0, 10.0))
+
+
+def _check_against_reference(cfg: PSConfig, bounds: tuple[float, float]) -> None:
     tc = cfg.tables[0]
     shard = Shard(cfg)
     table = shard.table("embedding")
@@ -181,3 +231,27 @@ def test_init_is_reproducible_and_independent_of_shard_layout() -> None:
     init = rows[0][:, 2:]
     assert np.abs(init).max() <= 0.01 and np.abs(init).min() > 0
     assert abs(float(init.mean())) < 0.002, "centred uniform"
+
+
+@pytest.mark.parametrize("ftrl", FTRL_CASES)
+def test_an_ftrl_warm_start_keeps_the_weights_it_loaded(
+    tmp_path: Path, ftrl: dict[str, object]
+) -> None:
+    """A base (inference) save carries no state: each FTRL part restarts at the z whose
+    closed form is its loaded weight, so a first step of zero gradients moves nothing."""
+    src = Shard(_config("adagrad", (-10.0, 10.0), 0.5))
+    keys = np.arange(1, 400, dtype=np.uint64)
+    n = keys.size
+    rng = np.random.default_rng(3)
+    for _ in range(3):
+        grads = rng.normal(0, 1, (n, D + 1)).astype(np.float32)
+        src.push_sparse("embedding", keys, grads, np.ones(n, np.float32), np.zeros(n, np.float32))
+    uri = str(tmp_path / "batch")
+    checkpoint.publish(uri, [src.save(uri, SaveMode.BATCH)], config=src.config)
+    warm = Shard(_config("ftrl", (-10.0, 10.0), 0.05, **ftrl))
+    warm.load(uri)
+    loaded = warm.pull_sparse("embedding", keys)
+    np.testing.assert_array_equal(loaded, src.pull_sparse("embedding", keys))
+    zeros = np.zeros((n, D + 1), np.float32)
+    warm.push_sparse("embedding", keys, zeros, np.zeros(n, np.float32), np.zeros(n, np.float32))
+    np.testing.assert_allclose(warm.pull_sparse("embedding", keys), loaded, rtol=1e-6, atol=1e-7)
