@@ -146,12 +146,12 @@ def init_part(
     for j in range(dim):
         w = uniform_init(seed, key, hcol + j, fp[FP_RANGE]) if random else 0.0
         slab[row, wcol + j] = min(max(w, lo), hi)
-    width: Int = 1
+    width: Int = 1  # ADAGRAD: one G for the part (``state_width``)
     if kind == STD_ADAGRAD:
         width = dim
     elif kind == FTRL:
         width = 2 * dim
-    else:
+    elif kind == ADAM:
         width = 2 * dim + 2
     for j in range(width):
         slab[row, scol + j] = 0.0

@@ -255,3 +255,20 @@ def test_an_ftrl_warm_start_keeps_the_weights_it_loaded(
     zeros = np.zeros((n, D + 1), np.float32)
     warm.push_sparse("embedding", keys, zeros, np.zeros(n, np.float32), np.zeros(n, np.float32))
     np.testing.assert_allclose(warm.pull_sparse("embedding", keys), loaded, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("rule", ["adagrad", "std_adagrad", "adam", "ftrl"])
+@pytest.mark.parametrize("dim", [1, 8])
+def test_init_part_writes_only_its_own_weights_and_state(rule: str, dim: int) -> None:
+    """A part's init stays inside ``dim`` weights and ``state_width`` state columns: the
+    rest of the row (the packed word, a neighbour row) keeps what it held."""
+    from streamtrain_ps.optim import OPTIMIZER_CODES, init_part, state_width, table_params
+
+    kind = OPTIMIZER_CODES[rule]
+    used = dim + state_width(kind, dim)
+    slab = np.full((3, used + 4), 7.0, dtype=np.float32)
+    fp = table_params(SparseOptimizerConfig(initialRange=0.01))[1]
+    init_part(slab, 1, 0, dim, dim, kind, True, np.uint64(0), np.uint64(42), fp, 0)
+    assert (slab[1, used:] == 7.0).all(), slab[1]
+    assert (slab[[0, 2]] == 7.0).all()
+    assert (slab[1, :used] != 7.0).all()
