@@ -44,7 +44,8 @@ def message_options(max_message_bytes: int) -> list[tuple[str, int]]:
 class GrpcServer:
     """A ``grpc.server`` with health, message limits and graceful stop; ``start()`` binds.
 
-    ``what`` names the server in bind errors ("cannot bind PS server to ...").
+    ``what`` names the server in bind errors ("cannot bind PS server to ...");
+    ``pool_class`` is the thread pool that runs the RPCs (one task per RPC).
     """
 
     def __init__(
@@ -58,15 +59,14 @@ class GrpcServer:
         thread_name_prefix: str,
         max_message_bytes: int,
         credentials: grpc.ServerCredentials | None = None,
+        pool_class: type[futures.ThreadPoolExecutor] = futures.ThreadPoolExecutor,
     ) -> None:
         self.host = host
         self._what = what
         self._service_name = service_name
         self._credentials = credentials
         self._requested_port = port
-        self._pool = futures.ThreadPoolExecutor(
-            max_workers=max_workers, thread_name_prefix=thread_name_prefix
-        )
+        self._pool = pool_class(max_workers=max_workers, thread_name_prefix=thread_name_prefix)
         self._server = grpc.server(
             self._pool,
             options=[*message_options(max_message_bytes), ("grpc.so_reuseport", 0)],

@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from streamtrain_ps.config import PSConfig
 from streamtrain_ps.grpc_serving import GrpcServer, message_options, stop_on_signals
+from streamtrain_ps.heap import ScratchReleasingExecutor
 from streamtrain_ps.metrics import PSMetrics
 from streamtrain_ps.proto import ps_pb2, ps_pb2_grpc
 from streamtrain_ps.servicer import PSServicer, ShardLike
@@ -62,6 +63,8 @@ class PSServer(GrpcServer):
             thread_name_prefix="ps-rpc",
             max_message_bytes=config.maxMessageBytes,
             credentials=credentials,
+            # Bulk requests trim the heap once their buffers are freed (heap.py).
+            pool_class=ScratchReleasingExecutor,
         )
         ps_pb2_grpc.add_ParameterServerServicer_to_server(
             PSServicer(shard, config, self.metrics), self._server

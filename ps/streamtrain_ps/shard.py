@@ -34,7 +34,7 @@ from streamtrain_ps.errors import (
     RequestTooLargeError,
     UnknownTableError,
 )
-from streamtrain_ps.heap import release_scratch_memory
+from streamtrain_ps.heap import note_request_scratch
 from streamtrain_ps.held_save import SnapshotSlot
 from streamtrain_ps.memory_limit import (
     MemoryBudget,
@@ -82,9 +82,6 @@ class ShardStats:
 
 
 _NO_SLOTS = np.empty(0, dtype=np.uint32)
-
-#: Pushes at least this large (bulk loads) give their scratch memory back to the OS.
-BULK_PUSH_KEYS = 500_000
 
 
 class Shard(ShardLoads):
@@ -160,6 +157,7 @@ class Shard(ShardLoads):
         # Promotions bring keys into RAM: the governor makes room for those the pull finds.
         out = t.pull(k, make_room=functools.partial(self._memory.make_room, t))
         self._memory.enforce()
+        note_request_scratch(k.size)
         return out
 
     def push_sparse(
@@ -187,9 +185,8 @@ class Shard(ShardLoads):
         self._memory.make_room(t, unique)
         t.push_merged(parts, has_slots=slots is not None)
         self._memory.enforce()
-        if n >= BULK_PUSH_KEYS:
-            del parts  # the last reference to the scratch arrays
-            release_scratch_memory()
+        del parts  # the last reference to the scratch arrays
+        note_request_scratch(n)
         return unique
 
     # -- dense ------------------------------------------------------------------------------

@@ -52,7 +52,7 @@ import numpy.typing as npt
 from streamtrain_ps import checkpoint
 from streamtrain_ps.api import SaveMode
 from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
-from streamtrain_ps.heap import release_scratch_memory
+from streamtrain_ps.heap import MAX_RELEASE_DELAY, release_scratch_memory
 from streamtrain_ps.launch import shard_process
 from streamtrain_ps.remote import RemotePS
 from streamtrain_ps.shard import Shard
@@ -94,6 +94,20 @@ def rss(pid: int | None = None, field: str = "VmRSS") -> int:
         if line.startswith(field + ":"):
             return int(line.split()[1]) * 1024
     raise RuntimeError(f"no {field} in /proc/{pid or 'self'}/status")
+
+
+def settled_rss(pid: int) -> int:
+    """RSS of a shard process once it stops falling: its server trims the heap within a
+    second of a bulk load (``streamtrain_ps.heap``), as a pod's memory would settle."""
+    time.sleep(MAX_RELEASE_DELAY + 0.25)
+    last = rss(pid)
+    for _ in range(12):
+        time.sleep(0.25)
+        now = rss(pid)
+        if abs(now - last) < 1 << 20:
+            return now
+        last = now
+    return last
 
 
 def reset_peak(pid: int | None = None) -> None:
@@ -289,11 +303,11 @@ def over_rpc(n: int, args: argparse.Namespace, work: Path) -> dict[str, float]:
         push_all(ps, warm, 10.0, 10.0)
         ps.pull_sparse(TABLE, warm)
         keys = spread(n)
-        base = rss(pid)
+        base = settled_rss(pid)
         push_all(ps, keys, 1.0, 0.0)
-        unadmitted = rss(pid) - base
+        unadmitted = settled_rss(pid) - base
         push_all(ps, keys, 10.0, 10.0)
-        admitted = rss(pid) - base
+        admitted = settled_rss(pid) - base
         res = {
             "rpc_unadmitted_bytes_per_key": unadmitted / n,
             "rpc_admitted_bytes_per_key": admitted / n,
