@@ -375,7 +375,11 @@ class Scheduler:
             st = self._pass
             if st is None or st.key != key:
                 st = self._pass = _PassState(key, pending=set(self._all_shares()))
-                self._begin(key, Phase.WAITING, now)
+                # Training, not WaitingForData, until a data check finds a folder missing:
+                # the check takes milliseconds when the data is there (almost always), and
+                # so the record before the RunPass equals the one before the check, and the
+                # store skips that write (one fsynced write less per pass; docs/decisions.md).
+                self._begin(key, Phase.TRAINING, now)
             if not st.data_ready:
                 return CheckData(key)
             shares = tuple(sorted(st.pending))
@@ -412,6 +416,7 @@ class Scheduler:
                 "DataMissing", now, "DataArrived"
             )
             return
+        self.progress = replace(self.progress, phase=Phase.WAITING)
         if st.wait_seconds >= self.policy.missing_deadline_seconds:
             message = (
                 f"pass {action.key.day}/{action.key.pass_index}: no donefile after "
