@@ -30,7 +30,9 @@ PyTorch), ``e2e_vs_train`` (launch-to-finish over training-only),
 beyond the workers' batch loops), ``startup_seconds``, ``step_seconds`` (per kind: total and
 count), ``phase_seconds`` (the parts of the steps and of the start-up, total and count:
 ``launch`` and ``connect`` of the processes; a publication's ``sparse`` PS save, ``dense``
-TorchScript export, ``manifest`` and ``donefile``; ``checkpoint_save`` and its ``prune``;
+TorchScript export, ``manifest`` and ``donefile``; ``checkpoint_save`` and its ``prune``,
+``checkpoint_snapshot`` (a checkpoint taken at the pass boundary and written beside the next
+pass, ``checkpoint.besideTraining``, which this job sets);
 ``assign``, a pass's file listing and recording; ``state``, the durable progress writes),
 plus the settings used.
 """
