@@ -20,8 +20,9 @@ from test_driver import MANIFEST, DenseWorker, FakeRestartWatch, _no_sleep, writ
 from streamtrain_operator.job import render
 from streamtrain_operator.job.plan import StepKey, StepKind
 from streamtrain_operator.job.progress import Phase, Progress
+from streamtrain_operator.job.scheduler import Action, CheckData
 from streamtrain_operator.job.spec import Job, parse_job
-from streamtrain_operator.run.driver import Driver
+from streamtrain_operator.run.driver import Driver, Observer
 from streamtrain_operator.run.state import MemoryStateStore
 from streamtrain_ps import checkpoint
 from streamtrain_ps.api import SaveMode, SaveResult
@@ -158,3 +159,35 @@ def test_a_checkpoint_failing_beside_a_pass_keeps_the_one_before_and_the_rerun_t
     assert [(r.pass_index, r.generation) for r in progress.history] == [(1, 1), (2, 2)]
     assert progress.replayed_steps == 2  # pass 1 and its delta
     assert_same_model(ps, clean_ps)
+
+
+def test_a_stop_before_the_next_pass_records_the_checkpoint_once_written(tmp_path: Path) -> None:
+    job = beside_job(tmp_path)
+    ps = LocalPS(render.ps_config(job.spec), num_shards=2)
+    watch = FakeRestartWatch()
+    store = MemoryStateStore()
+    clock = iter(range(10_000))
+    driver: Driver | None = None
+
+    def stop_at_pass_2(action: Action, progress: Progress) -> None:
+        if isinstance(action, CheckData) and action.key.pass_index == 2:
+            assert driver is not None
+            driver.stop()
+
+    driver = Driver(
+        job.spec,
+        ps,
+        [DenseWorker(ps, i, watch) for i in range(2)],
+        store,
+        clock=lambda: float(next(clock)),
+        sleep=_no_sleep,
+        observer=Observer(on_action=stop_at_pass_2),
+    )
+    progress = asyncio.run(driver.run())
+    # Stopped before pass 2: the checkpoint of pass 1, written meanwhile, is the restore
+    # point in the saved record.
+    assert progress.phase == Phase.STOPPED
+    saved = store.load()
+    assert saved is not None and saved.checkpoint is not None
+    assert saved.checkpoint.key == StepKey(DAY, 1, StepKind.CHECKPOINT)
+    assert [r.pass_index for r in saved.history] == [1]

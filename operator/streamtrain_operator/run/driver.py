@@ -224,8 +224,13 @@ class Driver:
                 failed = await self.publisher.settle(wait=True)
                 if failed is not None:  # recorded, not published: the next run publishes it
                     log.error("%s: %s", failed.reason, failed.message)
-                if await self._checkpoint_written(wait=True) is None:
-                    self._save()  # a stop during the pass beside a checkpoint: record it
+                # A stop during the pass beside a checkpoint: record it if it was written.
+                uri, failed = await self.checkpointer.settle(wait=True)
+                if uri is not None:
+                    self.machine.checkpoint_written(uri)
+                    self._save()
+                elif failed is not None:  # the record keeps the one before: the rerun reloads it
+                    log.error("%s: %s", failed.reason, failed.message)
                 return self.machine.progress
             if self.observer.on_action is not None:
                 self.observer.on_action(action, self.machine.progress)
