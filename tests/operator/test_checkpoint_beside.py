@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -191,3 +192,53 @@ def test_a_stop_before_the_next_pass_records_the_checkpoint_once_written(tmp_pat
     assert saved is not None and saved.checkpoint is not None
     assert saved.checkpoint.key == StepKey(DAY, 1, StepKind.CHECKPOINT)
     assert [r.pass_index for r in saved.history] == [1]
+
+
+class RestorePointWatcher(Pass2Worker):
+    """After pass 2 pushed, waits for the checkpoint of pass 1 to be on storage, then checks
+    that the checkpoint the saved record names still exists."""
+
+    def __init__(self, ps: HeldPS, index: int, store: MemoryStateStore, ckpt: Path) -> None:
+        super().__init__(ps, index, store)
+        self.ckpt = ckpt
+        self.restore_point_existed: bool | None = None
+
+    async def run_pass(
+        self, day: str, pass_index: int, files: Sequence[str], generation: int, train: bool
+    ) -> Any:
+        result = await super().run_pass(day, pass_index, files, generation, train)
+        if pass_index == 2 and self.index == 0:
+            written = self.ckpt / "pass-1-g1" / checkpoint.MANIFEST
+            for _ in range(200):
+                if written.exists():
+                    break
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.2)  # time enough for a prune that would come next
+            recorded = self.store.load()
+            assert recorded is not None and recorded.checkpoint is not None
+            restore_point = Path(recorded.checkpoint.uri) / checkpoint.MANIFEST
+            self.restore_point_existed = restore_point.exists()
+        return result
+
+
+def test_with_keep_1_the_recorded_restore_point_is_never_pruned_before_the_new_one_is_saved(
+    tmp_path: Path,
+) -> None:
+    job = beside_job(tmp_path)
+    job = dataclasses.replace(
+        job,
+        spec=dataclasses.replace(
+            job.spec, checkpoint=dataclasses.replace(job.spec.checkpoint, keep=1)
+        ),
+    )
+    ps = HeldPS(render.ps_config(job.spec), num_shards=2)
+    store = MemoryStateStore()
+    ckpt = tmp_path / "ckpt" / DAY
+    workers = [RestorePointWatcher(ps, i, store, ckpt) for i in range(2)]
+    progress = drive(job, ps, workers, store)
+    assert progress.phase == Phase.SUCCEEDED
+    assert ps.written == [str(ckpt / "pass-1-g1")]
+    # While pass 2 still ran, the checkpoint of pass 1 was written but not yet recorded:
+    # the genesis the record named was still there.
+    assert workers[0].restore_point_existed is True
+    assert sorted(p.name for p in ckpt.iterdir()) == ["pass-2-g1"]

@@ -10,7 +10,9 @@ step answers ``CheckpointTaken``: the machine completes the step, so the next pa
 but keeps the previous checkpoint as the restore point. The files are written by a task;
 the driver collects it (``settle``) after the next action that is not a data check or a
 wait — that pass — and before anything else (a reload, the end of the run), and only then
-tells the machine the checkpoint is published (``Scheduler.checkpoint_written``).
+tells the machine the checkpoint is published (``Scheduler.checkpoint_written``), saves the
+record naming it, and prunes the older checkpoints (pruned earlier, with ``keep: 1`` a kill
+would leave a record naming a deleted checkpoint).
 
 Exactly once (docs/scheduler.md §3): a kill or a failure before the publication leaves the
 record at the previous checkpoint with the step completed; the next run reloads that one
@@ -94,26 +96,35 @@ class Checkpointer:
         self._task = asyncio.create_task(
             export.with_retries(
                 "CheckpointFailed",
-                lambda: self._save(action.uri, snapshot_id),
+                lambda: self._timed(
+                    "checkpoint_save",
+                    asyncio.to_thread(
+                        self.ps.save_snapshot, action.uri, SaveMode.CHECKPOINT, snapshot_id
+                    ),
+                ),
                 self.retry,
                 self.sleep,
             )
         )
         return CheckpointTaken()
 
-    async def _save(self, uri: str, snapshot_id: str | None = None) -> None:
-        """Write (or the snapshot's files), publish, then prune the older checkpoints."""
-        if snapshot_id is None:
-            save = asyncio.to_thread(self.ps.save, uri, SaveMode.CHECKPOINT)
-        else:
-            save = asyncio.to_thread(self.ps.save_snapshot, uri, SaveMode.CHECKPOINT, snapshot_id)
-        await self._timed("checkpoint_save", save)
+    async def _save(self, uri: str) -> None:
+        """Write and publish a checkpoint in the path, then prune the older ones."""
+        await self._timed(
+            "checkpoint_save", asyncio.to_thread(self.ps.save, uri, SaveMode.CHECKPOINT)
+        )
+        await self.prune(uri)
+
+    async def prune(self, newest: str) -> None:
+        """Keep the newest ``checkpoint.keep`` checkpoints. A checkpoint written beside a
+        pass is pruned after only once the record naming it is saved: until then the
+        record names the one before, which must still be there (``keep: 1``)."""
         await self._timed(
             "prune",
             asyncio.to_thread(
                 retention.prune_checkpoints,
                 self.plan.checkpoint_root,
-                uri,
+                newest,
                 self.spec.checkpoint.keep,
             ),
         )

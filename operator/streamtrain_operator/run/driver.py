@@ -224,12 +224,9 @@ class Driver:
                 failed = await self.publisher.settle(wait=True)
                 if failed is not None:  # recorded, not published: the next run publishes it
                     log.error("%s: %s", failed.reason, failed.message)
-                # A stop during the pass beside a checkpoint: record it if it was written.
-                uri, failed = await self.checkpointer.settle(wait=True)
-                if uri is not None:
-                    self.machine.checkpoint_written(uri)
-                    self._save()
-                elif failed is not None:  # the record keeps the one before: the rerun reloads it
+                # A stop during the pass beside a checkpoint: recorded if it was written.
+                failed = await self._checkpoint_written(wait=True)
+                if failed is not None:  # the record keeps the one before: the rerun reloads it
                     log.error("%s: %s", failed.reason, failed.message)
                 return self.machine.progress
             if self.observer.on_action is not None:
@@ -277,6 +274,8 @@ class Driver:
         uri, failed = await self.checkpointer.settle(wait)
         if uri is not None:
             self.machine.checkpoint_written(uri)
+            self._save()  # the new restore point is durable: the older ones may go
+            await self.checkpointer.prune(uri)
         return failed
 
     def _restarts(self) -> tuple[int, int]:
