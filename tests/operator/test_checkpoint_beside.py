@@ -21,13 +21,14 @@ from test_driver import MANIFEST, DenseWorker, FakeRestartWatch, _no_sleep, writ
 from streamtrain_operator.job import render
 from streamtrain_operator.job.plan import StepKey, StepKind
 from streamtrain_operator.job.progress import Phase, Progress
-from streamtrain_operator.job.scheduler import Action, CheckData
+from streamtrain_operator.job.scheduler import Action, CheckData, LoadCheckpoint
 from streamtrain_operator.job.spec import Job, parse_job
 from streamtrain_operator.run.driver import Driver, Observer
 from streamtrain_operator.run.state import MemoryStateStore
 from streamtrain_ps import checkpoint
 from streamtrain_ps.api import SaveMode, SaveResult
 from streamtrain_ps.local import LocalPS
+from streamtrain_ps.shard import Shard
 
 DAY = "20261101"
 
@@ -242,3 +243,59 @@ def test_with_keep_1_the_recorded_restore_point_is_never_pruned_before_the_new_o
     # the genesis the record named was still there.
     assert workers[0].restore_point_existed is True
     assert sorted(p.name for p in ckpt.iterdir()) == ["pass-2-g1"]
+
+
+class LosingWorker(Pass2Worker):
+    """Worker 1, in pass 2 of generation 1: after its pushes, PS shard 0 "restarts" empty
+    (its held snapshot, the checkpoint being written, goes with it)."""
+
+    def __init__(self, ps: HeldPS, index: int, store: MemoryStateStore) -> None:
+        super().__init__(ps, index, store)
+        self.losses = 0
+
+    async def run_pass(
+        self, day: str, pass_index: int, files: Sequence[str], generation: int, train: bool
+    ) -> Any:
+        result = await super().run_pass(day, pass_index, files, generation, train)
+        if pass_index == 2 and generation == 1 and self.index == 1:
+            self.ps.shards[0] = Shard(self.ps.config, 0, self.ps.num_shards)
+            self.watch.ps_restarts += 1
+            self.watch.last_ps_restart = "ps-0 exited with code -9"
+            self.losses += 1
+            raise ConnectionError("PS shard restarted")
+        return result
+
+
+def test_a_ps_loss_beside_a_checkpoint_reloads_the_one_before_and_trains_every_pass_once(
+    tmp_path: Path,
+) -> None:
+    _, clean_ps = clean_run(tmp_path / "clean")
+    job = beside_job(tmp_path / "beside")
+    ps = HeldPS(render.ps_config(job.spec), num_shards=2)
+    store = MemoryStateStore()
+    workers = [Pass2Worker(ps, 0, store), LosingWorker(ps, 1, store)]
+    workers[1].watch = workers[0].watch  # one restart watch, as LocalCluster is
+    loads: list[str] = []
+
+    def on_action(action: Action, progress: Progress) -> None:
+        if isinstance(action, LoadCheckpoint):
+            loads.append(action.uri)
+
+    clock = iter(range(10_000))
+    driver = Driver(
+        job.spec,
+        ps,
+        workers,
+        store,
+        clock=lambda: float(next(clock)),
+        sleep=_no_sleep,
+        restarts=workers[0].watch,
+        observer=Observer(on_action=on_action),
+    )
+    progress = asyncio.run(driver.run())
+    assert workers[1].losses == 1
+    assert progress.phase == Phase.SUCCEEDED
+    # The checkpoint of pass 1 was never recorded: the restore reloaded the genesis.
+    assert loads == [str(tmp_path / "beside" / "ckpt" / DAY / "pass-0-g1")]
+    assert [(r.pass_index, r.generation) for r in progress.history] == [(1, 1), (2, 2)]
+    assert_same_model(ps, clean_ps)

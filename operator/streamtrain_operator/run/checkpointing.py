@@ -135,6 +135,11 @@ class Checkpointer:
         if self.on_phase is not None:
             self.on_phase(phase, time.perf_counter() - started)
 
+    @property
+    def running(self) -> bool:
+        """Is a write beside a pass still under way?"""
+        return self._task is not None and not self._task.done()
+
     async def settle(self, wait: bool) -> tuple[str | None, Failed | None]:
         """Collect the write running beside the pass if it is done, or (``wait``) once it
         is: the published checkpoint's URI, or its failure as ``CheckpointFailed``."""
@@ -150,8 +155,8 @@ class Checkpointer:
         return self._uri, None
 
     async def cancel(self) -> None:
-        """The run is cancelled (a signal): stop the write; the record keeps the previous
-        checkpoint, which the rerun reloads."""
+        """The run is cancelled (a signal), or the PS lost the snapshot being written: stop
+        the write; the record keeps the previous checkpoint, which is what gets reloaded."""
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)

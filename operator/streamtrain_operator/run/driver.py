@@ -246,10 +246,6 @@ class Driver:
                 log.exception("%s", action)
                 event = Failed("InternalError", f"{action}: {type(exc).__name__}: {exc}")
             event = await self.publisher.settle(wait=False) or event
-            # A checkpoint written beside a pass (started by a Save) is collected once that
-            # pass ran, before its outcome: a restore must find it recorded if published.
-            beside = isinstance(action, CheckData | Sleep | Save)
-            event = await self._checkpoint_written(wait=not beside) or event
             await self._hold(AFTER, action)
             if self.restart_watch is not None:
                 healed = await self.restart_watch.heal()
@@ -258,11 +254,18 @@ class Driver:
                         self.observer.on_restart(what)
                 lost = self._state_lost(restarts)
                 if lost is not None:
-                    if await self._checkpoint_written(wait=True) is not None:
-                        log.warning("a checkpoint was lost with the PS; reloading the one before")
+                    if self.checkpointer.running:  # its snapshot went with the shard
+                        await self.checkpointer.cancel()
+                        log.warning("a checkpoint being written was lost with the PS")
+                    elif await self._checkpoint_written(wait=True) is not None:
+                        log.warning("a checkpoint failed before the PS was lost")
                     self.machine.restore(lost[1], self.clock(), cause=lost[0])
                     self._save()
                     continue
+            # A checkpoint written beside a pass (started by a Save) is collected once that
+            # pass ran, before its outcome: a restore must find it recorded if published.
+            beside = isinstance(action, CheckData | Sleep | Save)
+            event = await self._checkpoint_written(wait=not beside) or event
             # "X done" is saved by the top of the loop together with "about to do Y": nothing
             # but the pure ``next_action`` runs in between, so a second write (two fsyncs, or
             # a status patch) would only repeat it.
