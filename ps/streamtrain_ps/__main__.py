@@ -26,6 +26,7 @@ from streamtrain_ps.server import DEFAULT_WORKERS, PSServer, serve_until_signal
 from streamtrain_ps.shard import Shard
 from streamtrain_ps.startup import announce
 from streamtrain_ps.tls import TLSConfigError, TLSFiles
+from streamtrain_ps.warmup import start_warm_up
 
 log = logging.getLogger("streamtrain_ps")
 
@@ -124,6 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         http, _ = start_http_server(args.metrics_port, addr=args.host, registry=registry)
         log.info("metrics on http://%s:%d/metrics", args.host, http.server_port)
     announce(server.address, f"shard {args.shard_index} of {args.num_shards}")
+    start_warm_up(config)
     try:
         serve_until_signal(server, args.grace)
     finally:

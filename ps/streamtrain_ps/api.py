@@ -130,9 +130,10 @@ class PSLike(Protocol):
         ...
 
     def snapshot(self, mode: SaveMode, snapshot_id: str) -> None:
-        """Take a save (modes 1-3) of every shard now, named ``snapshot_id`` (the caller's, so
-        a retry names the same one and applies nothing twice), to be written by
-        ``save_snapshot``: parts copied into memory, side effects applied."""
+        """Take a save of every shard now, named ``snapshot_id`` (the caller's, so a retry
+        names the same one and applies nothing twice), to be written by ``save_snapshot``:
+        parts copied into memory, side effects applied. A checkpoint (mode 0) copies every
+        row and the dense vectors: the shards' memory doubles until it is written."""
         ...
 
     def save_snapshot(self, uri: str, mode: SaveMode, snapshot_id: str) -> SaveResult:

@@ -276,12 +276,14 @@ class Shard(ShardLoads):
         model of the pass before. (A write that fails for good fails the job, whose next
         run reloads a checkpoint: an applied effect never outlives its save.) One snapshot
         per shard, replaced by the next; taking the same ``snapshot_id`` again returns it
-        without applying anything twice (a retried call). Modes 1-3 only: a checkpoint's
-        copy of every row would double the shard's memory.
+        without applying anything twice (a retried call). A checkpoint (mode 0, every table:
+        with the dense vectors) holds an encoded copy of every row until it is written —
+        the shard's memory doubles meanwhile, so the scheduler asks for one only when the
+        job opts in (``checkpoint.besideTraining``).
         """
         mode = save_mode(mode)
-        if mode == api.SaveMode.CHECKPOINT:
-            raise InvalidRequestError("mode", "a snapshot save takes modes 1-3, not checkpoints")
+        if mode == api.SaveMode.CHECKPOINT and table is not None:
+            raise InvalidRequestError("table", "a checkpoint snapshot takes every table")
         if not isinstance(snapshot_id, str) or not snapshot_id:
             raise InvalidRequestError("save_id", "must name the snapshot")
 
@@ -295,6 +297,8 @@ class Shard(ShardLoads):
                 files, effects, saved, tombs = saving.write_tables(
                     buffer, tables, mode, self.config.logicalShards, self.owned
                 )
+                if mode == api.SaveMode.CHECKPOINT:
+                    files += saving.write_dense(buffer, self._dense.snapshot())
                 for e in effects:
                     e.apply_locked()
             seconds = time.perf_counter() - start

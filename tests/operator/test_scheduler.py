@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from streamtrain_operator.job.plan import PassPlan, StepKey, StepKind
-from streamtrain_operator.job.progress import Phase, Progress
+from streamtrain_operator.job.progress import Condition, Phase, Progress
 from streamtrain_operator.job.scheduler import (
     Action,
     CheckData,
@@ -174,11 +174,13 @@ def test_step_is_recorded_before_and_after_it_runs() -> None:
     action = machine.next_action(0.0)
     assert isinstance(action, CheckData)
     assert machine.progress.current == StepKey("20261101", 1, StepKind.TRAIN)
-    assert machine.progress.phase == Phase.WAITING
+    assert machine.progress.phase == Phase.TRAINING
+    before_check = machine.progress
     machine.handle(world.answer(action), 1.0)
     action = machine.next_action(1.0)
     assert isinstance(action, RunPass)
-    assert machine.progress.phase == Phase.TRAINING
+    # The data was there: nothing changed, so the store skips the write before the RunPass.
+    assert machine.progress == before_check
     assert machine.progress.completed == PLAN.genesis
     machine.handle(world.answer(action), 2.0)
     assert machine.progress.completed == StepKey("20261101", 1, StepKind.TRAIN)
@@ -200,6 +202,9 @@ def test_late_donefile_waits_polls_and_records_the_wait() -> None:
     assert all(p.condition("DataMissing") is None for p in world.saved)
 
 
+_NONE = Condition("DataMissing", "None", "", "", 0.0)
+
+
 def test_missing_past_deadline_raises_a_condition_naming_the_folder_and_keeps_waiting() -> None:
     world = World(data_at={("20261101", 1): 100.0})
     machine = fresh()
@@ -209,6 +214,9 @@ def test_missing_past_deadline_raises_a_condition_naming_the_folder_and_keeps_wa
     assert true, "the DataMissing condition was never raised"
     assert "/data/20261101/0100" in true[0].message
     assert "20261101/1" in true[0].message
+    # A check that found the folder missing says so in the phase, written before the wait.
+    late = [p for p in world.saved if (p.condition("DataMissing") or _NONE).status == "True"]
+    assert late and all(p.phase == Phase.WAITING for p in late)
     final = machine.progress.condition("DataMissing")
     assert final is not None and final.status == "False" and final.reason == "DataArrived"
     assert machine.progress.phase == Phase.SUCCEEDED

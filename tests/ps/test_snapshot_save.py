@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from streamtrain_ps import checkpoint
@@ -76,8 +77,8 @@ def test_a_failed_write_can_be_retried_with_the_same_content(tmp_path: Path) -> 
 
 def test_bad_snapshot_requests_are_named() -> None:
     shard = Shard(config())
-    with pytest.raises(InvalidRequestError, match="mode"):
-        shard.snapshot_save(SaveMode.CHECKPOINT, "s")
+    with pytest.raises(InvalidRequestError, match="table"):
+        shard.snapshot_save(SaveMode.CHECKPOINT, "s", table=T)
     with pytest.raises(InvalidRequestError, match="save_id"):
         shard.snapshot_save(SaveMode.DELTA, "")
     shard.snapshot_save(SaveMode.DELTA, "old")
@@ -86,3 +87,42 @@ def test_bad_snapshot_requests_are_named() -> None:
         shard.write_snapshot("memory://x", "old")
     with pytest.raises(InvalidRequestError, match="uri"):
         shard.write_snapshot("", "new")
+
+
+@pytest.mark.parametrize("kind", ["remote", "local"])
+def test_a_checkpoint_snapshot_holds_the_model_of_its_moment(
+    kind: str, tmp_path: Path, ps_cluster: Callable[..., Cluster]
+) -> None:
+    """A checkpoint taken between two passes and written while the next one pushes (the
+    scheduler's ``checkpoint.besideTraining``) holds the rows and the dense vector with its
+    optimizer state as they were when it was taken: the same part files, byte for byte, as
+    an ordinary checkpoint at that moment, and it reloads to that dense vector."""
+    cfg = config()
+    ps: Any = ps_cluster(2, config=cfg).client() if kind == "remote" else LocalPS(cfg, 2)
+    twin = LocalPS(cfg, 2)
+    try:
+        for target in (ps, twin):
+            target.init_dense("mlp", np.zeros(16, np.float32))
+            push(target, keys(0, 600), show=5, click=1)
+            target.push_dense("mlp", np.full(16, 0.5, np.float32))
+        twin.save(str(tmp_path / "expected"), SaveMode.CHECKPOINT)
+        ps.snapshot(SaveMode.CHECKPOINT, "ckpt-6")
+        push(ps, keys(300, 900), show=5, click=1, seed=1)  # the next pass
+        ps.push_dense("mlp", np.full(16, -1.0, np.float32))
+        result = ps.save_snapshot(str(tmp_path / "ckpt"), SaveMode.CHECKPOINT, "ckpt-6")
+        assert result.keys_saved == 600
+        assert part_digests(tmp_path / "ckpt") == part_digests(tmp_path / "expected")
+        expected = twin.pull_dense("mlp")
+        twin.push_dense("mlp", np.full(16, 0.25, np.float32))
+        twin.load(str(tmp_path / "ckpt"))
+        assert twin.pull_dense("mlp").tobytes() == expected.tobytes()
+        with pytest.raises(CheckpointError, match="not held"):  # published and freed
+            ps.save_snapshot(str(tmp_path / "again"), SaveMode.CHECKPOINT, "ckpt-6")
+    finally:
+        ps.close()
+        twin.close()
+
+
+def part_digests(uri: Path) -> list[str]:
+    """The sha256 of every part a save's manifest lists (sparse and dense)."""
+    return sorted(f["sha256"] for f in checkpoint.read_manifest(str(uri)).files.values())

@@ -89,7 +89,11 @@ def auc_from_histograms(pos: npt.ArrayLike, neg: npt.ArrayLike) -> float | None:
         return None
     tp_after = np.cumsum(p)
     tp_before = tp_after - p
-    area = float(np.dot(n, tp_before + tp_after)) / 2.0
+    # Not ``np.dot``: numpy's OpenBLAS splits a dot of 65,536 values over its threads, which
+    # took 15-35 ms instead of 0.03 on a loaded 2-core box, its threads competing with
+    # training (the worker computes this twice a pass, the driver once). The terms are whole
+    # numbers (counts), so any order of summation gives the same result below 2**53.
+    area = float(np.multiply(n, tp_before + tp_after).sum()) / 2.0
     return area / (total_pos * total_neg)
 
 

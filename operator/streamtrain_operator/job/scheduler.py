@@ -130,6 +130,18 @@ class Done:
 
 
 @dataclass(frozen=True)
+class CheckpointTaken:
+    """A checkpoint ``Save`` whose content was taken (a PS snapshot at the pass boundary)
+    and whose files are still being written beside the next pass.
+
+    The step is complete (the next pass may train), but the checkpoint is not recorded as
+    the one to reload until the driver reports it published (``checkpoint_written``): a
+    kill or a failed write in between leaves the previous checkpoint the restore point, and
+    the replay from it skips this step like every checkpoint step.
+    """
+
+
+@dataclass(frozen=True)
 class DataChecked:
     """``missing``: folders of the pass still without their donefile."""
 
@@ -164,7 +176,7 @@ class Failed:
     message: str
 
 
-Event = Done | DataChecked | PassRan | Failed
+Event = Done | CheckpointTaken | DataChecked | PassRan | Failed
 
 
 class ProtocolError(RuntimeError):
@@ -197,6 +209,8 @@ class Scheduler:
         self._pending: Action | None = None
         self._started = False
         self._stop: tuple[str, str] | None = None
+        #: A checkpoint taken (``CheckpointTaken``) whose files are not yet published.
+        self._unwritten: Published | None = None
         self._sleep: float | None = None
         self._pass: _PassState | None = None
         #: Restores caused by a failed share, by pass (bounded by ``pass_retries``).
@@ -227,9 +241,18 @@ class Scheduler:
         self._sleep = None
         self._queue = []
         self._started = False
+        self._unwritten = None
         self.progress = self.progress.with_condition(
             Condition("Restored", "True", cause, reason, now)
         )
+
+    def checkpoint_written(self, uri: str) -> None:
+        """The files of the checkpoint taken for ``uri`` are published: from now on it is
+        the one a restore reloads (saved with the next progress write)."""
+        if self._unwritten is None or self._unwritten.uri != uri:
+            raise ProtocolError(f"checkpoint {uri} was not taken")
+        self.progress = replace(self.progress, checkpoint=self._unwritten)
+        self._unwritten = None
 
     @property
     def generation(self) -> int:
@@ -267,8 +290,12 @@ class Scheduler:
         elif isinstance(action, RunPass):
             self._on_pass(action, _expect(event, PassRan), now)
         elif isinstance(action, Save):
-            _expect(event, Done)
-            self._on_saved(action)
+            if isinstance(event, CheckpointTaken) and action.key.kind == StepKind.CHECKPOINT:
+                self._unwritten = Published(action.key, action.uri)
+                self._complete(action.key)
+            else:
+                _expect(event, Done)
+                self._on_saved(action)
         elif isinstance(action, Shrink):
             _expect(event, Done)
             days = (*self.progress.shrunk_days, action.key.day)[-SHRUNK_DAYS_KEPT:]
@@ -325,7 +352,8 @@ class Scheduler:
                 queue.append(Save(key, self.plan.export_uri(key), gen, replay=True))
             elif key.kind == StepKind.SHRINK:
                 queue.append(Shrink(key, replay=True))
-            # No checkpoint step can follow the last published checkpoint and be completed.
+            # A checkpoint step after the last published checkpoint was taken but never
+            # written (``CheckpointTaken``): nothing to redo, the next one comes in time.
         self._queue = queue
         self.progress = replace(
             p,
@@ -347,7 +375,11 @@ class Scheduler:
             st = self._pass
             if st is None or st.key != key:
                 st = self._pass = _PassState(key, pending=set(self._all_shares()))
-                self._begin(key, Phase.WAITING, now)
+                # Training, not WaitingForData, until a data check finds a folder missing:
+                # the check takes milliseconds when the data is there (almost always), and
+                # so the record before the RunPass equals the one before the check, and the
+                # store skips that write (one fsynced write less per pass; docs/decisions.md).
+                self._begin(key, Phase.TRAINING, now)
             if not st.data_ready:
                 return CheckData(key)
             shares = tuple(sorted(st.pending))
@@ -384,6 +416,7 @@ class Scheduler:
                 "DataMissing", now, "DataArrived"
             )
             return
+        self.progress = replace(self.progress, phase=Phase.WAITING)
         if st.wait_seconds >= self.policy.missing_deadline_seconds:
             message = (
                 f"pass {action.key.day}/{action.key.pass_index}: no donefile after "

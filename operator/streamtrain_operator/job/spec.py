@@ -196,6 +196,13 @@ class CheckpointSpec:
         minimum=1,
     )
     keep: int = setting(3, "Published checkpoints kept; older ones are deleted.", minimum=1)
+    besideTraining: bool = setting(
+        False,
+        "Write a checkpoint's files while the next pass trains: every PS shard copies "
+        "its rows and dense vectors into memory at the pass boundary (its memory doubles "
+        "until they are written) and the checkpoint is recorded once published. Off: the "
+        "workers wait for each checkpoint.",
+    )
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,15 @@ from streamtrain_operator.job.scheduler import (
     Terminal,
 )
 from streamtrain_operator.job.spec import JobSpec
-from streamtrain_operator.run import export, passfiles, publishing, retention, worker_errors
+from streamtrain_operator.run import (
+    checkpointing,
+    export,
+    passfiles,
+    publishing,
+    retention,
+    worker_errors,
+    worker_reset,
+)
 from streamtrain_operator.run.hooks import AFTER, BEFORE, NO_HOOK, StepHook
 from streamtrain_operator.run.state import StateStore
 from streamtrain_ps.api import PSLike, SaveMode
@@ -51,12 +59,6 @@ from streamtrain_worker.data.sharding import assign_files
 from streamtrain_worker.metrics import PassMetrics
 
 log = logging.getLogger(__name__)
-
-#: Seconds between two ``Reset`` calls to a worker still busy with an earlier pass.
-IDLE_POLL_SECONDS = 0.5
-#: How long a reload waits for a worker that does not answer (a pod being restarted: the
-#: kubelet's back-off reaches 5 minutes).
-RESTART_WAIT_SECONDS = 600.0
 
 SAVE_MODES = {
     StepKind.DELTA: SaveMode.DELTA,
@@ -189,6 +191,10 @@ class Driver:
             hook=step_hook,
             on_phase=self.observer.on_phase,
         )
+        #: The checkpoint steps; with ``checkpoint.besideTraining`` written beside a pass.
+        self.checkpointer = checkpointing.Checkpointer(
+            spec, self.plan, ps, self.retry, sleep, self.observer.on_phase
+        )
 
     async def _hold(self, point: str, action: Action) -> None:
         """Offer a step to the hook: only real steps run for the first time (a replay
@@ -208,6 +214,7 @@ class Driver:
             return await self._loop()
         finally:
             await self.publisher.cancel()  # cancelled (a signal): the rerun publishes it
+            await self.checkpointer.cancel()  # not recorded: the rerun reloads the one before
 
     async def _loop(self) -> Progress:
         while True:
@@ -217,12 +224,17 @@ class Driver:
                 failed = await self.publisher.settle(wait=True)
                 if failed is not None:  # recorded, not published: the next run publishes it
                     log.error("%s: %s", failed.reason, failed.message)
+                # A stop during the pass beside a checkpoint: recorded if it was written.
+                failed = await self._checkpoint_written(wait=True)
+                if failed is not None:  # the record keeps the one before: the rerun reloads it
+                    log.error("%s: %s", failed.reason, failed.message)
                 return self.machine.progress
             if self.observer.on_action is not None:
                 self.observer.on_action(action, self.machine.progress)
             restarts = self._restarts()
             await self._hold(BEFORE, action)
             failed = await self.publisher.settle(wait=not publishing.beside(action))
+            failed = await self._checkpoint_written(not publishing.beside(action)) or failed
             if failed is not None and isinstance(action, LoadCheckpoint):
                 # A restore: the model's step comes after the checkpoint it reloads (every
                 # checkpoint waits for the publications before it), so its replay publishes it.
@@ -242,13 +254,32 @@ class Driver:
                         self.observer.on_restart(what)
                 lost = self._state_lost(restarts)
                 if lost is not None:
+                    if self.checkpointer.running:  # its snapshot went with the shard
+                        await self.checkpointer.cancel()
+                        log.warning("a checkpoint being written was lost with the PS")
+                    elif await self._checkpoint_written(wait=True) is not None:
+                        log.warning("a checkpoint failed before the PS was lost")
                     self.machine.restore(lost[1], self.clock(), cause=lost[0])
                     self._save()
                     continue
+            # A checkpoint written beside a pass (started by a Save) is collected once that
+            # pass ran, before its outcome: a restore must find it recorded if published.
+            beside = isinstance(action, CheckData | Sleep | Save)
+            event = await self._checkpoint_written(wait=not beside) or event
             # "X done" is saved by the top of the loop together with "about to do Y": nothing
             # but the pure ``next_action`` runs in between, so a second write (two fsyncs, or
             # a status patch) would only repeat it.
             self.machine.handle(event, self.clock())
+
+    async def _checkpoint_written(self, wait: bool) -> Failed | None:
+        """Collect a checkpoint written beside a pass (``checkpointing``): record it once
+        published; its failure, if it failed."""
+        uri, failed = await self.checkpointer.settle(wait)
+        if uri is not None:
+            self.machine.checkpoint_written(uri)
+            self._save()  # the new restore point is durable: the older ones may go
+            await self.checkpointer.prune(uri)
+        return failed
 
     def _restarts(self) -> tuple[int, int]:
         if self.restart_watch is None:
@@ -419,22 +450,7 @@ class Driver:
         key = action.key
         mode = SAVE_MODES[key.kind]
         if key.kind == StepKind.CHECKPOINT:
-
-            async def checkpoint() -> Event:
-                started = time.perf_counter()
-                await asyncio.to_thread(self.ps.save, action.uri, mode)
-                self._timed("checkpoint_save", started)
-                started = time.perf_counter()
-                await asyncio.to_thread(
-                    retention.prune_checkpoints,
-                    self.plan.checkpoint_root,
-                    action.uri,
-                    self.spec.checkpoint.keep,
-                )
-                self._timed("prune", started)
-                return Done()
-
-            return await self._guard("CheckpointFailed", checkpoint)
+            return await self.checkpointer.step(action)
         return await self.publisher.step(action, mode, self.machine.progress.history)
 
     async def _shrink(self) -> Event:
@@ -442,60 +458,16 @@ class Driver:
         return Done({"deleted": float(result.deleted), "keys": float(result.keys_after)})
 
     async def _load(self, uri: str) -> Event:
-        await self._wait_for_idle_workers()
+        await worker_reset.wait_for_idle(
+            self.workers,
+            self.machine.progress.generation,
+            self.spec.workers.passTimeoutSeconds,
+            self.sleep,
+        )
         # A restore replaces the live state, which is to be discarded anyway: release it
         # first (once every part is verified), half the peak of keeping it until the swap.
         keys = await asyncio.to_thread(self.ps.load, uri, discard_live=True)
         return Done({"keys": float(keys)})
-
-    async def _wait_for_idle_workers(self) -> None:
-        """Before every reload: wait until no worker still runs a pass of an earlier generation.
-
-        A worker finishes what it started: cancelling the ``RunPass`` call (a
-        ``passTimeoutSeconds`` timeout, a driver cancelled after a PS restart, an operator
-        pod that was lost) does not stop it, and it keeps pulling and pushing until its
-        share is done. Those pushes, landing after the checkpoint was loaded, would count
-        that part of the pass twice once it is redone. ``Reset`` with this driver's (newer)
-        generation makes the worker cancel such a pass at its next batch boundary, flush its
-        pushes, and only then answer, so once every worker has answered, nothing old can push
-        any more. A worker busy with something else (an export) answers "busy" and is asked
-        again, bounded by ``passTimeoutSeconds`` (unbounded without it, like the pass
-        itself); a worker that does not answer at all (its pod is being restarted, with the
-        kubelet's back-off) is asked again for up to ``RESTART_WAIT_SECONDS``.
-        """
-        limit = self.spec.workers.passTimeoutSeconds
-        generation = self.machine.progress.generation
-        log.warning(
-            "generation %d reloads the checkpoint: resetting the workers first (a pass of an "
-            "earlier generation still running is cancelled and its pushes flushed)",
-            generation,
-        )
-
-        async def idle(worker: WorkerClient) -> None:
-            waited = 0.0
-            while True:
-                try:
-                    await worker.reset(generation)
-                    return
-                except Exception as exc:
-                    busy, down = worker_errors.busy(exc), worker_errors.unavailable(exc)
-                    if not (busy or down):
-                        raise
-                    if busy and limit is not None and waited >= limit:
-                        raise
-                    if down and waited >= RESTART_WAIT_SECONDS:
-                        raise
-                if waited == 0.0:
-                    log.warning(
-                        "%s is %s: generation %d waits for it before reloading the checkpoint",
-                        worker.name,
-                        "busy" if busy else "not answering",
-                        generation,
-                    )
-                await self.sleep(IDLE_POLL_SECONDS)
-                waited += IDLE_POLL_SECONDS
-
-        await asyncio.gather(*(idle(w) for w in self.workers))
 
     async def _reset_workers(self) -> Event:
         generation = self.machine.progress.generation

@@ -30,7 +30,9 @@ PyTorch), ``e2e_vs_train`` (launch-to-finish over training-only),
 beyond the workers' batch loops), ``startup_seconds``, ``step_seconds`` (per kind: total and
 count), ``phase_seconds`` (the parts of the steps and of the start-up, total and count:
 ``launch`` and ``connect`` of the processes; a publication's ``sparse`` PS save, ``dense``
-TorchScript export, ``manifest`` and ``donefile``; ``checkpoint_save`` and its ``prune``;
+TorchScript export, ``manifest`` and ``donefile``; ``checkpoint_save`` and its ``prune``,
+``checkpoint_snapshot`` (a checkpoint taken at the pass boundary and written beside the next
+pass, ``checkpoint.besideTraining``, which this job sets);
 ``assign``, a pass's file listing and recording; ``state``, the durable progress writes),
 plus the settings used.
 """
@@ -98,7 +100,9 @@ def manifest(
             "dense": {"optimizer": {"type": "adam", "learningRate": dense_lr}},
             "ps": {"replicas": shards},
             "workers": {"replicas": workers},
-            "checkpoint": {"path": "checkpoints", "everyPasses": 6},
+            # Each checkpoint's files are written while the next pass trains (a copy of
+            # the PS's rows, 7 MB here, held meanwhile: docs/decisions.md).
+            "checkpoint": {"path": "checkpoints", "everyPasses": 6, "besideTraining": True},
             "export": {"path": "models", "deltaEveryPasses": 1},
         },
     }
