@@ -286,6 +286,12 @@ class Shard(ShardLoads):
             raise InvalidRequestError("table", "a checkpoint snapshot takes every table")
         if not isinstance(snapshot_id, str) or not snapshot_id:
             raise InvalidRequestError("save_id", "must name the snapshot")
+        if mode == api.SaveMode.CHECKPOINT and self.config.memoryLimit:
+            raise InvalidRequestError(
+                "mode",
+                "a checkpoint snapshot holds a copy of every row (the disk tier's too) in "
+                "memory, outside this shard's memoryLimit: write the checkpoint directly",
+            )
 
         def take() -> tuple[checkpoint.PartBuffer, api.SaveResult]:
             tables = self._selected(table)

@@ -131,6 +131,14 @@ def test_non_default_values_are_kept() -> None:
         ({"workers.replicas": True}, "spec.workers.replicas: must be an integer"),
         ({"workers.resources": {"requests": {"cpu": [1]}}}, "spec.workers.resources.requests.cpu"),
         ({"suspend": None}, "spec.suspend: must not be null"),
+        (
+            {"checkpoint.besideTraining": True, "ps.memoryLimit": 1 << 30},
+            "spec.checkpoint.besideTraining: needs PS shards without a memory limit",
+        ),
+        (
+            {"checkpoint.besideTraining": True, "ps.resources": {"limits": {"memory": "8Gi"}}},
+            "spec.checkpoint.besideTraining: needs PS shards without a memory limit",
+        ),
     ],
 )
 def test_errors_name_the_field(changes: dict[str, Any], message: str) -> None:

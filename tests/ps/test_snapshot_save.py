@@ -8,6 +8,7 @@ what lets the scheduler write a pass's delta beside the next pass (docs/schedule
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,10 @@ def test_bad_snapshot_requests_are_named() -> None:
         shard.write_snapshot("memory://x", "old")
     with pytest.raises(InvalidRequestError, match="uri"):
         shard.write_snapshot("", "new")
+    capped = Shard(dataclasses.replace(config(), memoryLimit=1 << 30))
+    with pytest.raises(InvalidRequestError, match="outside this shard's memoryLimit"):
+        capped.snapshot_save(SaveMode.CHECKPOINT, "s")
+    capped.close()
 
 
 @pytest.mark.parametrize("kind", ["remote", "local"])

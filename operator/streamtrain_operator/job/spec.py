@@ -201,7 +201,7 @@ class CheckpointSpec:
         "Write a checkpoint's files while the next pass trains: every PS shard copies "
         "its rows and dense vectors into memory at the pass boundary (its memory doubles "
         "until they are written) and the checkpoint is recorded once published. Off: the "
-        "workers wait for each checkpoint.",
+        "workers wait for each checkpoint. Needs PS shards without a memory limit.",
     )
 
 
@@ -271,6 +271,15 @@ class JobSpec:
                     "must not embed credentials (user:password@host); put them in the "
                     "Secret named by storageSecretRef",
                 )
+        capped = self.ps.memoryLimit or self.ps.resources.limits.get("memory")
+        if self.checkpoint.besideTraining and capped:
+            raise SpecError(
+                f"{path}.checkpoint.besideTraining",
+                "needs PS shards without a memory limit (spec.ps.memoryLimit and "
+                "spec.ps.resources.limits.memory unset): the copy of every row held until "
+                "the checkpoint is written is outside a capped shard's budget, and its disk "
+                "tier's rows would be copied into memory; turn it off or remove the limit",
+            )
 
 
 #: scheme://user:password@ — a URL carrying a secret in its userinfo.
