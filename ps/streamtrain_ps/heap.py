@@ -15,6 +15,21 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
+from collections.abc import Callable
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, looked up once: ``find_library`` runs a subprocess
+    (``ldconfig``), ~6 ms a call, which a capped shard trimming near its limit paid on
+    every trim (measured in a profile of its pulls). None where there is no such call."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim: Callable[[int], int] = libc.malloc_trim
+    except (OSError, AttributeError):
+        return None
+    return trim
 
 
 def release_scratch_memory() -> None:
@@ -24,8 +39,6 @@ def release_scratch_memory() -> None:
     duplicates); glibc keeps much of it mapped after ``free``, where it would count as
     resident memory of the table until reused. Called after such pushes only.
     """
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.malloc_trim(0)
-    except (OSError, AttributeError):
-        return
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
