@@ -15,7 +15,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -41,6 +41,7 @@ from streamtrain_ps.memory_limit import (
     MemoryGovernor,
     bound_allocator,
     peak_rss_bytes,
+    request_scratch_bytes,
     warm_kernels,
 )
 from streamtrain_ps.push_errors import raise_push_errors
@@ -108,7 +109,9 @@ class Shard(ShardLoads):
             if limit:
                 bound_allocator()
                 warm_kernels(config)
-                memory_budget = MemoryBudget.measure(limit, num_tables=len(config.tables))
+                memory_budget = MemoryBudget.measure(
+                    limit, num_tables=len(config.tables), request=request_scratch_bytes(config)
+                )
         store_memory = StoreMemory(memory_budget.store) if limit else None
         # Slabs sized for the table budget up front (untouched pages are not resident), so
         # reaching the budget never copies a slab (a copy would hold old and new at once).
@@ -140,6 +143,12 @@ class Shard(ShardLoads):
         self._memory = MemoryGovernor(
             memory_budget, list(self._tables.values()), disk_limit=config.diskLimit
         )
+        n = memory_budget.requests_in_flight
+        #: Sparse requests served at once, as many as the scratch reserve holds (a capped
+        #: shard; the servicer enters it around a request's decode, work and encode).
+        self._request_gate: AbstractContextManager[object] = (
+            threading.BoundedSemaphore(n) if n else nullcontext()
+        )
         self._dense = DenseStore(config.dense.optimizer)
         self._last_save = 0.0
         self._last_load = 0.0
@@ -152,6 +161,11 @@ class Shard(ShardLoads):
         self._effects_lock = threading.Lock()
 
     # -- sparse -----------------------------------------------------------------------------
+
+    def request_slot(self) -> AbstractContextManager[object]:
+        """Held while one sparse request is decoded, served and encoded: a capped shard
+        serves at most ``memory_budget.requests_in_flight`` at once (its scratch reserve)."""
+        return self._request_gate
 
     def pull_sparse(self, table: str, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]:
         """Rows ``[show, click, embed_w, embedx_w...]``; unknown keys are zeros (not created)."""
