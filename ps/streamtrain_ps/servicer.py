@@ -73,7 +73,7 @@ class ShardLike(Protocol):
 
     def pull_sparse(self, table: str, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]: ...
 
-    def request_slot(self) -> AbstractContextManager[object]: ...
+    def request_slot(self, keys: int) -> AbstractContextManager[None]: ...
 
     def push_sparse(
         self,
@@ -179,7 +179,7 @@ class PSServicer(ps_pb2_grpc.ParameterServerServicer):
     ) -> ps_pb2.PullSparseResponse:
         def run() -> ps_pb2.PullSparseResponse:
             table = self._table(request.table)
-            with self._shard.request_slot():
+            with self._shard.request_slot(len(request.keys) // wire.KEY_DTYPE.itemsize):
                 keys = wire.decode_keys(request.keys, max_keys=self._config.maxKeysPerRequest)
                 values = self._shard.pull_sparse(table.name, keys)
                 data, dim = wire.encode_matrix(values)
@@ -219,7 +219,7 @@ class PSServicer(ps_pb2_grpc.ParameterServerServicer):
                     table.name, batch.keys, batch.grads, batch.shows, batch.clicks, batch.slots
                 )
 
-            with self._shard.request_slot():
+            with self._shard.request_slot(int(batch.keys.size)):
                 updated, duplicate = self._once("PushSparse", request.id, apply)
             return ps_pb2.PushSparseResponse(keys_updated=updated, duplicate=duplicate)
 

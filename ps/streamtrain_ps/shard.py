@@ -15,7 +15,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, ExitStack, nullcontext
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -41,10 +41,12 @@ from streamtrain_ps.memory_limit import (
     MemoryGovernor,
     bound_allocator,
     peak_rss_bytes,
+    request_bytes_per_key,
     request_scratch_bytes,
     warm_kernels,
 )
 from streamtrain_ps.push_errors import raise_push_errors
+from streamtrain_ps.request_gate import RequestGate
 from streamtrain_ps.shard_loads import PreparedLoad, ShardLoads
 from streamtrain_ps.staging import Pending, SaveEffects
 from streamtrain_ps.tiering import DiskOptions, TieredTable
@@ -143,11 +145,11 @@ class Shard(ShardLoads):
         self._memory = MemoryGovernor(
             memory_budget, list(self._tables.values()), disk_limit=config.diskLimit
         )
-        n = memory_budget.requests_in_flight
-        #: Sparse requests served at once, as many as the scratch reserve holds (a capped
-        #: shard; the servicer enters it around a request's decode, work and encode).
-        self._request_gate: AbstractContextManager[object] = (
-            threading.BoundedSemaphore(n) if n else nullcontext()
+        #: Sparse requests served at once: as many as the scratch reserve holds, by bytes
+        #: (a capped shard; the servicer holds it around a request's decode, work, encode).
+        self._gate = RequestGate(
+            memory_budget.requests_in_flight * memory_budget.request_bytes,
+            request_bytes_per_key(config),
         )
         self._dense = DenseStore(config.dense.optimizer)
         self._last_save = 0.0
@@ -162,10 +164,10 @@ class Shard(ShardLoads):
 
     # -- sparse -----------------------------------------------------------------------------
 
-    def request_slot(self) -> AbstractContextManager[object]:
-        """Held while one sparse request is decoded, served and encoded: a capped shard
-        serves at most ``memory_budget.requests_in_flight`` at once (its scratch reserve)."""
-        return self._request_gate
+    def request_slot(self, keys: int) -> AbstractContextManager[None]:
+        """Held while one sparse request of ``keys`` keys is decoded, served and encoded: a
+        capped shard serves no more at once than its scratch reserve holds."""
+        return self._gate.admit(keys)
 
     def pull_sparse(self, table: str, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]:
         """Rows ``[show, click, embed_w, embedx_w...]``; unknown keys are zeros (not created)."""

@@ -15,6 +15,7 @@ from streamtrain_ps import memory_limit as ml
 from streamtrain_ps.config import PSConfig, TableConfig
 from streamtrain_ps.errors import MemoryLimitError
 from streamtrain_ps.remote import RemotePS
+from streamtrain_ps.request_gate import RequestGate
 from streamtrain_ps.server import PSServer
 from streamtrain_ps.shard import Shard
 
@@ -41,13 +42,16 @@ def test_the_reserve_is_the_requests_in_flight_and_the_rest_goes_to_tables() -> 
     request = (30 * MIB, 4 * MIB)
     small = ml.MemoryBudget.measure(300 * MIB, 200 * MIB, request=request)
     assert small.requests_in_flight == 1  # a 30 % share (30 MiB) holds less than one
-    assert small.scratch == 30 * MIB + 2 * 4 * MIB + ml.STORE_OUTSIDE_CACHE
+    # one request in flight, a message at the gate per spare RPC thread
+    assert small.scratch == 30 * MIB + ml.SPARE_RPC_THREADS * 4 * MIB + ml.STORE_OUTSIDE_CACHE
     rest = 100 * MIB - small.store - small.scratch - ml.HUGE_PAGE_SLACK_PER_TABLE
     assert small.tables == rest
     assert small.rpc_threads == 1 + ml.SPARE_RPC_THREADS
     large = ml.MemoryBudget.measure(2048 * MIB, 200 * MIB, request=request)
-    assert large.requests_in_flight == min(os.cpu_count() or 1, 14)
-    assert large.scratch == large.requests_in_flight * 30 * MIB + 8 * MIB + ml.STORE_OUTSIDE_CACHE
+    n = min(os.cpu_count() or 1, int(1848 * MIB * ml.SCRATCH_SHARE) // (34 * MIB))
+    assert large.requests_in_flight == n
+    waiting = n + ml.SPARE_RPC_THREADS - 1
+    assert large.scratch == n * 30 * MIB + waiting * 4 * MIB + ml.STORE_OUTSIDE_CACHE
 
 
 def test_a_limit_below_one_request_in_flight_is_refused_naming_max_keys() -> None:
@@ -63,7 +67,7 @@ def test_a_limit_below_one_request_in_flight_is_refused_naming_max_keys() -> Non
 def test_the_server_serves_no_more_sparse_requests_at_once_than_the_budget(
     tmp_path: Path,
 ) -> None:
-    budget = ml.MemoryBudget(10**9, 0, 0, 0, 10**9, requests_in_flight=1)
+    budget = ml.MemoryBudget(10**9, 0, 0, 0, 10**9, requests_in_flight=1, request_bytes=10**6)
     cfg = config(tmp_path / "disk", 10**9)
     shard = Shard(cfg, memory_budget=budget)
     server = PSServer(shard, cfg)
@@ -73,7 +77,7 @@ def test_the_server_serves_no_more_sparse_requests_at_once_than_the_budget(
     try:
         with RemotePS([server.address], cfg) as ps:
             ps.wait_ready()
-            with shard.request_slot():  # the one slot taken: a pull waits for it
+            with shard.request_slot(10**9):  # the whole reserve taken: a pull waits
                 t = threading.Thread(target=lambda: (ps.pull_sparse(T, keys), done.set()))
                 t.start()
                 assert not done.wait(0.5)
@@ -83,3 +87,26 @@ def test_the_server_serves_no_more_sparse_requests_at_once_than_the_budget(
     finally:
         server.close()
         shard.close()
+
+
+def test_requests_are_admitted_while_their_bytes_fit_beside_those_in_flight() -> None:
+    gate = RequestGate(capacity=100, bytes_per_key=10)
+    order: list[str] = []
+    with gate.admit(4), gate.admit(6):  # 40 + 60 bytes: both fit at once
+        assert gate.used == 100
+        waiter = threading.Thread(target=lambda: _admit(gate, 1, order))
+        waiter.start()
+        waiter.join(0.3)
+        assert waiter.is_alive() and not order  # 10 more bytes do not fit
+    waiter.join(30)
+    assert order == ["in"] and gate.used == 0
+    with gate.admit(10**6):  # larger than the whole gate: admitted alone
+        assert gate.used == 100
+    unbounded = RequestGate(capacity=0, bytes_per_key=10)
+    with unbounded.admit(10**9), unbounded.admit(10**9):
+        assert unbounded.used == 0
+
+
+def _admit(gate: RequestGate, keys: int, order: list[str]) -> None:
+    with gate.admit(keys):
+        order.append("in")
