@@ -6,9 +6,13 @@ minutes to grow on a 2-core box, so the default is the same limit *per key* at a
 table (``--capped-keys``, default 4M; ``--capped-keys 100000000`` for the full size):
 
 - **limit** = the fixed overhead of a shard process (measured in a fresh interpreter as
-  the shard measures it: interpreter, numpy, numba code, RocksDB, gRPC modules) plus
-  ``--capped-bytes-per-key`` (default 20 B: (2 GiB − ~170 MB of overhead) / 100M keys)
-  times the keys. About a fifth of the keys fit in the RAM tier; the rest go to disk.
+  the shard measures it: interpreter, numpy, numba code, RocksDB, gRPC modules), plus the
+  scratch reserve of one request in flight (``capped_request_reserve_bytes``: a constant
+  of the process, like the overhead, not a per-key cost), plus ``--capped-bytes-per-key``
+  (default 20 B: (2 GiB − ~170 MB of overhead) / 100M keys) times the keys. Scaled down
+  this way the tables get about the bytes per key they get under 2 GiB at 100M keys
+  (~15 B); ``--capped-scale-reserve`` leaves the reserve out (the earlier rounds' limit,
+  where it takes half of the 80 MB at 4M keys). Most keys go to disk either way.
 - **growth**: both shards get every key once (score 0.1, the long tail), then the
   ``HOT_SHARE`` most popular keys of the Zipf law again (score 0.5), so the hot set is
   what the capped shard keeps in RAM; keys/s of each growth step, for the capped shard past
@@ -50,6 +54,11 @@ import streamtrain_ps
 import streamtrain_tools as bench
 from streamtrain_ps.config import PSConfig
 from streamtrain_ps.launch import Launched, shard_process
+from streamtrain_ps.memory_limit import (
+    SPARE_RPC_THREADS,
+    STORE_OUTSIDE_CACHE,
+    request_scratch_bytes,
+)
 from streamtrain_ps.remote import RemotePS
 from streamtrain_tools.bench.ps_scale import DIM, TABLE, config, rss, spread, throughput, zipf_ranks
 
@@ -160,12 +169,16 @@ def capped_phase(args: argparse.Namespace, work: Path) -> dict[str, float]:
     (work / "uncapped").mkdir()
     (work / "capped").mkdir()
     overhead = fixed_overhead()
+    request, message = request_scratch_bytes(base)
+    reserve = 0 if args.capped_scale_reserve else request + SPARE_RPC_THREADS * message
+    reserve += 0 if args.capped_scale_reserve else STORE_OUTSIDE_CACHE
     with shard_process(base, work / "uncapped") as free_child:
-        limit = overhead + int(n * args.capped_bytes_per_key)
+        limit = overhead + reserve + int(n * args.capped_bytes_per_key)
         res: dict[str, float] = {
             "capped_keys": n,
             "capped_limit_bytes": limit,
             "capped_fixed_overhead_bytes": overhead,
+            "capped_request_reserve_bytes": reserve,
         }
         capped_cfg = replace(base, memoryLimit=limit, diskPath=str(work / "disk"))
         port = free_port()
