@@ -190,6 +190,8 @@ class TieredTable(SparseTable):
         uniq, inverse = np.unique(keys[miss], return_inverse=True)
         with self.lock.read():
             maybe = np.flatnonzero(self._filter.maybe(uniq))
+            if maybe.size and not self._any_held(uniq[maybe]):
+                return out  # the filter's false positives: zeros, as super().pull left them
         if not maybe.size:  # no tier holds them: zeros, as super().pull left them
             return out
         if make_room is not None:
@@ -201,6 +203,18 @@ class TieredTable(SparseTable):
         pulled[maybe[found]] = values[:, cols]
         out[miss] = pulled[inverse]
         return out
+
+    def _any_held(self, keys: npt.NDArray[np.uint64]) -> bool:
+        """Whether any of ``keys`` (RAM misses the filter let through) is on disk, or in RAM
+        by now. Reader lock held: a pull whose candidates are all false positives then
+        needs no writer lock (a promotion puts a key in RAM before it deletes it from disk,
+        and a demotion waits for readers, so no key is in neither meanwhile)."""
+        if self._disk is not None and self._disk.get(keys)[0].any():
+            return True
+        a = self._arrays
+        rows = np.empty(keys.size, dtype=np.int64)
+        ix.lookup_many(a.slots, a.keys, keys, rows)
+        return bool((rows >= 0).any())
 
     def _fetch_locked(
         self, keys: npt.NDArray[np.uint64]
