@@ -37,8 +37,8 @@ __all__ = [
 ]
 
 #: Most keys per request a client (``RemotePS``) sends by default. A capped shard reserves
-#: scratch for the largest request it admits, so a job's capped shards admit this many
-#: (``job.render``), not the 4M-key default.
+#: scratch for the largest request it admits, so it admits no more than this many
+#: (``memory_limit.capped_request_keys``), whatever ``maxKeysPerRequest`` allows.
 REQUEST_KEYS = 65_536
 
 SparseOptimizerType = Literal["adagrad", "std_adagrad", "adam", "ftrl"]

@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from streamtrain_ps.api import SaveMode
-from streamtrain_ps.config import PSConfig
+from streamtrain_ps.config import REQUEST_KEYS, PSConfig
 from streamtrain_ps.errors import MemoryLimitError, WorkingSet  # the error lives in errors
 from streamtrain_ps.heap import release_scratch_memory
 from streamtrain_ps.tiering import DiskOptions, TieredTable
@@ -161,8 +161,8 @@ class MemoryBudget:
         tables = rest - store - scratch - num_tables * HUGE_PAGE_SLACK_PER_TABLE
         if tables < MIN_TABLE_BUDGET:
             requests = (
-                f"{scratch} for {in_flight} request(s) in flight of up to maxKeysPerRequest keys "
-                f"({request_bytes} bytes each; a smaller maxKeysPerRequest needs less)"
+                f"{scratch} for {in_flight} request(s) in flight of the most keys a request "
+                f"may carry ({request_bytes} bytes each; a smaller maxKeysPerRequest needs less)"
                 if request_bytes
                 else f"{scratch} for requests in flight"
             )
@@ -206,14 +206,21 @@ def request_bytes_per_key(config: PSConfig) -> int:
     return REQUEST_FIXED_BYTES_PER_KEY + REQUEST_BYTES_PER_COLUMN * widest
 
 
-def request_scratch_bytes(config: PSConfig) -> tuple[int, int]:
-    """(scratch, message bytes) of the largest sparse request ``config`` admits: at most
-    ``maxKeysPerRequest`` keys, and no more than ``maxMessageBytes`` carries, of its widest
-    table (``REQUEST_FIXED_BYTES_PER_KEY``)."""
+def capped_request_keys(config: PSConfig) -> int:
+    """Most keys a capped shard admits in one sparse request: ``maxKeysPerRequest``, but
+    no more than ``REQUEST_KEYS`` (what ``RemotePS`` sends; the 4M-key default would need a
+    reserve of ~1.4 GB at embedxDim 8) nor than ``maxMessageBytes`` carries."""
     widest = max((t.push_dim for t in config.tables), default=0)
     wire = PUSH_WIRE_FIXED_BYTES + 4 * widest
-    keys = min(config.maxKeysPerRequest, config.maxMessageBytes // wire)
-    return keys * request_bytes_per_key(config), keys * wire
+    return min(config.maxKeysPerRequest, REQUEST_KEYS, config.maxMessageBytes // wire)
+
+
+def request_scratch_bytes(config: PSConfig) -> tuple[int, int]:
+    """(scratch, message bytes) of the largest sparse request a capped shard with
+    ``config`` admits (``capped_request_keys``) for its widest table."""
+    widest = max((t.push_dim for t in config.tables), default=0)
+    keys = capped_request_keys(config)
+    return keys * request_bytes_per_key(config), keys * (PUSH_WIRE_FIXED_BYTES + 4 * widest)
 
 
 def _mib_up(n: int) -> int:

@@ -40,6 +40,7 @@ from streamtrain_ps.memory_limit import (
     MemoryBudget,
     MemoryGovernor,
     bound_allocator,
+    capped_request_keys,
     peak_rss_bytes,
     request_bytes_per_key,
     request_scratch_bytes,
@@ -145,6 +146,9 @@ class Shard(ShardLoads):
         self._memory = MemoryGovernor(
             memory_budget, list(self._tables.values()), disk_limit=config.diskLimit
         )
+        #: Most keys of one request (0: ``maxKeysPerRequest``): a process budget's reserve
+        #: holds ``capped_request_keys`` (a table-only budget reserves nothing).
+        self._max_keys = capped_request_keys(config) if memory_budget.request_bytes else 0
         #: Sparse requests served at once: as many as the scratch reserve holds, by bytes
         #: (a capped shard; the servicer holds it around a request's decode, work, encode).
         self._gate = RequestGate(
@@ -451,6 +455,11 @@ class Shard(ShardLoads):
         if k.size > self.config.maxKeysPerRequest:
             raise RequestTooLargeError(
                 f"keys: {k.size} keys exceed maxKeysPerRequest {self.config.maxKeysPerRequest}"
+            )
+        if self._max_keys and k.size > self._max_keys:
+            raise RequestTooLargeError(
+                f"keys: {k.size} keys exceed the {self._max_keys} a shard under memoryLimit "
+                "admits in one request (its scratch reserve holds that many)"
             )
         return k
 

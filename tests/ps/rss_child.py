@@ -29,11 +29,7 @@ def main() -> None:
     table = TableConfig(
         name="t", embedxDim=8, embedxThreshold=10.0, optimizer=SparseOptimizerConfig()
     )
-    # requests of BATCH keys: the scratch reserve holds one that large (a capped shard's
-    # reserve is sized from maxKeysPerRequest)
-    cfg = PSConfig(
-        tables=(table,), diskPath=tempfile.mkdtemp(prefix="rss-child-"), maxKeysPerRequest=BATCH
-    )
+    cfg = PSConfig(tables=(table,), diskPath=tempfile.mkdtemp(prefix="rss-child-"))
     warm_kernels(cfg)
     limit = current_rss_bytes() + int(sys.argv[1]) * (1 << 20)
     shard = Shard(PSConfig(**{**cfg.__dict__, "memoryLimit": limit}))

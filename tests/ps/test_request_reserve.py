@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from streamtrain_ps import memory_limit as ml
-from streamtrain_ps.config import PSConfig, TableConfig
-from streamtrain_ps.errors import MemoryLimitError
+from streamtrain_ps.config import REQUEST_KEYS, PSConfig, TableConfig
+from streamtrain_ps.errors import MemoryLimitError, RequestTooLargeError
 from streamtrain_ps.remote import RemotePS
 from streamtrain_ps.request_gate import RequestGate
 from streamtrain_ps.server import PSServer
@@ -32,6 +32,8 @@ def test_the_largest_admitted_request_is_bounded_by_keys_and_by_message_size() -
     assert ml.request_scratch_bytes(by_keys) == (1000 * per_key, 1000 * wire)
     by_bytes = replace(by_keys, maxKeysPerRequest=10**6, maxMessageBytes=100 * wire)
     assert ml.request_scratch_bytes(by_bytes) == (100 * per_key, 100 * wire)
+    # a capped shard admits no more than RemotePS sends, whatever maxKeysPerRequest allows
+    assert ml.capped_request_keys(PSConfig(tables=(table,))) == REQUEST_KEYS
     wide = PSConfig(tables=(table, TableConfig(name="w", embedxDim=64)), maxKeysPerRequest=10)
     assert ml.request_scratch_bytes(wide)[0] == 10 * (
         ml.REQUEST_FIXED_BYTES_PER_KEY + 65 * ml.REQUEST_BYTES_PER_COLUMN
@@ -70,6 +72,17 @@ def test_the_server_serves_no_more_sparse_requests_at_once_than_the_budget(
     budget = ml.MemoryBudget(10**9, 0, 0, 0, 10**9, requests_in_flight=1, request_bytes=10**6)
     cfg = config(tmp_path / "disk", 10**9)
     shard = Shard(cfg, memory_budget=budget)
+    try:
+        _pull_waits_at_the_gate(shard, cfg)
+        # no request larger than the reserve holds: RemotePS's request size at the most
+        too_many = np.arange(1, REQUEST_KEYS + 2, dtype=np.uint64)
+        with pytest.raises(RequestTooLargeError, match=f"the {REQUEST_KEYS} a shard under"):
+            shard.pull_sparse(T, too_many)
+    finally:
+        shard.close()
+
+
+def _pull_waits_at_the_gate(shard: Shard, cfg: PSConfig) -> None:
     server = PSServer(shard, cfg)
     server.start()
     keys = np.arange(1, 101, dtype=np.uint64)
@@ -86,7 +99,6 @@ def test_the_server_serves_no_more_sparse_requests_at_once_than_the_budget(
             assert ps.pull_sparse(T, keys).shape == (100, 3 + D)
     finally:
         server.close()
-        shard.close()
 
 
 def test_requests_are_admitted_while_their_bytes_fit_beside_those_in_flight() -> None:

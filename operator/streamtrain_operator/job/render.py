@@ -15,7 +15,7 @@ import re
 from collections.abc import Sequence
 
 from streamtrain_operator.job.spec import JobSpec, SpecError
-from streamtrain_ps.config import REQUEST_KEYS, PSConfig
+from streamtrain_ps.config import PSConfig
 from streamtrain_worker.config import MetricsConfig, PSClientConfig, RuntimeConfig, WorkerConfig
 
 #: The one sparse table a job trains (multi-table jobs are not in the spec yet).
@@ -24,17 +24,13 @@ TABLE = "embedding"
 
 def ps_config(spec: JobSpec) -> PSConfig:
     """What every PS shard of the job runs with (its index and count come on the command line)."""
-    limit = ps_memory_limit(spec)
     return PSConfig(
         tables=(spec.sparse.table_config(spec.model.embeddingDim, name=TABLE),),
         dense=spec.dense,
         logicalShards=spec.ps.logicalShards,
         seed=spec.seed,
-        memoryLimit=limit,
+        memoryLimit=ps_memory_limit(spec),
         diskLimit=spec.ps.diskLimit,
-        # A capped shard reserves scratch for its largest admitted request: admit what the
-        # job's clients send, not the 4M-key default.
-        maxKeysPerRequest=REQUEST_KEYS if limit else PSConfig().maxKeysPerRequest,
     )
 
 
