@@ -297,22 +297,7 @@ class TieredTable(SparseTable):
         ix.insert_many(a.slots, a.keys, self._meta, keys, rows, created)
         admitted = int(np.count_nonzero(full[:, lay.xflag] >= 0))
         a = self._reserve_x(admitted, int(hot.positions.size))
-        tk.place_rows(
-            a.slab,
-            a.slab_u32,
-            a.xslab,
-            a.xslab_u32,
-            a.hot,
-            a.slot_map,
-            a.slot_ids,
-            self._meta,
-            rows,
-            full,
-            hot.positions,
-            hot.counts,
-            lay.xptr,
-            lay.xflag,
-        )
+        tk.place(a, self._meta, rows, full, hot, lay)
         self._touched.cover(self._arrays.keys.shape[0])
         self._touched.mark(rows)
 
@@ -351,7 +336,7 @@ class TieredTable(SparseTable):
                 except DiskFullError as exc:
                     log.warning("table %s: %s; evicting instead", self.name, exc)
                     out = chunk.size
-                self._release_locked(chunk)
+                tk.release(self._arrays, self._meta, chunk)
                 self._moved()
                 if out:
                     self._tombstones.append(keys[:out].copy())
@@ -362,20 +347,6 @@ class TieredTable(SparseTable):
             self.moves += 1
             self._touched.clear()
             return int(rows.size)
-
-    def _release_locked(self, rows: npt.NDArray[np.int64]) -> None:
-        a = self._arrays
-        tk.release_rows(
-            a.slots,
-            a.keys,
-            self._meta,
-            a.slab,
-            a.slab_u32,
-            a.xslab,
-            a.xslab_u32,
-            a.hot,
-            rows,
-        )
 
     # -- shrink -----------------------------------------------------------------------------
 
