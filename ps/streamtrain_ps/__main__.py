@@ -110,7 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         config,
         host=args.host,
         port=args.port,
-        max_workers=args.workers,
+        # a capped shard: no more RPC threads than its scratch reserve counts messages for
+        max_workers=min(args.workers, shard.memory_budget.rpc_threads or args.workers),
         registry=registry,
         shard_index=args.shard_index,
         tls=tls,

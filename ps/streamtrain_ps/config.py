@@ -26,6 +26,7 @@ from streamtrain_ps.settings import ConfigError, as_json, parse, setting
 from streamtrain_ps.sharding import DEFAULT_LOGICAL_SHARDS
 
 __all__ = [
+    "REQUEST_KEYS",
     "ConfigError",
     "DenseConfig",
     "DenseOptimizerConfig",
@@ -34,6 +35,11 @@ __all__ = [
     "SparseOptimizerConfig",
     "TableConfig",
 ]
+
+#: Most keys per request a client (``RemotePS``) sends by default. A capped shard reserves
+#: scratch for the largest request it admits, so it admits no more than this many
+#: (``memory_limit.capped_request_keys``), whatever ``maxKeysPerRequest`` allows.
+REQUEST_KEYS = 65_536
 
 SparseOptimizerType = Literal["adagrad", "std_adagrad", "adam", "ftrl"]
 DenseOptimizerType = Literal["adam", "sgd"]

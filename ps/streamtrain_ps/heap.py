@@ -9,8 +9,9 @@ every thread's arena keeps that request's scratch resident: measured, 4M keys gr
 gRPC in 1M-key pushes held 81 B/key of RSS against 42 B/key of table, 52 B/key after one
 ``malloc_trim`` (docs/benchmarks.md, issue 12). Fixing the threshold low instead makes every
 RPC ~3x slower (each request's arrays freshly mapped and faulted in), so the heap is trimmed
-after bulk requests only, once the request's buffers are gone: the scratch is
-from the request's code, carried out by ``ScratchReleasingExecutor`` after the RPC returns.
+after bulk requests only, once the request's buffers are gone: the request's code notes its
+scratch (``note_request_scratch``) and ``ScratchReleasingExecutor`` trims after the RPCs
+have returned.
 """
 
 from __future__ import annotations
@@ -37,6 +38,19 @@ RELEASE_AFTER_KEYS = 262_144
 MAX_RELEASE_DELAY = 1.0
 
 
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, looked up once: ``find_library`` runs a subprocess
+    (``ldconfig``), ~6 ms a call, which a capped shard trimming near its limit paid on
+    every trim (measured in a profile of its pulls). None where there is no such call."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim: Callable[[int], int] = libc.malloc_trim
+    except (OSError, AttributeError):
+        return None
+    return trim
+
+
 def release_scratch_memory() -> None:
     """Give freed heap pages back to the OS (glibc ``malloc_trim``; a no-op elsewhere).
 
@@ -44,11 +58,9 @@ def release_scratch_memory() -> None:
     duplicates); glibc keeps much of it mapped after ``free``, where it would count as
     resident memory of the table until reused. Called after such pushes only.
     """
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.malloc_trim(0)
-    except (OSError, AttributeError):
-        return
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def note_request_scratch(keys: int) -> None:

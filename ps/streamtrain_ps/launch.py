@@ -195,9 +195,11 @@ def shard_process(
     workers: int | None = None,
     log_level: str = "WARNING",
     start_timeout: float = 120.0,
+    metrics_port: int | None = None,
 ) -> Iterator[Launched]:
     """PS shard ``index`` of ``count`` with ``config`` (written under ``workdir``, with its
-    log) on a free port, for the benchmarks; stopped gracefully when the context exits."""
+    log) on a free port, for the benchmarks; stopped gracefully when the context exits.
+    ``metrics_port``: serve its Prometheus metrics there (the tier's move counters)."""
     config_path = workdir / f"ps-{index}-of-{count}.json"
     config_path.write_text(config.to_json())
     env = dict(os.environ)
@@ -210,6 +212,8 @@ def shard_process(
     ]
     if workers is not None:
         args += ["--workers", str(workers)]
+    if metrics_port is not None:
+        args += ["--metrics-port", str(metrics_port)]
     child = launch(
         f"ps-{index}",
         python_argv(args, die_with_parent=True),

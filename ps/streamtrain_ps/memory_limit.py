@@ -11,8 +11,10 @@ splits it when the shard starts:
   RocksDB code); measured, not configured;
 - **store**: RocksDB's block cache, index and filter blocks and memtables, all in one LRU
   cache of this size (``disk_store.StoreMemory``);
-- **scratch**: requests in flight (decoded arrays, merge buffers, pull outputs) and gRPC
-  buffers;
+- **scratch**: requests in flight, sized from the largest request the shard admits
+  (``request_scratch_bytes``: ``maxKeysPerRequest`` keys at a measured cost per key, their
+  messages included) times the requests the shard serves at once (``requests_in_flight``,
+  a gate in the servicer), plus RocksDB's memory outside its cache;
 - **tables**: the rest. The governor keeps the tables' resident bytes under it: before a
   request it demotes so that the table's live bytes plus the request's keys fit, and the
   table's slabs are sized for the budget up front (untouched pages cost nothing), so
@@ -34,13 +36,14 @@ import resource
 import sys
 import tempfile
 from collections.abc import Sequence
+from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from streamtrain_ps.api import SaveMode
-from streamtrain_ps.config import PSConfig
+from streamtrain_ps.config import REQUEST_KEYS, PSConfig
 from streamtrain_ps.errors import MemoryLimitError, WorkingSet  # the error lives in errors
 from streamtrain_ps.heap import release_scratch_memory
 from streamtrain_ps.tiering import DiskOptions, TieredTable
@@ -51,10 +54,27 @@ log = logging.getLogger(__name__)
 LOW_WATER = 0.9
 #: A single request may use at most this share of the table budget.
 MAX_REQUEST_SHARE = 0.5
-#: Shares of (limit - fixed overhead) for the store's cache and for requests' scratch.
+#: Shares of (limit - fixed overhead) for the store's cache and for requests' scratch (the
+#: share only when the request size is not known; else: the most requests in flight take).
 STORE_SHARE = 0.125
 SCRATCH_SHARE = 0.3
 MIN_SCRATCH = 16 << 20
+#: Bytes one key of a PullSparse/PushSparse request holds while the shard serves it: fixed,
+#: and per column of the pushed row (``push_dim``). Measured with tracemalloc on a capped
+#: shard (65,536 keys, promotions and demotions in the request): 215-247 B at push_dim 9,
+#: 940-1,134 B at 65 (decoded and merged arrays, the pull's output and its encoding), plus
+#: the request and response messages gRPC holds (two copies: ~8 B per column + 40).
+REQUEST_FIXED_BYTES_PER_KEY = 144
+REQUEST_BYTES_PER_COLUMN = 24
+#: Wire bytes of one pushed key besides its row: key, show, click (``remote``).
+PUSH_WIRE_FIXED_BYTES = 20
+#: RocksDB's memory outside its block cache (compaction's input and output buffers, table
+#: readers, the memtables' arena past their charge), measured on a capped shard.
+STORE_OUTSIDE_CACHE = 8 << 20
+#: RPC threads of a capped shard besides the requests in flight: a control RPC (a save,
+#: stats, health) never queues behind pulls; a thread waiting at the gate holds one
+#: received message, which the scratch reserve counts.
+SPARE_RPC_THREADS = 2
 MAX_STORE = 256 << 20
 #: A limit must leave at least this much for the tables after the rest.
 MIN_TABLE_BUDGET = 8 << 20
@@ -88,10 +108,21 @@ class MemoryBudget:
     store: int
     scratch: int
     tables: int
+    #: Sparse requests served at once (the servicer's gate; 0: not bounded).
+    requests_in_flight: int = 0
+    #: Scratch of one request at the largest size admitted, and of its message alone.
+    request_bytes: int = 0
+    message_bytes: int = 0
 
     @classmethod
     def unlimited(cls) -> MemoryBudget:
         return cls(0, 0, 0, 0, 0)
+
+    @property
+    def rpc_threads(self) -> int:
+        """RPC threads the shard's server may run (0: its default): the requests in flight
+        plus ``SPARE_RPC_THREADS``, so no more messages arrive than the reserve counts."""
+        return self.requests_in_flight + SPARE_RPC_THREADS if self.requests_in_flight else 0
 
     @classmethod
     def tables_only(cls, limit: int) -> MemoryBudget:
@@ -101,26 +132,48 @@ class MemoryBudget:
 
     @classmethod
     def measure(
-        cls, limit: int, fixed_overhead: int | None = None, num_tables: int = 1
+        cls,
+        limit: int,
+        fixed_overhead: int | None = None,
+        num_tables: int = 1,
+        request: tuple[int, int] = (0, 0),
     ) -> MemoryBudget:
         """Split ``limit`` after measuring the process's RSS now (call once the kernels are
-        warm). Raises ``MemoryLimitError`` naming the field if too little is left."""
+        warm). ``request``: (scratch bytes of the largest request admitted, bytes of its
+        message), ``request_scratch_bytes``; (0, 0): unknown, a share of the limit.
+        Raises ``MemoryLimitError`` naming the field if too little is left."""
         if not limit:
             return cls.unlimited()
         base = current_rss_bytes() if fixed_overhead is None else fixed_overhead
         rest = limit - base
         store = min(MAX_STORE, int(rest * STORE_SHARE))
-        scratch = max(MIN_SCRATCH, int(rest * SCRATCH_SHARE))
+        request_bytes, message_bytes = request
+        in_flight = 0
+        if request_bytes:
+            # As many requests at once as the scratch share holds, one at the least, at
+            # most one per core (more would only queue for the cores).
+            fit = int(rest * SCRATCH_SHARE) // (request_bytes + message_bytes)
+            in_flight = max(1, min(os.cpu_count() or 1, fit))
+            waiting = in_flight + SPARE_RPC_THREADS - 1  # messages held at the gate
+            scratch = in_flight * request_bytes + waiting * message_bytes + STORE_OUTSIDE_CACHE
+        else:
+            scratch = max(MIN_SCRATCH, int(rest * SCRATCH_SHARE))
         tables = rest - store - scratch - num_tables * HUGE_PAGE_SLACK_PER_TABLE
         if tables < MIN_TABLE_BUDGET:
+            requests = (
+                f"{scratch} for {in_flight} request(s) in flight of the most keys a request "
+                f"may carry ({request_bytes} bytes each; a smaller maxKeysPerRequest needs less)"
+                if request_bytes
+                else f"{scratch} for requests in flight"
+            )
             raise MemoryLimitError(
                 f"spec.ps.memoryLimit ({limit} bytes) is below what the shard process needs: "
                 f"{base} bytes measured at start (interpreter, numba kernels, RocksDB), "
-                f"{max(store, 0)} for the disk tier's cache, {scratch} for requests in flight "
+                f"{max(store, 0)} for the disk tier's cache, {requests} "
                 f"and at least {MIN_TABLE_BUDGET} for the tables; raise it to at least "
                 f"{base + max(store, 0) + scratch + MIN_TABLE_BUDGET}"
             )
-        return cls(limit, base, store, scratch, tables)
+        return cls(limit, base, store, scratch, tables, in_flight, request_bytes, message_bytes)
 
     def limit_for_tables(self, tables: int, num_tables: int = 1) -> int:
         """The smallest limit (rounded up to MiB) whose split leaves ``tables`` bytes for the
@@ -138,12 +191,36 @@ class MemoryBudget:
 
     def _tables_at(self, mib: int, num_tables: int) -> int:
         try:
-            return MemoryBudget.measure(mib * _MIB, self.fixed_overhead, num_tables).tables
+            request = (self.request_bytes, self.message_bytes)
+            return MemoryBudget.measure(mib * _MIB, self.fixed_overhead, num_tables, request).tables
         except MemoryLimitError:
             return 0
 
 
 _MIB = 1 << 20
+
+
+def request_bytes_per_key(config: PSConfig) -> int:
+    """Scratch one key of a sparse request holds in flight, for the widest table."""
+    widest = max((t.push_dim for t in config.tables), default=0)
+    return REQUEST_FIXED_BYTES_PER_KEY + REQUEST_BYTES_PER_COLUMN * widest
+
+
+def capped_request_keys(config: PSConfig) -> int:
+    """Most keys a capped shard admits in one sparse request: ``maxKeysPerRequest``, but
+    no more than ``REQUEST_KEYS`` (what ``RemotePS`` sends; the 4M-key default would need a
+    reserve of ~1.4 GB at embedxDim 8) nor than ``maxMessageBytes`` carries."""
+    widest = max((t.push_dim for t in config.tables), default=0)
+    wire = PUSH_WIRE_FIXED_BYTES + 4 * widest
+    return min(config.maxKeysPerRequest, REQUEST_KEYS, config.maxMessageBytes // wire)
+
+
+def request_scratch_bytes(config: PSConfig) -> tuple[int, int]:
+    """(scratch, message bytes) of the largest sparse request a capped shard with
+    ``config`` admits (``capped_request_keys``) for its widest table."""
+    widest = max((t.push_dim for t in config.tables), default=0)
+    keys = capped_request_keys(config)
+    return keys * request_bytes_per_key(config), keys * (PUSH_WIRE_FIXED_BYTES + 4 * widest)
 
 
 def _mib_up(n: int) -> int:
@@ -324,9 +401,10 @@ def peak_rss_bytes() -> int:
 
 def warm_kernels(config: PSConfig) -> None:
     """Run every kernel a capped shard uses (push, admission, pull, demotion, promotion,
-    shrink of both tiers, a save's selection and copy) once on scratch tables, and load the
-    disk tier's library, so the fixed overhead measured next includes their code and
-    numba's compilation (or cache load) never lands on the table budget later."""
+    shrink of both tiers, a save's selection and copy) once on scratch tables, load the
+    disk tier's library and start gRPC (``warm_rpc``), so the fixed overhead measured next
+    includes their code and numba's compilation (or cache load) never lands on the table
+    budget later."""
     with tempfile.TemporaryDirectory(prefix="streamtrain-warm-") as tmp:
         for i, tc in enumerate(config.tables):
             disk = DiskOptions(Path(tmp) / str(i), 0, config.logicalShards)
@@ -335,7 +413,36 @@ def warm_kernels(config: PSConfig) -> None:
                 _exercise(t, config.logicalShards)
             finally:
                 t.close()
+    warm_rpc()
     release_scratch_memory()
+
+
+def warm_rpc() -> None:
+    """Start a throwaway gRPC server, call it once over loopback and stop it, so gRPC's
+    process-wide threads and pools, which the shard's own server starts and keeps, are in
+    the fixed overhead measured next instead of eating the table budget later (measured:
+    a shard process held ~8-11 MB more after its server had served requests)."""
+    import grpc
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+    pool = futures.ThreadPoolExecutor(2, thread_name_prefix="warm-rpc")
+    server = grpc.server(pool)
+    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
+    try:
+        port = server.add_insecure_port("127.0.0.1:0")
+    except RuntimeError:  # no loopback to bind: nothing to warm
+        pool.shutdown()
+        return
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            stub.Check(health_pb2.HealthCheckRequest(), timeout=30)
+    except grpc.RpcError:
+        log.warning("the gRPC warm-up call failed; the fixed overhead may be measured low")
+    finally:
+        server.stop(None).wait()
+        pool.shutdown()
 
 
 def _exercise(t: TieredTable, logical_shards: int) -> None:

@@ -34,7 +34,7 @@ import numpy as np
 import numpy.typing as npt
 
 from streamtrain_ps import api, checkpoint, sharding, wire
-from streamtrain_ps.config import PSConfig, TableConfig
+from streamtrain_ps.config import REQUEST_KEYS, PSConfig, TableConfig
 from streamtrain_ps.dedup import merge_duplicates, unique_inverse
 from streamtrain_ps.errors import PSError, UnknownTableError
 from streamtrain_ps.proto import ps_pb2
@@ -60,7 +60,7 @@ class RemotePS:
         *,
         retry: RetryPolicy | None = None,
         channels_per_server: int = 2,
-        request_keys: int = 65_536,
+        request_keys: int = REQUEST_KEYS,
         on_retry: RetryHook | None = None,
         tls: TLSFiles | None = None,
     ) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import NoReturn, Protocol, TypeVar
 
 import grpc
@@ -71,6 +72,8 @@ class ShardLike(Protocol):
     """What the servicer needs of ``streamtrain_ps.shard.Shard``."""
 
     def pull_sparse(self, table: str, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]: ...
+
+    def request_slot(self, keys: int) -> AbstractContextManager[None]: ...
 
     def push_sparse(
         self,
@@ -176,10 +179,12 @@ class PSServicer(ps_pb2_grpc.ParameterServerServicer):
     ) -> ps_pb2.PullSparseResponse:
         def run() -> ps_pb2.PullSparseResponse:
             table = self._table(request.table)
-            keys = wire.decode_keys(request.keys, max_keys=self._config.maxKeysPerRequest)
-            values = self._shard.pull_sparse(table.name, keys)
-            data, dim = wire.encode_matrix(values)
-            return ps_pb2.PullSparseResponse(values=data, dim=dim)
+            with self._shard.request_slot(len(request.keys) // wire.KEY_DTYPE.itemsize):
+                keys = wire.decode_keys(request.keys, max_keys=self._config.maxKeysPerRequest)
+                values = self._shard.pull_sparse(table.name, keys)
+                data, dim = wire.encode_matrix(values)
+                del values
+                return ps_pb2.PullSparseResponse(values=data, dim=dim)
 
         return self._serve("PullSparse", context, run)
 
@@ -214,7 +219,8 @@ class PSServicer(ps_pb2_grpc.ParameterServerServicer):
                     table.name, batch.keys, batch.grads, batch.shows, batch.clicks, batch.slots
                 )
 
-            updated, duplicate = self._once("PushSparse", request.id, apply)
+            with self._shard.request_slot(int(batch.keys.size)):
+                updated, duplicate = self._once("PushSparse", request.id, apply)
             return ps_pb2.PushSparseResponse(keys_updated=updated, duplicate=duplicate)
 
         return self._serve("PushSparse", context, run)

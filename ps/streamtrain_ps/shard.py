@@ -15,7 +15,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -40,10 +40,14 @@ from streamtrain_ps.memory_limit import (
     MemoryBudget,
     MemoryGovernor,
     bound_allocator,
+    capped_request_keys,
     peak_rss_bytes,
+    request_bytes_per_key,
+    request_scratch_bytes,
     warm_kernels,
 )
 from streamtrain_ps.push_errors import raise_push_errors
+from streamtrain_ps.request_gate import RequestGate
 from streamtrain_ps.shard_loads import PreparedLoad, ShardLoads
 from streamtrain_ps.staging import Pending, SaveEffects
 from streamtrain_ps.tiering import DiskOptions, TieredTable
@@ -105,7 +109,9 @@ class Shard(ShardLoads):
             if limit:
                 bound_allocator()
                 warm_kernels(config)
-                memory_budget = MemoryBudget.measure(limit, num_tables=len(config.tables))
+                memory_budget = MemoryBudget.measure(
+                    limit, num_tables=len(config.tables), request=request_scratch_bytes(config)
+                )
         store_memory = StoreMemory(memory_budget.store) if limit else None
         # Slabs sized for the table budget up front (untouched pages are not resident), so
         # reaching the budget never copies a slab (a copy would hold old and new at once).
@@ -137,6 +143,15 @@ class Shard(ShardLoads):
         self._memory = MemoryGovernor(
             memory_budget, list(self._tables.values()), disk_limit=config.diskLimit
         )
+        #: Most keys of one request (0: ``maxKeysPerRequest``): a process budget's reserve
+        #: holds ``capped_request_keys`` (a table-only budget reserves nothing).
+        self._max_keys = capped_request_keys(config) if memory_budget.request_bytes else 0
+        #: Sparse requests served at once: as many as the scratch reserve holds, by bytes
+        #: (a capped shard; the servicer holds it around a request's decode, work, encode).
+        self._gate = RequestGate(
+            memory_budget.requests_in_flight * memory_budget.request_bytes,
+            request_bytes_per_key(config),
+        )
         self._dense = DenseStore(config.dense.optimizer)
         self._last_save = 0.0
         self._last_load = 0.0
@@ -149,6 +164,11 @@ class Shard(ShardLoads):
         self._effects_lock = threading.Lock()
 
     # -- sparse -----------------------------------------------------------------------------
+
+    def request_slot(self, keys: int) -> AbstractContextManager[None]:
+        """Held while one sparse request of ``keys`` keys is decoded, served and encoded: a
+        capped shard serves no more at once than its scratch reserve holds."""
+        return self._gate.admit(keys)
 
     def pull_sparse(self, table: str, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]:
         """Rows ``[show, click, embed_w, embedx_w...]``; unknown keys are zeros (not created)."""
@@ -442,6 +462,11 @@ class Shard(ShardLoads):
         if k.size > self.config.maxKeysPerRequest:
             raise RequestTooLargeError(
                 f"keys: {k.size} keys exceed maxKeysPerRequest {self.config.maxKeysPerRequest}"
+            )
+        if self._max_keys and k.size > self._max_keys:
+            raise RequestTooLargeError(
+                f"keys: {k.size} keys exceed the {self._max_keys} a shard under memoryLimit "
+                "admits in one request (its scratch reserve holds that many)"
             )
         return k
 

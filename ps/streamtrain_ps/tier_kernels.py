@@ -10,6 +10,7 @@
   counting them as evictions — they moved, they were not deleted.
 - ``place_rows``: put full rows (with exact hot counters) of keys absent from RAM back into
   the slabs, exactly as they were gathered.
+- ``release`` and ``place``: those two on a table's arrays (``slabs.Arrays``).
 
 No locking here; ``tiering.TieredTable`` holds the right lock around each.
 """
@@ -24,7 +25,16 @@ from numba import njit
 
 from streamtrain_ps import index as ix
 from streamtrain_ps import packed as pk
-from streamtrain_ps.accessor import P_CLICK, P_DELTA, P_SHOW, PRIMARY_FROM, SLOT, UNSEEN, score
+from streamtrain_ps.accessor import (
+    P_CLICK,
+    P_DELTA,
+    P_SHOW,
+    PRIMARY_FROM,
+    SLOT,
+    UNSEEN,
+    RowLayout,
+    score,
+)
 from streamtrain_ps.index import Int
 from streamtrain_ps.kernels import (
     EXPANDED,
@@ -38,6 +48,7 @@ from streamtrain_ps.kernels import (
     free_embedx_row,
     free_hot_entry,
 )
+from streamtrain_ps.slabs import Arrays, HotCounters
 
 
 @njit(nogil=True, cache=True)
@@ -254,3 +265,21 @@ def place_rows(
         slab[r, P_DELTA] = 0.0
         slab_u32[r, P_CLICK] = np.uint32(h)
         slab[r, P_SHOW] = -1.0
+
+
+def release(a: Arrays, meta: npt.NDArray[np.int64], rows: npt.NDArray[np.int64]) -> None:
+    """``release_rows`` on a table's arrays."""
+    release_rows(a.slots, a.keys, meta, a.slab, a.slab_u32, a.xslab, a.xslab_u32, a.hot, rows)
+
+
+def place(
+    a: Arrays,
+    meta: npt.NDArray[np.int64],
+    rows: npt.NDArray[np.int64],
+    full: npt.NDArray[np.float32],
+    hot: HotCounters,
+    layout: RowLayout,
+) -> None:
+    """``place_rows`` on a table's arrays (``rows``: the keys' fresh primary rows)."""
+    slabs = (a.slab, a.slab_u32, a.xslab, a.xslab_u32, a.hot, a.slot_map, a.slot_ids)
+    place_rows(*slabs, meta, rows, full, hot.positions, hot.counts, layout.xptr, layout.xflag)

@@ -190,6 +190,8 @@ class TieredTable(SparseTable):
         uniq, inverse = np.unique(keys[miss], return_inverse=True)
         with self.lock.read():
             maybe = np.flatnonzero(self._filter.maybe(uniq))
+            if maybe.size and not self._any_held(uniq[maybe]):
+                return out  # the filter's false positives: zeros, as super().pull left them
         if not maybe.size:  # no tier holds them: zeros, as super().pull left them
             return out
         if make_room is not None:
@@ -201,6 +203,18 @@ class TieredTable(SparseTable):
         pulled[maybe[found]] = values[:, cols]
         out[miss] = pulled[inverse]
         return out
+
+    def _any_held(self, keys: npt.NDArray[np.uint64]) -> bool:
+        """Whether any of ``keys`` (RAM misses the filter let through) is on disk, or in RAM
+        by now. Reader lock held: a pull whose candidates are all false positives then
+        needs no writer lock (a promotion puts a key in RAM before it deletes it from disk,
+        and a demotion waits for readers, so no key is in neither meanwhile)."""
+        if self._disk is not None and self._disk.get(keys)[0].any():
+            return True
+        a = self._arrays
+        rows = np.empty(keys.size, dtype=np.int64)
+        ix.lookup_many(a.slots, a.keys, keys, rows)
+        return bool((rows >= 0).any())
 
     def _fetch_locked(
         self, keys: npt.NDArray[np.uint64]
@@ -283,22 +297,7 @@ class TieredTable(SparseTable):
         ix.insert_many(a.slots, a.keys, self._meta, keys, rows, created)
         admitted = int(np.count_nonzero(full[:, lay.xflag] >= 0))
         a = self._reserve_x(admitted, int(hot.positions.size))
-        tk.place_rows(
-            a.slab,
-            a.slab_u32,
-            a.xslab,
-            a.xslab_u32,
-            a.hot,
-            a.slot_map,
-            a.slot_ids,
-            self._meta,
-            rows,
-            full,
-            hot.positions,
-            hot.counts,
-            lay.xptr,
-            lay.xflag,
-        )
+        tk.place(a, self._meta, rows, full, hot, lay)
         self._touched.cover(self._arrays.keys.shape[0])
         self._touched.mark(rows)
 
@@ -337,7 +336,7 @@ class TieredTable(SparseTable):
                 except DiskFullError as exc:
                     log.warning("table %s: %s; evicting instead", self.name, exc)
                     out = chunk.size
-                self._release_locked(chunk)
+                tk.release(self._arrays, self._meta, chunk)
                 self._moved()
                 if out:
                     self._tombstones.append(keys[:out].copy())
@@ -348,20 +347,6 @@ class TieredTable(SparseTable):
             self.moves += 1
             self._touched.clear()
             return int(rows.size)
-
-    def _release_locked(self, rows: npt.NDArray[np.int64]) -> None:
-        a = self._arrays
-        tk.release_rows(
-            a.slots,
-            a.keys,
-            self._meta,
-            a.slab,
-            a.slab_u32,
-            a.xslab,
-            a.xslab_u32,
-            a.hot,
-            rows,
-        )
 
     # -- shrink -----------------------------------------------------------------------------
 

@@ -26,10 +26,12 @@ OVERHEAD = (
     "warm_kernels(PSConfig(tables=(TableConfig(name='embedding', embedxDim=64),)))\n"
     "print(current_rss_bytes())\n"
 )
-#: Above the overhead: the disk tier's cache (~5 MB), the scratch reserve (16 MiB), the
-#: tables' huge-page slack (6 MiB) and ~11 MiB of tables (8 MiB at the least the shard
-#: accepts), less than the stream's ~50k keys of 64-wide rows take (~15 MB).
-TABLES_AND_RESERVES = 38 << 20
+#: Above the overhead: the disk tier's cache (1/8 of the rest, ~24 MiB), the scratch
+#: reserve (one request of 65,536 64-wide keys in flight, two more waiting messages and
+#: RocksDB outside its cache: ~150 MiB, ``memory_limit.request_scratch_bytes``), the tables'
+#: huge-page slack (6 MiB) and ~11.6 MiB of tables (8 MiB at the least the shard accepts),
+#: less than the stream's ~50k keys of 64-wide rows take (~15 MB).
+TABLES_AND_RESERVES = 191 << 20
 
 
 def fixed_overhead() -> int:

@@ -6,26 +6,39 @@ minutes to grow on a 2-core box, so the default is the same limit *per key* at a
 table (``--capped-keys``, default 4M; ``--capped-keys 100000000`` for the full size):
 
 - **limit** = the fixed overhead of a shard process (measured in a fresh interpreter as
-  the shard measures it: interpreter, numpy, numba code, RocksDB, gRPC modules) plus
-  ``--capped-bytes-per-key`` (default 20 B: (2 GiB − ~170 MB of overhead) / 100M keys)
-  times the keys. About a fifth of the keys fit in the RAM tier; the rest go to disk.
+  the shard measures it: interpreter, numpy, numba code, RocksDB, gRPC modules), plus the
+  scratch reserve of one request in flight (``capped_request_reserve_bytes``: a constant
+  of the process, like the overhead, not a per-key cost), plus ``--capped-bytes-per-key``
+  (default 20 B: (2 GiB − ~170 MB of overhead) / 100M keys) times the keys. Scaled down
+  this way the tables get about the bytes per key they get under 2 GiB at 100M keys
+  (~15 B); ``--capped-scale-reserve`` leaves the reserve out (the earlier rounds' limit,
+  where it takes half of the 80 MB at 4M keys). Most keys go to disk either way.
 - **growth**: both shards get every key once (score 0.1, the long tail), then the
   ``HOT_SHARE`` most popular keys of the Zipf law again (score 0.5), so the hot set is
   what the capped shard keeps in RAM; keys/s of each growth step, for the capped shard past
   its cap the rate at which it takes new keys.
+- **warm-up**: one untimed-for-the-ratio pass pulling each Zipf batch once, the same for
+  both shards: the capped shard promotes the batches' disk keys here (the issue's target is
+  the throughput "when the Zipf hot set fits in RAM", a steady state). Reported on its own:
+  ``*_warmup_pull_unique_keys_per_s`` and ``capped_warmup_promotions`` (read from the
+  shard's metrics), so the warm-up is measured, not hidden.
 - **pulls**: the Zipf batches of the uncapped bench (a key space 10x the table, so some
   draws hit disk keys, promoted, and some keys no tier holds), unique keys/s of each shard,
   alternated twice, best of each; ``capped_pull_ratio`` = capped / uncapped (target ≥ 0.5).
-  Zipf pushes likewise (``capped_push_ratio``).
+  Zipf pushes likewise (``capped_push_ratio``). ``capped_timed_promotions``: keys the
+  capped shard still promoted inside the timed windows.
 - **RSS**: a thread samples the capped process's VmRSS every ``SAMPLE_SECONDS`` for its
   whole life; ``capped_rss_max_over_limit_bytes`` = the largest sample minus the limit
-  (≤ 0: never past it), with VmHWM at the end beside it.
+  (≤ 0: never past it), with VmHWM at the end beside it and the same figure per phase
+  (``capped_rss_over_limit_<phase>_bytes``: grow, hot_push, warmup, pull, push).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
+import socket
 import subprocess
 import sys
 import threading
@@ -33,6 +46,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+from urllib.request import urlopen
 
 import numpy as np
 
@@ -40,12 +54,19 @@ import streamtrain_ps
 import streamtrain_tools as bench
 from streamtrain_ps.config import PSConfig
 from streamtrain_ps.launch import Launched, shard_process
+from streamtrain_ps.memory_limit import (
+    SPARE_RPC_THREADS,
+    STORE_OUTSIDE_CACHE,
+    request_scratch_bytes,
+)
 from streamtrain_ps.remote import RemotePS
 from streamtrain_tools.bench.ps_scale import DIM, TABLE, config, rss, spread, throughput, zipf_ranks
 
 #: Share of the table pushed again (more shows): the Zipf head the capped RAM tier keeps.
 HOT_SHARE = 0.1
 SAMPLE_SECONDS = 0.05
+#: Keys per request ``RemotePS`` sends (its ``request_keys`` default).
+REQUEST_KEYS = 65_536
 #: Run in a fresh interpreter: what a shard process holds before its first key, measured
 #: as the shard measures it (the allocator bounded, every kernel warm, RocksDB loaded).
 OVERHEAD = (
@@ -64,6 +85,8 @@ class RssSampler:
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.peak = 0
+        #: The largest sample since the last ``phase_peak``.
+        self.recent = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
         self._thread.start()
@@ -71,10 +94,21 @@ class RssSampler:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                self.peak = max(self.peak, rss(self.pid))
+                now = rss(self.pid)
             except (OSError, RuntimeError):  # the process is gone
                 return
+            self.peak = max(self.peak, now)
+            self.recent = max(self.recent, now)
             self._stop.wait(SAMPLE_SECONDS)
+
+    def phase_peak(self) -> int:
+        """The largest sample since the previous call (one phase's peak), then restart."""
+        try:
+            now = rss(self.pid)
+        except (OSError, RuntimeError):
+            now = 0
+        peak, self.recent = max(self.recent, now), 0
+        return peak
 
     def stop(self) -> int:
         self._stop.set()
@@ -95,6 +129,22 @@ def fixed_overhead() -> int:
     return int(out.stdout.strip().splitlines()[-1])
 
 
+def free_port() -> int:
+    """A port nothing listens on now (for the capped shard's metrics)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def promotions(port: int) -> int:
+    """Keys the shard serving metrics on ``port`` has promoted from disk so far."""
+    with urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    found = re.findall(r"^streamtrain_ps_promotions_total\{[^}]*\} (\S+)$", text, re.M)
+    return int(sum(float(v) for v in found))
+
+
 def grow(ps: RemotePS, keys: np.ndarray, batch: int, show: float) -> float:
     """Push ``keys`` once in batches (no click); returns keys/s."""
     start = time.perf_counter()
@@ -113,20 +163,27 @@ def capped_phase(args: argparse.Namespace, work: Path) -> dict[str, float]:
     n = args.capped_keys
     keys = spread(n)
     hot = keys[: int(n * HOT_SHARE)]
-    base = replace(config(), maxKeysPerRequest=args.batch)
+    # Both shards admit requests of the size RemotePS sends (a capped shard's scratch
+    # reserve holds its largest admitted request: ``memory_limit.request_scratch_bytes``).
+    base = replace(config(), maxKeysPerRequest=min(args.batch, REQUEST_KEYS))
     (work / "uncapped").mkdir()
     (work / "capped").mkdir()
     overhead = fixed_overhead()
+    request, message = request_scratch_bytes(base)
+    reserve = 0 if args.capped_scale_reserve else request + SPARE_RPC_THREADS * message
+    reserve += 0 if args.capped_scale_reserve else STORE_OUTSIDE_CACHE
     with shard_process(base, work / "uncapped") as free_child:
-        limit = overhead + int(n * args.capped_bytes_per_key)
+        limit = overhead + reserve + int(n * args.capped_bytes_per_key)
         res: dict[str, float] = {
             "capped_keys": n,
             "capped_limit_bytes": limit,
             "capped_fixed_overhead_bytes": overhead,
+            "capped_request_reserve_bytes": reserve,
         }
         capped_cfg = replace(base, memoryLimit=limit, diskPath=str(work / "disk"))
-        with shard_process(capped_cfg, work / "capped") as cap_child:
-            _measure(args, res, free_child.address, base, cap_child, capped_cfg, keys, hot)
+        port = free_port()
+        with shard_process(capped_cfg, work / "capped", metrics_port=port) as cap_child:
+            _measure(args, res, free_child.address, base, (cap_child, port), capped_cfg, keys, hot)
     peak = res["capped_rss_peak_bytes"]
     res["capped_rss_max_over_limit_bytes"] = peak - limit
     res["capped_pull_ratio"] = (
@@ -143,18 +200,25 @@ def _measure(
     res: dict[str, float],
     free_address: str,
     base: PSConfig,
-    cap_child: Launched,
+    capped_shard: tuple[Launched, int],
     capped_cfg: PSConfig,
     keys: np.ndarray,
     hot: np.ndarray,
 ) -> None:
-    """Grow both shards, measure both, sample the capped one's RSS throughout (into ``res``)."""
+    """Grow both shards, warm both up, measure both, sample the capped one's RSS throughout
+    (into ``res``); ``capped_shard``: the capped process and its metrics port."""
+    cap_child, port = capped_shard
     rng = np.random.default_rng(args.seed)
     space = spread(10 * keys.size)
     batches = [space[zipf_ranks(rng, space.size, args.batch, args.zipf)] for _ in range(8)]
     grads = (rng.standard_normal((args.batch, DIM + 1)) * 0.01).astype(np.float32)
     ones = np.ones(args.batch, np.float32)
     clicks = (rng.random(args.batch) < 0.05).astype(np.float32)
+    limit = int(res["capped_limit_bytes"])
+
+    def phase_done(name: str) -> None:
+        res[f"capped_rss_over_limit_{name}_bytes"] = sampler.phase_peak() - limit
+
     with (
         RemotePS([free_address], base) as free,
         RemotePS([cap_child.address], capped_cfg) as capped,
@@ -163,10 +227,22 @@ def _measure(
         try:
             free.wait_ready()
             capped.wait_ready()
-            for side, ps in (("uncapped", free), ("capped", capped)):
-                res[f"{side}_grow_keys_per_s"] = grow(ps, keys, args.batch, 1.0)
-                res[f"{side}_hot_push_keys_per_s"] = grow(ps, hot, args.batch, 5.0)
             sides = {"uncapped": free, "capped": capped}
+            for side, ps in sides.items():
+                res[f"{side}_grow_keys_per_s"] = grow(ps, keys, args.batch, 1.0)
+                if side == "capped":
+                    phase_done("grow")
+                res[f"{side}_hot_push_keys_per_s"] = grow(ps, hot, args.batch, 5.0)
+            phase_done("hot_push")
+            before = promotions(port)
+            uniq = sum(int(np.unique(b).size) for b in batches)
+            for side, ps in sides.items():
+                start = time.perf_counter()
+                for b in batches:
+                    ps.pull_sparse(TABLE, b)
+                res[f"{side}_warmup_pull_unique_keys_per_s"] = uniq / (time.perf_counter() - start)
+            res["capped_warmup_promotions"] = (warm := promotions(port)) - before
+            phase_done("warmup")
             for op in ("pull", "push"):
                 for _ in range(2):  # alternated, so both see the same box load
                     for side, ps in sides.items():
@@ -178,6 +254,10 @@ def _measure(
                         got = max(throughput(fn, batches, t, args.seconds)[0] for t in (1, 2))
                         key = f"{side}_{op}_zipf_unique_keys_per_s"
                         res[key] = max(res.get(key, 0.0), got)
+                phase_done(op)
+                if op == "pull":
+                    res["capped_timed_pull_promotions"] = promotions(port) - warm
+            res["capped_timed_promotions"] = promotions(port) - warm
             res["capped_hwm_bytes"] = rss(cap_child.pid, "VmHWM")
         finally:
             res["capped_rss_peak_bytes"] = sampler.stop()

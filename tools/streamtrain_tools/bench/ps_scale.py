@@ -345,6 +345,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="capped limit above the fixed overhead per key (20: 2 GiB for 100M keys)",
     )
     p.add_argument(
+        "--capped-scale-reserve",
+        action="store_true",
+        help="no request reserve in the capped limit beside the per-key bytes (earlier rounds)",
+    )
+    p.add_argument(
         "--keep-live-up-to",
         type=int,
         default=60_000_000,
