@@ -26,6 +26,7 @@ from streamtrain_ps.settings import ConfigError, as_json, parse, setting
 from streamtrain_ps.sharding import DEFAULT_LOGICAL_SHARDS
 
 __all__ = [
+    "CAPPED_REQUEST_KEYS",
     "REQUEST_KEYS",
     "ConfigError",
     "DenseConfig",
@@ -36,10 +37,19 @@ __all__ = [
     "TableConfig",
 ]
 
-#: Most keys per request a client (``RemotePS``) sends by default. A capped shard reserves
-#: scratch for the largest request it admits, so it admits no more than this many
-#: (``memory_limit.capped_request_keys``), whatever ``maxKeysPerRequest`` allows.
-REQUEST_KEYS = 65_536
+#: Most keys per request a client (``RemotePS``) sends by default. A server thread's arena
+#: keeps pages of the largest request it merged, so smaller requests leave less behind: a
+#: shard process grown to 10M keys over gRPC held 45-48 B/key with 65,536 and 39-42 with
+#: 16,384, at the same speeds (docs/benchmarks.md, issue 12). A training batch's unique
+#: keys (5k-15k per shard) fit in one request.
+REQUEST_KEYS = 16_384
+#: Most keys a capped shard admits in one request, whatever ``maxKeysPerRequest`` allows:
+#: it reserves scratch for the largest request it admits
+#: (``memory_limit.capped_request_keys``). Four client requests' worth, so clients with a
+#: larger ``request_keys`` still work and the reserve covers what a process of this
+#: size holds beside its requests (measured: a reserve sized for 16,384 keys left RSS
+#: 12-26 MB past the limit, one for 65,536 within 4 MB).
+CAPPED_REQUEST_KEYS = 4 * REQUEST_KEYS
 
 SparseOptimizerType = Literal["adagrad", "std_adagrad", "adam", "ftrl"]
 DenseOptimizerType = Literal["adam", "sgd"]

@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from streamtrain_ps.api import SaveMode
-from streamtrain_ps.config import REQUEST_KEYS, PSConfig
+from streamtrain_ps.config import CAPPED_REQUEST_KEYS, PSConfig
 from streamtrain_ps.errors import MemoryLimitError, WorkingSet  # the error lives in errors
 from streamtrain_ps.heap import release_scratch_memory
 from streamtrain_ps.tiering import DiskOptions, TieredTable
@@ -208,11 +208,11 @@ def request_bytes_per_key(config: PSConfig) -> int:
 
 def capped_request_keys(config: PSConfig) -> int:
     """Most keys a capped shard admits in one sparse request: ``maxKeysPerRequest``, but
-    no more than ``REQUEST_KEYS`` (what ``RemotePS`` sends; the 4M-key default would need a
-    reserve of ~1.4 GB at embedxDim 8) nor than ``maxMessageBytes`` carries."""
+    no more than ``CAPPED_REQUEST_KEYS`` (the 4M-key default would need a reserve of ~1.4 GB
+    at embedxDim 8) nor than ``maxMessageBytes`` carries."""
     widest = max((t.push_dim for t in config.tables), default=0)
     wire = PUSH_WIRE_FIXED_BYTES + 4 * widest
-    return min(config.maxKeysPerRequest, REQUEST_KEYS, config.maxMessageBytes // wire)
+    return min(config.maxKeysPerRequest, CAPPED_REQUEST_KEYS, config.maxMessageBytes // wire)
 
 
 def request_scratch_bytes(config: PSConfig) -> tuple[int, int]:

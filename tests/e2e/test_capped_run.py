@@ -69,9 +69,10 @@ def test_a_capped_long_tail_run_ends_with_the_uncapped_model(tmp_path: Path) -> 
 
 
 def test_a_limit_too_small_for_a_pass_ends_the_run_with_a_condition(tmp_path: Path) -> None:
-    """Batches of 16,000 rows push ~40k new 64-wide keys at once: more than half of the
-    ~11 MiB the same limit leaves for tables. The run fails at the first pass that does
-    not fit, without retrying it, naming the field, the measured working set and a value."""
+    """Batches of 16,000 rows push ~40k new 64-wide keys, sent as requests of 16,384 keys
+    (~5 MB each): more than half of the ~8.6 MiB a limit 3 MiB below the one above leaves
+    for tables. The run fails at the first pass that does not fit, without retrying it,
+    naming the field, the measured working set and a value."""
     root = tmp_path
     write_stream(root, days=1, rows_per_folder=16000, num_users=10**6, num_items=5 * 10**5)
     spec = manifest(
@@ -84,7 +85,7 @@ def test_a_limit_too_small_for_a_pass_ends_the_run_with_a_condition(tmp_path: Pa
             "ps": {
                 "replicas": 1,
                 "logicalShards": 8,
-                "memoryLimit": fixed_overhead() + TABLES_AND_RESERVES,
+                "memoryLimit": fixed_overhead() + TABLES_AND_RESERVES - (3 << 20),
             },
             "seed": 7,
         },

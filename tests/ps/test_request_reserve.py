@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from streamtrain_ps import memory_limit as ml
-from streamtrain_ps.config import REQUEST_KEYS, PSConfig, TableConfig
+from streamtrain_ps.config import CAPPED_REQUEST_KEYS, PSConfig, TableConfig
 from streamtrain_ps.errors import MemoryLimitError, RequestTooLargeError
 from streamtrain_ps.remote import RemotePS
 from streamtrain_ps.request_gate import RequestGate
@@ -33,7 +33,7 @@ def test_the_largest_admitted_request_is_bounded_by_keys_and_by_message_size() -
     by_bytes = replace(by_keys, maxKeysPerRequest=10**6, maxMessageBytes=100 * wire)
     assert ml.request_scratch_bytes(by_bytes) == (100 * per_key, 100 * wire)
     # a capped shard admits no more than RemotePS sends, whatever maxKeysPerRequest allows
-    assert ml.capped_request_keys(PSConfig(tables=(table,))) == REQUEST_KEYS
+    assert ml.capped_request_keys(PSConfig(tables=(table,))) == CAPPED_REQUEST_KEYS
     wide = PSConfig(tables=(table, TableConfig(name="w", embedxDim=64)), maxKeysPerRequest=10)
     assert ml.request_scratch_bytes(wide)[0] == 10 * (
         ml.REQUEST_FIXED_BYTES_PER_KEY + 65 * ml.REQUEST_BYTES_PER_COLUMN
@@ -75,8 +75,8 @@ def test_the_server_serves_no_more_sparse_requests_at_once_than_the_budget(
     try:
         _pull_waits_at_the_gate(shard, cfg)
         # no request larger than the reserve holds: RemotePS's request size at the most
-        too_many = np.arange(1, REQUEST_KEYS + 2, dtype=np.uint64)
-        with pytest.raises(RequestTooLargeError, match=f"the {REQUEST_KEYS} a shard under"):
+        too_many = np.arange(1, CAPPED_REQUEST_KEYS + 2, dtype=np.uint64)
+        with pytest.raises(RequestTooLargeError, match=f"the {CAPPED_REQUEST_KEYS} a shard under"):
             shard.pull_sparse(T, too_many)
     finally:
         shard.close()

@@ -52,7 +52,7 @@ import numpy as np
 
 import streamtrain_ps
 import streamtrain_tools as bench
-from streamtrain_ps.config import PSConfig
+from streamtrain_ps.config import CAPPED_REQUEST_KEYS, PSConfig
 from streamtrain_ps.launch import Launched, shard_process
 from streamtrain_ps.memory_limit import (
     SPARE_RPC_THREADS,
@@ -65,8 +65,6 @@ from streamtrain_tools.bench.ps_scale import DIM, TABLE, config, rss, spread, th
 #: Share of the table pushed again (more shows): the Zipf head the capped RAM tier keeps.
 HOT_SHARE = 0.1
 SAMPLE_SECONDS = 0.05
-#: Keys per request ``RemotePS`` sends (its ``request_keys`` default).
-REQUEST_KEYS = 65_536
 #: Run in a fresh interpreter: what a shard process holds before its first key, measured
 #: as the shard measures it (the allocator bounded, every kernel warm, RocksDB loaded).
 OVERHEAD = (
@@ -165,7 +163,7 @@ def capped_phase(args: argparse.Namespace, work: Path) -> dict[str, float]:
     hot = keys[: int(n * HOT_SHARE)]
     # Both shards admit requests of the size RemotePS sends (a capped shard's scratch
     # reserve holds its largest admitted request: ``memory_limit.request_scratch_bytes``).
-    base = replace(config(), maxKeysPerRequest=min(args.batch, REQUEST_KEYS))
+    base = replace(config(), maxKeysPerRequest=min(args.batch, CAPPED_REQUEST_KEYS))
     (work / "uncapped").mkdir()
     (work / "capped").mkdir()
     overhead = fixed_overhead()
