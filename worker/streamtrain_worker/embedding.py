@@ -4,13 +4,15 @@ Per batch the bridge works on the batch's *unique* keys only:
 
 1. ``prepare`` (may run in a prefetch thread): deduplicate the keys, pull their rows
    ``[show, click, embed_w, embedx...]`` once, and count per unique key its occurrences
-   (show) and its occurrences in clicked examples (click) and its slot.
+   (show) and its occurrences in clicked examples (click) and its slot, and group the
+   occurrences by key (``pooling.KeyBags``, which the pooling's backward needs).
 2. ``lookup``: the pulled ``[embed_w, embedx...]`` block becomes a leaf tensor ``W`` of shape
    ``(U, 1 + D)`` that requires grad, and every bag ``b = example * S + slot`` is pooled by
-   sum — one ``nnf.embedding_bag(inverse, W, offsets, mode="sum")`` call. Because the batch is
-   expressed over ``W`` instead of over the full table, ``W.grad`` after backward is exactly
-   the rows of the gradient ``nn.EmbeddingBag(mode="sum")`` would give the full table for
-   the same keys (rows of keys absent from the batch are zero there and are not sent).
+   sum — ``nnf.embedding_bag(inverse, W, offsets, mode="sum")``, with a backward that pools
+   the output gradient by key instead of sorting (``pooling.sum_pool``). Because the batch
+   is expressed over ``W`` instead of over the full table, ``W.grad`` after backward is the
+   rows of the gradient ``nn.EmbeddingBag(mode="sum")`` would give the full table for the
+   same keys (rows of keys absent from the batch are zero there and are not sent).
 3. ``sparse_push``: ``W.grad`` (the gradient of the *sum* of per-example losses, the PS
    convention), shows, clicks and slots, ready for ``PSLike.push_sparse``.
 
@@ -38,6 +40,7 @@ from torch.nn import functional as nnf
 from streamtrain_ps.api import PSLike
 from streamtrain_ps.dedup import unique_inverse
 from streamtrain_worker.data.batch import Batch
+from streamtrain_worker.pooling import KeyBags, sum_pool
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,8 @@ class PreparedBatch:
     shows: npt.NDArray[np.float32]  # (U,) occurrences in this batch
     clicks: npt.NDArray[np.float32]  # (U,) occurrences in clicked examples of this batch
     slots: npt.NDArray[np.uint32]  # (U,) slot of the key (its last occurrence)
+    #: The bags of every unique key (the backward of the pooling: ``streamtrain_worker.pooling``).
+    by_key: KeyBags
     pull_seconds: float = 0.0
 
     @property
@@ -61,12 +66,23 @@ class PreparedBatch:
 
 
 def count_keys(
-    batch: Batch, inverse: npt.NDArray[np.int64], num_unique: int
+    batch: Batch,
+    inverse: npt.NDArray[np.int64],
+    num_unique: int,
+    bag: npt.NDArray[np.int64] | None = None,
+    occurrences: npt.NDArray[np.int64] | None = None,
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32], npt.NDArray[np.uint32]]:
-    """Per unique key: occurrences, occurrences in clicked examples, and slot."""
-    bag = batch.bag_of_key()
+    """Per unique key: occurrences, occurrences in clicked examples, and slot.
+
+    ``bag`` (``batch.bag_of_key()``) and ``occurrences`` (the bincount of ``inverse``) are
+    recomputed when not given.
+    """
+    if bag is None:
+        bag = batch.bag_of_key()
+    if occurrences is None:
+        occurrences = np.bincount(inverse, minlength=num_unique)
     example = bag // batch.num_slots
-    shows = np.bincount(inverse, minlength=num_unique).astype(np.float32)
+    shows = occurrences.astype(np.float32)
     key_labels = batch.labels[example].astype(np.float64)
     clicks = np.bincount(inverse, weights=key_labels, minlength=num_unique).astype(np.float32)
     slots = np.zeros(num_unique, dtype=np.uint32)
@@ -87,7 +103,10 @@ def prepare(batch: Batch, ps: PSLike, table: str, embedding_dim: int) -> Prepare
             f"PS table {table!r} returned rows of shape {rows.shape}, expected {expected} "
             f"(model.embeddingDim must equal the table's embedxDim)"
         )
-    shows, clicks, slots = count_keys(batch, inverse, unique_keys.shape[0])
+    num_unique = unique_keys.shape[0]
+    bag = batch.bag_of_key()
+    occurrences = np.bincount(inverse, minlength=num_unique)
+    shows, clicks, slots = count_keys(batch, inverse, num_unique, bag, occurrences)
     return PreparedBatch(
         batch=batch,
         unique_keys=unique_keys,
@@ -98,6 +117,7 @@ def prepare(batch: Batch, ps: PSLike, table: str, embedding_dim: int) -> Prepare
         shows=shows,
         clicks=clicks,
         slots=slots,
+        by_key=KeyBags.of(inverse, bag, occurrences),
         pull_seconds=pull_seconds,
     )
 
@@ -109,9 +129,7 @@ class Lookup:
         self.prepared = prepared
         batch = prepared.batch
         self.weight = torch.from_numpy(prepared.weights).requires_grad_(requires_grad)
-        pooled = nnf.embedding_bag(
-            prepared.inverse, self.weight, prepared.offsets, mode="sum", include_last_offset=True
-        )
+        pooled = sum_pool(self.weight, prepared.inverse, prepared.offsets, prepared.by_key)
         if cvm:
             stats = nnf.embedding_bag(
                 prepared.inverse,
