@@ -69,9 +69,7 @@ class _SumPool(torch.autograd.Function):
         return nnf.embedding_bag(inverse, weight, offsets, mode="sum", include_last_offset=True)
 
     @staticmethod
-    def backward(
-        ctx: Any, grad: torch.Tensor
-    ) -> tuple[torch.Tensor, None, None, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
         k: KeyBags = ctx.by_key
         rows = nnf.embedding_bag(
             k.bags, grad.contiguous(), k.offsets, mode="sum", include_last_offset=True
