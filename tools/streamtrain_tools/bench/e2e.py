@@ -26,7 +26,9 @@ The last line printed is one JSON object: ``auc_mean_13_24``,
 ``e2e_ex_per_s``,
 ``train_ex_per_s``, ``torch_ex_per_s``, ``train_vs_torch`` (training-only over plain
 PyTorch), ``e2e_vs_train`` (launch-to-finish over training-only),
-``transition_seconds_per_pass``, ``pass_fixed_seconds_per_pass`` (a RunPass's wall time
+``train_vs_torch_no_cvm`` (with ``--no-cvm-side``: a second throughput run with
+``model.cvm: false``, the input shape of plain PyTorch, over plain PyTorch measured around
+it), ``transition_seconds_per_pass``, ``pass_fixed_seconds_per_pass`` (a RunPass's wall time
 beyond the workers' batch loops), ``startup_seconds``, ``step_seconds`` (per kind: total and
 count), ``phase_seconds`` (the parts of the steps and of the start-up, total and count:
 ``launch`` and ``connect`` of the processes; a publication's ``sparse`` PS save, ``dense``
@@ -65,7 +67,12 @@ DAY = "20261101"
 
 
 def manifest(
-    batch_size: int, workers: int, lr: float, dense_lr: float = 0.0005, shards: int = 1
+    batch_size: int,
+    workers: int,
+    lr: float,
+    dense_lr: float = 0.0005,
+    shards: int = 1,
+    cvm: bool = True,
 ) -> dict[str, Any]:
     return {
         "apiVersion": "streamtrain.io/v1alpha1",
@@ -85,6 +92,8 @@ def manifest(
                 "embeddingDim": 8,
                 "hiddenUnits": [512, 256, 128],
                 "batchSize": batch_size,
+                # Off only for --no-cvm-side: then the input is plain PyTorch's, 39 x (1 + 8).
+                "cvm": cvm,
                 # The issue's target is what plain PyTorch reaches (EmbeddingBag + MLP, the
                 # embeddings fed raw; streamtrain_tools.bench.reference): normalise only the
                 # CVM columns like it. Normalising the whole input cost ~0.01 AUC here
@@ -163,12 +172,13 @@ def run(
     log: io.TextIOBase,
     data_dir: Path = SAMPLES_DIR,
     shards: int = 1,
+    cvm: bool = True,
 ) -> tuple[Progress, float, StepTimer]:
     """Lay out the data, run the job; the final progress, launch-to-finish seconds and the
     steps' timings."""
     lay_out("criteo", root / "data", data_dir=data_dir, start_day=DAY, repeat=repeat)
     path = root / "job.yaml"
-    path.write_text(yaml.safe_dump(manifest(batch_size, workers, lr, shards=shards)))
+    path.write_text(yaml.safe_dump(manifest(batch_size, workers, lr, shards=shards, cvm=cvm)))
     job = load_job(path)
     timer = StepTimer()
     options = RunOptions(
@@ -226,6 +236,35 @@ def quality_run(root: Path, args: argparse.Namespace, log: io.TextIOBase) -> flo
     return auc_mean
 
 
+def no_cvm_side(
+    root: Path, args: argparse.Namespace, log: io.TextIOBase, before: float
+) -> dict[str, Any]:
+    """The throughput run again with ``model.cvm: false`` (the input plain PyTorch has),
+    against plain PyTorch measured before (``before``, the main run's last) and after it:
+    what the 2 CVM columns cost."""
+    speed, _, _ = run(
+        root,
+        repeat=args.repeat,
+        batch_size=args.batch_size,
+        workers=args.workers,
+        lr=args.lr,
+        log=log,
+        data_dir=args.data,
+        shards=args.shards,
+        cvm=False,
+    )
+    torch_rate = (before + torch_reference(args.repeat, args.data)) / 2
+    train = sum(r.metrics["examples"] for r in speed.history) / sum(
+        r.metrics["seconds"] for r in speed.history
+    )
+    print(f"throughput run without CVM: {train:,.0f} ex/s in RunPass, torch {torch_rate:,.0f}")
+    return {
+        "train_ex_per_s_no_cvm": round(train, 1),
+        "torch_ex_per_s_no_cvm": round(torch_rate, 1),
+        "train_vs_torch_no_cvm": round(train / torch_rate, 3),
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m streamtrain_tools.bench.e2e", description=__doc__)
     p.add_argument("--json", action="store_true", help="(the JSON line is always printed last)")
@@ -238,6 +277,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--skip-quality", action="store_true", help="only the throughput run")
     p.add_argument("--data", type=Path, default=SAMPLES_DIR, help="folder of the samples")
     p.add_argument("--verbose", action="store_true", help="show the jobs' progress lines")
+    p.add_argument(
+        "--no-cvm-side",
+        action="store_true",
+        help="also a throughput run with model.cvm false (plain PyTorch's input shape), "
+        "reported as train_vs_torch_no_cvm against plain PyTorch measured around it",
+    )
     args = p.parse_args(argv)
     log: Any = sys.stdout if args.verbose else io.StringIO()
     with tempfile.TemporaryDirectory(prefix="streamtrain-bench-") as tmp:
@@ -254,6 +299,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             shards=args.shards,
         )
         torch_rates.append(torch_reference(args.repeat, args.data))
+        no_cvm = (
+            no_cvm_side(Path(tmp) / "no-cvm", args, log, torch_rates[-1])
+            if args.no_cvm_side
+            else {}
+        )
         examples = sum(r.metrics["examples"] for r in speed.history)
         train_seconds = sum(r.metrics["seconds"] for r in speed.history)
         # The workers' batch loops (forward, backward, metrics; the slowest worker's per
@@ -293,6 +343,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "pass_fixed_seconds_per_pass": round(
             (train_seconds - compute_seconds) / len(speed.history), 3
         ),
+        **no_cvm,
         **steps,
         "workers": args.workers,
         "ps_shards": args.shards,
