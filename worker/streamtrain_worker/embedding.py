@@ -21,6 +21,8 @@ CVM (Paddle's continuous value model): with ``cvm`` on, each slot's pooled row i
 *sums over the bag's keys of the PS show and click statistics* (the accumulated, decayed
 counts pulled from the table, not this batch's counts). They are inputs, not parameters:
 no gradient flows to them; the PS updates show/click from the pushed counts instead.
+They depend on the pulled rows only, so ``prepare(cvm=True)`` computes them in the prefetch
+thread.
 
 Per-key (unpooled) embeddings of one slot (DIN's behaviour sequence) come from
 ``Lookup.sequence``: a ``(B, L, 1 + D)`` tensor indexed from the same ``W`` (so its
@@ -59,6 +61,8 @@ class PreparedBatch:
     #: The bags of every unique key (the backward of the pooling: ``streamtrain_worker.pooling``).
     by_key: KeyBags
     pull_seconds: float = 0.0
+    #: ``(B*S, 2)`` CVM columns of every bag (``cvm_columns``), when prepared with ``cvm``.
+    cvm: torch.Tensor | None = None
 
     @property
     def num_unique(self) -> int:
@@ -90,8 +94,27 @@ def count_keys(
     return shows, clicks, slots
 
 
-def prepare(batch: Batch, ps: PSLike, table: str, embedding_dim: int) -> PreparedBatch:
-    """Deduplicate the batch's keys and pull their rows once (thread-safe, model-free)."""
+def cvm_columns(
+    inverse: torch.Tensor, show_click: npt.NDArray[np.float32], offsets: torch.Tensor
+) -> torch.Tensor:
+    """Per bag ``[log(S + 1), log(C + 1) - log(S + 1)]`` of its keys' summed PS show ``S``
+    and click ``C``: inputs, not parameters (no gradient flows to them)."""
+    stats = nnf.embedding_bag(
+        inverse, torch.from_numpy(show_click), offsets, mode="sum", include_last_offset=True
+    )
+    logs = torch.log1p(stats)
+    logs[:, 1] -= logs[:, 0]
+    return logs
+
+
+def prepare(
+    batch: Batch, ps: PSLike, table: str, embedding_dim: int, cvm: bool = False
+) -> PreparedBatch:
+    """Deduplicate the batch's keys and pull their rows once (thread-safe, model-free).
+
+    With ``cvm`` the CVM columns are computed here too: they depend on the pulled rows
+    only, so a prefetch thread takes them off the training thread.
+    """
     # A linear-time hash dedup (first-seen order), not np.unique's sort: ~5x cheaper.
     unique_keys, inverse = unique_inverse(batch.keys)
     started = time.perf_counter()
@@ -107,18 +130,22 @@ def prepare(batch: Batch, ps: PSLike, table: str, embedding_dim: int) -> Prepare
     bag = batch.bag_of_key()
     occurrences = np.bincount(inverse, minlength=num_unique)
     shows, clicks, slots = count_keys(batch, inverse, num_unique, bag, occurrences)
+    inverse_t = torch.from_numpy(inverse)
+    offsets = torch.from_numpy(np.ascontiguousarray(batch.offsets, dtype=np.int64))
+    show_click = np.ascontiguousarray(rows[:, :2], dtype=np.float32)
     return PreparedBatch(
         batch=batch,
         unique_keys=unique_keys,
-        inverse=torch.from_numpy(inverse),
-        offsets=torch.from_numpy(np.ascontiguousarray(batch.offsets, dtype=np.int64)),
+        inverse=inverse_t,
+        offsets=offsets,
         weights=np.ascontiguousarray(rows[:, 2:], dtype=np.float32),
-        show_click=np.ascontiguousarray(rows[:, :2], dtype=np.float32),
+        show_click=show_click,
         shows=shows,
         clicks=clicks,
         slots=slots,
         by_key=KeyBags.of(inverse, bag, occurrences),
         pull_seconds=pull_seconds,
+        cvm=cvm_columns(inverse_t, show_click, offsets) if cvm else None,
     )
 
 
@@ -131,15 +158,10 @@ class Lookup:
         self.weight = torch.from_numpy(prepared.weights).requires_grad_(requires_grad)
         pooled = sum_pool(self.weight, prepared.inverse, prepared.offsets, prepared.by_key)
         if cvm:
-            stats = nnf.embedding_bag(
-                prepared.inverse,
-                torch.from_numpy(prepared.show_click),
-                prepared.offsets,
-                mode="sum",
-                include_last_offset=True,
-            )
-            log_show = torch.log1p(stats[:, :1])
-            pooled = torch.cat([log_show, torch.log1p(stats[:, 1:]) - log_show, pooled], dim=1)
+            counts = prepared.cvm
+            if counts is None:  # prepared without cvm
+                counts = cvm_columns(prepared.inverse, prepared.show_click, prepared.offsets)
+            pooled = torch.cat([counts, pooled], dim=1)
         #: (B, S, W) with W = 1 + D, or 3 + D with CVM: the dense network's input.
         self.pooled = pooled.view(batch.size, batch.num_slots, pooled.shape[1])
 
