@@ -26,6 +26,8 @@ The last line printed is one JSON object: ``auc_mean_13_24``,
 ``e2e_ex_per_s``,
 ``train_ex_per_s``, ``torch_ex_per_s``, ``train_vs_torch`` (training-only over plain
 PyTorch), ``e2e_vs_train`` (launch-to-finish over training-only),
+``job_cpu_us_per_example`` (CPU-seconds of the throughput run's processes and of the driver,
+launch to finish, per example) beside ``torch_cpu_us_per_example`` (plain PyTorch's),
 ``train_vs_torch_no_cvm`` (with ``--no-cvm-side``: a second throughput run with
 ``model.cvm: false``, the input shape of plain PyTorch, over plain PyTorch measured around
 it), ``transition_seconds_per_pass``, ``pass_fixed_seconds_per_pass`` (a RunPass's wall time
@@ -45,6 +47,7 @@ import argparse
 import asyncio
 import io
 import json
+import resource
 import sys
 import tempfile
 import time
@@ -126,6 +129,8 @@ class StepTimer:
         self.finished = self.started
         #: Parts of steps and of the start-up (``RunOptions.on_phase``): total seconds, count.
         self.phases: dict[str, list[float]] = {}
+        #: CPU-seconds of the whole run: the driver (this process) and the job's processes.
+        self.cpu_seconds = 0.0
 
     def phase(self, name: str, seconds: float) -> None:
         total = self.phases.setdefault(name, [0.0, 0])
@@ -188,16 +193,26 @@ def run(
         on_action=timer,
         on_phase=timer.phase,
     )
+    own, children = time.process_time(), _children_cpu()
     progress = asyncio.run(run_job(job, options))
     timer.finished = time.perf_counter()
+    timer.cpu_seconds = time.process_time() - own + _children_cpu() - children
     wall = timer.finished - timer.started
     if progress.phase != Phase.SUCCEEDED:
         raise RuntimeError(f"bench job ended {progress.phase}: {progress.message}")
     return progress, wall, timer
 
 
-def torch_reference(repeat: int, data_dir: Path = SAMPLES_DIR) -> float:
-    """Plain PyTorch's examples/s over the throughput run's rows (``bench.worker``'s side a)."""
+def _children_cpu() -> float:
+    """User + system CPU-seconds of this process's children that have ended (and been
+    waited for): the job's shard and worker processes once ``run_job`` returned."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def torch_reference(repeat: int, data_dir: Path = SAMPLES_DIR) -> tuple[float, float]:
+    """Plain PyTorch over the throughput run's rows (``bench.worker``'s side a): its
+    examples/s and its CPU-seconds per example."""
     torch.set_num_threads(1)
     torch.sparse.check_sparse_tensor_invariants.disable()
     config = bench_worker.bench_config(1)
@@ -207,9 +222,10 @@ def torch_reference(repeat: int, data_dir: Path = SAMPLES_DIR) -> float:
     baseline.inputs, rest = baseline.inputs[:4], baseline.inputs  # warm-up: 4 batches
     baseline.run()
     baseline.inputs = rest
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     examples = baseline.run()
-    return examples / (time.perf_counter() - started)
+    cpu_per_example = (time.process_time() - cpu) / examples
+    return examples / (time.perf_counter() - started), cpu_per_example
 
 
 def quality_run(root: Path, args: argparse.Namespace, log: io.TextIOBase) -> float:
@@ -253,7 +269,7 @@ def no_cvm_side(
         shards=args.shards,
         cvm=False,
     )
-    torch_rate = (before + torch_reference(args.repeat, args.data)) / 2
+    torch_rate = (before + torch_reference(args.repeat, args.data)[0]) / 2
     train = sum(r.metrics["examples"] for r in speed.history) / sum(
         r.metrics["seconds"] for r in speed.history
     )
@@ -287,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     log: Any = sys.stdout if args.verbose else io.StringIO()
     with tempfile.TemporaryDirectory(prefix="streamtrain-bench-") as tmp:
         auc_mean = None if args.skip_quality else quality_run(Path(tmp) / "auc", args, log)
-        torch_rates = [torch_reference(args.repeat, args.data)]
+        references = [torch_reference(args.repeat, args.data)]
         speed, wall, timer = run(
             Path(tmp) / "speed",
             repeat=args.repeat,
@@ -298,7 +314,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             data_dir=args.data,
             shards=args.shards,
         )
-        torch_rates.append(torch_reference(args.repeat, args.data))
+        references.append(torch_reference(args.repeat, args.data))
+        torch_rates = [rate for rate, _ in references]
         no_cvm = (
             no_cvm_side(Path(tmp) / "no-cvm", args, log, torch_rates[-1])
             if args.no_cvm_side
@@ -323,6 +340,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{train_seconds:.1f}s in RunPass ({train:,.0f} ex/s)"
         )
     torch_rate = sum(torch_rates) / len(torch_rates)
+    torch_cpu = sum(cpu for _, cpu in references) / len(references)
+    job_cpu = timer.cpu_seconds / examples
     steps = timer.report(len(speed.history))
     print(
         f"plain PyTorch at the same shape: {torch_rate:,.0f} ex/s "
@@ -339,6 +358,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "torch_ex_per_s": round(torch_rate, 1),
         "torch_rounds": [round(r, 1) for r in torch_rates],
         "train_vs_torch": round(train / torch_rate, 3),
+        # CPU, whatever the load: the job's processes and the driver, launch to finish
+        # (start-up, transitions and saves included), and plain PyTorch's training loop.
+        "job_cpu_us_per_example": round(job_cpu * 1e6, 1),
+        "torch_cpu_us_per_example": round(torch_cpu * 1e6, 1),
         "e2e_vs_train": round(e2e / train, 3),
         "pass_fixed_seconds_per_pass": round(
             (train_seconds - compute_seconds) / len(speed.history), 3
