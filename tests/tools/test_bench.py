@@ -86,6 +86,26 @@ def test_reference_ps_side_mirrors_the_bench_e2e_manifest(tmp_path: Path) -> Non
     assert mine.ps.config.dense == rendered.ps.config.dense
 
 
+def test_bench_e2e_no_cvm_side_changes_only_the_cvm_columns(tmp_path: Path) -> None:
+    """``--no-cvm-side`` trains the same job with plain PyTorch's input shape: only
+    ``model.cvm`` differs between the two rendered worker configs."""
+    import dataclasses
+
+    from streamtrain_operator.job import render
+    from streamtrain_operator.job.spec import load_job
+    from streamtrain_tools.bench import e2e as bench_e2e
+
+    configs = []
+    for cvm in (True, False):
+        path = tmp_path / f"job-{cvm}.yaml"
+        path.write_text(yaml.safe_dump(bench_e2e.manifest(512, 1, 0.05, cvm=cvm)))
+        configs.append(render.worker_config(load_job(path).spec, ["127.0.0.1:1"]))
+    with_cvm, without = configs
+    assert with_cvm.model.cvm and not without.model.cvm
+    assert dataclasses.replace(without.model, cvm=True) == with_cvm.model
+    assert without.runtime == with_cvm.runtime and without.ps == with_cvm.ps
+
+
 def test_step_timer_splits_training_from_the_transitions_between_passes() -> None:
     """bench-e2e's step accounting: start-up until the first step, each step until the next
     one starts, and everything but training counted as transition time."""

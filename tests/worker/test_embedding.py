@@ -121,9 +121,13 @@ def test_show_click_and_slot_counts(setup) -> None:  # type: ignore[no-untyped-d
     assert slots.dtype == np.uint32
 
 
-def test_cvm_features(setup) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("in_prepare", [False, True])
+def test_cvm_features(setup, in_prepare: bool) -> None:  # type: ignore[no-untyped-def]
     batch, ps, vocab_keys, rows = setup
-    lookup = Lookup(prepare(batch, ps, "emb", DIM), cvm=True)
+    lookup = Lookup(prepare(batch, ps, "emb", DIM, cvm=in_prepare), cvm=True)
+    if in_prepare:  # the prefetch thread's columns are the ones the lookup computes itself
+        alone = Lookup(prepare(batch, ps, "emb", DIM), cvm=True, requires_grad=False)
+        assert torch.equal(lookup.pooled, alone.pooled)
     assert lookup.pooled.shape == (batch.size, batch.num_slots, 3 + DIM)
     for b in (0, 3, 17):
         keys = batch.keys[batch.offsets[b] : batch.offsets[b + 1]]

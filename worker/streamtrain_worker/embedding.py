@@ -4,13 +4,15 @@ Per batch the bridge works on the batch's *unique* keys only:
 
 1. ``prepare`` (may run in a prefetch thread): deduplicate the keys, pull their rows
    ``[show, click, embed_w, embedx...]`` once, and count per unique key its occurrences
-   (show) and its occurrences in clicked examples (click) and its slot.
+   (show) and its occurrences in clicked examples (click) and its slot, and group the
+   occurrences by key (``pooling.KeyBags``, which the pooling's backward needs).
 2. ``lookup``: the pulled ``[embed_w, embedx...]`` block becomes a leaf tensor ``W`` of shape
    ``(U, 1 + D)`` that requires grad, and every bag ``b = example * S + slot`` is pooled by
-   sum — one ``nnf.embedding_bag(inverse, W, offsets, mode="sum")`` call. Because the batch is
-   expressed over ``W`` instead of over the full table, ``W.grad`` after backward is exactly
-   the rows of the gradient ``nn.EmbeddingBag(mode="sum")`` would give the full table for
-   the same keys (rows of keys absent from the batch are zero there and are not sent).
+   sum — ``nnf.embedding_bag(inverse, W, offsets, mode="sum")``, with a backward that pools
+   the output gradient by key instead of sorting (``pooling.sum_pool``). Because the batch
+   is expressed over ``W`` instead of over the full table, ``W.grad`` after backward is the
+   rows of the gradient ``nn.EmbeddingBag(mode="sum")`` would give the full table for the
+   same keys (rows of keys absent from the batch are zero there and are not sent).
 3. ``sparse_push``: ``W.grad`` (the gradient of the *sum* of per-example losses, the PS
    convention), shows, clicks and slots, ready for ``PSLike.push_sparse``.
 
@@ -19,6 +21,8 @@ CVM (Paddle's continuous value model): with ``cvm`` on, each slot's pooled row i
 *sums over the bag's keys of the PS show and click statistics* (the accumulated, decayed
 counts pulled from the table, not this batch's counts). They are inputs, not parameters:
 no gradient flows to them; the PS updates show/click from the pushed counts instead.
+They depend on the pulled rows only, so ``prepare(cvm=True)`` computes them in the prefetch
+thread.
 
 Per-key (unpooled) embeddings of one slot (DIN's behaviour sequence) come from
 ``Lookup.sequence``: a ``(B, L, 1 + D)`` tensor indexed from the same ``W`` (so its
@@ -38,6 +42,7 @@ from torch.nn import functional as nnf
 from streamtrain_ps.api import PSLike
 from streamtrain_ps.dedup import unique_inverse
 from streamtrain_worker.data.batch import Batch
+from streamtrain_worker.pooling import KeyBags, sum_pool
 
 
 @dataclass(frozen=True)
@@ -53,7 +58,11 @@ class PreparedBatch:
     shows: npt.NDArray[np.float32]  # (U,) occurrences in this batch
     clicks: npt.NDArray[np.float32]  # (U,) occurrences in clicked examples of this batch
     slots: npt.NDArray[np.uint32]  # (U,) slot of the key (its last occurrence)
+    #: The bags of every unique key (the backward of the pooling: ``streamtrain_worker.pooling``).
+    by_key: KeyBags
     pull_seconds: float = 0.0
+    #: ``(B*S, 2)`` CVM columns of every bag (``cvm_columns``), when prepared with ``cvm``.
+    cvm: torch.Tensor | None = None
 
     @property
     def num_unique(self) -> int:
@@ -61,12 +70,23 @@ class PreparedBatch:
 
 
 def count_keys(
-    batch: Batch, inverse: npt.NDArray[np.int64], num_unique: int
+    batch: Batch,
+    inverse: npt.NDArray[np.int64],
+    num_unique: int,
+    bag: npt.NDArray[np.int64] | None = None,
+    occurrences: npt.NDArray[np.int64] | None = None,
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32], npt.NDArray[np.uint32]]:
-    """Per unique key: occurrences, occurrences in clicked examples, and slot."""
-    bag = batch.bag_of_key()
+    """Per unique key: occurrences, occurrences in clicked examples, and slot.
+
+    ``bag`` (``batch.bag_of_key()``) and ``occurrences`` (the bincount of ``inverse``) are
+    recomputed when not given.
+    """
+    if bag is None:
+        bag = batch.bag_of_key()
+    if occurrences is None:
+        occurrences = np.bincount(inverse, minlength=num_unique)
     example = bag // batch.num_slots
-    shows = np.bincount(inverse, minlength=num_unique).astype(np.float32)
+    shows = occurrences.astype(np.float32)
     key_labels = batch.labels[example].astype(np.float64)
     clicks = np.bincount(inverse, weights=key_labels, minlength=num_unique).astype(np.float32)
     slots = np.zeros(num_unique, dtype=np.uint32)
@@ -74,8 +94,27 @@ def count_keys(
     return shows, clicks, slots
 
 
-def prepare(batch: Batch, ps: PSLike, table: str, embedding_dim: int) -> PreparedBatch:
-    """Deduplicate the batch's keys and pull their rows once (thread-safe, model-free)."""
+def cvm_columns(
+    inverse: torch.Tensor, show_click: npt.NDArray[np.float32], offsets: torch.Tensor
+) -> torch.Tensor:
+    """Per bag ``[log(S + 1), log(C + 1) - log(S + 1)]`` of its keys' summed PS show ``S``
+    and click ``C``: inputs, not parameters (no gradient flows to them)."""
+    stats = nnf.embedding_bag(
+        inverse, torch.from_numpy(show_click), offsets, mode="sum", include_last_offset=True
+    )
+    logs = torch.log1p(stats)
+    logs[:, 1] -= logs[:, 0]
+    return logs
+
+
+def prepare(
+    batch: Batch, ps: PSLike, table: str, embedding_dim: int, cvm: bool = False
+) -> PreparedBatch:
+    """Deduplicate the batch's keys and pull their rows once (thread-safe, model-free).
+
+    With ``cvm`` the CVM columns are computed here too: they depend on the pulled rows
+    only, so a prefetch thread takes them off the training thread.
+    """
     # A linear-time hash dedup (first-seen order), not np.unique's sort: ~5x cheaper.
     unique_keys, inverse = unique_inverse(batch.keys)
     started = time.perf_counter()
@@ -87,18 +126,26 @@ def prepare(batch: Batch, ps: PSLike, table: str, embedding_dim: int) -> Prepare
             f"PS table {table!r} returned rows of shape {rows.shape}, expected {expected} "
             f"(model.embeddingDim must equal the table's embedxDim)"
         )
-    shows, clicks, slots = count_keys(batch, inverse, unique_keys.shape[0])
+    num_unique = unique_keys.shape[0]
+    bag = batch.bag_of_key()
+    occurrences = np.bincount(inverse, minlength=num_unique)
+    shows, clicks, slots = count_keys(batch, inverse, num_unique, bag, occurrences)
+    inverse_t = torch.from_numpy(inverse)
+    offsets = torch.from_numpy(np.ascontiguousarray(batch.offsets, dtype=np.int64))
+    show_click = np.ascontiguousarray(rows[:, :2], dtype=np.float32)
     return PreparedBatch(
         batch=batch,
         unique_keys=unique_keys,
-        inverse=torch.from_numpy(inverse),
-        offsets=torch.from_numpy(np.ascontiguousarray(batch.offsets, dtype=np.int64)),
+        inverse=inverse_t,
+        offsets=offsets,
         weights=np.ascontiguousarray(rows[:, 2:], dtype=np.float32),
-        show_click=np.ascontiguousarray(rows[:, :2], dtype=np.float32),
+        show_click=show_click,
         shows=shows,
         clicks=clicks,
         slots=slots,
+        by_key=KeyBags.of(inverse, bag, occurrences),
         pull_seconds=pull_seconds,
+        cvm=cvm_columns(inverse_t, show_click, offsets) if cvm else None,
     )
 
 
@@ -109,19 +156,12 @@ class Lookup:
         self.prepared = prepared
         batch = prepared.batch
         self.weight = torch.from_numpy(prepared.weights).requires_grad_(requires_grad)
-        pooled = nnf.embedding_bag(
-            prepared.inverse, self.weight, prepared.offsets, mode="sum", include_last_offset=True
-        )
+        pooled = sum_pool(self.weight, prepared.inverse, prepared.offsets, prepared.by_key)
         if cvm:
-            stats = nnf.embedding_bag(
-                prepared.inverse,
-                torch.from_numpy(prepared.show_click),
-                prepared.offsets,
-                mode="sum",
-                include_last_offset=True,
-            )
-            log_show = torch.log1p(stats[:, :1])
-            pooled = torch.cat([log_show, torch.log1p(stats[:, 1:]) - log_show, pooled], dim=1)
+            counts = prepared.cvm
+            if counts is None:  # prepared without cvm
+                counts = cvm_columns(prepared.inverse, prepared.show_click, prepared.offsets)
+            pooled = torch.cat([counts, pooled], dim=1)
         #: (B, S, W) with W = 1 + D, or 3 + D with CVM: the dense network's input.
         self.pooled = pooled.view(batch.size, batch.num_slots, pooled.shape[1])
 

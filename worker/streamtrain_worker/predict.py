@@ -169,7 +169,7 @@ def score(model: LoadedModel, files: Sequence[str], batch_size: int = 1024) -> P
         for batch in reader:
             if batch.size == 0:
                 continue
-            lookup = Lookup(prepare(batch, ps, model.table, dim), cvm, requires_grad=False)
+            lookup = Lookup(prepare(batch, ps, model.table, dim, cvm), cvm, requires_grad=False)
             if uses_seq and seq_slot is not None:
                 seq, mask = lookup.sequence(int(seq_slot))
                 preds = model.dense(lookup.pooled, seq, mask)

@@ -155,7 +155,8 @@ class Trainer:
 
     def prepare(self, batch: Batch) -> PreparedBatch:
         """Model-free per-batch work (dedup, pull, counts); safe in a background thread."""
-        return prepare(batch, self.ps, self.config.table, self.config.model.embeddingDim)
+        model = self.config.model
+        return prepare(batch, self.ps, self.config.table, model.embeddingDim, model.cvm)
 
     def forward(self, lookup: Lookup) -> torch.Tensor:
         """Logits of the batch behind ``lookup``."""

@@ -26,7 +26,11 @@ The last line printed is one JSON object: ``auc_mean_13_24``,
 ``e2e_ex_per_s``,
 ``train_ex_per_s``, ``torch_ex_per_s``, ``train_vs_torch`` (training-only over plain
 PyTorch), ``e2e_vs_train`` (launch-to-finish over training-only),
-``transition_seconds_per_pass``, ``pass_fixed_seconds_per_pass`` (a RunPass's wall time
+``job_cpu_us_per_example`` (CPU-seconds of the throughput run's processes and of the driver,
+launch to finish, per example) beside ``torch_cpu_us_per_example`` (plain PyTorch's),
+``train_vs_torch_no_cvm`` (with ``--no-cvm-side``: a second throughput run with
+``model.cvm: false``, the input shape of plain PyTorch, over plain PyTorch measured around
+it), ``transition_seconds_per_pass``, ``pass_fixed_seconds_per_pass`` (a RunPass's wall time
 beyond the workers' batch loops), ``startup_seconds``, ``step_seconds`` (per kind: total and
 count), ``phase_seconds`` (the parts of the steps and of the start-up, total and count:
 ``launch`` and ``connect`` of the processes; a publication's ``sparse`` PS save, ``dense``
@@ -43,6 +47,7 @@ import argparse
 import asyncio
 import io
 import json
+import resource
 import sys
 import tempfile
 import time
@@ -65,7 +70,12 @@ DAY = "20261101"
 
 
 def manifest(
-    batch_size: int, workers: int, lr: float, dense_lr: float = 0.0005, shards: int = 1
+    batch_size: int,
+    workers: int,
+    lr: float,
+    dense_lr: float = 0.0005,
+    shards: int = 1,
+    cvm: bool = True,
 ) -> dict[str, Any]:
     return {
         "apiVersion": "streamtrain.io/v1alpha1",
@@ -85,6 +95,8 @@ def manifest(
                 "embeddingDim": 8,
                 "hiddenUnits": [512, 256, 128],
                 "batchSize": batch_size,
+                # Off only for --no-cvm-side: then the input is plain PyTorch's, 39 x (1 + 8).
+                "cvm": cvm,
                 # The issue's target is what plain PyTorch reaches (EmbeddingBag + MLP, the
                 # embeddings fed raw; streamtrain_tools.bench.reference): normalise only the
                 # CVM columns like it. Normalising the whole input cost ~0.01 AUC here
@@ -117,6 +129,8 @@ class StepTimer:
         self.finished = self.started
         #: Parts of steps and of the start-up (``RunOptions.on_phase``): total seconds, count.
         self.phases: dict[str, list[float]] = {}
+        #: CPU-seconds of the whole run: the driver (this process) and the job's processes.
+        self.cpu_seconds = 0.0
 
     def phase(self, name: str, seconds: float) -> None:
         total = self.phases.setdefault(name, [0.0, 0])
@@ -163,12 +177,13 @@ def run(
     log: io.TextIOBase,
     data_dir: Path = SAMPLES_DIR,
     shards: int = 1,
+    cvm: bool = True,
 ) -> tuple[Progress, float, StepTimer]:
     """Lay out the data, run the job; the final progress, launch-to-finish seconds and the
     steps' timings."""
     lay_out("criteo", root / "data", data_dir=data_dir, start_day=DAY, repeat=repeat)
     path = root / "job.yaml"
-    path.write_text(yaml.safe_dump(manifest(batch_size, workers, lr, shards=shards)))
+    path.write_text(yaml.safe_dump(manifest(batch_size, workers, lr, shards=shards, cvm=cvm)))
     job = load_job(path)
     timer = StepTimer()
     options = RunOptions(
@@ -178,16 +193,26 @@ def run(
         on_action=timer,
         on_phase=timer.phase,
     )
+    own, children = time.process_time(), _children_cpu()
     progress = asyncio.run(run_job(job, options))
     timer.finished = time.perf_counter()
+    timer.cpu_seconds = time.process_time() - own + _children_cpu() - children
     wall = timer.finished - timer.started
     if progress.phase != Phase.SUCCEEDED:
         raise RuntimeError(f"bench job ended {progress.phase}: {progress.message}")
     return progress, wall, timer
 
 
-def torch_reference(repeat: int, data_dir: Path = SAMPLES_DIR) -> float:
-    """Plain PyTorch's examples/s over the throughput run's rows (``bench.worker``'s side a)."""
+def _children_cpu() -> float:
+    """User + system CPU-seconds of this process's children that have ended (and been
+    waited for): the job's shard and worker processes once ``run_job`` returned."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def torch_reference(repeat: int, data_dir: Path = SAMPLES_DIR) -> tuple[float, float]:
+    """Plain PyTorch over the throughput run's rows (``bench.worker``'s side a): its
+    examples/s and its CPU-seconds per example."""
     torch.set_num_threads(1)
     torch.sparse.check_sparse_tensor_invariants.disable()
     config = bench_worker.bench_config(1)
@@ -197,9 +222,10 @@ def torch_reference(repeat: int, data_dir: Path = SAMPLES_DIR) -> float:
     baseline.inputs, rest = baseline.inputs[:4], baseline.inputs  # warm-up: 4 batches
     baseline.run()
     baseline.inputs = rest
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     examples = baseline.run()
-    return examples / (time.perf_counter() - started)
+    cpu_per_example = (time.process_time() - cpu) / examples
+    return examples / (time.perf_counter() - started), cpu_per_example
 
 
 def quality_run(root: Path, args: argparse.Namespace, log: io.TextIOBase) -> float:
@@ -226,6 +252,35 @@ def quality_run(root: Path, args: argparse.Namespace, log: io.TextIOBase) -> flo
     return auc_mean
 
 
+def no_cvm_side(
+    root: Path, args: argparse.Namespace, log: io.TextIOBase, before: float
+) -> dict[str, Any]:
+    """The throughput run again with ``model.cvm: false`` (the input plain PyTorch has),
+    against plain PyTorch measured before (``before``, the main run's last) and after it:
+    what the 2 CVM columns cost."""
+    speed, _, _ = run(
+        root,
+        repeat=args.repeat,
+        batch_size=args.batch_size,
+        workers=args.workers,
+        lr=args.lr,
+        log=log,
+        data_dir=args.data,
+        shards=args.shards,
+        cvm=False,
+    )
+    torch_rate = (before + torch_reference(args.repeat, args.data)[0]) / 2
+    train = sum(r.metrics["examples"] for r in speed.history) / sum(
+        r.metrics["seconds"] for r in speed.history
+    )
+    print(f"throughput run without CVM: {train:,.0f} ex/s in RunPass, torch {torch_rate:,.0f}")
+    return {
+        "train_ex_per_s_no_cvm": round(train, 1),
+        "torch_ex_per_s_no_cvm": round(torch_rate, 1),
+        "train_vs_torch_no_cvm": round(train / torch_rate, 3),
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m streamtrain_tools.bench.e2e", description=__doc__)
     p.add_argument("--json", action="store_true", help="(the JSON line is always printed last)")
@@ -238,11 +293,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--skip-quality", action="store_true", help="only the throughput run")
     p.add_argument("--data", type=Path, default=SAMPLES_DIR, help="folder of the samples")
     p.add_argument("--verbose", action="store_true", help="show the jobs' progress lines")
+    p.add_argument(
+        "--no-cvm-side",
+        action="store_true",
+        help="also a throughput run with model.cvm false (plain PyTorch's input shape), "
+        "reported as train_vs_torch_no_cvm against plain PyTorch measured around it",
+    )
     args = p.parse_args(argv)
     log: Any = sys.stdout if args.verbose else io.StringIO()
     with tempfile.TemporaryDirectory(prefix="streamtrain-bench-") as tmp:
         auc_mean = None if args.skip_quality else quality_run(Path(tmp) / "auc", args, log)
-        torch_rates = [torch_reference(args.repeat, args.data)]
+        references = [torch_reference(args.repeat, args.data)]
         speed, wall, timer = run(
             Path(tmp) / "speed",
             repeat=args.repeat,
@@ -253,7 +314,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             data_dir=args.data,
             shards=args.shards,
         )
-        torch_rates.append(torch_reference(args.repeat, args.data))
+        references.append(torch_reference(args.repeat, args.data))
+        torch_rates = [rate for rate, _ in references]
+        no_cvm = (
+            no_cvm_side(Path(tmp) / "no-cvm", args, log, torch_rates[-1])
+            if args.no_cvm_side
+            else {}
+        )
         examples = sum(r.metrics["examples"] for r in speed.history)
         train_seconds = sum(r.metrics["seconds"] for r in speed.history)
         # The workers' batch loops (forward, backward, metrics; the slowest worker's per
@@ -273,6 +340,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{train_seconds:.1f}s in RunPass ({train:,.0f} ex/s)"
         )
     torch_rate = sum(torch_rates) / len(torch_rates)
+    torch_cpu = sum(cpu for _, cpu in references) / len(references)
+    job_cpu = timer.cpu_seconds / examples
     steps = timer.report(len(speed.history))
     print(
         f"plain PyTorch at the same shape: {torch_rate:,.0f} ex/s "
@@ -289,10 +358,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "torch_ex_per_s": round(torch_rate, 1),
         "torch_rounds": [round(r, 1) for r in torch_rates],
         "train_vs_torch": round(train / torch_rate, 3),
+        # CPU, whatever the load: the job's processes and the driver, launch to finish
+        # (start-up, transitions and saves included), and plain PyTorch's training loop.
+        "job_cpu_us_per_example": round(job_cpu * 1e6, 1),
+        "torch_cpu_us_per_example": round(torch_cpu * 1e6, 1),
         "e2e_vs_train": round(e2e / train, 3),
         "pass_fixed_seconds_per_pass": round(
             (train_seconds - compute_seconds) / len(speed.history), 3
         ),
+        **no_cvm,
         **steps,
         "workers": args.workers,
         "ps_shards": args.shards,
