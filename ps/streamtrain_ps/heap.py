@@ -80,7 +80,7 @@ def note_request_scratch(keys: int) -> None:
 class ScratchReleasingExecutor(futures.ThreadPoolExecutor):
     """The gRPC server's pool (a task is one RPC), trimming the heap after requests.
 
-    A client splits a bulk push into 65,536-key requests sent at once, so all of the
+    A client splits a bulk push into requests (``config.REQUEST_KEYS``) sent at once, so all the
     server's threads hold a request's scratch in their own arenas at the same time. The
     trim waits until those requests have returned (their messages and arrays freed): when
     the pool is idle with at least ``release_after_keys`` keys of scratch noted since the
