@@ -54,7 +54,7 @@ def write_tables(
             delta = full[:, DELTA].astype(np.float64)
             delta[hot.positions] = hot.counts[:, 2]  # exact for keys past float32's range
             tomb = pending[pending_ls == logical]
-            if mode == api.SaveMode.DELTA:
+            if mode == api.SaveMode.DELTA and tomb.size:  # usually none: skip the sort
                 tomb = np.setdiff1d(tomb, keys)
             values = full if mode == api.SaveMode.CHECKPOINT else full[:, lay.inference_columns()]
             header = {
