@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from ps.netproxy import NetProxy
+from streamtrain_operator.job.messages import Action, RunPass
 from streamtrain_operator.job.progress import Phase, Progress
-from streamtrain_operator.job.scheduler import Action, RunPass
 from streamtrain_operator.job.spec import load_job
 from streamtrain_operator.local.cluster import LocalCluster
 from streamtrain_operator.run.connection import GrpcConnection

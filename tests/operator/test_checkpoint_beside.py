@@ -19,9 +19,9 @@ import numpy as np
 from test_driver import MANIFEST, DenseWorker, FakeRestartWatch, _no_sleep, write_folder
 
 from streamtrain_operator.job import render
+from streamtrain_operator.job.messages import Action, CheckData, LoadCheckpoint
 from streamtrain_operator.job.plan import StepKey, StepKind
 from streamtrain_operator.job.progress import Phase, Progress
-from streamtrain_operator.job.scheduler import Action, CheckData, LoadCheckpoint
 from streamtrain_operator.job.spec import Job, parse_job
 from streamtrain_operator.run.driver import Driver, Observer
 from streamtrain_operator.run.state import MemoryStateStore

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from streamtrain_operator.job import render
+from streamtrain_operator.job.messages import Action, LoadCheckpoint
 from streamtrain_operator.job.plan import StepKey, StepKind
 from streamtrain_operator.job.progress import Phase, Progress
-from streamtrain_operator.job.scheduler import Action, LoadCheckpoint
 from streamtrain_operator.job.spec import Job, parse_job
 from streamtrain_operator.run.driver import Driver, Observer
 from streamtrain_operator.run.export import read_donefile, verify_model

@@ -7,9 +7,9 @@ import io
 from dataclasses import replace
 from typing import Any
 
+from streamtrain_operator.job.messages import CheckData, RunPass, Save, Sleep
 from streamtrain_operator.job.plan import StepKey, StepKind
 from streamtrain_operator.job.progress import Condition, PassRecord, Progress
-from streamtrain_operator.job.scheduler import CheckData, RunPass, Save, Sleep
 from streamtrain_operator.job.spec import parse_job
 from streamtrain_operator.local.reporting import ProgressPrinter, format_pass, progress_bar
 

@@ -7,9 +7,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from streamtrain_operator.job.plan import PassPlan, StepKey, StepKind
-from streamtrain_operator.job.progress import Condition, Phase, Progress
-from streamtrain_operator.job.scheduler import (
+from streamtrain_operator.job.messages import (
     Action,
     CheckData,
     DataChecked,
@@ -18,16 +16,16 @@ from streamtrain_operator.job.scheduler import (
     Failed,
     LoadCheckpoint,
     PassRan,
-    Policy,
-    ProtocolError,
     ResetWorkers,
     RunPass,
     Save,
-    Scheduler,
     Shrink,
     Sleep,
     Terminal,
 )
+from streamtrain_operator.job.plan import PassPlan, StepKey, StepKind
+from streamtrain_operator.job.progress import Condition, Phase, Progress
+from streamtrain_operator.job.scheduler import Policy, ProtocolError, Scheduler
 
 PLAN = PassPlan(
     start_day="20261101",

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from test_scheduler import PLAN, World, _crash_at, fresh, restart, steps
 
+from streamtrain_operator.job.messages import CheckData, Done, ResetWorkers, RunPass, Save
 from streamtrain_operator.job.plan import StepKey, StepKind
 from streamtrain_operator.job.progress import Phase, Progress
-from streamtrain_operator.job.scheduler import CheckData, Done, ResetWorkers, RunPass, Save
 
 
 def test_a_fresh_job_opens_with_the_workers_reset_and_the_genesis_checkpoint() -> None:

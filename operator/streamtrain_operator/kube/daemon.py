@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from streamtrain_operator.job import render
+from streamtrain_operator.job.messages import Action, RunPass
 from streamtrain_operator.job.plan import EXPORT_KINDS, StepKind
 from streamtrain_operator.job.progress import Phase, Progress
-from streamtrain_operator.job.scheduler import Action, RunPass
 from streamtrain_operator.job.spec import Job, JobSpec, SpecError
 from streamtrain_operator.kube import resources
 from streamtrain_operator.kube import status as st

@@ -11,9 +11,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TextIO
 
-from streamtrain_operator.job.plan import PassPlan, StepKey, StepKind
-from streamtrain_operator.job.progress import PassRecord, Progress
-from streamtrain_operator.job.scheduler import (
+from streamtrain_operator.job.messages import (
     Action,
     CheckData,
     LoadCheckpoint,
@@ -22,6 +20,8 @@ from streamtrain_operator.job.scheduler import (
     Shrink,
     Sleep,
 )
+from streamtrain_operator.job.plan import PassPlan, StepKey, StepKind
+from streamtrain_operator.job.progress import PassRecord, Progress
 from streamtrain_operator.job.spec import Job, parse_day
 
 BAR_WIDTH = 20

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from streamtrain_operator.job.messages import Action
 from streamtrain_operator.job.progress import Phase, Progress
-from streamtrain_operator.job.scheduler import Action
 from streamtrain_operator.job.spec import Job
 from streamtrain_operator.local.cluster import LocalCluster
 from streamtrain_operator.local.reporting import ProgressPrinter

@@ -37,8 +37,8 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from streamtrain_operator.job.messages import CheckpointTaken, Done, Event, Failed, Save
 from streamtrain_operator.job.plan import PassPlan, StepKind
-from streamtrain_operator.job.scheduler import CheckpointTaken, Done, Event, Failed, Save
 from streamtrain_operator.job.spec import JobSpec
 from streamtrain_operator.run import export, retention
 from streamtrain_ps.api import PSLike, SaveMode

@@ -20,9 +20,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from streamtrain_operator.job.plan import PassPlan, StepKey, StepKind
-from streamtrain_operator.job.progress import Phase, Progress
-from streamtrain_operator.job.scheduler import (
+from streamtrain_operator.job.messages import (
     Action,
     CheckData,
     DataChecked,
@@ -31,15 +29,16 @@ from streamtrain_operator.job.scheduler import (
     Failed,
     LoadCheckpoint,
     PassRan,
-    Policy,
     ResetWorkers,
     RunPass,
     Save,
-    Scheduler,
     Shrink,
     Sleep,
     Terminal,
 )
+from streamtrain_operator.job.plan import PassPlan, StepKey, StepKind
+from streamtrain_operator.job.progress import Phase, Progress
+from streamtrain_operator.job.scheduler import Policy, Scheduler
 from streamtrain_operator.job.spec import JobSpec
 from streamtrain_operator.run import (
     checkpointing,

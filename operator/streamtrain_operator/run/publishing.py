@@ -26,9 +26,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from streamtrain_operator.job import render
-from streamtrain_operator.job.plan import PassPlan, StepKind, join_uri
-from streamtrain_operator.job.progress import PassRecord
-from streamtrain_operator.job.scheduler import (
+from streamtrain_operator.job.messages import (
     Action,
     CheckData,
     Done,
@@ -38,6 +36,8 @@ from streamtrain_operator.job.scheduler import (
     Save,
     Sleep,
 )
+from streamtrain_operator.job.plan import PassPlan, StepKind, join_uri
+from streamtrain_operator.job.progress import PassRecord
 from streamtrain_operator.job.spec import JobSpec
 from streamtrain_operator.run import export, retention
 from streamtrain_operator.run.hooks import NO_HOOK, StepHook

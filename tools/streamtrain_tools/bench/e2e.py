@@ -58,8 +58,8 @@ from typing import Any
 import torch
 import yaml
 
+from streamtrain_operator.job.messages import Action, RunPass, Save
 from streamtrain_operator.job.progress import Phase, Progress
-from streamtrain_operator.job.scheduler import Action, RunPass, Save
 from streamtrain_operator.job.spec import load_job
 from streamtrain_operator.local.runner import RunOptions, run_job
 from streamtrain_tools.bench import worker as bench_worker
