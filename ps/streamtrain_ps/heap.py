@@ -54,9 +54,9 @@ def _malloc_trim() -> Callable[[int], int] | None:
 def release_scratch_memory() -> None:
     """Give freed heap pages back to the OS (glibc ``malloc_trim``; a no-op elsewhere).
 
-    A bulk push of a million keys allocates ~100 MB of short-lived scratch (the merge of
-    duplicates); glibc keeps much of it mapped after ``free``, where it would count as
-    resident memory of the table until reused. Called after such pushes only.
+    Requests leave freed scratch in glibc's heaps (module docstring), where it counts as
+    resident memory until reused. Called after bulk requests (``note_request_scratch``,
+    ``ScratchReleasingExecutor``), near a capped shard's limit and after loads.
     """
     trim = _malloc_trim()
     if trim is not None:

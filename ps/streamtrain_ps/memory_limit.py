@@ -200,6 +200,11 @@ class MemoryBudget:
 _MIB = 1 << 20
 
 
+def _push_wire_bytes_per_key(config: PSConfig) -> int:
+    """Wire bytes of one pushed key of the widest table: key, show, click and its row."""
+    return PUSH_WIRE_FIXED_BYTES + 4 * max((t.push_dim for t in config.tables), default=0)
+
+
 def request_bytes_per_key(config: PSConfig) -> int:
     """Scratch one key of a sparse request holds in flight, for the widest table."""
     widest = max((t.push_dim for t in config.tables), default=0)
@@ -210,17 +215,15 @@ def capped_request_keys(config: PSConfig) -> int:
     """Most keys a capped shard admits in one sparse request: ``maxKeysPerRequest``, but
     no more than ``CAPPED_REQUEST_KEYS`` (the 4M-key default would need a reserve of ~1.4 GB
     at embedxDim 8) nor than ``maxMessageBytes`` carries."""
-    widest = max((t.push_dim for t in config.tables), default=0)
-    wire = PUSH_WIRE_FIXED_BYTES + 4 * widest
-    return min(config.maxKeysPerRequest, CAPPED_REQUEST_KEYS, config.maxMessageBytes // wire)
+    by_bytes = config.maxMessageBytes // _push_wire_bytes_per_key(config)
+    return min(config.maxKeysPerRequest, CAPPED_REQUEST_KEYS, by_bytes)
 
 
 def request_scratch_bytes(config: PSConfig) -> tuple[int, int]:
     """(scratch, message bytes) of the largest sparse request a capped shard with
     ``config`` admits (``capped_request_keys``) for its widest table."""
-    widest = max((t.push_dim for t in config.tables), default=0)
     keys = capped_request_keys(config)
-    return keys * request_bytes_per_key(config), keys * (PUSH_WIRE_FIXED_BYTES + 4 * widest)
+    return keys * request_bytes_per_key(config), keys * _push_wire_bytes_per_key(config)
 
 
 def _mib_up(n: int) -> int:

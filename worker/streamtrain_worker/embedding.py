@@ -73,18 +73,12 @@ def count_keys(
     batch: Batch,
     inverse: npt.NDArray[np.int64],
     num_unique: int,
-    bag: npt.NDArray[np.int64] | None = None,
-    occurrences: npt.NDArray[np.int64] | None = None,
+    bag: npt.NDArray[np.int64],
+    occurrences: npt.NDArray[np.int64],
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32], npt.NDArray[np.uint32]]:
-    """Per unique key: occurrences, occurrences in clicked examples, and slot.
-
-    ``bag`` (``batch.bag_of_key()``) and ``occurrences`` (the bincount of ``inverse``) are
-    recomputed when not given.
-    """
-    if bag is None:
-        bag = batch.bag_of_key()
-    if occurrences is None:
-        occurrences = np.bincount(inverse, minlength=num_unique)
+    """Per unique key: occurrences, occurrences in clicked examples, and slot, from each
+    key's bag (``batch.bag_of_key()``) and the occurrences per key (``prepare`` computes
+    both once: the pooling's ``KeyBags`` needs them too)."""
     example = bag // batch.num_slots
     shows = occurrences.astype(np.float32)
     key_labels = batch.labels[example].astype(np.float64)
