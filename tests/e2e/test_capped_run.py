@@ -14,6 +14,8 @@ import yaml
 
 from faults.harness import DETERMINISTIC, assert_same_model, checkpoint_of, read_checkpoint
 from streams import START, write_stream
+from streamtrain_ps.config import PSConfig, TableConfig
+from streamtrain_ps.memory_limit import MemoryBudget, request_scratch_bytes
 
 from .conftest import manifest, streamtrain
 
@@ -69,10 +71,16 @@ def test_a_capped_long_tail_run_ends_with_the_uncapped_model(tmp_path: Path) -> 
 
 
 def test_a_limit_too_small_for_a_pass_ends_the_run_with_a_condition(tmp_path: Path) -> None:
-    """Batches of 16,000 rows push ~40k new 64-wide keys, sent as requests of 16,384 keys
-    (~5 MB each): more than half of the ~8.6 MiB a limit 3 MiB below the one above leaves
-    for tables. The run fails at the first pass that does not fit, without retrying it,
-    naming the field, the measured working set and a value."""
+    """Batches of 16,000 rows push ~40k new 128-wide keys, sent as requests of 16,384 keys
+    (~9 MB each): more than half of the 12 MiB the limit leaves for tables (the limit the
+    shard's own split gives for that, from the measured overhead). The run fails at the
+    first pass that does not fit, without retrying it, naming the field, the measured
+    working set and a value."""
+    table = TableConfig(name="embedding", embedxDim=128)
+    ps_config = PSConfig(tables=(table,), logicalShards=8)
+    budget = MemoryBudget.measure(
+        1 << 34, fixed_overhead(), request=request_scratch_bytes(ps_config)
+    )
     root = tmp_path
     write_stream(root, days=1, rows_per_folder=16000, num_users=10**6, num_items=5 * 10**5)
     spec = manifest(
@@ -80,12 +88,12 @@ def test_a_limit_too_small_for_a_pass_ends_the_run_with_a_condition(tmp_path: Pa
         1,
         **{
             **DETERMINISTIC,
-            "model": {"hiddenUnits": [8], "batchSize": 16384, "embeddingDim": 64},
+            "model": {"hiddenUnits": [8], "batchSize": 16384, "embeddingDim": 128},
             "sparse": {"embedxThreshold": 0, "baseThreshold": 0, "deltaThreshold": 0},
             "ps": {
                 "replicas": 1,
                 "logicalShards": 8,
-                "memoryLimit": fixed_overhead() + TABLES_AND_RESERVES - (3 << 20),
+                "memoryLimit": budget.limit_for_tables(12 << 20),
             },
             "seed": 7,
         },
