@@ -20,9 +20,9 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, start_http_server
 
 from streamtrain_ps.config import ConfigError, PSConfig
-from streamtrain_ps.grpc_serving import exit_now
+from streamtrain_ps.grpc_serving import exit_now, stop_on_signals
 from streamtrain_ps.memory_limit import MemoryLimitError
-from streamtrain_ps.server import DEFAULT_WORKERS, PSServer, serve_until_signal
+from streamtrain_ps.server import DEFAULT_WORKERS, PSServer, serve_until
 from streamtrain_ps.shard import Shard
 from streamtrain_ps.startup import announce
 from streamtrain_ps.tls import TLSConfigError, TLSFiles
@@ -116,23 +116,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         shard_index=args.shard_index,
         tls=tls,
     )
-    try:
-        server.start()
-    except OSError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    http = None
-    if args.metrics_port is not None:
-        http, _ = start_http_server(args.metrics_port, addr=args.host, registry=registry)
-        log.info("metrics on http://%s:%d/metrics", args.host, http.server_port)
-    announce(server.address, f"shard {args.shard_index} of {args.num_shards}")
-    start_warm_up(config)
-    try:
-        serve_until_signal(server, args.grace)
-    finally:
-        if http is not None:
-            http.shutdown()
-        shard.close()
+    # Signals are handled before the address is announced: a launcher may stop the shard
+    # the moment it learns the address, and that SIGTERM must drain, not kill.
+    with stop_on_signals(args.grace) as stop:
+        try:
+            server.start()
+        except OSError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        http = None
+        if args.metrics_port is not None:
+            http, _ = start_http_server(args.metrics_port, addr=args.host, registry=registry)
+            log.info("metrics on http://%s:%d/metrics", args.host, http.server_port)
+        announce(server.address, f"shard {args.shard_index} of {args.num_shards}")
+        start_warm_up(config)
+        try:
+            serve_until(server, stop, args.grace)
+        finally:
+            if http is not None:
+                http.shutdown()
+            shard.close()
     return 0
 
 

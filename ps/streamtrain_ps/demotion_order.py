@@ -13,6 +13,19 @@ The bits are one per row of the primary slab (0.125 B a key, in the table's RAM 
 Pulls set them under the reader lock, so two concurrent pulls may lose one of each other's
 bits in a shared byte: that only lets a key be demoted sooner. Which tier a key lives in
 never changes its values, so the order affects speed only.
+
+Two ways to choose, by what the choice decides:
+
+- ``sweep_cold`` (every demotion while the disk tier has room): a clock hand moves over
+  the slot array from where the last sweep stopped and takes the untouched rows below the
+  score that ``SWEEP_SHARE`` of a sample lies under, clearing the touched bits it passes.
+  It reads a sample and the slots it passes, so a demotion of ``n`` keys costs about
+  ``n / SWEEP_SHARE`` slots whatever the table's size. The exact order needed a scan of every
+  RAM row per demotion (~4 passes of random row reads), which at 100M keys under 2 GiB took
+  longer than a request's deadline while it held the writer lock (docs/decisions.md).
+  Which cold keys go first only changes speed, so "about the coldest" is enough here.
+- ``coldest_rows`` (a demotion that must evict because the disk tier is full too): the
+  exact shrink-rule order over every RAM row, since what is evicted changes the model.
 """
 
 from __future__ import annotations
@@ -27,6 +40,11 @@ from streamtrain_ps.slabs import Arrays
 
 #: Rows sampled to estimate the score below which a demotion's keys lie.
 COLD_SAMPLE = 65_536
+#: A sweep takes rows below the score this share of the sampled rows lies under (or twice
+#: the share it needs, when that is more: one sweep stays within about half a lap): it
+#: passes about ``1 / SWEEP_SHARE`` rows per row taken, and empties a quarter of a region at
+#: a time, so linear-probing runs do not pile up ahead of the hand.
+SWEEP_SHARE = 0.25
 
 
 class TouchedBits:
@@ -100,5 +118,47 @@ def _collect_cold(
     args = (*slabs, threshold, ap, salt, bits, want, rows, scores, unseen)
     kernel: Any = tk.collect_cold  # numba's Dispatcher stub does not model *args
     got = int(kernel(*args))
+    order = np.lexsort((-unseen[:got], scores[:got]))
+    return rows[:got][order]
+
+
+class ClockHand:
+    """Where the next sweep starts (a slot), and how often one ran (salts its ties)."""
+
+    def __init__(self) -> None:
+        self.slot = 0
+        self.sweeps = 0
+
+
+def sweep_cold(
+    a: Arrays, count: int, ap: npt.NDArray[np.float64], bits: TouchedBits, hand: ClockHand, n: int
+) -> npt.NDArray[np.int64]:
+    """About ``n`` cold rows of the ``count`` live rows, found by the clock hand (module
+    docstring), coldest first; advances ``hand`` past the slots it visited."""
+    bits.cover(a.keys.shape[0])
+    size = a.slots.size
+    probes = min(COLD_SAMPLE, size)
+    sample = np.empty(probes, dtype=np.float64)
+    start = (hand.sweeps * 0x9E3779B97F4A7C15) % size
+    slabs = (a.slots, a.slab, a.slab_u32, a.hot)
+    m = int(tk.sample_slot_scores(*slabs, start, size // probes, ap, sample))
+    threshold, cut = np.inf, np.uint64(0xFFFFFFFF)
+    if m:
+        share = min(1.0, max(SWEEP_SHARE, 2 * n / max(count, 1)))  # within half a lap
+        s = np.sort(sample[:m])
+        threshold = float(s[min(m - 1, int(np.ceil(share * m)) - 1)])
+        below = int(np.searchsorted(s, threshold, side="left"))
+        ties = int(np.searchsorted(s, threshold, side="right")) - below
+        want = share * m - below  # how many of the tied rows the share still needs
+        cut = np.uint64(min(1.0, max(want, 1.0) / ties) * 4294967295.0)
+    rows = np.empty(n, dtype=np.int64)
+    scores = np.empty(n, dtype=np.float64)
+    unseen = np.empty(n, dtype=np.float32)
+    rows_of = (a.slots, a.slab, a.slab_u32, a.xslab_u32, a.hot)
+    picked = (ap, bits.bits, hand.slot, threshold, cut, hand.sweeps, rows, scores, unseen)
+    kernel: Any = tk.sweep_cold  # numba's Dispatcher stub does not model *args
+    got, hand.slot = (int(v) for v in kernel(*rows_of, *picked))
+    hand.sweeps += 1
+    tk.mark_rows(bits.bits, rows[:got], False)  # the sweep marked what it took
     order = np.lexsort((-unseen[:got], scores[:got]))
     return rows[:got][order]

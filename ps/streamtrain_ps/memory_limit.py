@@ -50,8 +50,13 @@ from streamtrain_ps.tiering import DiskOptions, TieredTable
 
 log = logging.getLogger(__name__)
 
-#: Demotion stops at this share of the table budget, so it runs once per few percent of growth.
+#: Demotion stops at this share of the table budget, so it runs once per few percent of growth
+#: (for a load: the share a table's keys may take before the rest goes to disk)...
 LOW_WATER = 0.9
+#: ... but a demotion moves at most this many keys beyond what the request needs: it holds
+#: the writer lock and writes every key to RocksDB (~0.3-0.5M keys/s here), so 10 % of a
+#: 100M-key shard's RAM keys at once stalled requests past their deadline.
+DEMOTE_STEP_KEYS = 262_144
 #: A single request may use at most this share of the table budget.
 MAX_REQUEST_SHARE = 0.5
 #: Shares of (limit - fixed overhead) for the store's cache and for requests' scratch (the
@@ -301,12 +306,12 @@ class MemoryGovernor:
         others = sum(t.memory_bytes() for t in self._tables if t is not table)
         if others + table.ram_bytes() + need <= self.table_budget:
             return 0
-        target = int(self.table_budget * LOW_WATER) - others - need
+        target = self.table_budget - self._headroom(table) - others - need
         self._note_spill(table)
         return self._demoted(table.demote(max(target, 0)))
 
     def enforce(self) -> int:
-        """After a request: demote until the tables are under ``LOW_WATER`` of the table
+        """After a request: demote until the tables are ``_headroom`` under the table
         budget when they are past it; returns keys moved (or evicted when the disk tier is
         full too). Otherwise give freed heap back if the process is near its limit."""
         if not self.limit:
@@ -316,12 +321,18 @@ class MemoryGovernor:
             return 0
         moved = 0
         for t in sorted(self._tables, key=lambda t: t.ram_bytes(), reverse=True):
-            excess = self.ram_bytes() - int(self.table_budget * LOW_WATER)
+            excess = self.ram_bytes() - (self.table_budget - self._headroom(t))
             if excess <= 0:
                 break
             self._note_spill(t)
             moved += t.demote(t.ram_bytes() - excess)
         return self._demoted(moved)
+
+    def _headroom(self, table: TieredTable) -> int:
+        """Bytes a demotion frees beyond what is needed, so the next requests do not each
+        demote: ``1 - LOW_WATER`` of the budget, at most ``DEMOTE_STEP_KEYS`` keys."""
+        step = int(DEMOTE_STEP_KEYS * table.key_bytes())
+        return min(int(self.table_budget * (1 - LOW_WATER)), step)
 
     def trim_near_limit(self) -> None:
         """``malloc_trim`` once RSS is within ``TRIM_MARGIN_SHARE`` of the scratch reserve
@@ -458,7 +469,9 @@ def _exercise(t: TieredTable, logical_shards: int) -> None:
     t.pull(keys)
     t.demote(0)  # every key to disk
     t.pull(keys)  # promoted back
-    t.demote(t.ram_bytes() // 2)
+    t.demote(t.ram_bytes() // 2)  # a clock sweep
+    t.pull(keys)
+    t.demote(t.ram_bytes() // 2, exact=True)  # the order an eviction uses
     t.shrink_keys()
     for mode in (SaveMode.DELTA, SaveMode.CHECKPOINT):
         rows, offsets = t.rows_by_logical_shard(logical_shards, mode)

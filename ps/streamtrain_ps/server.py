@@ -7,17 +7,18 @@ of ``PSConfig.maxMessageBytes`` (grpc itself rejects a bigger message with
 worker's control server). Binding port 0 picks a free port and ``PSServer.port`` reports it,
 so tests and local launchers never race for a fixed port. ``stop(grace)`` first flips health to
 NOT_SERVING (so Kubernetes and clients stop sending), then lets in-flight RPCs finish for up
-to ``grace`` seconds. ``serve_until_signal`` is what ``python -m streamtrain_ps`` runs.
+to ``grace`` seconds. ``serve_until`` is what ``python -m streamtrain_ps`` runs.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 
 from prometheus_client import CollectorRegistry
 
 from streamtrain_ps.config import PSConfig
-from streamtrain_ps.grpc_serving import GrpcServer, message_options, stop_on_signals
+from streamtrain_ps.grpc_serving import GrpcServer, message_options
 from streamtrain_ps.heap import ScratchReleasingExecutor
 from streamtrain_ps.metrics import PSMetrics
 from streamtrain_ps.proto import ps_pb2, ps_pb2_grpc
@@ -77,9 +78,9 @@ class PSServer(GrpcServer):
         return port
 
 
-def serve_until_signal(server: PSServer, grace: float) -> None:
-    """Run until SIGTERM or SIGINT, then stop gracefully (main thread only)."""
-    with stop_on_signals(grace) as stop:
-        stop.wait()
-        server.close(grace)
-        log.info("PS shard on %s stopped", server.address)
+def serve_until(server: PSServer, stop: threading.Event, grace: float) -> None:
+    """Run until ``stop`` is set (``grpc_serving.stop_on_signals``: SIGTERM or SIGINT),
+    then stop gracefully."""
+    stop.wait()
+    server.close(grace)
+    log.info("PS shard on %s stopped", server.address)

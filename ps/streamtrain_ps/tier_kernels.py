@@ -5,6 +5,9 @@
   choosing the coldest keys in the shrink rule's order with scratch in proportion to them.
   Both can leave out (or keep only) rows whose *touched* bit is set: a row pulled or
   promoted since the last demotion gets a second chance (``touched_bit``).
+- ``sample_slot_scores`` and ``sweep_cold``: the same choice made by a clock hand that
+  reads only a sample and the slots it passes, so a demotion's cost follows the keys it
+  moves rather than the table (a sweep clears the touched bits it passes).
 - ``mark_rows``: set or clear rows' touched bits.
 - ``release_rows``: take keys out of RAM (index, embedx row, side-table entry) without
   counting them as evictions — they moved, they were not deleted.
@@ -181,6 +184,85 @@ def collect_cold(
             unseen[n] = pk.unseen_of(pk.word_of(slab_u32, xslab_u32, r))
             n += 1
     return n
+
+
+@njit(nogil=True, cache=True)
+def sample_slot_scores(
+    arr_slots: npt.NDArray[np.int32],
+    slab: npt.NDArray[np.float32],
+    slab_u32: npt.NDArray[np.uint32],
+    hot: npt.NDArray[np.float64],
+    start: Int,
+    step: Int,
+    ap: npt.NDArray[np.float64],
+    out: npt.NDArray[np.float64],
+) -> Int:
+    """Scores of the live rows at slots ``start``, ``start + step``, ... (one lap, at most
+    ``out.size`` probes; keys are hashed, so an unbiased sample that reads only the probed
+    rows, not the table); returns how many."""
+    size = arr_slots.size
+    n = 0
+    for i in range(min(out.size, (size + step - 1) // step)):
+        r = arr_slots[(start + i * step) % size]
+        if r >= 0:
+            out[n] = _row_score(slab, slab_u32, hot, r, ap)
+            n += 1
+    return n
+
+
+@njit(nogil=True, cache=True)
+def sweep_cold(
+    arr_slots: npt.NDArray[np.int32],
+    slab: npt.NDArray[np.float32],
+    slab_u32: npt.NDArray[np.uint32],
+    xslab_u32: npt.NDArray[np.uint32],
+    hot: npt.NDArray[np.float64],
+    ap: npt.NDArray[np.float64],
+    touched: npt.NDArray[np.uint8],
+    hand: Int,
+    threshold: float,
+    tie_cut: np.uint64,
+    salt: Int,
+    rows: npt.NDArray[np.int64],
+    scores: npt.NDArray[np.float64],
+    unseen: npt.NDArray[np.float32],
+) -> tuple[Int, Int]:
+    """A clock hand's sweep from slot ``hand``: a touched row loses its bit and is passed
+    over (its second chance); an untouched row scoring below ``threshold`` is taken, one
+    scoring exactly ``threshold`` with probability ``tie_cut / 2**32`` (a hash of its slot
+    and ``salt``, so ties go spread over the laps, not as one run of slots). Stops once
+    ``rows`` is full; after two laps (every bit cleared by then) it takes any live row.
+    A taken row's bit is set so no later lap takes it twice: the caller clears them. Every
+    live row needs a bit (``TouchedBits.cover``).
+    Returns (rows taken, the slot after the last one visited)."""
+    size = arr_slots.size
+    n = 0
+    salt64 = np.uint64(salt)
+    s = hand % size
+    for step in range(3 * size):
+        if n >= rows.size:
+            break
+        s = (hand + step) % size
+        r = arr_slots[s]
+        if r < 0:
+            continue
+        bit = np.uint8(1 << (r & 7))
+        if touched[r >> 3] & bit:
+            if step < size:  # first lap: the second chance; later: taken by this sweep
+                touched[r >> 3] &= np.uint8(~bit & 0xFF)
+            continue
+        sc = _row_score(slab, slab_u32, hot, r, ap)
+        if step < 2 * size:
+            if sc > threshold:
+                continue
+            if sc == threshold and (ix.mix64(np.uint64(s) ^ salt64) >> np.uint64(32)) > tie_cut:
+                continue
+        touched[r >> 3] |= bit  # a later lap must not take it again
+        rows[n] = r
+        scores[n] = sc
+        unseen[n] = pk.unseen_of(pk.word_of(slab_u32, xslab_u32, r))
+        n += 1
+    return n, (s + 1) % size
 
 
 @njit(nogil=True, cache=True)

@@ -37,7 +37,7 @@ from streamtrain_ps import snapshot as sn
 from streamtrain_ps import tier_kernels as tk
 from streamtrain_ps.api import SaveMode
 from streamtrain_ps.config import TableConfig
-from streamtrain_ps.demotion_order import TouchedBits, coldest_rows
+from streamtrain_ps.demotion_order import ClockHand, TouchedBits, coldest_rows, sweep_cold
 from streamtrain_ps.disk_filter import DiskKeyFilter
 from streamtrain_ps.disk_store import DiskFullError, DiskStore, StoreMemory
 from streamtrain_ps.kernels import EVICTIONS
@@ -46,8 +46,6 @@ from streamtrain_ps.table import Merged, SparseTable
 
 log = logging.getLogger(__name__)
 
-#: A demotion moves at least this share of the RAM keys, so it runs rarely (it scans all).
-DEMOTE_MIN_SHARE = 0.05
 #: Demotions and promotions move rows in chunks of this many keys, so their scratch (full
 #: rows, encoded values, RocksDB batches: ~300 B a key) stays a few MB whatever the batch.
 MOVE_CHUNK = 8_192
@@ -94,6 +92,8 @@ class TieredTable(SparseTable):
         #: Rows pulled or promoted since the last demotion (``demotion_order``; recorded
         #: once the table has a disk tier).
         self._touched = TouchedBits()
+        #: Where the next demotion's sweep starts (``demotion_order.sweep_cold``).
+        self._hand = ClockHand()
         #: Bumped by every demotion: rows recorded before it may hold other keys now.
         self.moves = 0
         self.promotions_total = 0
@@ -309,21 +309,25 @@ class TieredTable(SparseTable):
 
     # -- demotion ---------------------------------------------------------------------------
 
-    def demote(self, target_bytes: int) -> int:
-        """Move the coldest keys to disk until the RAM tier is at most ``target_bytes``
-        (at least ``DEMOTE_MIN_SHARE`` of the keys). Keys the disk cannot take are evicted
-        (tombstoned, counted). Waits for a running save. Returns keys moved or evicted."""
+    def demote(self, target_bytes: int, exact: bool = False) -> int:
+        """Move cold keys to disk until the RAM tier is at most ``target_bytes``
+        (``demotion_order``: about the coldest while the disk has room, exactly the
+        coldest when some must be evicted or ``exact``). Keys the disk cannot take are
+        evicted (tombstoned, counted). Waits for a running save. Returns keys moved or
+        evicted."""
         with self.lock.maintenance, self.lock.exclusive():
             self._flush_shadows_locked()
             excess = self.ram_bytes() - target_bytes
             if excess <= 0 or not len(self):
                 return 0
-            n = max(int(np.ceil(excess / self.key_bytes())), int(len(self) * DEMOTE_MIN_SHARE))
-            salt = (self.moves * 0x9E3779B97F4A7C15) % self._arrays.slots.size
-            rows = coldest_rows(
-                self._arrays, len(self), self._ap, self._touched, salt, min(n, len(self))
-            )
+            n = min(int(np.ceil(excess / self.key_bytes())), len(self))
             store = self._store()
+            if store.room() >= n and not exact:  # which cold ones only changes speed
+                rows = sweep_cold(self._arrays, len(self), self._ap, self._touched, self._hand, n)
+            else:  # some will be evicted: exactly the coldest, in the shrink rule's order
+                salt = (self.moves * 0x9E3779B97F4A7C15) % self._arrays.slots.size
+                rows = coldest_rows(self._arrays, len(self), self._ap, self._touched, salt, n)
+                self._touched.clear()
             evict = rows.size - min(rows.size, store.room())  # the coldest go first
             evicted = 0
             for lo in range(0, rows.size, MOVE_CHUNK):
@@ -345,7 +349,6 @@ class TieredTable(SparseTable):
                     evicted += out
             self.demotions_total += rows.size - evicted
             self.moves += 1
-            self._touched.clear()
             return int(rows.size)
 
     # -- shrink -----------------------------------------------------------------------------

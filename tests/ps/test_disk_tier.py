@@ -208,10 +208,10 @@ def test_a_disk_full_save_keeps_the_previous_one_and_the_disk_tier(
     shard.close()
 
 
-def test_a_demotion_spares_keys_pulled_since_the_last_one(tmp_path: Path) -> None:
-    """Second chance: keys a pull promoted (the lowest score in RAM) stay in RAM through
-    the next demotion while untouched keys of the same score can go; the demotion after
-    that may take them again (their marks are cleared)."""
+def test_a_demotion_spares_keys_pulled_since_the_hand_last_passed(tmp_path: Path) -> None:
+    """Second chance (CLOCK): keys a pull promoted (the lowest score in RAM) stay in RAM
+    while the demotions' hand passes them once, and untouched keys of the same score go;
+    the hand cleared their marks, so when it comes round again they may go too."""
     shard = capped_shard(tmp_path, 400_000)
     t = shard.table(T)
     one = np.ones(1_000, np.float32)
@@ -230,10 +230,12 @@ def test_a_demotion_spares_keys_pulled_since_the_last_one(tmp_path: Path) -> Non
     shard.pull_sparse(T, pulled)
     assert (t.rows_of(pulled) >= 0).all(), "promoted"
     before = t.demotions_total
-    new = np.arange(10**9, 10**9 + len(t) // 2, dtype=np.uint64)  # half the RAM keys
-    push(new)
-    assert t.demotions_total - before >= new.size // 2, "untouched keys of that score went"
+    new = 10**9
+    while t.demotions_total == before:  # new keys until one demotion ran
+        push(np.arange(new, new + 200, dtype=np.uint64))
+        new += 200
+    assert t.demotions_total - before >= 200, "untouched keys of that score went"
     assert (t.rows_of(pulled) >= 0).all(), "the pulled keys had a second chance"
-    push(np.arange(2 * 10**9, 2 * 10**9 + 40_000, dtype=np.uint64))  # pulled keys left alone
-    assert (t.rows_of(pulled) < 0).any(), "unmarked by the demotion, they may go again"
+    push(np.arange(2 * 10**9, 2 * 10**9 + 40_000, dtype=np.uint64))  # laps: marks cleared
+    assert (t.rows_of(pulled) < 0).any(), "unmarked by the hand, they may go again"
     shard.close()
