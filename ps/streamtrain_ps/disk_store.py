@@ -70,6 +70,12 @@ class StoreMemory:
         """One memtable's size: two per store fit the write-buffer share several times."""
         return max(1 << 20, self.budget_bytes // 4)
 
+    def set_capacity(self, capacity_bytes: int) -> None:
+        """Let the cache hold ``capacity_bytes`` from now (it evicts down to it as blocks
+        are released): what a capped shard gives back when its process was measured to
+        hold more than its split (``memory_feedback``)."""
+        self.cache.set_capacity(max(int(capacity_bytes), MIN_STORE_MEMORY))
+
     def usage(self) -> int:
         """Bytes the cache holds now (blocks plus memtable reservations)."""
         return int(self.cache.get_usage())

@@ -35,7 +35,8 @@ import os
 import resource
 import sys
 import tempfile
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,8 +45,10 @@ import numpy as np
 
 from streamtrain_ps.api import SaveMode
 from streamtrain_ps.config import CAPPED_REQUEST_KEYS, PSConfig
+from streamtrain_ps.disk_store import MIN_STORE_MEMORY, StoreMemory
 from streamtrain_ps.errors import MemoryLimitError, WorkingSet  # the error lives in errors
 from streamtrain_ps.heap import release_scratch_memory
+from streamtrain_ps.memory_feedback import SplitCorrection
 from streamtrain_ps.tiering import DiskOptions, TieredTable
 
 log = logging.getLogger(__name__)
@@ -76,6 +79,9 @@ STORE_OUTSIDE_CACHE = 8 << 20
 #: received message, which the scratch reserve counts.
 SPARE_RPC_THREADS = 2
 MAX_STORE = 256 << 20
+#: What the process was measured to hold beyond its split may cut the table budget down to
+#: this share of it, no further (``memory_feedback``).
+MIN_TABLE_SHARE = 0.5
 #: A limit must leave at least this much for the tables after the rest.
 MIN_TABLE_BUDGET = 8 << 20
 #: Resident memory of one table beyond its accounted bytes: its key column and two slabs are
@@ -231,16 +237,42 @@ def _mib_up(n: int) -> int:
 
 
 class MemoryGovernor:
-    """Applies one shard's ``MemoryBudget`` to its tables."""
+    """Applies one shard's ``MemoryBudget`` to its tables.
+
+    With a process budget (a measured fixed overhead) it also checks the split against the
+    process's RSS after each heap trim (``observe_after_trim``) and gives back what the
+    process holds beyond it, from the store's cache (``store``) and the table budget
+    (``memory_feedback``); ``in_flight`` tells the bytes of the requests admitted now.
+    """
 
     def __init__(
-        self, budget: MemoryBudget, tables: Sequence[TieredTable], disk_limit: int = 0
+        self,
+        budget: MemoryBudget,
+        tables: Sequence[TieredTable],
+        disk_limit: int = 0,
+        *,
+        store: StoreMemory | None = None,
+        in_flight: Callable[[], int] = lambda: 0,
     ) -> None:
         self.budget = budget
         #: ``diskLimit`` of each table's disk tier (0: no cap), for a refusal's numbers.
         self.disk_limit = disk_limit
         self.limit = budget.limit
-        self.table_budget = budget.tables
+        self._store = store
+        self._in_flight = in_flight
+        #: The split's cuts after measuring the process (None: not a process budget).
+        self.correction: SplitCorrection | None = None
+        if self.limit and budget.fixed_overhead:
+            store_bytes = store.budget_bytes if store is not None else 0
+            slack = len(tables) * HUGE_PAGE_SLACK_PER_TABLE
+            self.correction = SplitCorrection(
+                fixed=budget.fixed_overhead + slack,
+                store=store_bytes,
+                store_floor=min(store_bytes, MIN_STORE_MEMORY),
+                tables=budget.tables,
+                tables_floor=int(budget.tables * MIN_TABLE_SHARE),
+            )
+        self._correcting = threading.Lock()
         self._tables = list(tables)
         #: The largest working set (bytes of one request's unique keys) seen.
         self.working_set_bytes = 0
@@ -250,6 +282,47 @@ class MemoryGovernor:
         if self.limit:
             for t in self._tables:
                 t.after_move = self.trim_near_limit
+
+    @property
+    def table_budget(self) -> int:
+        """Bytes the tables may hold: the split's, less what the process was measured to
+        hold beyond its split (``observe_after_trim``)."""
+        c = self.correction
+        return self.budget.tables if c is None else c.table_budget
+
+    def observe_after_trim(self) -> int:
+        """Right after the heap was trimmed: compare the process's RSS with its split and
+        give back what it holds beyond it (the store's cache first, then the table budget,
+        which the next ``enforce`` demotes to). Returns the bytes cut (0: within it)."""
+        c = self.correction
+        if c is None:
+            return 0
+        with self._correcting:
+            rss = current_rss_bytes()
+            in_flight = self._in_flight()
+            store_used = self._store.usage() if self._store is not None else 0
+            tables = sum(t.memory_bytes() for t in self._tables)
+            first = not c.held_beyond
+            cut = c.observe(rss, in_flight, store_used, tables)
+            if not cut:
+                return 0
+            if self._store is not None:
+                self._store.set_capacity(c.store_capacity)
+        (log.warning if first else log.info)(
+            "shard RSS %d bytes holds %d beyond its memory split (fixed overhead %d, disk "
+            "tier's cache %d, tables %d resident, requests in flight %d): the cache may now "
+            "hold %d bytes, the tables %d",
+            rss,
+            c.held_beyond,
+            self.budget.fixed_overhead,
+            store_used,
+            tables,
+            in_flight,
+            c.store_capacity,
+            c.table_budget,
+        )
+        release_scratch_memory()  # the cache's evicted blocks back to the OS
+        return cut
 
     def check_request(self, table: TieredTable, unique_keys: int) -> None:
         """Refuse a request whose unique keys alone would take more than
@@ -337,6 +410,7 @@ class MemoryGovernor:
         if rss <= mark or (self._trimmed_at and rss <= self._trimmed_at + TRIM_STEP):
             return
         release_scratch_memory()
+        self.observe_after_trim()
         after = current_rss_bytes()
         self._trimmed_at = after if after > mark else 0
 
@@ -352,6 +426,7 @@ class MemoryGovernor:
         if not moved or not self.budget.fixed_overhead:
             return moved
         release_scratch_memory()
+        self.observe_after_trim()
         rss = current_rss_bytes()
         if rss > self.limit:
             # Demoting more would not help: freed rows stay resident for reuse. Said once
