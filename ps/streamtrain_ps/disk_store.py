@@ -60,6 +60,8 @@ class StoreMemory:
         from rocksdict import Cache, WriteBufferManager
 
         self.budget_bytes = max(int(budget_bytes), MIN_STORE_MEMORY)
+        #: What the cache may hold now (``set_capacity``; at first the whole budget).
+        self.capacity_bytes = self.budget_bytes
         self.cache: Any = Cache(self.budget_bytes)
         self.write_buffers: Any = WriteBufferManager.new_write_buffer_manager_with_cache(
             self.budget_bytes // 2, False, self.cache
@@ -74,7 +76,8 @@ class StoreMemory:
         """Let the cache hold ``capacity_bytes`` from now (it evicts down to it as blocks
         are released): what a capped shard gives back when its process was measured to
         hold more than its split (``memory_feedback``)."""
-        self.cache.set_capacity(max(int(capacity_bytes), MIN_STORE_MEMORY))
+        self.capacity_bytes = max(int(capacity_bytes), MIN_STORE_MEMORY)
+        self.cache.set_capacity(self.capacity_bytes)
 
     def usage(self) -> int:
         """Bytes the cache holds now (blocks plus memtable reservations)."""

@@ -44,7 +44,6 @@ from streamtrain_ps.memory_limit import (
     peak_rss_bytes,
     request_bytes_per_key,
     request_scratch_bytes,
-    warm_kernels,
 )
 from streamtrain_ps.push_errors import raise_push_errors
 from streamtrain_ps.request_gate import RequestGate
@@ -52,6 +51,7 @@ from streamtrain_ps.shard_loads import PreparedLoad, ShardLoads
 from streamtrain_ps.staging import Pending, SaveEffects
 from streamtrain_ps.tiering import DiskOptions, TieredTable
 from streamtrain_ps.validation import contiguous_array, dense_name, require_finite, save_mode
+from streamtrain_ps.warmup import warm_kernels
 
 
 @dataclass(frozen=True)
