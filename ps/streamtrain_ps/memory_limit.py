@@ -21,9 +21,11 @@ splits it when the shard starts:
   reaching the budget never copies a slab.
 
 Freed rows are reused before anything grows, so the resident table stays at about the most
-it ever held live. What the split cannot see (heap fragmentation, code paths first run
-later) is what the scratch reserve absorbs; after each demotion the governor trims the heap
-and logs a warning if the RSS passed the limit anyway.
+it ever held live. What the split cannot see (heap pages kept by live blocks, gRPC's and
+RocksDB's memory outside the cache, code paths first run later) is measured: after each
+heap trim the governor compares the RSS with the split and gives what it holds beyond it
+back from the store's cache, then from the table budget (``memory_feedback``). After each
+demotion it trims the heap and logs a warning if the RSS passed the limit anyway.
 """
 
 from __future__ import annotations
