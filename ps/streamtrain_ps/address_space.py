@@ -49,6 +49,27 @@ def reserved_zeros(
     return _view(buf, rows, row_shape, dt)
 
 
+def mapped_zeros(nbytes: int) -> npt.NDArray[np.uint8]:
+    """``nbytes`` zeroed bytes in an anonymous mapping of their own (page-aligned, asking
+    for transparent huge pages), unmapped when the array is freed; ``np.zeros`` if the
+    mapping is refused.
+
+    For a table's arrays that are replaced whole (the slot array at each rehash): through
+    ``malloc`` an array below glibc's *dynamic* mmap threshold (raised up to 32 MiB by
+    every large block freed) comes from the heap of the thread that asked, and an RPC
+    thread's heap keeps its freed top resident (``malloc_trim`` releases the top of the
+    main heap only): measured, a shard process grown to 10M keys over gRPC held ~28 MiB
+    more than its table in its threads' heaps (docs/benchmarks.md, issue 12).
+    """
+    try:
+        buf = mmap.mmap(-1, max(nbytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except (OSError, OverflowError, ValueError):
+        return np.zeros(nbytes, dtype=np.uint8)
+    with contextlib.suppress(AttributeError, OSError):  # not Linux, or THP disabled
+        buf.madvise(mmap.MADV_HUGEPAGE)
+    return np.frombuffer(buf, dtype=np.uint8, count=nbytes)
+
+
 def grown(arr: npt.NDArray[Any], used: int, rows: int) -> npt.NDArray[Any]:
     """``arr`` with ``rows`` rows (more than it has), keeping rows ``:used``: a longer view
     of its mapping when it has room, else a copy into a new reservation."""

@@ -60,6 +60,8 @@ class StoreMemory:
         from rocksdict import Cache, WriteBufferManager
 
         self.budget_bytes = max(int(budget_bytes), MIN_STORE_MEMORY)
+        #: What the cache may hold now (``set_capacity``; at first the whole budget).
+        self.capacity_bytes = self.budget_bytes
         self.cache: Any = Cache(self.budget_bytes)
         self.write_buffers: Any = WriteBufferManager.new_write_buffer_manager_with_cache(
             self.budget_bytes // 2, False, self.cache
@@ -69,6 +71,13 @@ class StoreMemory:
     def memtable_bytes(self) -> int:
         """One memtable's size: two per store fit the write-buffer share several times."""
         return max(1 << 20, self.budget_bytes // 4)
+
+    def set_capacity(self, capacity_bytes: int) -> None:
+        """Let the cache hold ``capacity_bytes`` from now (it evicts down to it as blocks
+        are released): what a capped shard gives back when its process was measured to
+        hold more than its split (``memory_feedback``)."""
+        self.capacity_bytes = max(int(capacity_bytes), MIN_STORE_MEMORY)
+        self.cache.set_capacity(self.capacity_bytes)
 
     def usage(self) -> int:
         """Bytes the cache holds now (blocks plus memtable reservations)."""

@@ -21,7 +21,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from contextlib import contextmanager
 from types import FrameType
@@ -59,7 +59,7 @@ class GrpcServer:
         thread_name_prefix: str,
         max_message_bytes: int,
         credentials: grpc.ServerCredentials | None = None,
-        pool_class: type[futures.ThreadPoolExecutor] = futures.ThreadPoolExecutor,
+        pool_class: Callable[..., futures.ThreadPoolExecutor] = futures.ThreadPoolExecutor,
     ) -> None:
         self.host = host
         self._what = what

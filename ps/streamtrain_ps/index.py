@@ -378,12 +378,20 @@ def full_aligned(n: int, value: int, dtype: npt.DTypeLike) -> npt.NDArray[Any]:
     return arr
 
 
+#: Aligned arrays from this size up get a mapping of their own (``zeros_aligned``).
+OWN_MAPPING_BYTES = 1 << 20
+
+
 def zeros_aligned(
     shape: tuple[int, ...], dtype: npt.DTypeLike, align: int = 64
 ) -> npt.NDArray[Any]:
-    """``np.zeros`` starting on a cache-line boundary, so a 64-byte row is one cache line."""
+    """``np.zeros`` starting on a cache-line boundary, so a 64-byte row is one cache line;
+    from ``OWN_MAPPING_BYTES`` up in a mapping of its own (``address_space.mapped_zeros``:
+    page-aligned, and given back to the OS when freed, whichever thread frees it)."""
     dt = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    if nbytes >= OWN_MAPPING_BYTES:
+        return address_space.mapped_zeros(nbytes).view(dt).reshape(shape)
     buf = np.zeros(nbytes + align, dtype=np.uint8)
     off = (-buf.ctypes.data) % align
     return buf[off : off + nbytes].view(dt).reshape(shape)

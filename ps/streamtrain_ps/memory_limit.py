@@ -21,9 +21,11 @@ splits it when the shard starts:
   reaching the budget never copies a slab.
 
 Freed rows are reused before anything grows, so the resident table stays at about the most
-it ever held live. What the split cannot see (heap fragmentation, code paths first run
-later) is what the scratch reserve absorbs; after each demotion the governor trims the heap
-and logs a warning if the RSS passed the limit anyway.
+it ever held live. What the split cannot see (heap pages kept by live blocks, gRPC's and
+RocksDB's memory outside the cache, code paths first run later) is measured: after each
+heap trim the governor compares the RSS with the split and gives what it holds beyond it
+back from the store's cache, then from the table budget (``memory_feedback``). After each
+demotion it trims the heap and logs a warning if the RSS passed the limit anyway.
 """
 
 from __future__ import annotations
@@ -34,19 +36,16 @@ import logging
 import os
 import resource
 import sys
-import tempfile
-from collections.abc import Sequence
-from concurrent import futures
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
-import numpy as np
-
-from streamtrain_ps.api import SaveMode
 from streamtrain_ps.config import CAPPED_REQUEST_KEYS, PSConfig
+from streamtrain_ps.disk_store import MIN_STORE_MEMORY, StoreMemory
 from streamtrain_ps.errors import MemoryLimitError, WorkingSet  # the error lives in errors
 from streamtrain_ps.heap import release_scratch_memory
-from streamtrain_ps.tiering import DiskOptions, TieredTable
+from streamtrain_ps.memory_feedback import SplitCorrection
+from streamtrain_ps.tiering import TieredTable
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +80,9 @@ STORE_OUTSIDE_CACHE = 8 << 20
 #: received message, which the scratch reserve counts.
 SPARE_RPC_THREADS = 2
 MAX_STORE = 256 << 20
+#: What the process was measured to hold beyond its split may cut the table budget down to
+#: this share of it, no further (``memory_feedback``).
+MIN_TABLE_SHARE = 0.5
 #: A limit must leave at least this much for the tables after the rest.
 MIN_TABLE_BUDGET = 8 << 20
 #: Resident memory of one table beyond its accounted bytes: its key column and two slabs are
@@ -236,16 +238,42 @@ def _mib_up(n: int) -> int:
 
 
 class MemoryGovernor:
-    """Applies one shard's ``MemoryBudget`` to its tables."""
+    """Applies one shard's ``MemoryBudget`` to its tables.
+
+    With a process budget (a measured fixed overhead) it also checks the split against the
+    process's RSS after each heap trim (``observe_after_trim``) and gives back what the
+    process holds beyond it, from the store's cache (``store``) and the table budget
+    (``memory_feedback``); ``in_flight`` tells the bytes of the requests admitted now.
+    """
 
     def __init__(
-        self, budget: MemoryBudget, tables: Sequence[TieredTable], disk_limit: int = 0
+        self,
+        budget: MemoryBudget,
+        tables: Sequence[TieredTable],
+        disk_limit: int = 0,
+        *,
+        store: StoreMemory | None = None,
+        in_flight: Callable[[], int] = lambda: 0,
     ) -> None:
         self.budget = budget
         #: ``diskLimit`` of each table's disk tier (0: no cap), for a refusal's numbers.
         self.disk_limit = disk_limit
         self.limit = budget.limit
-        self.table_budget = budget.tables
+        self._store = store
+        self._in_flight = in_flight
+        #: The split's cuts after measuring the process (None: not a process budget).
+        self.correction: SplitCorrection | None = None
+        if self.limit and budget.fixed_overhead:
+            store_bytes = store.budget_bytes if store is not None else 0
+            slack = len(tables) * HUGE_PAGE_SLACK_PER_TABLE
+            self.correction = SplitCorrection(
+                fixed=budget.fixed_overhead + slack,
+                store=store_bytes,
+                store_floor=min(store_bytes, MIN_STORE_MEMORY),
+                tables=budget.tables,
+                tables_floor=int(budget.tables * MIN_TABLE_SHARE),
+            )
+        self._correcting = threading.Lock()
         self._tables = list(tables)
         #: The largest working set (bytes of one request's unique keys) seen.
         self.working_set_bytes = 0
@@ -255,6 +283,47 @@ class MemoryGovernor:
         if self.limit:
             for t in self._tables:
                 t.after_move = self.trim_near_limit
+
+    @property
+    def table_budget(self) -> int:
+        """Bytes the tables may hold: the split's, less what the process was measured to
+        hold beyond its split (``observe_after_trim``)."""
+        c = self.correction
+        return self.budget.tables if c is None else c.table_budget
+
+    def observe_after_trim(self) -> int:
+        """Right after the heap was trimmed: compare the process's RSS with its split and
+        give back what it holds beyond it (the store's cache first, then the table budget,
+        which the next ``enforce`` demotes to). Returns the bytes cut (0: within it)."""
+        c = self.correction
+        if c is None:
+            return 0
+        with self._correcting:
+            rss = current_rss_bytes()
+            in_flight = self._in_flight()
+            store_used = self._store.usage() if self._store is not None else 0
+            tables = sum(t.memory_bytes() for t in self._tables)
+            first = not c.held_beyond
+            cut = c.observe(rss, in_flight, store_used, tables)
+            if not cut:
+                return 0
+            if self._store is not None:
+                self._store.set_capacity(c.store_capacity)
+        (log.warning if first else log.info)(
+            "shard RSS %d bytes holds %d beyond its memory split (fixed overhead %d, disk "
+            "tier's cache %d, tables %d resident, requests in flight %d): the cache may now "
+            "hold %d bytes, the tables %d",
+            rss,
+            c.held_beyond,
+            self.budget.fixed_overhead,
+            store_used,
+            tables,
+            in_flight,
+            c.store_capacity,
+            c.table_budget,
+        )
+        release_scratch_memory()  # the cache's evicted blocks back to the OS
+        return cut
 
     def check_request(self, table: TieredTable, unique_keys: int) -> None:
         """Refuse a request whose unique keys alone would take more than
@@ -348,6 +417,7 @@ class MemoryGovernor:
         if rss <= mark or (self._trimmed_at and rss <= self._trimmed_at + TRIM_STEP):
             return
         release_scratch_memory()
+        self.observe_after_trim()
         after = current_rss_bytes()
         self._trimmed_at = after if after > mark else 0
 
@@ -363,6 +433,7 @@ class MemoryGovernor:
         if not moved or not self.budget.fixed_overhead:
             return moved
         release_scratch_memory()
+        self.observe_after_trim()
         rss = current_rss_bytes()
         if rss > self.limit:
             # Demoting more would not help: freed rows stay resident for reuse. Said once
@@ -411,69 +482,3 @@ def peak_rss_bytes() -> int:
     """The process's peak resident set size (``getrusage``; kilobytes on Linux)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)
-
-
-def warm_kernels(config: PSConfig) -> None:
-    """Run every kernel a capped shard uses (push, admission, pull, demotion, promotion,
-    shrink of both tiers, a save's selection and copy) once on scratch tables, load the
-    disk tier's library and start gRPC (``warm_rpc``), so the fixed overhead measured next
-    includes their code and numba's compilation (or cache load) never lands on the table
-    budget later."""
-    with tempfile.TemporaryDirectory(prefix="streamtrain-warm-") as tmp:
-        for i, tc in enumerate(config.tables):
-            disk = DiskOptions(Path(tmp) / str(i), 0, config.logicalShards)
-            t = TieredTable(tc, seed=config.seed, disk=disk)
-            try:
-                _exercise(t, config.logicalShards)
-            finally:
-                t.close()
-    warm_rpc()
-    release_scratch_memory()
-
-
-def warm_rpc() -> None:
-    """Start a throwaway gRPC server, call it once over loopback and stop it, so gRPC's
-    process-wide threads and pools, which the shard's own server starts and keeps, are in
-    the fixed overhead measured next instead of eating the table budget later (measured:
-    a shard process held ~8-11 MB more after its server had served requests)."""
-    import grpc
-    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-
-    pool = futures.ThreadPoolExecutor(2, thread_name_prefix="warm-rpc")
-    server = grpc.server(pool)
-    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
-    try:
-        port = server.add_insecure_port("127.0.0.1:0")
-    except RuntimeError:  # no loopback to bind: nothing to warm
-        pool.shutdown()
-        return
-    server.start()
-    try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            stub.Check(health_pb2.HealthCheckRequest(), timeout=30)
-    except grpc.RpcError:
-        log.warning("the gRPC warm-up call failed; the fixed overhead may be measured low")
-    finally:
-        server.stop(None).wait()
-        pool.shutdown()
-
-
-def _exercise(t: TieredTable, logical_shards: int) -> None:
-    n = 2048
-    keys = np.arange(1, n + 1, dtype=np.uint64)
-    grads = np.zeros((n, t.layout.embedx_dim + 1), np.float32)
-    big = np.full(n, 1e3, np.float32)
-    no_slots = np.empty(0, np.uint32)
-    t.push_merged(t.merge(keys, grads, big, big, no_slots, (logical_shards, 1, 0)), False)
-    t.pull(keys)
-    t.demote(0)  # every key to disk
-    t.pull(keys)  # promoted back
-    t.demote(t.ram_bytes() // 2)  # a clock sweep
-    t.pull(keys)
-    t.demote(t.ram_bytes() // 2, exact=True)  # the order an eviction uses
-    t.shrink_keys()
-    for mode in (SaveMode.DELTA, SaveMode.CHECKPOINT):
-        rows, offsets = t.rows_by_logical_shard(logical_shards, mode)
-        for s in range(logical_shards):
-            t.snapshot_part(rows[offsets[s] : offsets[s + 1]], mode, s)

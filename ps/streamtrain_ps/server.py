@@ -12,6 +12,7 @@ to ``grace`` seconds. ``serve_until`` is what ``python -m streamtrain_ps`` runs.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 
@@ -19,7 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from streamtrain_ps.config import PSConfig
 from streamtrain_ps.grpc_serving import GrpcServer, message_options
-from streamtrain_ps.heap import ScratchReleasingExecutor
+from streamtrain_ps.heap import ScratchReleasingExecutor, release_scratch_memory
 from streamtrain_ps.metrics import PSMetrics
 from streamtrain_ps.proto import ps_pb2, ps_pb2_grpc
 from streamtrain_ps.servicer import PSServicer, ShardLike
@@ -64,8 +65,12 @@ class PSServer(GrpcServer):
             thread_name_prefix="ps-rpc",
             max_message_bytes=config.maxMessageBytes,
             credentials=credentials,
-            # Bulk requests trim the heap once their buffers are freed (heap.py).
-            pool_class=ScratchReleasingExecutor,
+            # Bulk requests trim the heap once their buffers are freed (heap.py); a capped
+            # shard then checks its RSS against its memory split (``Shard.release_memory``).
+            pool_class=functools.partial(
+                ScratchReleasingExecutor,
+                release=getattr(shard, "release_memory", release_scratch_memory),
+            ),
         )
         ps_pb2_grpc.add_ParameterServerServicer_to_server(
             PSServicer(shard, config, self.metrics), self._server

@@ -34,7 +34,7 @@ from streamtrain_ps.errors import (
     RequestTooLargeError,
     UnknownTableError,
 )
-from streamtrain_ps.heap import note_request_scratch
+from streamtrain_ps.heap import note_request_scratch, release_scratch_memory
 from streamtrain_ps.held_save import SnapshotSlot
 from streamtrain_ps.memory_limit import (
     MemoryBudget,
@@ -44,7 +44,6 @@ from streamtrain_ps.memory_limit import (
     peak_rss_bytes,
     request_bytes_per_key,
     request_scratch_bytes,
-    warm_kernels,
 )
 from streamtrain_ps.push_errors import raise_push_errors
 from streamtrain_ps.request_gate import RequestGate
@@ -52,6 +51,7 @@ from streamtrain_ps.shard_loads import PreparedLoad, ShardLoads
 from streamtrain_ps.staging import Pending, SaveEffects
 from streamtrain_ps.tiering import DiskOptions, TieredTable
 from streamtrain_ps.validation import contiguous_array, dense_name, require_finite, save_mode
+from streamtrain_ps.warmup import warm_kernels
 
 
 @dataclass(frozen=True)
@@ -140,18 +140,22 @@ class Shard(ShardLoads):
             )
             for t in config.tables
         }
-        self._memory = MemoryGovernor(
-            memory_budget, list(self._tables.values()), disk_limit=config.diskLimit
-        )
-        #: Most keys of one request (0: ``maxKeysPerRequest``): a process budget's reserve
-        #: holds ``capped_request_keys`` (a table-only budget reserves nothing).
-        self._max_keys = capped_request_keys(config) if memory_budget.request_bytes else 0
         #: Sparse requests served at once: as many as the scratch reserve holds, by bytes
         #: (a capped shard; the servicer holds it around a request's decode, work, encode).
         self._gate = RequestGate(
             memory_budget.requests_in_flight * memory_budget.request_bytes,
             request_bytes_per_key(config),
         )
+        self._memory = MemoryGovernor(
+            memory_budget,
+            list(self._tables.values()),
+            disk_limit=config.diskLimit,
+            store=store_memory,
+            in_flight=lambda: self._gate.used,
+        )
+        #: Most keys of one request (0: ``maxKeysPerRequest``): a process budget's reserve
+        #: holds ``capped_request_keys`` (a table-only budget reserves nothing).
+        self._max_keys = capped_request_keys(config) if memory_budget.request_bytes else 0
         self._dense = DenseStore(config.dense.optimizer)
         self._last_save = 0.0
         self._last_load = 0.0
@@ -169,6 +173,13 @@ class Shard(ShardLoads):
         """Held while one sparse request of ``keys`` keys is decoded, served and encoded: a
         capped shard serves no more at once than its scratch reserve holds."""
         return self._gate.admit(keys)
+
+    def release_memory(self) -> None:
+        """Give freed heap pages back to the OS, then check a capped shard's RSS against its
+        split (``MemoryGovernor.observe_after_trim``): the server's pool calls this when
+        it trims after requests, with none in flight when it is idle."""
+        release_scratch_memory()
+        self._memory.observe_after_trim()
 
     def pull_sparse(self, table: str, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]:
         """Rows ``[show, click, embed_w, embedx_w...]``; unknown keys are zeros (not created)."""

@@ -23,7 +23,8 @@ from .conftest import manifest, streamtrain
 OVERHEAD = (
     "import streamtrain_ps.__main__\n"  # what a shard process imports (gRPC, protobuf)
     "from streamtrain_ps.config import PSConfig, TableConfig\n"
-    "from streamtrain_ps.memory_limit import bound_allocator, current_rss_bytes, warm_kernels\n"
+    "from streamtrain_ps.memory_limit import bound_allocator, current_rss_bytes\n"
+    "from streamtrain_ps.warmup import warm_kernels\n"
     "bound_allocator()\n"
     "warm_kernels(PSConfig(tables=(TableConfig(name='embedding', embedxDim=64),)))\n"
     "print(current_rss_bytes())\n"

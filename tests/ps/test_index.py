@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import mmap
+
 import numpy as np
 
-from streamtrain_ps.index import EMPTY, HashIndex, needed_capacity
+from streamtrain_ps.index import (
+    EMPTY,
+    OWN_MAPPING_BYTES,
+    HashIndex,
+    grown_slots,
+    needed_capacity,
+    zeros_aligned,
+)
 
 EDGE = np.array([0, 2**64 - 1, 1, 2**63], dtype=np.uint64)
 
@@ -83,3 +92,26 @@ def test_delete_everything_then_absent_keys_miss() -> None:
     assert (ix.lookup(keys) == -1).all()
     assert (ix.delete(keys[:10]) == -1).all()
     assert (ix.slots == EMPTY).all()
+
+
+def _base(arr: np.ndarray) -> object:
+    base: object = arr
+    while isinstance(base, np.ndarray):
+        base = base.base
+    return base.obj if isinstance(base, memoryview) else base
+
+
+def test_a_rehash_puts_a_large_slot_array_in_a_mapping_of_its_own() -> None:
+    """From ``OWN_MAPPING_BYTES`` up a slot array is an ``mmap`` of its own (unmapped when
+    the next rehash frees it), page-aligned and filled like a small one; small ones are
+    ordinary numpy arrays."""
+    ix = HashIndex()
+    ix.insert(np.arange(1, 11, dtype=np.uint64))
+    assert ix.slots.nbytes < OWN_MAPPING_BYTES and not isinstance(_base(ix.slots), mmap.mmap)
+    large = grown_slots(ix.slots, ix.keys, 400_000)
+    assert large.nbytes >= OWN_MAPPING_BYTES
+    assert isinstance(_base(large), mmap.mmap)
+    assert large.ctypes.data % mmap.PAGESIZE == 0 and large.flags.writeable
+    assert np.count_nonzero(large != EMPTY) == 10  # the live rows, rehashed
+    aligned = zeros_aligned((OWN_MAPPING_BYTES // 8, 2), np.float32)
+    assert isinstance(_base(aligned), mmap.mmap) and not aligned.any()

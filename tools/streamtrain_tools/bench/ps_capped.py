@@ -69,7 +69,8 @@ SAMPLE_SECONDS = 0.05
 #: as the shard measures it (the allocator bounded, every kernel warm, RocksDB loaded).
 OVERHEAD = (
     "import streamtrain_ps.__main__\n"
-    "from streamtrain_ps.memory_limit import bound_allocator, current_rss_bytes, warm_kernels\n"
+    "from streamtrain_ps.memory_limit import bound_allocator, current_rss_bytes\n"
+    "from streamtrain_ps.warmup import warm_kernels\n"
     "from streamtrain_tools.bench.ps_scale import config\n"
     "bound_allocator()\n"
     "warm_kernels(config())\n"
