@@ -7,18 +7,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RunPassRequest(_message.Message):
-    __slots__ = ("day", "pass_index", "files", "generation", "train")
+    __slots__ = ("day", "pass_index", "files", "generation", "train", "next_files")
     DAY_FIELD_NUMBER: _ClassVar[int]
     PASS_INDEX_FIELD_NUMBER: _ClassVar[int]
     FILES_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     TRAIN_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FILES_FIELD_NUMBER: _ClassVar[int]
     day: str
     pass_index: int
     files: _containers.RepeatedScalarFieldContainer[str]
     generation: int
     train: bool
-    def __init__(self, day: _Optional[str] = ..., pass_index: _Optional[int] = ..., files: _Optional[_Iterable[str]] = ..., generation: _Optional[int] = ..., train: _Optional[bool] = ...) -> None: ...
+    next_files: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, day: _Optional[str] = ..., pass_index: _Optional[int] = ..., files: _Optional[_Iterable[str]] = ..., generation: _Optional[int] = ..., train: _Optional[bool] = ..., next_files: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PassResult(_message.Message):
     __slots__ = ("day", "pass_index", "generation", "examples", "bad_lines", "loss_sum", "label_sum", "pred_sum", "abs_error_sum", "sq_error_sum", "pos_buckets", "neg_buckets", "num_buckets", "seconds", "train_seconds", "files_read")
