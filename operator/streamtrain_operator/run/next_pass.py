@@ -59,6 +59,6 @@ def next_shares(spec: JobSpec, plan: PassPlan, key: StepKey, workers: int) -> li
                 return none
             files = passfiles.list_pass(folders, donefile)
         return assign_files([(f.path, f.size) for f in files.files], workers)
-    except Exception as exc:  # noqa: BLE001 - a hint is optional; the dispatch reports errors
+    except Exception as exc:  # a hint is optional: the dispatch reports the errors
         log.info("no read-ahead hint for pass %s/%s: %s", following.day, following.pass_index, exc)
         return none
