@@ -102,6 +102,7 @@ def test_the_next_pass_is_read_ahead_and_trained_as_without(tmp_path: Path) -> N
     assert counted == {"used": 1, "changed": 0, "dropped": 0}
     assert none == {"used": 0, "changed": 0, "dropped": 0}
     assert ahead.examples == plain.examples == 600 and ahead.files_read == 1
+    assert (ahead.files_read_ahead, plain.files_read_ahead) == (1, 0)
     # The same data, trained alike: the same predictions, bucket for bucket.
     assert ahead.pos_buckets == plain.pos_buckets and ahead.neg_buckets == plain.neg_buckets
     assert ahead.loss_sum == plain.loss_sum
@@ -116,6 +117,7 @@ def test_a_file_rewritten_after_it_was_read_ahead_is_read_again(
     write_rows(second, 2000, 300)  # rewritten in place between the read ahead and the RunPass
     result = worker.run([second])
     assert result.examples == 300  # its new content, not what was parsed ahead
+    assert result.files_read_ahead == 0
     assert worker.outcomes() == {"used": 0, "changed": 1, "dropped": 0}
     assert readers_alive() == 0
 

@@ -202,7 +202,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             self._generation = request.generation
             self._cancel.clear()
             self._running = request.generation
-            reader = self.read_ahead.take(request.files) or self._reader(request.files)
+            ahead = self.read_ahead.take(request.files)
+            reader = ahead or self._reader(request.files)
             batches: Iterable[Batch] = reader
             if request.next_files:
                 next_files = list(request.next_files)
@@ -217,6 +218,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 self._running = None
             metrics.bad_lines = stats.bad_lines
             metrics.files_read = stats.files
+            metrics.files_read_ahead = stats.files if ahead is not None else 0
             if self.monitoring is not None:
                 self.monitoring.bad_lines.inc(stats.bad_lines)
             log.info(

@@ -451,6 +451,7 @@ class Driver:
             "examplesPerSecond": total.examples / wall,
             "badLines": float(total.bad_lines),
             "files": float(total.files_read),
+            "filesReadAhead": float(total.files_read_ahead),
             "skippedFiles": float(len(files.skipped)),
         }
         return PassRan({}, metrics)
