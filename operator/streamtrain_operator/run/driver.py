@@ -353,13 +353,18 @@ class Driver:
         donefile = self.spec.data.donefile
         return [f for f in self._folders(key) if not layout.folder_ready(f, donefile)]
 
-    def _dispatch(
+    async def _dispatch(
         self, action: RunPass
     ) -> tuple[list[list[str]], passfiles.PassFiles, list[list[str]]]:
         """The pass's assignment and recorded list (``_assignment``), and every worker's
-        files of the next pass to read ahead (``next_pass``)."""
-        assignment, files = self._assignment(action)
-        ahead = next_pass.next_shares(self.spec, self.plan, action.key, len(self.workers))
+        files of the next pass to read ahead (``next_pass``), listed at once: on an object
+        store each listing is a round trip, and the hint must not add one to the dispatch."""
+        hint = asyncio.to_thread(
+            next_pass.next_shares, self.spec, self.plan, action.key, len(self.workers)
+        )
+        (assignment, files), ahead = await asyncio.gather(
+            asyncio.to_thread(self._assignment, action), hint
+        )
         return assignment, files, ahead
 
     def _assignment(self, action: RunPass) -> tuple[list[list[str]], passfiles.PassFiles]:
@@ -397,7 +402,7 @@ class Driver:
             self._pass_started = self.clock()
         started = time.perf_counter()
         try:
-            assignment, files, ahead = await asyncio.to_thread(self._dispatch, action)
+            assignment, files, ahead = await self._dispatch(action)
             self._timed("assign", started)
         except passfiles.DataChangedError as exc:
             return Failed("DataChanged", str(exc))
