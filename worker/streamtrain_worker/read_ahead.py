@@ -122,14 +122,20 @@ class ReadAhead:
         if ahead.files != tuple(files):
             self._close(ahead, Outcome.DROPPED)
             return None
-        try:
-            now = tuple(self._stamp_of(f) for f in files)
-        except OSError:
-            now = ()
-        if now != ahead.stamps:
-            log.info("the files read ahead changed since: reading them again")
-            self._close(ahead, Outcome.CHANGED)
-            return None
+        for path, then in zip(ahead.files, ahead.stamps, strict=True):
+            try:
+                now: FileStamp | OSError = self._stamp_of(path)
+            except OSError as exc:
+                now = exc
+            if now != then:
+                log.info(
+                    "%s changed since it was read ahead (%s, now %s): reading them again",
+                    path,
+                    then,
+                    now,
+                )
+                self._close(ahead, Outcome.CHANGED)
+                return None
         self._count(Outcome.USED)
         return ahead.reader
 
