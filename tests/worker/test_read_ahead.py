@@ -165,3 +165,22 @@ def test_a_hint_naming_a_missing_file_reads_nothing_ahead(tmp_path: Path) -> Non
     write_rows(later, 0, 100)
     assert ahead.take([str(later)]) is None
     assert seen == []
+
+
+def test_a_read_ahead_begun_in_the_background_is_waited_for_and_trains_its_file(
+    tmp_path: Path,
+) -> None:
+    """``begin`` stamps and starts off the training thread; ``take`` joins it first."""
+    config = WorkerConfig.from_dict(CONFIG)
+    path = write_rows(tmp_path / "b", 0, 200)
+    seen: list[Outcome] = []
+    ahead = ReadAhead(lambda files: PassReader(files, config.data, 128), on_outcome=seen.append)
+    ahead.begin([str(path)])
+    reader = ahead.take([str(path)])
+    assert reader is not None and seen == [Outcome.USED]
+    with reader:
+        assert sum(batch.size for batch in reader) == 200
+    ahead.begin([str(path)])
+    ahead.drop()  # waits for the thread, then closes what it started
+    assert seen == [Outcome.USED, Outcome.DROPPED]
+    assert readers_alive() == 0

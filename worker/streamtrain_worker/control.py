@@ -207,7 +207,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             batches: Iterable[Batch] = reader
             if request.next_files:
                 next_files = list(request.next_files)
-                batches = _then(reader, lambda: self.read_ahead.start(next_files))
+                batches = _then(reader, lambda: self.read_ahead.begin(next_files))
             try:
                 with reader:
                     metrics = self.trainer.run_pass(

@@ -93,11 +93,36 @@ class ReadAhead:
         self._on_outcome = on_outcome
         self._lock = threading.Lock()
         self._ahead: _Ahead | None = None
+        #: The thread of a ``begin`` not yet joined (``take`` and ``drop`` join it first).
+        self._pending: threading.Thread | None = None
+
+    def begin(self, files: Sequence[str]) -> None:
+        """``start`` in a thread of its own: stamping the files is a round trip each on an
+        object store, which must not hold up the pass being trained. The next ``take`` or
+        ``drop`` waits for it, so a read ahead is never installed after either."""
+        self._settle()
+
+        def run() -> None:
+            try:
+                self.start(files)
+            except Exception:  # a hint is optional: the next RunPass reads its files itself
+                log.warning("reading the next pass ahead failed", exc_info=True)
+
+        thread = threading.Thread(target=run, name="read-ahead", daemon=True)
+        with self._lock:
+            self._pending = thread
+        thread.start()
+
+    def _settle(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.join()
 
     def start(self, files: Sequence[str]) -> None:
         """Read ``files`` ahead (replacing any earlier read ahead). Files that cannot be
         stamped now (not there yet, unreachable) are not read ahead: the RunPass reads them."""
-        self.drop()
+        self._drop_now()
         if not files:
             return
         try:
@@ -115,6 +140,7 @@ class ReadAhead:
     def take(self, files: Sequence[str]) -> PassReader | None:
         """The reader of ``files`` if they were read ahead and are unchanged since; ``None``
         (and whatever was read ahead closed) otherwise. The caller owns the reader."""
+        self._settle()
         with self._lock:
             ahead, self._ahead = self._ahead, None
         if ahead is None:
@@ -141,6 +167,10 @@ class ReadAhead:
 
     def drop(self) -> None:
         """Close whatever was read ahead (a Reset, the worker's end)."""
+        self._settle()
+        self._drop_now()
+
+    def _drop_now(self) -> None:
         with self._lock:
             ahead, self._ahead = self._ahead, None
         if ahead is not None:
