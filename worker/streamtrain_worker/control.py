@@ -278,14 +278,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
 
 def _then(batches: Iterable[Batch], start: Callable[[], None]) -> Iterator[Batch]:
-    """``batches``, calling ``start`` once the first is out (or none came): the next pass's
-    read ahead then parses beside training, not beside this pass's own first parse."""
-    it = iter(batches)
-    first = next(it, None)
+    """``batches``, calling ``start`` once the last is out of the reader: the next pass's
+    read ahead then parses beside this pass's last batches, its final flush and the pass
+    transition — where the worker's CPU is least used — not beside its busy steady state."""
+    yield from batches
     start()
-    if first is not None:
-        yield first
-        yield from it
 
 
 def _abort(
