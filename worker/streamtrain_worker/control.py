@@ -28,7 +28,8 @@ boundary — its queued pushes are flushed first — and the reset waits for it 
 that generation are refused as stale.
 
 A RunPass may name this worker's files of the next pass (``next_files``): they are read and
-parsed while the pass trains, from its first batch on, and the next RunPass uses that
+parsed from the pass's last batch on (beside its end and the transition), and the next
+RunPass uses that
 reader if it names the same files, unchanged since (``read_ahead.py``); a ``Reset`` drops it.
 
 The trainer (and with it ``init_dense`` on the PS) is built lazily on the first call, so a

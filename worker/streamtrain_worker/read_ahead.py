@@ -4,8 +4,8 @@ A RunPass used to begin by waiting for its first file to be read and parsed (10-
 6,000-row Criteo file, every pass: a file's batches are held until its bad-line fraction is
 known, so nothing can train sooner). The scheduler now names, with a RunPass, this worker's
 files of the pass expected next when that pass's data is complete (``next_files``); the
-worker starts a :class:`PassReader` over them once the current pass has its first batch,
-and the next RunPass takes that reader instead of opening the files again.
+worker starts a :class:`PassReader` over them once the current pass's reader has handed out
+its last batch, and the next RunPass takes that reader instead of opening the files again.
 
 A hint is only a guess about the future, so nothing depends on it:
 
