@@ -69,6 +69,9 @@ bench-worker: $(STAMP) ## Worker: plain PyTorch vs PS-backed training, parse thr
 bench-e2e: $(STAMP) ## Criteo sample as 24 hourly passes, end to end
 	$(PY) -m streamtrain_tools.bench.e2e --json
 
+bench-read-ahead: $(STAMP) ## A RunPass's fixed cost with and without the next pass read ahead
+	$(PY) -m streamtrain_tools.bench.read_ahead --json
+
 bench-quality: $(STAMP) ## streamtrain's defaults vs Vowpal Wabbit vs plain PyTorch on 3 streams
 	$(PY) -m streamtrain_tools.bench.quality --json
 
@@ -120,4 +123,4 @@ lint-manifests: $(STAMP) test-deps ## hadolint, chart lint/render, kubernetes-va
 clean: ## Remove caches and demo output (keeps .venv)
 	rm -rf .pytest_cache .mypy_cache .ruff_cache demo-run
 
-.PHONY: help install proto proto-check lint fmt typecheck test-deps pytest test test-faults bench bench-ps bench-worker bench-e2e bench-load bench-ps-scale bench-quality bench-peer demo crds crds-check images lint-manifests clean
+.PHONY: help install proto proto-check lint fmt typecheck test-deps pytest test test-faults bench bench-ps bench-worker bench-e2e bench-read-ahead bench-load bench-ps-scale bench-quality bench-peer demo crds crds-check images lint-manifests clean

@@ -44,6 +44,13 @@ def test_two_days_auc_rises_exports_are_complete_and_shrink_runs_once_a_day(
     first_day, last_day = sum(aucs[:4]) / 4, sum(aucs[-4:]) / 4
     assert last_day > max(first_day + 0.05, 0.6), aucs
     assert all(r.metrics["examples"] == 150 for r in progress.history)
+    # Every pass but the first was read while the one before trained (all data is there
+    # from the start), across the day end too; the first had nothing before it.
+    read_ahead = [r.metrics["filesReadAhead"] for r in progress.history]
+    assert read_ahead[0] == 0 and all(
+        n == r.metrics["files"] > 0
+        for n, r in zip(read_ahead[1:], progress.history[1:], strict=True)
+    )
     assert progress.shrunk_days == ("20261101", "20261102")
 
     lines = read_donefile(str(root / "export"))

@@ -74,7 +74,13 @@ class Pass2Worker(DenseWorker):
         self.restore_point_in_pass_2: str | None = None
 
     async def run_pass(
-        self, day: str, pass_index: int, files: Sequence[str], generation: int, train: bool
+        self,
+        day: str,
+        pass_index: int,
+        files: Sequence[str],
+        generation: int,
+        train: bool,
+        next_files: Sequence[str] = (),
     ) -> Any:
         result = await super().run_pass(day, pass_index, files, generation, train)
         if pass_index == 2:
@@ -205,7 +211,13 @@ class RestorePointWatcher(Pass2Worker):
         self.restore_point_existed: bool | None = None
 
     async def run_pass(
-        self, day: str, pass_index: int, files: Sequence[str], generation: int, train: bool
+        self,
+        day: str,
+        pass_index: int,
+        files: Sequence[str],
+        generation: int,
+        train: bool,
+        next_files: Sequence[str] = (),
     ) -> Any:
         result = await super().run_pass(day, pass_index, files, generation, train)
         if pass_index == 2 and self.index == 0:
@@ -254,7 +266,13 @@ class LosingWorker(Pass2Worker):
         self.losses = 0
 
     async def run_pass(
-        self, day: str, pass_index: int, files: Sequence[str], generation: int, train: bool
+        self,
+        day: str,
+        pass_index: int,
+        files: Sequence[str],
+        generation: int,
+        train: bool,
+        next_files: Sequence[str] = (),
     ) -> Any:
         result = await super().run_pass(day, pass_index, files, generation, train)
         if pass_index == 2 and generation == 1 and self.index == 1:

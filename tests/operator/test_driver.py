@@ -88,7 +88,13 @@ class FakeWorker:
         self.stale = False
 
     async def run_pass(
-        self, day: str, pass_index: int, files: Sequence[str], generation: int, train: bool
+        self,
+        day: str,
+        pass_index: int,
+        files: Sequence[str],
+        generation: int,
+        train: bool,
+        next_files: Sequence[str] = (),
     ) -> Any:
         self.calls.append((day, pass_index, tuple(files), generation))
         if self.errors:
@@ -341,7 +347,13 @@ class WideWorker(FakeWorker):
     the worker's status."""
 
     async def run_pass(
-        self, day: str, pass_index: int, files: Sequence[str], generation: int, train: bool
+        self,
+        day: str,
+        pass_index: int,
+        files: Sequence[str],
+        generation: int,
+        train: bool,
+        next_files: Sequence[str] = (),
     ) -> Any:
         self.calls.append((day, pass_index, tuple(files), generation))
         n = 5_000
@@ -383,7 +395,13 @@ class DyingWorker(FakeWorker):
         self.deaths = deaths
 
     async def run_pass(
-        self, day: str, pass_index: int, files: Sequence[str], generation: int, train: bool
+        self,
+        day: str,
+        pass_index: int,
+        files: Sequence[str],
+        generation: int,
+        train: bool,
+        next_files: Sequence[str] = (),
     ) -> Any:
         if pass_index == 2 and train and self.deaths > 0:
             self.deaths -= 1
@@ -470,7 +488,13 @@ class DenseWorker(FakeWorker):
         self.ps.init_dense(self.DENSE, np.linspace(-1.0, 1.0, 4, dtype=np.float32))
 
     async def run_pass(
-        self, day: str, pass_index: int, files: Sequence[str], generation: int, train: bool
+        self,
+        day: str,
+        pass_index: int,
+        files: Sequence[str],
+        generation: int,
+        train: bool,
+        next_files: Sequence[str] = (),
     ) -> Any:
         self.calls.append((day, pass_index, tuple(files), generation))
         keys = np.array(sorted({_key(f, i) for f in files for i in range(16)}), dtype=np.uint64)
@@ -556,7 +580,13 @@ class PushThenFailWorker(DenseWorker):
     failures = 1
 
     async def run_pass(
-        self, day: str, pass_index: int, files: Sequence[str], generation: int, train: bool
+        self,
+        day: str,
+        pass_index: int,
+        files: Sequence[str],
+        generation: int,
+        train: bool,
+        next_files: Sequence[str] = (),
     ) -> Any:
         result = await super().run_pass(day, pass_index, files, generation, train)
         if pass_index == 2 and train and self.failures:
@@ -596,7 +626,13 @@ class HangingWorker(DenseWorker):
         self.pushes = 0
 
     async def run_pass(
-        self, day: str, pass_index: int, files: Sequence[str], generation: int, train: bool
+        self,
+        day: str,
+        pass_index: int,
+        files: Sequence[str],
+        generation: int,
+        train: bool,
+        next_files: Sequence[str] = (),
     ) -> Any:
         if pass_index == 2 and generation == 1 and self.background is None:
             self.background = asyncio.create_task(self._keep_pushing(files))
@@ -695,7 +731,13 @@ class SignallingWorker(FakeWorker):
         self.hook = hook
 
     async def run_pass(
-        self, day: str, pass_index: int, files: Sequence[str], generation: int, train: bool
+        self,
+        day: str,
+        pass_index: int,
+        files: Sequence[str],
+        generation: int,
+        train: bool,
+        next_files: Sequence[str] = (),
     ) -> Any:
         if pass_index == 2:
             self.hook.pass_2_started.set()

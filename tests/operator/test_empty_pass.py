@@ -43,7 +43,13 @@ class RankingWorker(FakeWorker):
     the clicks first: AUC 1.0, so no assertion below can pass by meeting a 0.5 placeholder."""
 
     async def run_pass(
-        self, day: str, pass_index: int, files: Sequence[str], generation: int, train: bool
+        self,
+        day: str,
+        pass_index: int,
+        files: Sequence[str],
+        generation: int,
+        train: bool,
+        next_files: Sequence[str] = (),
     ) -> Any:
         result = await super().run_pass(day, pass_index, files, generation, train)
         labels = np.arange(len(files)) % 2

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import yaml
 
+from streamtrain_tools.bench import read_ahead
 from streamtrain_tools.bench import worker as bench
 
 
@@ -146,3 +147,11 @@ def test_sizing_names_the_limit_that_binds_first() -> None:
     assert binding == "dense shard CPU" and rate == pytest.approx(1 / (40e-6 / 32 + 5e-6))
     slow_nic = Resources(worker_cores=1, ps_cores=1, nic_bytes_per_s=1e7)
     assert predict(costs, slow_nic, 64, 32)[1] == "dense shard network"
+
+
+def test_bench_read_ahead_measures_both_kinds_of_pass(capsys: pytest.CaptureFixture[str]) -> None:
+    """Passes alternate in pairs: 2-3 and 6-7 read ahead, 4-5 not (0-1 left out)."""
+    read_ahead.main(["--json", "--passes", "8"])
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (result["passes_read_ahead"], result["passes_plain"]) == (4, 2)
+    assert result["fixed_ms_read_ahead"] > 0 and result["fixed_ms_plain"] > 0

@@ -27,6 +27,11 @@ boundary — its queued pushes are flushed first — and the reset waits for it 
 ``Reset`` returns nothing of the old generation can push any more, and later requests of
 that generation are refused as stale.
 
+A RunPass may name this worker's files of the next pass (``next_files``): they are read and
+parsed from the pass's last batch on (beside its end and the transition), and the next
+RunPass uses that
+reader if it names the same files, unchanged since (``read_ahead.py``); a ``Reset`` drops it.
+
 The trainer (and with it ``init_dense`` on the PS) is built lazily on the first call, so a
 worker that starts before its PS comes up still starts, serves health, and trains once the
 PS answers. ``WorkerServer`` wires the servicer into the serving skeleton it shares with the PS
@@ -38,7 +43,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
@@ -48,12 +53,14 @@ from streamtrain_ps.api import PSLike
 from streamtrain_ps.errors import MemoryLimitError, PSError, PSUnavailableError
 from streamtrain_ps.grpc_serving import GrpcServer
 from streamtrain_worker.config import WorkerConfig
+from streamtrain_worker.data.batch import Batch
 from streamtrain_worker.data.errors import DataError
 from streamtrain_worker.data.reader import PassReader
 from streamtrain_worker.export import export_dense
 from streamtrain_worker.metrics import format_metric
 from streamtrain_worker.monitoring import WorkerMetrics
 from streamtrain_worker.proto import worker_pb2, worker_pb2_grpc
+from streamtrain_worker.read_ahead import Outcome, ReadAhead
 from streamtrain_worker.refusals import Reason, trailing_metadata
 from streamtrain_worker.train import PassCancelledError, Trainer
 
@@ -133,6 +140,15 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         #: newer generation's Reset raises to stop it (both written under ``_busy``).
         self._running: int | None = None
         self._cancel = threading.Event()
+        #: The next pass's reader, started from a RunPass's ``next_files``.
+        self.read_ahead = ReadAhead(self._reader, on_outcome=self._count_read_ahead)
+
+    def _reader(self, files: Sequence[str]) -> PassReader:
+        return PassReader(list(files), self.config.data, self.config.model.batchSize)
+
+    def _count_read_ahead(self, outcome: Outcome) -> None:
+        if self.monitoring is not None:
+            self.monitoring.read_ahead.labels(outcome=outcome.value).inc()
 
     @property
     def trainer(self) -> Trainer:
@@ -187,17 +203,23 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             self._generation = request.generation
             self._cancel.clear()
             self._running = request.generation
-            reader = PassReader(list(request.files), self.config.data, self.config.model.batchSize)
+            ahead = self.read_ahead.take(request.files)
+            reader = ahead or self._reader(request.files)
+            batches: Iterable[Batch] = reader
+            if request.next_files:
+                next_files = list(request.next_files)
+                batches = _then(reader, lambda: self.read_ahead.begin(next_files))
             try:
                 with reader:
                     metrics = self.trainer.run_pass(
-                        reader, train=request.train, should_stop=self._cancel.is_set
+                        batches, train=request.train, should_stop=self._cancel.is_set
                     )
                     stats = reader.stats
             finally:
                 self._running = None
             metrics.bad_lines = stats.bad_lines
             metrics.files_read = stats.files
+            metrics.files_read_ahead = stats.files if ahead is not None else 0
             if self.monitoring is not None:
                 self.monitoring.bad_lines.inc(stats.bad_lines)
             log.info(
@@ -244,14 +266,24 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
         def run() -> Any:
             self._generation = max(self._generation, newer)
+            self.read_ahead.drop()  # a restore follows: the hinted pass is not the next one
             self.trainer.sync_dense()
             return worker_pb2.ResetResponse()
 
         return self._guarded(f"Reset(gen={newer})", context, run)
 
     def close(self) -> None:
+        self.read_ahead.drop()
         if self._trainer is not None:
             self._trainer.close()
+
+
+def _then(batches: Iterable[Batch], start: Callable[[], None]) -> Iterator[Batch]:
+    """``batches``, calling ``start`` once the last is out of the reader: the next pass's
+    read ahead then parses beside this pass's last batches, its final flush and the pass
+    transition — where the worker's CPU is least used — not beside its busy steady state."""
+    yield from batches
+    start()
 
 
 def _abort(

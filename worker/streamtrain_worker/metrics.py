@@ -184,6 +184,8 @@ class PassMetrics:
     examples: int = 0
     bad_lines: int = 0
     files_read: int = 0
+    #: Files of the pass that were read ahead while the previous pass trained.
+    files_read_ahead: int = 0
     loss_sum: float = 0.0
     label_sum: float = 0.0
     pred_sum: float = 0.0
@@ -235,6 +237,7 @@ class PassMetrics:
             examples=self.examples + other.examples,
             bad_lines=self.bad_lines + other.bad_lines,
             files_read=self.files_read + other.files_read,
+            files_read_ahead=self.files_read_ahead + other.files_read_ahead,
             loss_sum=self.loss_sum + other.loss_sum,
             label_sum=self.label_sum + other.label_sum,
             pred_sum=self.pred_sum + other.pred_sum,
@@ -334,6 +337,7 @@ class PassMetrics:
             seconds=self.seconds,
             train_seconds=self.train_seconds,
             files_read=self.files_read,
+            files_read_ahead=self.files_read_ahead,
         )
 
     @classmethod
@@ -349,6 +353,7 @@ class PassMetrics:
             examples=int(msg.examples),
             bad_lines=int(msg.bad_lines),
             files_read=int(msg.files_read),
+            files_read_ahead=int(msg.files_read_ahead),
             loss_sum=float(msg.loss_sum),
             label_sum=float(msg.label_sum),
             pred_sum=float(msg.pred_sum),

@@ -49,6 +49,13 @@ class WorkerMetrics:
             f"{prefix}_bad_lines", "Input lines skipped as malformed", registry=registry
         )
         self.passes = Counter(f"{prefix}_passes", "Passes completed", registry=registry)
+        self.read_ahead = Counter(
+            f"{prefix}_read_ahead",
+            "Passes read ahead, by what became of them (used; changed since, so read again; "
+            "dropped unused)",
+            ["outcome"],
+            registry=registry,
+        )
         self.loss = DefinedGauge(
             Gauge(
                 f"{prefix}_loss",

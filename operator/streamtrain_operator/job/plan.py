@@ -171,6 +171,13 @@ class PassPlan:
         following = next_day(key.day)
         return self.day_steps(following)[0] if self.in_range(following) else None
 
+    def next_train(self, key: StepKey) -> StepKey | None:
+        """The first train step after ``key`` (``None`` past ``endDay``)."""
+        step = self.next_step(key)
+        while step is not None and step.kind != StepKind.TRAIN:
+            step = self.next_step(step)
+        return step
+
     def steps_between(self, after: StepKey | None, upto: StepKey | None) -> list[StepKey]:
         """Steps strictly after ``after`` up to and including ``upto``."""
         if upto is None:

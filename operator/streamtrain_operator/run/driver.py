@@ -43,6 +43,7 @@ from streamtrain_operator.job.spec import JobSpec
 from streamtrain_operator.run import (
     checkpointing,
     export,
+    next_pass,
     passfiles,
     publishing,
     retention,
@@ -53,7 +54,7 @@ from streamtrain_operator.run.hooks import AFTER, BEFORE, NO_HOOK, StepHook
 from streamtrain_operator.run.state import StateStore
 from streamtrain_ps.api import PSLike, SaveMode
 from streamtrain_ps.errors import CheckpointError, PSUnavailableError
-from streamtrain_worker.data import layout, timeslices
+from streamtrain_worker.data import layout
 from streamtrain_worker.data.sharding import assign_files
 from streamtrain_worker.metrics import PassMetrics
 
@@ -73,9 +74,16 @@ class WorkerClient(Protocol):
     name: str
 
     async def run_pass(
-        self, day: str, pass_index: int, files: Sequence[str], generation: int, train: bool
+        self,
+        day: str,
+        pass_index: int,
+        files: Sequence[str],
+        generation: int,
+        train: bool,
+        next_files: Sequence[str] = (),
     ) -> Any:
-        """Returns a ``worker_pb2.PassResult``."""
+        """Returns a ``worker_pb2.PassResult``. ``next_files``: the worker's share of the
+        next pass, to read ahead (a hint, ``next_pass``)."""
         ...
 
     async def export_dense(self, uri: str) -> list[str]: ...
@@ -339,19 +347,25 @@ class Driver:
             return Failed(reason, str(exc))
 
     def _folders(self, key: StepKey) -> list[str]:
-        d = self.spec.data
-        return timeslices.pass_folders(
-            d.path,
-            key.day,
-            key.pass_index,
-            d.splitIntervalMinutes,
-            d.splitsPerPass,
-            hourly_names=d.layout == "HH",
-        )
+        return next_pass.pass_folders(self.spec, key)
 
     def _missing_folders(self, key: StepKey) -> list[str]:
         donefile = self.spec.data.donefile
         return [f for f in self._folders(key) if not layout.folder_ready(f, donefile)]
+
+    async def _dispatch(
+        self, action: RunPass
+    ) -> tuple[list[list[str]], passfiles.PassFiles, list[list[str]]]:
+        """The pass's assignment and recorded list (``_assignment``), and every worker's
+        files of the next pass to read ahead (``next_pass``), listed at once: on an object
+        store each listing is a round trip, and the hint must not add one to the dispatch."""
+        hint = asyncio.to_thread(
+            next_pass.next_shares, self.spec, self.plan, action.key, len(self.workers)
+        )
+        (assignment, files), ahead = await asyncio.gather(
+            asyncio.to_thread(self._assignment, action), hint
+        )
+        return assignment, files, ahead
 
     def _assignment(self, action: RunPass) -> tuple[list[list[str]], passfiles.PassFiles]:
         """Every worker's files of the pass, from the pass's recorded file list.
@@ -388,7 +402,7 @@ class Driver:
             self._pass_started = self.clock()
         started = time.perf_counter()
         try:
-            assignment, files = await asyncio.to_thread(self._assignment, action)
+            assignment, files, ahead = await self._dispatch(action)
             self._timed("assign", started)
         except passfiles.DataChangedError as exc:
             return Failed("DataChanged", str(exc))
@@ -400,8 +414,9 @@ class Driver:
         timeout = self.spec.workers.passTimeoutSeconds
 
         async def one(w: int) -> PassMetrics:
+            day, index = action.key.day, action.key.pass_index
             call = self.workers[w].run_pass(
-                action.key.day, action.key.pass_index, assignment[w], action.generation, True
+                day, index, assignment[w], action.generation, True, next_files=ahead[w]
             )
             result = await (asyncio.wait_for(call, timeout) if timeout else call)
             if int(result.generation) != action.generation:
@@ -441,6 +456,7 @@ class Driver:
             "examplesPerSecond": total.examples / wall,
             "badLines": float(total.bad_lines),
             "files": float(total.files_read),
+            "filesReadAhead": float(total.files_read_ahead),
             "skippedFiles": float(len(files.skipped)),
         }
         return PassRan({}, metrics)

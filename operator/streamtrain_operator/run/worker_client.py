@@ -52,11 +52,22 @@ class GrpcWorker:
         await asyncio.wait_for(self._channel.channel_ready(), timeout)
 
     async def run_pass(
-        self, day: str, pass_index: int, files: Sequence[str], generation: int, train: bool
+        self,
+        day: str,
+        pass_index: int,
+        files: Sequence[str],
+        generation: int,
+        train: bool,
+        next_files: Sequence[str] = (),
     ) -> Any:
         await self.wait_ready(self.connect_timeout)  # e.g. a worker that just restarted
         request = worker_pb2.RunPassRequest(
-            day=day, pass_index=pass_index, files=list(files), generation=generation, train=train
+            day=day,
+            pass_index=pass_index,
+            files=list(files),
+            generation=generation,
+            train=train,
+            next_files=list(next_files),
         )
         return await self._stub.RunPass(request)
 

@@ -31,7 +31,8 @@ launch to finish, per example) beside ``torch_cpu_us_per_example`` (plain PyTorc
 ``train_vs_torch_no_cvm`` (with ``--no-cvm-side``: a second throughput run with
 ``model.cvm: false``, the input shape of plain PyTorch, over plain PyTorch measured around
 it), ``transition_seconds_per_pass``, ``pass_fixed_seconds_per_pass`` (a RunPass's wall time
-beyond the workers' batch loops), ``startup_seconds``, ``step_seconds`` (per kind: total and
+beyond the workers' batch loops), ``passes_read_ahead`` (passes whose files the workers read
+while the pass before trained), ``startup_seconds``, ``step_seconds`` (per kind: total and
 count), ``phase_seconds`` (the parts of the steps and of the start-up, total and count:
 ``launch`` and ``connect`` of the processes; a publication's ``sparse`` PS save, ``dense``
 TorchScript export, ``manifest`` and ``donefile``; ``checkpoint_save`` and its ``prune``,
@@ -365,6 +366,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "e2e_vs_train": round(e2e / train, 3),
         "pass_fixed_seconds_per_pass": round(
             (train_seconds - compute_seconds) / len(speed.history), 3
+        ),
+        # Passes whose files were read while the pass before trained (the first pass's
+        # never are: nothing runs before it).
+        "passes_read_ahead": sum(
+            1 for r in speed.history if r.metrics.get("filesReadAhead", 0) > 0
         ),
         **no_cvm,
         **steps,

@@ -7,21 +7,23 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RunPassRequest(_message.Message):
-    __slots__ = ("day", "pass_index", "files", "generation", "train")
+    __slots__ = ("day", "pass_index", "files", "generation", "train", "next_files")
     DAY_FIELD_NUMBER: _ClassVar[int]
     PASS_INDEX_FIELD_NUMBER: _ClassVar[int]
     FILES_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     TRAIN_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FILES_FIELD_NUMBER: _ClassVar[int]
     day: str
     pass_index: int
     files: _containers.RepeatedScalarFieldContainer[str]
     generation: int
     train: bool
-    def __init__(self, day: _Optional[str] = ..., pass_index: _Optional[int] = ..., files: _Optional[_Iterable[str]] = ..., generation: _Optional[int] = ..., train: _Optional[bool] = ...) -> None: ...
+    next_files: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, day: _Optional[str] = ..., pass_index: _Optional[int] = ..., files: _Optional[_Iterable[str]] = ..., generation: _Optional[int] = ..., train: _Optional[bool] = ..., next_files: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PassResult(_message.Message):
-    __slots__ = ("day", "pass_index", "generation", "examples", "bad_lines", "loss_sum", "label_sum", "pred_sum", "abs_error_sum", "sq_error_sum", "pos_buckets", "neg_buckets", "num_buckets", "seconds", "train_seconds", "files_read")
+    __slots__ = ("day", "pass_index", "generation", "examples", "bad_lines", "loss_sum", "label_sum", "pred_sum", "abs_error_sum", "sq_error_sum", "pos_buckets", "neg_buckets", "num_buckets", "seconds", "train_seconds", "files_read", "files_read_ahead")
     DAY_FIELD_NUMBER: _ClassVar[int]
     PASS_INDEX_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +40,7 @@ class PassResult(_message.Message):
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     TRAIN_SECONDS_FIELD_NUMBER: _ClassVar[int]
     FILES_READ_FIELD_NUMBER: _ClassVar[int]
+    FILES_READ_AHEAD_FIELD_NUMBER: _ClassVar[int]
     day: str
     pass_index: int
     generation: int
@@ -54,7 +57,8 @@ class PassResult(_message.Message):
     seconds: float
     train_seconds: float
     files_read: int
-    def __init__(self, day: _Optional[str] = ..., pass_index: _Optional[int] = ..., generation: _Optional[int] = ..., examples: _Optional[int] = ..., bad_lines: _Optional[int] = ..., loss_sum: _Optional[float] = ..., label_sum: _Optional[float] = ..., pred_sum: _Optional[float] = ..., abs_error_sum: _Optional[float] = ..., sq_error_sum: _Optional[float] = ..., pos_buckets: _Optional[bytes] = ..., neg_buckets: _Optional[bytes] = ..., num_buckets: _Optional[int] = ..., seconds: _Optional[float] = ..., train_seconds: _Optional[float] = ..., files_read: _Optional[int] = ...) -> None: ...
+    files_read_ahead: int
+    def __init__(self, day: _Optional[str] = ..., pass_index: _Optional[int] = ..., generation: _Optional[int] = ..., examples: _Optional[int] = ..., bad_lines: _Optional[int] = ..., loss_sum: _Optional[float] = ..., label_sum: _Optional[float] = ..., pred_sum: _Optional[float] = ..., abs_error_sum: _Optional[float] = ..., sq_error_sum: _Optional[float] = ..., pos_buckets: _Optional[bytes] = ..., neg_buckets: _Optional[bytes] = ..., num_buckets: _Optional[int] = ..., seconds: _Optional[float] = ..., train_seconds: _Optional[float] = ..., files_read: _Optional[int] = ..., files_read_ahead: _Optional[int] = ...) -> None: ...
 
 class ExportDenseRequest(_message.Message):
     __slots__ = ("uri",)

@@ -21,9 +21,6 @@ import fsspec
 import numba
 import numpy as np
 import numpy.typing as npt
-import pyarrow as pa
-import pyarrow.compute as pc
-from pyarrow import csv as pa_csv
 
 from streamtrain_worker.data.config import DataConfig
 from streamtrain_worker.data.errors import DataConfigError
@@ -52,7 +49,13 @@ def load_field_map(url: str) -> tuple[list[str], npt.NDArray[np.uint64], npt.NDA
 
     Read with pyarrow's CSV reader (tab-separated, no quoting), vectorised: iPinYou's 133k
     lines load in well under 0.1 s, so a worker may rebuild the format every pass.
+    pyarrow is imported here, not with the module: every worker imports the formats, and
+    pyarrow's import (~75 ms) would sit on its start-up for the one format that needs it.
     """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from pyarrow import csv as pa_csv
+
     options = (
         pa_csv.ReadOptions(column_names=["name", "index"]),
         pa_csv.ParseOptions(delimiter="\t", quote_char=False),
