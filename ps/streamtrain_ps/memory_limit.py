@@ -52,9 +52,10 @@ log = logging.getLogger(__name__)
 #: Demotion stops at this share of the table budget, so it runs once per few percent of growth
 #: (for a load: the share a table's keys may take before the rest goes to disk)...
 LOW_WATER = 0.9
-#: ... but a demotion moves at most this many keys beyond what the request needs: it holds
-#: the writer lock and writes every key to RocksDB (~0.3-0.5M keys/s here), so 10 % of a
-#: 100M-key shard's RAM keys at once stalled requests past their deadline.
+#: ... but a demotion moves at most this many keys beyond what the request needs (a larger
+#: excess, after the table budget was cut, goes a step a request): it holds the writer lock
+#: and writes every key to RocksDB (~0.3-0.5M keys/s here), so 10 % of a 100M-key shard's
+#: RAM keys at once stalled requests past their deadline.
 DEMOTE_STEP_KEYS = 262_144
 #: A single request may use at most this share of the table budget.
 MAX_REQUEST_SHARE = 0.5
@@ -376,6 +377,9 @@ class MemoryGovernor:
         if others + table.ram_bytes() + need <= self.table_budget:
             return 0
         target = self.table_budget - self._headroom(table) - others - need
+        # Past the budget by more (a cut by ``observe_after_trim``): a step a request, the
+        # request's keys taking rows already resident meanwhile.
+        target = max(target, table.ram_bytes() - need - self._step_bytes(table))
         self._note_spill(table)
         return self._demoted(table.demote(max(target, 0)))
 
@@ -394,14 +398,17 @@ class MemoryGovernor:
             if excess <= 0:
                 break
             self._note_spill(t)
-            moved += t.demote(t.ram_bytes() - excess)
+            moved += t.demote(t.ram_bytes() - min(excess, self._step_bytes(t)))
         return self._demoted(moved)
+
+    def _step_bytes(self, table: TieredTable) -> int:
+        """The most one demotion moves beyond a request's own keys (``DEMOTE_STEP_KEYS``)."""
+        return int(DEMOTE_STEP_KEYS * table.key_bytes())
 
     def _headroom(self, table: TieredTable) -> int:
         """Bytes a demotion frees beyond what is needed, so the next requests do not each
-        demote: ``1 - LOW_WATER`` of the budget, at most ``DEMOTE_STEP_KEYS`` keys."""
-        step = int(DEMOTE_STEP_KEYS * table.key_bytes())
-        return min(int(self.table_budget * (1 - LOW_WATER)), step)
+        demote: ``1 - LOW_WATER`` of the budget, at most a step."""
+        return min(int(self.table_budget * (1 - LOW_WATER)), self._step_bytes(table))
 
     def trim_near_limit(self) -> None:
         """``malloc_trim`` once RSS is within ``TRIM_MARGIN_SHARE`` of the scratch reserve

@@ -1,6 +1,7 @@
 """How much a demotion moves and which keys: a clock sweep takes cold keys and leaves the
-hot ones, and one demotion moves at most ``DEMOTE_STEP_KEYS`` keys beyond a request's need
-(it holds the writer lock while it writes every key to RocksDB)."""
+hot ones, and one demotion moves at most ``DEMOTE_STEP_KEYS`` keys beyond a request's need,
+however far past its budget the table is (it holds the writer lock while it writes every key
+to RocksDB)."""
 
 from __future__ import annotations
 
@@ -65,6 +66,11 @@ def test_one_demotion_moves_at_most_a_step_beyond_the_need() -> None:
     governor.make_room(table, 65_536)  # type: ignore[arg-type]
     step = ml.DEMOTE_STEP_KEYS * 40
     assert table.targets == [big - step - 65_536 * 40]
+    table.ram = 2 * big  # far past a (cut) budget: a step a request, not all at once
+    governor.make_room(table, 65_536)  # type: ignore[arg-type]
+    assert table.targets[-1] == 2 * big - 65_536 * 40 - step
+    governor.enforce()
+    assert table.targets[-1] == 2 * big - 65_536 * 40 - 2 * step
     small = FakeTable(1 << 20, 40.0)  # 10 % of 1 MiB is less than a step: the 10 % holds
     governor = MemoryGovernor(MemoryBudget.tables_only(1 << 20), [small])  # type: ignore[list-item]
     small.ram += 4_000

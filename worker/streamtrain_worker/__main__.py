@@ -94,10 +94,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     http = None
     if args.metrics_port is not None:
         http, _ = start_http_server(args.metrics_port, addr=args.host, registry=registry)
-    announce(server.address)
-    if http is not None:  # second line, after the one launchers wait for
-        print(f"metrics on http://{args.host}:{http.server_port}/metrics", flush=True)
+    # Signals are handled before the address is announced: a launcher may stop the worker
+    # the moment it learns the address, and that SIGTERM must drain, not kill.
     with stop_on_signals(args.grace) as stop:
+        announce(server.address)
+        if http is not None:  # second line, after the one launchers wait for
+            print(f"metrics on http://{args.host}:{http.server_port}/metrics", flush=True)
         try:
             stop.wait()
             server.close(args.grace)
