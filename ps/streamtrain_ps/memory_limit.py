@@ -292,6 +292,12 @@ class MemoryGovernor:
         c = self.correction
         return self.budget.tables if c is None else c.table_budget
 
+    def release_memory(self) -> None:
+        """Give freed heap pages back to the OS, then check the split against what the
+        process holds (``observe_after_trim``)."""
+        release_scratch_memory()
+        self.observe_after_trim()
+
     def observe_after_trim(self) -> int:
         """Right after the heap was trimmed: compare the process's RSS with its split and
         give back what it holds beyond it (the store's cache first, then the table budget,
@@ -423,8 +429,7 @@ class MemoryGovernor:
         rss = current_rss_bytes()
         if rss <= mark or (self._trimmed_at and rss <= self._trimmed_at + TRIM_STEP):
             return
-        release_scratch_memory()
-        self.observe_after_trim()
+        self.release_memory()
         after = current_rss_bytes()
         self._trimmed_at = after if after > mark else 0
 
@@ -439,8 +444,7 @@ class MemoryGovernor:
         against the limit (the feedback for what the split did not foresee)."""
         if not moved or not self.budget.fixed_overhead:
             return moved
-        release_scratch_memory()
-        self.observe_after_trim()
+        self.release_memory()
         rss = current_rss_bytes()
         if rss > self.limit:
             # Demoting more would not help: freed rows stay resident for reuse. Said once

@@ -34,7 +34,7 @@ from streamtrain_ps.errors import (
     RequestTooLargeError,
     UnknownTableError,
 )
-from streamtrain_ps.heap import note_request_scratch, release_scratch_memory
+from streamtrain_ps.heap import note_request_scratch
 from streamtrain_ps.held_save import SnapshotSlot
 from streamtrain_ps.memory_limit import (
     MemoryBudget,
@@ -178,8 +178,7 @@ class Shard(ShardLoads):
         """Give freed heap pages back to the OS, then check a capped shard's RSS against its
         split (``MemoryGovernor.observe_after_trim``): the server's pool calls this when
         it trims after requests, with none in flight when it is idle."""
-        release_scratch_memory()
-        self._memory.observe_after_trim()
+        self._memory.release_memory()
 
     def pull_sparse(self, table: str, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]:
         """Rows ``[show, click, embed_w, embedx_w...]``; unknown keys are zeros (not created)."""
