@@ -27,6 +27,8 @@ import numpy.typing as npt
 
 #: Rows an array reserves beyond its first capacity at least (virtual only).
 RESERVE_ROWS = 1 << 27
+#: A transparent huge page (x86-64); releases start at such a boundary.
+HUGE_PAGE = 2 << 20
 #: Linux's MAP_NORESERVE (the ``mmap`` module does not export it).
 MAP_NORESERVE = 0x4000
 
@@ -100,3 +102,27 @@ def _mapping(arr: npt.NDArray[Any]) -> mmap.mmap | None:
         return None
     start = np.frombuffer(base, dtype=np.uint8, count=1).ctypes.data
     return base if arr.ctypes.data == start else None
+
+
+def release_rows(arr: npt.NDArray[Any], start: int, end: int) -> None:
+    """Give rows ``start:end`` of ``arr`` back to the OS, leaving them zeroed: the pages
+    among them from the first huge-page boundary on are dropped (``MADV_DONTNEED``: they
+    read as zeros and cost nothing until written again; starting at a boundary leaves the
+    huge pages below intact), the bytes before it are zeroed. An array that is not a
+    reservation of this module is zeroed in place."""
+    if end <= start:
+        return
+    buf = _mapping(arr)
+    if buf is None:
+        arr[start:end] = 0
+        return
+    row_bytes = arr.dtype.itemsize * int(np.prod(arr.shape[1:], dtype=np.int64))
+    lo, hi = start * row_bytes, end * row_bytes
+    first, last = -(-lo // HUGE_PAGE) * HUGE_PAGE, hi // mmap.PAGESIZE * mmap.PAGESIZE
+    flat = np.frombuffer(buf, dtype=np.uint8, count=hi)
+    if last <= first:
+        flat[lo:hi] = 0
+        return
+    flat[lo:first] = 0
+    flat[last:hi] = 0
+    buf.madvise(mmap.MADV_DONTNEED, first, last - first)

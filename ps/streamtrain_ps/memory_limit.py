@@ -20,12 +20,14 @@ splits it when the shard starts:
   table's slabs are sized for the budget up front (untouched pages cost nothing), so
   reaching the budget never copies a slab.
 
-Freed rows are reused before anything grows, so the resident table stays at about the most
-it ever held live. What the split cannot see (heap pages kept by live blocks, gRPC's and
-RocksDB's memory outside the cache, code paths first run later) is measured: after each
-heap trim the governor compares the RSS with the split and gives what it holds beyond it
-back from the store's cache, then from the table budget (``memory_feedback``). After each
-demotion it trims the heap and logs a warning if the RSS passed the limit anyway.
+A demotion compacts the slabs and gives the freed rows' pages back (``compaction``), so the
+resident table follows its live rows, and the filter of the disk keys, which grows with
+every key sent to disk, takes its room from them. What the split cannot see (heap pages
+kept by live blocks, gRPC's and RocksDB's memory outside the cache, code paths first run
+later) is measured: after each heap trim the governor compares the RSS with the split and
+gives what it holds beyond it back from the store's cache, then from the table budget
+(``memory_feedback``). After each demotion it trims the heap and logs a warning if the RSS
+passed the limit anyway.
 """
 
 from __future__ import annotations
@@ -447,8 +449,8 @@ class MemoryGovernor:
         self.release_memory()
         rss = current_rss_bytes()
         if rss > self.limit:
-            # Demoting more would not help: freed rows stay resident for reuse. Said once
-            # per demotion so the operator sees which share to raise.
+            # The tables gave their freed pages back: what is over is outside them. Said
+            # once per demotion so the operator sees which share to raise.
             log.warning(
                 "shard RSS %d bytes is past memoryLimit %d (fixed overhead %d, store %d, "
                 "scratch reserve %d, tables %d resident)",

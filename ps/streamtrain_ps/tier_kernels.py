@@ -82,16 +82,21 @@ def touched_bit(touched: npt.NDArray[np.uint8], r: Int) -> Int:
     return (touched[r >> 3] >> (r & 7)) & 1
 
 
+@njit(nogil=True, cache=True, inline="always")
+def set_touched(touched: npt.NDArray[np.uint8], r: Int, on: Int) -> None:
+    """Set (``on``) or clear row ``r``'s touched bit (nothing beyond the bitmap)."""
+    if (r >> 3) < touched.size:
+        if on:
+            touched[r >> 3] |= np.uint8(1 << (r & 7))
+        else:
+            touched[r >> 3] &= np.uint8(~(1 << (r & 7)) & 0xFF)
+
+
 @njit(nogil=True, cache=True)
 def mark_rows(touched: npt.NDArray[np.uint8], rows: npt.NDArray[np.int64], on: bool) -> None:
     """Set (``on``) or clear the touched bits of ``rows`` (those inside the bitmap)."""
     for t in range(rows.size):
-        r = rows[t]
-        if (r >> 3) < touched.size:
-            if on:
-                touched[r >> 3] |= np.uint8(1 << (r & 7))
-            else:
-                touched[r >> 3] &= np.uint8(~(1 << (r & 7)) & 0xFF)
+        set_touched(touched, rows[t], on)
 
 
 @njit(nogil=True, cache=True)

@@ -4,7 +4,9 @@ a ``DiskStore``, so a shard under a memory limit keeps every key instead of dyin
 - **Demotion** (``demote``, called by the shard when its RAM tier passes its budget): the
   coldest keys (``demotion_order``: the shrink rule's order, keys used since the last
   demotion last) are copied out as full rows with exact counters and removed from RAM;
-  keys that do not fit under the disk cap are evicted (tombstoned, counted).
+  keys that do not fit under the disk cap are evicted (tombstoned, counted). The slabs are
+  then compacted and the freed rows' pages given back (``compaction``), so what the
+  demotion freed leaves the process's RSS.
 - **Promotion**: a pull or push of a disk key puts its full row back into RAM first (under
   the writer lock, atomically with the push), so its results are bit-identical to a key
   that never left RAM.
@@ -30,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from streamtrain_ps import compaction
 from streamtrain_ps import disk_rows as dr
 from streamtrain_ps import index as ix
 from streamtrain_ps import kernels as kn
@@ -106,14 +109,15 @@ class TieredTable(SparseTable):
     # -- accounting -------------------------------------------------------------------------
 
     def ram_bytes(self) -> int:
-        """Bytes the RAM tier's *live* keys take (freed rows are reused before the slabs
-        grow, so this bounds the resident table): slot array, key + primary row per key,
-        embedx rows of admitted keys, hot entries, the filter of the disk keys, the touched
-        bits of the rows ever used."""
+        """Bytes the RAM tier holds resident: slot array, key + primary row per live key
+        (a demotion compacts the primary slab and gives its freed rows' pages back,
+        ``compaction``), the embedx slab up to its high-water mark (compacted only once a
+        share of it is free), hot entries, the filter of the disk keys, the touched bits
+        of the rows ever used."""
         a = self._arrays
         m = self._meta
         per_key = a.keys.itemsize + a.slab.shape[1] * 4
-        xrows = int(m[kn.X_NEXT] - m[kn.X_FREE_LEN])
+        xrows = int(m[kn.X_NEXT])
         return int(
             a.slots.nbytes
             + len(self) * per_key
@@ -347,6 +351,7 @@ class TieredTable(SparseTable):
                     self._meta[EVICTIONS] += out
                     self.pressure_evictions_total += out
                     evicted += out
+            compaction.compact(self._arrays, self._meta, self._touched.bits)
             self.demotions_total += rows.size - evicted
             self.moves += 1
             return int(rows.size)
