@@ -24,7 +24,8 @@ disk" or "certainly not":
   drops stale bits and merges the parts into one.
 
 Its bytes count in the table's RAM budget (``TieredTable.ram_bytes``): about 1.75 B per
-disk key (up to twice that right after a part joins).
+disk key (up to twice that right after a part joins), and the next part's bytes from the
+moment the last one is half full (``growth_reserve``).
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ MIN_CAPACITY = 1 << 10
 #: A new part holds this many times the keys of all parts before it (1: the filter's
 #: bytes at most double its need, right after a part is added; parts ~ log2 of keys).
 GROWTH = 1
+#: Once the last part is this full, the next part's bytes are reserved (``growth_reserve``).
+RESERVE_FROM = 0.5
 
 _SEED = np.uint64(0x9E3779B97F4A7C15)
 _S9 = np.uint64(9)
@@ -112,11 +115,16 @@ def may_contain(
     return n
 
 
+def _part_bytes(capacity: int) -> int:
+    """Bytes of a part sized for ``capacity`` keys (whole blocks)."""
+    return max(1, -(-capacity * BITS_PER_KEY // (BLOCK_WORDS * 64))) * BLOCK_WORDS * 8
+
+
 class _Part:
     """One Bloom filter sized for ``capacity`` keys."""
 
     def __init__(self, capacity: int) -> None:
-        nblocks = max(1, -(-capacity * BITS_PER_KEY // (BLOCK_WORDS * 64)))
+        nblocks = _part_bytes(capacity) // (BLOCK_WORDS * 8)
         self.blocks = np.zeros((nblocks, BLOCK_WORDS), dtype=np.uint64)
         self.capacity = capacity
         self.added = 0
@@ -134,6 +142,22 @@ class DiskKeyFilter:
     @property
     def nbytes(self) -> int:
         return sum(int(p.blocks.nbytes) for p in self._parts)
+
+    def growth_reserve(self) -> int:
+        """Bytes of the part that joins next, once the last part is ``RESERVE_FROM`` full
+        (else 0). A part joins at once and as large as all before it (117 MB at 67M disk
+        keys), in the middle of a demotion: counted only then, it pushed a capped shard's
+        RSS ~100 MB past its limit. Counted ahead, the governor sheds its room a step per
+        request while the last part fills (each demoted key fills it too, but a step
+        demotes ~18x fewer keys than the room it frees in a part: 32 B a RAM row against
+        1.75 B a filter key)."""
+        if not self._parts:
+            return 0
+        last = self._parts[-1]
+        if last.added < RESERVE_FROM * last.capacity:
+            return 0
+        total = sum(p.capacity for p in self._parts)
+        return _part_bytes(max(MIN_CAPACITY, GROWTH * total))
 
     def add(self, keys: npt.NDArray[np.uint64]) -> None:
         """Record ``keys`` as possibly on disk."""

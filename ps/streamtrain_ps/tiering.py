@@ -110,10 +110,8 @@ class TieredTable(SparseTable):
 
     def ram_bytes(self) -> int:
         """Bytes the RAM tier holds resident: slot array, key + primary row per live key
-        (a demotion compacts the primary slab and gives its freed rows' pages back,
-        ``compaction``), the embedx slab up to its high-water mark (compacted only once a
-        share of it is free), hot entries, the filter of the disk keys, the touched bits
-        of the rows ever used."""
+        (demotions compact, ``compaction``), embedx rows to their high-water mark, hot
+        entries, the disk keys' filter with its next part's room, the touched bits."""
         a = self._arrays
         m = self._meta
         per_key = a.keys.itemsize + a.slab.shape[1] * 4
@@ -123,7 +121,7 @@ class TieredTable(SparseTable):
             + len(self) * per_key
             + xrows * a.xslab.shape[1] * 4
             + self.hot_keys * a.hot.shape[1] * 8
-            + self._filter.nbytes
+            + self._filter_bytes()
             + self._touched.resident_bytes(int(m[ix.NEXT_ROW]))
         )
 
@@ -136,7 +134,11 @@ class TieredTable(SparseTable):
         if not n:
             lay = self.layout
             return 8 + 4 * lay.primary_width
-        return (self.ram_bytes() - self._arrays.slots.nbytes - self._filter.nbytes) / n
+        return (self.ram_bytes() - self._arrays.slots.nbytes - self._filter_bytes()) / n
+
+    def _filter_bytes(self) -> int:
+        """The filter of disk keys and the room its next part will take (``disk_filter``)."""
+        return self._filter.nbytes + self._filter.growth_reserve()
 
     @property
     def disk_keys(self) -> int:

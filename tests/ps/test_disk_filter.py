@@ -34,6 +34,25 @@ def test_every_added_key_may_be_on_disk_and_few_others_do() -> None:
     assert capacity <= 2 * sum(a.size for a in added)
 
 
+def test_the_next_part_is_reserved_once_the_last_is_half_full() -> None:
+    """The governor sees a part's bytes before the part joins, so the room is shed by
+    demotions ahead of it instead of the process passing its limit when it does."""
+    f = DiskKeyFilter()
+    f.add(np.arange(1, 2 * MIN_CAPACITY + 1, dtype=np.uint64))  # two full parts
+    assert f.growth_reserve() > 0  # the last one is full: the next one is due
+    before = f.nbytes
+    f.add(np.array([10**12], dtype=np.uint64))  # it joins: 2x the keys before it
+    assert f.nbytes - before == f._parts[-1].blocks.nbytes and f.growth_reserve() == 0
+    joined = f._parts[-1]
+    f.add(np.arange(10**13, 10**13 + joined.capacity // 2 - 2, dtype=np.uint64))
+    assert f.growth_reserve() == 0, "under half full"
+    f.add(np.array([10**14], dtype=np.uint64))
+    reserve = f.growth_reserve()
+    assert reserve >= BITS_PER_KEY / 8 * sum(p.capacity for p in f._parts)
+    f.add(np.arange(10**15, 10**15 + joined.capacity, dtype=np.uint64))  # past it
+    assert f._parts[-1].blocks.nbytes == reserve, "what joined is what was reserved"
+
+
 def test_a_capped_table_keeps_its_disk_keys_in_the_filter(tmp_path: Path) -> None:
     shard = capped_shard(tmp_path, 120_000)
     rng = np.random.default_rng(7)
