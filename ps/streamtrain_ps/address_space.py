@@ -118,8 +118,10 @@ def release_rows(arr: npt.NDArray[Any], start: int, end: int) -> None:
         return
     row_bytes = arr.dtype.itemsize * int(np.prod(arr.shape[1:], dtype=np.int64))
     lo, hi = start * row_bytes, end * row_bytes
-    first, last = -(-lo // HUGE_PAGE) * HUGE_PAGE, hi // mmap.PAGESIZE * mmap.PAGESIZE
     flat = np.frombuffer(buf, dtype=np.uint8, count=hi)
+    base = flat.ctypes.data  # huge pages lie on boundaries of the address, not the offset
+    first = -(-(base + lo) // HUGE_PAGE) * HUGE_PAGE - base
+    last = (base + hi) // mmap.PAGESIZE * mmap.PAGESIZE - base
     if last <= first:
         flat[lo:hi] = 0
         return
