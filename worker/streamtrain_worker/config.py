@@ -94,6 +94,19 @@ class ModelConfig:
         "regression learned on the PS beside the MLP: a rare id then learns from the loss "
         "itself, not through the MLP (docs/decisions.md).",
     )
+    crossLayers: int = setting(
+        0,
+        "slot_dnn only: DCN-v2 cross layers over the MLP input (x <- x0 * (W x + b) + x), "
+        "their output's linear read-out added to the logit: pairwise (and higher) feature "
+        "interactions learned densely. 0: none.",
+        minimum=0,
+    )
+    crossRank: int = setting(
+        0,
+        "slot_dnn only: rank of each cross layer's W, factored as U V (2 * width * rank "
+        "weights instead of width**2). 0: full rank.",
+        minimum=0,
+    )
     targetSlot: int = setting(0, "DIN only: the slot holding the target item.", minimum=0)
     attentionUnits: tuple[int, ...] = setting(
         (64, 32), "DIN only: attention MLP widths.", item_minimum=1
