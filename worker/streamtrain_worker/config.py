@@ -21,7 +21,7 @@ Example::
             "maxRetrySeconds": 30, "config": {...}},          # streamtrain_ps.config
      "metrics": {"numBuckets": 65536},
      "runtime": {"numThreads": 1, "overlap": true, "prefetchBatches": 2, "pushQueueDepth": 4,
-                 "maxMergedPushes": 1}}
+                 "inOrderSteps": 20, "maxMergedPushes": 1}}
 """
 
 from __future__ import annotations
@@ -169,6 +169,17 @@ class RuntimeConfig:
     )
     pushQueueDepth: int = setting(
         4, "Pushes in flight before training blocks (bounded async queue).", minimum=1
+    )
+    # Every batch of a fresh job's first, short pass is pulled before any push is applied:
+    # all of them step the head keys' weights the same way from the same zero rows, and
+    # the overshoot lasts (Criteo sample: pass 2 COPC 2.68, passes 13-24 AUC -0.0035;
+    # docs/decisions.md, "Learning quality on long-tail streams").
+    inOrderSteps: int = setting(
+        20,
+        "With overlap, a worker's first trained batches each wait for the previous "
+        "batch's push and pull their rows again, as with overlap false; later batches "
+        "overlap. 0: overlap from the first batch.",
+        minimum=0,
     )
     # A merged push is ONE optimizer step for k batches, and Adam/AdaGrad steps barely grow
     # with a gradient's size, so merging cuts the effective learning rate by up to k — by
