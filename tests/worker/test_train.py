@@ -426,6 +426,7 @@ def test_every_batch_is_one_dense_step_unless_merging_is_asked_for(
     push is one Adam step for several batches: a lower effective learning rate)."""
     raw = worker_config(batchSize=200, denseSyncSteps=6).to_dict()
     raw["runtime"]["pushQueueDepth"] = 8
+    raw["runtime"]["inOrderSteps"] = 0  # the backlog starts at the first batch
     if max_merged is not None:
         raw["runtime"]["maxMergedPushes"] = max_merged
     cfg = WorkerConfig.from_dict(raw)
