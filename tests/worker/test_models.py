@@ -108,6 +108,43 @@ def test_slot_dnn_wide_part_adds_every_slots_embed_w_to_the_logit(cvm: bool) -> 
     assert not diff.any(), "only the embed_w column gains the wide gradient"
 
 
+def _cross_matrix(layer: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``W``, ``b`` of one cross layer, whether full rank or factored as ``U V``."""
+    if isinstance(layer, torch.nn.Linear):
+        return layer.weight, layer.bias
+    down, up = layer
+    return up.weight @ down.weight, up.bias
+
+
+@pytest.mark.parametrize(("cvm", "rank"), [(True, 0), (False, 0), (True, 3)])
+def test_slot_dnn_cross_layers_start_silent_then_add_x0_times_a_linear_map(
+    cvm: bool, rank: int
+) -> None:
+    plain = dataclasses.replace(spec_for("slot_dnn", cvm), wide=True)
+    crossed = dataclasses.replace(plain, cross_layers=2, cross_rank=rank)
+    model = build_model("slot_dnn", crossed, seed=1)
+    reference = build_model("slot_dnn", plain, seed=1)
+    width = S * crossed.slot_width
+    pooled, _, _ = inputs(crossed)
+    with torch.no_grad():
+        # the read-out starts at zero: the model predicts as one without cross layers
+        torch.testing.assert_close(model(pooled), reference(pooled))
+        model.cross_out[0].weight.normal_()
+        x0 = model.norm(pooled)
+        x = x0
+        for layer in model.cross:
+            w, b = _cross_matrix(layer)
+            assert w.shape == (width, width)
+            assert torch.linalg.matrix_rank(w) == (rank or width)
+            x = x0 * (x @ w.T + b) + x
+        expected = reference(pooled) + (x * model.cross_out[0].weight).sum(1)
+        torch.testing.assert_close(model(pooled), expected)
+        torch.testing.assert_close(script(model)(pooled), expected)
+    model(pooled).sum().backward()
+    for p in model.parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, "every cross weight learns"
+
+
 def test_din_validates_its_slots() -> None:
     with pytest.raises(ValueError, match="sequenceSlot"):
         build_model("din", ModelSpec(num_slots=S, embedding_dim=D, cvm=False, hidden_units=(4,)))

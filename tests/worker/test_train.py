@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -226,6 +227,51 @@ def test_without_overlap_runs_are_bitwise_reproducible(chunks: list[str]) -> Non
     assert np.array_equal(dense_a, dense_b)
 
 
+class SlowPushPS:
+    """LocalPS whose pushes take a while; records, per sparse pull, its thread and how many
+    pushes had been applied when it started."""
+
+    def __init__(self, ps: LocalPS) -> None:
+        self.ps = ps
+        self.pushed = 0
+        self.pulls: list[tuple[str, int]] = []
+
+    def pull_sparse(self, table: str, keys: np.ndarray) -> np.ndarray:
+        self.pulls.append((threading.current_thread().name, self.pushed))
+        return self.ps.pull_sparse(table, keys)
+
+    def push_batch(self, table, keys, grads, shows, clicks, slots=None, dense=()):  # type: ignore[no-untyped-def]
+        time.sleep(0.05)
+        self.ps.push_batch(table, keys, grads, shows, clicks, slots, dense=dense)
+        self.pushed += 1
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.ps, name)
+
+
+def test_the_first_batches_train_on_rows_pulled_after_every_earlier_push(
+    chunks: list[str],
+) -> None:
+    """A worker's first ``inOrderSteps`` batches pull again once the pushes before them are
+    applied (the prefetched rows would miss them); later batches use the prefetched rows."""
+    runtime = {"overlap": True, "inOrderSteps": 4}
+    cfg = WorkerConfig.from_dict({**worker_config().to_dict(), "runtime": runtime})
+    slow = SlowPushPS(LocalPS(cfg.ps.config))
+    trainer = Trainer(cfg, slow, cfg.data.num_slots)  # type: ignore[arg-type]
+    try:
+        run(trainer, chunks[0:1])  # 6 batches of 200
+        run(trainer, chunks[1:2])
+    finally:
+        trainer.close()
+    assert trainer.trained_steps == 12
+    in_order = [pushed for thread, pushed in slow.pulls if thread != "prefetch"]
+    assert in_order == [0, 1, 2, 3]
+    prefetched = [pushed for thread, pushed in slow.pulls if thread == "prefetch"]
+    assert len(prefetched) == 12
+    # the prefetch thread ran ahead of the slow pushes: its rows were stale
+    assert any(pushed < i for i, pushed in enumerate(prefetched))
+
+
 class FlakyPS:
     """LocalPS whose sparse calls fail with PSUnavailableError while ``down`` is set: the
     second pull fails, and a push fails once that pull has failed — so a push is still
@@ -380,6 +426,7 @@ def test_every_batch_is_one_dense_step_unless_merging_is_asked_for(
     push is one Adam step for several batches: a lower effective learning rate)."""
     raw = worker_config(batchSize=200, denseSyncSteps=6).to_dict()
     raw["runtime"]["pushQueueDepth"] = 8
+    raw["runtime"]["inOrderSteps"] = 0  # the backlog starts at the first batch
     if max_merged is not None:
         raw["runtime"]["maxMergedPushes"] = max_merged
     cfg = WorkerConfig.from_dict(raw)

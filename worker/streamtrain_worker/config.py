@@ -21,7 +21,7 @@ Example::
             "maxRetrySeconds": 30, "config": {...}},          # streamtrain_ps.config
      "metrics": {"numBuckets": 65536},
      "runtime": {"numThreads": 1, "overlap": true, "prefetchBatches": 2, "pushQueueDepth": 4,
-                 "maxMergedPushes": 1}}
+                 "inOrderSteps": 20, "maxMergedPushes": 1}}
 """
 
 from __future__ import annotations
@@ -94,6 +94,19 @@ class ModelConfig:
         "regression learned on the PS beside the MLP: a rare id then learns from the loss "
         "itself, not through the MLP (docs/decisions.md).",
     )
+    crossLayers: int = setting(
+        0,
+        "slot_dnn only: DCN-v2 cross layers over the MLP input (x <- x0 * (W x + b) + x), "
+        "their output's linear read-out added to the logit: pairwise (and higher) feature "
+        "interactions learned densely. 0: none.",
+        minimum=0,
+    )
+    crossRank: int = setting(
+        0,
+        "slot_dnn only: rank of each cross layer's W, factored as U V (2 * width * rank "
+        "weights instead of width**2). 0: full rank.",
+        minimum=0,
+    )
     targetSlot: int = setting(0, "DIN only: the slot holding the target item.", minimum=0)
     attentionUnits: tuple[int, ...] = setting(
         (64, 32), "DIN only: attention MLP widths.", item_minimum=1
@@ -156,6 +169,17 @@ class RuntimeConfig:
     )
     pushQueueDepth: int = setting(
         4, "Pushes in flight before training blocks (bounded async queue).", minimum=1
+    )
+    # Every batch of a fresh job's first, short pass is pulled before any push is applied:
+    # all of them step the head keys' weights the same way from the same zero rows, and
+    # the overshoot lasts (Criteo sample: pass 2 COPC 2.68, passes 13-24 AUC -0.0035;
+    # docs/decisions.md, "Learning quality on long-tail streams").
+    inOrderSteps: int = setting(
+        20,
+        "With overlap, a worker's first trained batches each wait for the previous "
+        "batch's push and pull their rows again, as with overlap false; later batches "
+        "overlap. 0: overlap from the first batch.",
+        minimum=0,
     )
     # A merged push is ONE optimizer step for k batches, and Adam/AdaGrad steps barely grow
     # with a gradient's size, so merging cuts the effective learning rate by up to k — by

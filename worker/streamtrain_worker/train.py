@@ -23,6 +23,10 @@ the next ``prefetchBatches`` batches run in a background thread while the curren
 computes; pushes go through a bounded queue in another thread and are flushed at pass end.
 A prefetched batch may therefore miss the updates of the pushes still in flight: the
 same staleness every asynchronous PS has; it also makes runs not bitwise reproducible.
+Except at the start: a worker's first ``inOrderSteps`` trained batches wait for the pushes
+before them and pull their rows again. A fresh job's rows are all zero and its head keys'
+AdaGrad steps at their largest, so batches pulled before any push applied all step those
+keys the same way, and the overshoot outlasts the start (docs/decisions.md).
 ``runtime.overlap: false`` runs every pull and push in order in the training thread: with
 the same seeds and data, two runs then give bitwise identical results.
 """
@@ -101,6 +105,7 @@ class Trainer:
             self._push, config.runtime.pushQueueDepth, config.runtime.maxMergedPushes
         )
         self.dense_version = 0  # dense pulls so far (for tests and logs)
+        self.trained_steps = 0  # batches trained by this worker (the in-order start counts them)
         self.init_dense()
 
     # --- dense parameters ------------------------------------------------------------
@@ -182,6 +187,7 @@ class Trainer:
             dense = self._flat_grads.numpy() * np.float32(1.0 / max(prepared.batch.size, 1))
             norm = drain_pending(self._norms).numpy()
             pending = Pending(lookup.sparse_push(), dense, norm)
+            self.trained_steps += 1
             if self.config.runtime.overlap:
                 self._pusher.submit(pending)
             else:
@@ -274,12 +280,17 @@ class Trainer:
             # thread is already reading, parsing and pulling the first batches meanwhile
             # (the sparse rows do not depend on them): the pull costs a pass no wall time.
             self.sync_dense()
-            for step, prepared in enumerate(ready, start=1):
+            for step, prefetched in enumerate(ready, start=1):
                 if should_stop is not None and should_stop():
                     raise PassCancelledError(f"pass cancelled before batch {step}")
                 t0 = time.perf_counter()
-                if prepared.batch.size == 0:
+                if prefetched.batch.size == 0:
                     continue
+                prepared = prefetched
+                if train and self._in_order_start():
+                    # The prefetched rows may predate the queued pushes: apply them, pull again.
+                    self._pusher.flush()
+                    prepared = self.prepare(prefetched.batch)
                 out = self.step(prepared, train)
                 metrics.add(out.preds, prepared.batch.labels, out.losses)
                 if train and step % sync_every == 0:
@@ -290,6 +301,12 @@ class Trainer:
                     self.monitoring.examples.inc(prepared.batch.size)
                     self.monitoring.batches.inc()
         return compute
+
+    def _in_order_start(self) -> bool:
+        """Whether the next trained batch is one of the first ``inOrderSteps`` (overlap only:
+        without it every batch is in order anyway)."""
+        runtime = self.config.runtime
+        return runtime.overlap and self.trained_steps < runtime.inOrderSteps
 
     def close(self) -> None:
         """Flush outstanding pushes and stop the push thread."""

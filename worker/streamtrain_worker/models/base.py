@@ -35,6 +35,10 @@ class ModelSpec:
     norm_prior: float = DEFAULT_PRIOR
     #: slot_dnn only: the embed_w column of every slot also adds to the logit.
     wide: bool = False
+    #: slot_dnn only: DCN-v2 cross layers over the MLP input, added to the logit.
+    cross_layers: int = 0
+    #: Rank of each cross layer's matrix; 0: full rank.
+    cross_rank: int = 0
 
     @classmethod
     def from_config(
@@ -51,6 +55,8 @@ class ModelSpec:
             normalize_embeddings=model.normalizeEmbeddings,
             norm_prior=model.dataNormPrior,
             wide=model.wide,
+            cross_layers=model.crossLayers,
+            cross_rank=model.crossRank,
         )
 
     @property

@@ -10,11 +10,23 @@ normalised too or fed raw, as plain PyTorch does: raw wins on the real samples, 
 learns much faster on tiny streams (``docs/decisions.md``). The normalisation
 statistics are global: summed on the PS from every worker's batches (``DataNorm``), the
 same in training and in the exported model.
+
+``model.crossLayers`` adds DCN-v2 cross layers (Wang et al., 2021) beside the MLP: over the
+same input ``x0``, ``x <- x0 * (W x + b) + x`` per layer, and a linear read-out of the last
+``x`` added to the logit. Each layer multiplies the input by a learned linear map of itself:
+the pairwise feature products a linear learner gets from explicit crosses (VW's ``-q``),
+learned densely instead of hashed per pair. The read-out starts at zero, so a model with
+cross layers predicts exactly as one without them until it has trained. A full-rank ``W`` is
+``width**2`` weights a layer (Criteo's 429 inputs: two layers double the dense vector the
+PS updates and the worker pulls); ``model.crossRank`` r factors it as ``U V`` (DCN-v2's
+low-rank form, ``2 * width * r`` weights), which kept the long-tail stream's gain at r 32
+(``docs/decisions.md``).
 """
 
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from streamtrain_worker.models.base import DenseModel, ModelSpec, SlotInputNorm, mlp, register
 
@@ -28,6 +40,12 @@ class SlotDNN(DenseModel):
             spec.num_slots, spec.slot_width, spec.cvm, spec.normalize_embeddings, spec.norm_prior
         )
         self.mlp = mlp(width, spec.hidden_units)
+        self.cross = nn.ModuleList(
+            [_cross_map(width, spec.cross_rank) for _ in range(spec.cross_layers)]
+        )
+        # A list of zero or one read-outs: TorchScript compiles every branch, so an
+        # optional module is an empty list rather than None.
+        self.cross_out = nn.ModuleList([_zero_linear(width)] if spec.cross_layers else [])
         # Column of embed_w in a pooled slot, or -1 without the wide part (TorchScript
         # wants a plain int, not an Optional).
         self.wide_col = spec.embed_offset if spec.wide else -1
@@ -38,7 +56,27 @@ class SlotDNN(DenseModel):
         seq: torch.Tensor | None = None,
         seq_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        logits = self.mlp(self.norm(pooled)).squeeze(1)
+        x0 = self.norm(pooled)
+        logits = self.mlp(x0).squeeze(1)
+        x = x0
+        for layer in self.cross:
+            x = x0 * layer(x) + x
+        for out in self.cross_out:
+            logits = logits + out(x).squeeze(1)
         if self.wide_col >= 0:
             logits = logits + pooled[:, :, self.wide_col].sum(dim=1)
         return logits
+
+
+def _zero_linear(width: int) -> nn.Linear:
+    """A ``width -> 1`` linear map without bias that starts at zero."""
+    out = nn.Linear(width, 1, bias=False)
+    nn.init.zeros_(out.weight)
+    return out
+
+
+def _cross_map(width: int, rank: int) -> nn.Module:
+    """``x -> W x + b`` of one cross layer: full rank, or ``U (V x) + b`` with ``rank > 0``."""
+    if rank == 0:
+        return nn.Linear(width, width)
+    return nn.Sequential(nn.Linear(width, rank, bias=False), nn.Linear(rank, width))
