@@ -252,9 +252,10 @@ class SlowPushPS:
 def test_the_first_batches_train_on_rows_pulled_after_every_earlier_push(
     chunks: list[str],
 ) -> None:
-    """A worker's first ``inOrderSteps`` batches pull again once the pushes before them are
-    applied (the prefetched rows would miss them); later batches use the prefetched rows."""
-    runtime = {"overlap": True, "inOrderSteps": 4}
+    """The batches of a worker's first ``inOrderExamples`` pull again once the pushes before
+    them are applied (the prefetched rows would miss them); later batches use the prefetched
+    rows."""
+    runtime = {"overlap": True, "inOrderExamples": 701}  # 4 batches of 200 start below it
     cfg = WorkerConfig.from_dict({**worker_config().to_dict(), "runtime": runtime})
     slow = SlowPushPS(LocalPS(cfg.ps.config))
     trainer = Trainer(cfg, slow, cfg.data.num_slots)  # type: ignore[arg-type]
@@ -263,7 +264,7 @@ def test_the_first_batches_train_on_rows_pulled_after_every_earlier_push(
         run(trainer, chunks[1:2])
     finally:
         trainer.close()
-    assert trainer.trained_steps == 12
+    assert trainer.trained_examples == 12 * 200
     in_order = [pushed for thread, pushed in slow.pulls if thread != "prefetch"]
     assert in_order == [0, 1, 2, 3]
     prefetched = [pushed for thread, pushed in slow.pulls if thread == "prefetch"]
@@ -426,7 +427,7 @@ def test_every_batch_is_one_dense_step_unless_merging_is_asked_for(
     push is one Adam step for several batches: a lower effective learning rate)."""
     raw = worker_config(batchSize=200, denseSyncSteps=6).to_dict()
     raw["runtime"]["pushQueueDepth"] = 8
-    raw["runtime"]["inOrderSteps"] = 0  # the backlog starts at the first batch
+    raw["runtime"]["inOrderExamples"] = 0  # the backlog starts at the first batch
     if max_merged is not None:
         raw["runtime"]["maxMergedPushes"] = max_merged
     cfg = WorkerConfig.from_dict(raw)

@@ -21,7 +21,7 @@ Example::
             "maxRetrySeconds": 30, "config": {...}},          # streamtrain_ps.config
      "metrics": {"numBuckets": 65536},
      "runtime": {"numThreads": 1, "overlap": true, "prefetchBatches": 2, "pushQueueDepth": 4,
-                 "inOrderSteps": 20, "maxMergedPushes": 1}}
+                 "inOrderExamples": 1280, "maxMergedPushes": 1}}
 """
 
 from __future__ import annotations
@@ -173,12 +173,14 @@ class RuntimeConfig:
     # Every batch of a fresh job's first, short pass is pulled before any push is applied:
     # all of them step the head keys' weights the same way from the same zero rows, and
     # the overshoot lasts (Criteo sample: pass 2 COPC 2.68, passes 13-24 AUC -0.0035;
-    # docs/decisions.md, "Learning quality on long-tail streams").
-    inOrderSteps: int = setting(
-        20,
-        "With overlap, a worker's first trained batches each wait for the previous "
-        "batch's push and pull their rows again, as with overlap false; later batches "
-        "overlap. 0: overlap from the first batch.",
+    # docs/decisions.md, "Learning quality on long-tail streams"). Counted in examples, not
+    # batches: what a fresh model needs in order is a number of updates' worth of data
+    # (20 batches of the default 64), and a throughput job's batches of 512 then pay 3.
+    inOrderExamples: int = setting(
+        1280,
+        "With overlap, the batches of a worker's first examples (this many) each wait for "
+        "the previous batch's push and pull their rows again, as with overlap false; later "
+        "batches overlap. 0: overlap from the first batch.",
         minimum=0,
     )
     # A merged push is ONE optimizer step for k batches, and Adam/AdaGrad steps barely grow

@@ -23,8 +23,8 @@ the next ``prefetchBatches`` batches run in a background thread while the curren
 computes; pushes go through a bounded queue in another thread and are flushed at pass end.
 A prefetched batch may therefore miss the updates of the pushes still in flight: the
 same staleness every asynchronous PS has; it also makes runs not bitwise reproducible.
-Except at the start: a worker's first ``inOrderSteps`` trained batches wait for the pushes
-before them and pull their rows again. A fresh job's rows are all zero and its head keys'
+Except at the start: the batches of a worker's first ``inOrderExamples`` examples wait for
+the pushes before them and pull their rows again. A fresh job's rows are all zero and its head keys'
 AdaGrad steps at their largest, so batches pulled before any push applied all step those
 keys the same way, and the overshoot outlasts the start (docs/decisions.md).
 ``runtime.overlap: false`` runs every pull and push in order in the training thread: with
@@ -105,7 +105,7 @@ class Trainer:
             self._push, config.runtime.pushQueueDepth, config.runtime.maxMergedPushes
         )
         self.dense_version = 0  # dense pulls so far (for tests and logs)
-        self.trained_steps = 0  # batches trained by this worker (the in-order start counts them)
+        self.trained_examples = 0  # trained by this worker (the in-order start counts them)
         self.init_dense()
 
     # --- dense parameters ------------------------------------------------------------
@@ -187,7 +187,7 @@ class Trainer:
             dense = self._flat_grads.numpy() * np.float32(1.0 / max(prepared.batch.size, 1))
             norm = drain_pending(self._norms).numpy()
             pending = Pending(lookup.sparse_push(), dense, norm)
-            self.trained_steps += 1
+            self.trained_examples += prepared.batch.size
             if self.config.runtime.overlap:
                 self._pusher.submit(pending)
             else:
@@ -303,10 +303,10 @@ class Trainer:
         return compute
 
     def _in_order_start(self) -> bool:
-        """Whether the next trained batch is one of the first ``inOrderSteps`` (overlap only:
-        without it every batch is in order anyway)."""
+        """Whether the next trained batch starts within the first ``inOrderExamples`` (overlap
+        only: without it every batch is in order anyway)."""
         runtime = self.config.runtime
-        return runtime.overlap and self.trained_steps < runtime.inOrderSteps
+        return runtime.overlap and self.trained_examples < runtime.inOrderExamples
 
     def close(self) -> None:
         """Flush outstanding pushes and stop the push thread."""
