@@ -32,15 +32,20 @@ OVERHEAD = (
 #: Above the overhead: the disk tier's cache (1/8 of the rest, ~24 MiB), the scratch
 #: reserve (one request of 65,536 64-wide keys in flight, two more waiting messages and
 #: RocksDB outside its cache: ~150 MiB, ``memory_limit.request_scratch_bytes``), the tables'
-#: huge-page slack (6 MiB) and ~11.6 MiB of tables (8 MiB at the least the shard accepts),
-#: less than the stream's ~50k keys of 64-wide rows take (~15 MB).
-TABLES_AND_RESERVES = 191 << 20
+#: huge-page slack (6 MiB) and ~15.6 MiB of tables (8 MiB at the least the shard accepts),
+#: less than the stream's ~75k keys of 64-wide rows take (~22 MB). Both margins are ~7 MB:
+#: a shard's measured overhead moves by a few MB between fresh interpreters (more under
+#: load), and this test's measurement is not the shard's.
+TABLES_AND_RESERVES = 195 << 20
 
 
 def fixed_overhead() -> int:
-    out = subprocess.run(
-        [sys.executable, "-c", OVERHEAD], capture_output=True, text=True, check=True
-    )
+    """The second of two measurements: the first may compile kernels into numba's cache
+    (its compiler's memory then counts), which the shard then only loads."""
+    for _ in range(2):
+        out = subprocess.run(
+            [sys.executable, "-c", OVERHEAD], capture_output=True, text=True, check=True
+        )
     return int(out.stdout.strip().splitlines()[-1])
 
 
@@ -49,7 +54,7 @@ def test_a_capped_long_tail_run_ends_with_the_uncapped_model(tmp_path: Path) -> 
     models = {}
     for name, ps in (("uncapped", {}), ("capped", {"memoryLimit": limit})):
         root = tmp_path / name
-        write_stream(root, days=1, rows_per_folder=6000, num_users=10**6, num_items=5 * 10**5)
+        write_stream(root, days=1, rows_per_folder=9000, num_users=10**6, num_items=5 * 10**5)
         spec = manifest(
             root,
             1,
