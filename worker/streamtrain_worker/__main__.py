@@ -23,7 +23,6 @@ from streamtrain_ps.config import ConfigError
 from streamtrain_ps.grpc_serving import exit_now, stop_on_signals
 from streamtrain_ps.remote import RemotePS, RetryPolicy
 from streamtrain_ps.startup import announce
-from streamtrain_worker.allocator import keep_scratch_mapped
 from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.control import WorkerServer, WorkerServicer
 from streamtrain_worker.monitoring import WorkerMetrics
@@ -72,7 +71,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not config.ps.endpoints:
         print(f"error: --config {args.config}: worker.ps.endpoints: required", file=sys.stderr)
         return 2
-    keep_scratch_mapped()  # before the first batch: its buffers stay mapped for the next
     torch.set_num_threads(config.runtime.numThreads)
     torch.set_num_interop_threads(1)
     ps = RemotePS(config.ps.endpoints, config.ps.config, retry=retry_policy(config))
