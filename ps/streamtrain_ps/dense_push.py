@@ -3,7 +3,9 @@
 A trained batch's push carries the dense network's gradient (345k floats, 1.38 MB, in the
 bench): through upb it was copied three times before gRPC saw it — ``tobytes``, upb's copy
 into the message (a ``bytes`` field takes ``bytes`` only, not a ``memoryview``) and
-``SerializeToString`` — 0.65 ms of the push thread a batch (docs/benchmarks.md, issue 11).
+``SerializeToString``: building the bench's push took 4.1–4.7 ms of CPU in a thread of its
+own (each fresh 1.38 MB buffer faulted in), 0.09–0.16 ms this way; the worker's push thread
+went from ~4 to ~3 µs an example (docs/benchmarks.md, issue 11).
 Protobuf's encoding of a message followed by more encoded fields of the same message is the
 message with those fields added (a repeated field's entries are appended), so ``DensePush``
 lets protobuf serialize the request without its ``dense`` entries and appends each entry's
