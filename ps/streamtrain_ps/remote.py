@@ -36,6 +36,7 @@ import numpy.typing as npt
 from streamtrain_ps import api, checkpoint, sharding, wire
 from streamtrain_ps.config import REQUEST_KEYS, PSConfig, TableConfig
 from streamtrain_ps.dedup import merge_duplicates, unique_inverse
+from streamtrain_ps.dense_push import DensePush
 from streamtrain_ps.errors import PSError, UnknownTableError
 from streamtrain_ps.proto import ps_pb2
 from streamtrain_ps.rpc import FanOut, RetryHook, RetryPolicy, error_from_rpc
@@ -166,15 +167,21 @@ class RemotePS:
         few RPCs as there are servers involved: each vector's gradient rides in the
         PushSparse request that goes to its server (``PushSparseRequest.dense``), under that
         request's id, so a retry applies rows and vectors at most once, together."""
-        calls = self._push_requests(table, keys, grads, shows, clicks, slots)
+        calls: list[tuple[int, Any]] = list(
+            self._push_requests(table, keys, grads, shows, clicks, slots)
+        )
+        by_server: dict[int, list[tuple[str, npt.NDArray[np.float32]]]] = {}
         for name, values in dense:
             g = require_array(values, "grads", np.float32, None)
-            server = self._dense_server(name)
-            request = next((r for s, r in calls if s == server), None)
-            if request is None:  # no rows for that server: a request with dense parts only
+            by_server.setdefault(self._dense_server(name), []).append((name, g))
+        for server, parts in by_server.items():
+            i = next((i for i, (s, _) in enumerate(calls) if s == server), None)
+            if i is None:  # no rows for that server: a request with dense parts only
                 request = ps_pb2.PushSparseRequest(table=table, dim=self._table(table).push_dim)
                 calls.append((server, request))
-            request.dense.add(name=name, grads=wire.encode_floats(g, "grads"))
+                i = len(calls) - 1
+            # Serialized from the arrays, not copied into the message (``DensePush``).
+            calls[i] = (server, DensePush(calls[i][1], parts))
         self._send_pushes(calls)
 
     def _push_requests(
@@ -218,7 +225,9 @@ class RemotePS:
                 )
         return calls
 
-    def _send_pushes(self, calls: list[tuple[int, ps_pb2.PushSparseRequest]]) -> None:
+    def _send_pushes(
+        self, calls: Sequence[tuple[int, ps_pb2.PushSparseRequest | DensePush]]
+    ) -> None:
         with self._request_ids(len(calls)) as ids:
             for (_, request), rid in zip(calls, ids, strict=True):
                 request.id.CopyFrom(rid)

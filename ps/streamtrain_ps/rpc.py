@@ -29,6 +29,7 @@ from typing import Any, cast
 import grpc
 
 from streamtrain_ps.config import PSConfig
+from streamtrain_ps.dense_push import DensePush
 from streamtrain_ps.errors import (
     CheckpointError,
     InvalidRequestError,
@@ -39,7 +40,7 @@ from streamtrain_ps.errors import (
     UnknownTableError,
     WorkingSet,
 )
-from streamtrain_ps.proto import ps_pb2_grpc
+from streamtrain_ps.proto import ps_pb2, ps_pb2_grpc
 from streamtrain_ps.server import SERVICE_NAME, channel_options
 from streamtrain_ps.servicer import FIELD_KEY, KIND_KEY, NAME_KEY
 from streamtrain_ps.tls import TLSFiles
@@ -174,6 +175,18 @@ class FanOut:
         self._stubs = [
             [ps_pb2_grpc.ParameterServerStub(c) for c in chans] for chans in self._channels
         ]
+        # PushSparse with its dense gradients appended from their arrays (``DensePush``).
+        self._dense_pushes = [
+            [
+                c.unary_unary(
+                    f"/{SERVICE_NAME}/PushSparse",
+                    request_serializer=DensePush.serialize,
+                    response_deserializer=ps_pb2.PushSparseResponse.FromString,
+                )
+                for c in chans
+            ]
+            for chans in self._channels
+        ]
         self._next = itertools.count()
 
     def wait_connected(self, timeout: float) -> None:
@@ -195,9 +208,13 @@ class FanOut:
             for ch in chans:
                 ch.close()
 
-    def _stub(self, server: int) -> ps_pb2_grpc.ParameterServerStub:
-        stubs = self._stubs[server]
-        return stubs[next(self._next) % len(stubs)]
+    def _method(self, method: str, server: int, request: Any) -> grpc.UnaryUnaryMultiCallable:
+        """``method`` of one of ``server``'s channels, round robin."""
+        i = next(self._next) % len(self._stubs[server])
+        if method == "PushSparse" and isinstance(request, DensePush):
+            return self._dense_pushes[server][i]
+        fn: grpc.UnaryUnaryMultiCallable = getattr(self._stubs[server][i], method)
+        return fn
 
     def _start(
         self, method: str, call: tuple[int, Any], timeout: float, fanout: int
@@ -209,7 +226,7 @@ class FanOut:
         which grpc starts afresh whenever a channel has no call in flight — a thread start
         plus two thread hand-offs per RPC, the largest client cost of a worker's step.
         """
-        fn = getattr(self._stub(call[0]), method)
+        fn = self._method(method, call[0], call[1])
         if fanout == 1:
             return _Done(fn, call[1], timeout)
         return fn.future(call[1], timeout=timeout)

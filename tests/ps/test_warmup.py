@@ -4,6 +4,9 @@ real calls and changes nothing a shard computes."""
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -48,3 +51,25 @@ def test_a_shard_warming_its_kernels_computes_what_a_cold_one_does(tmp_path: Pat
 def test_a_capped_shard_is_not_warmed_again() -> None:
     # Its constructor already ran the same exercise before measuring its memory budget.
     assert start_warm_up(dataclasses.replace(config(), memoryLimit=1 << 30)) is None
+
+
+def test_an_uncapped_shard_warms_the_kernels_it_calls_and_not_the_disk_tiers() -> None:
+    # In a fresh process: numba's dispatchers list the signatures loaded so far.
+    code = textwrap.dedent(
+        """
+        from streamtrain_ps import kernels, tier_kernels
+        from streamtrain_ps.warmup import warm_table_kernels
+        from tests.ps.test_two_phase import config
+
+        warm_table_kernels(config())
+        loaded = lambda k: len(k.signatures) > 0
+        print(loaded(kernels.merge_push), loaded(kernels.pull_kernel),
+              loaded(kernels.shrink_kernel), loaded(tier_kernels.collect_cold),
+              loaded(tier_kernels.sweep_cold))
+        """
+    )
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root
+    )
+    assert done.stdout.split() == ["True", "True", "True", "False", "False"]
