@@ -214,12 +214,7 @@ class RemotePS:
                         server,
                         ps_pb2.PushSparseRequest(
                             table=t.name,
-                            keys=enc.keys,
-                            grads=enc.grads,
-                            dim=enc.dim,
-                            shows=enc.shows,
-                            clicks=enc.clicks,
-                            slots=enc.slots,
+                            **enc,
                         ),
                     )
                 )

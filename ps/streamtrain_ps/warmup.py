@@ -56,13 +56,7 @@ def warm_kernels(config: PSConfig) -> None:
     includes their code and numba's compilation (or cache load) never lands on the table
     budget later."""
     with tempfile.TemporaryDirectory(prefix="streamtrain-warm-") as tmp:
-        for i, tc in enumerate(config.tables):
-            disk = DiskOptions(Path(tmp) / str(i), 0, config.logicalShards)
-            t = TieredTable(tc, seed=config.seed, disk=disk)
-            try:
-                _exercise(t, config.logicalShards)
-            finally:
-                t.close()
+        _warm_tables(config, Path(tmp))
     warm_rpc()
     release_scratch_memory()
 
@@ -73,13 +67,20 @@ def warm_table_kernels(config: PSConfig) -> None:
     demotion and promotion, which only a capped shard calls, nor ``warm_rpc``, which is for
     a capped shard's budget (an uncapped shard's own server is already serving): 0.34
     CPU-seconds instead of ``warm_kernels``' 0.55 in a shard process (docs/benchmarks.md)."""
-    for tc in config.tables:
-        t = TieredTable(tc, seed=config.seed)
+    _warm_tables(config, None)
+    release_scratch_memory()
+
+
+def _warm_tables(config: PSConfig, disk_dir: Path | None) -> None:
+    """``_exercise`` a scratch table per configured table; with a disk tier under
+    ``disk_dir`` and its moves when one is given."""
+    for i, tc in enumerate(config.tables):
+        disk = None if disk_dir is None else DiskOptions(disk_dir / str(i), 0, config.logicalShards)
+        t = TieredTable(tc, seed=config.seed, disk=disk)
         try:
-            _exercise(t, config.logicalShards, tiers=False)
+            _exercise(t, config.logicalShards, tiers=disk is not None)
         finally:
             t.close()
-    release_scratch_memory()
 
 
 def warm_rpc() -> None:

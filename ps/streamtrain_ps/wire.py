@@ -14,6 +14,7 @@ remote client from re-implementing the cross-field checks (equal lengths, dim).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypedDict
 
 import numpy as np
 import numpy.typing as npt
@@ -161,9 +162,8 @@ def decode_push(
     )
 
 
-@dataclass(frozen=True)
-class EncodedPush:
-    """The byte fields of one PushSparse request."""
+class EncodedPush(TypedDict):
+    """The byte fields of one PushSparse request, by name, so they unpack into it."""
 
     keys: bytes
     grads: bytes

@@ -20,12 +20,7 @@ def rows_request() -> ps_pb2.PushSparseRequest:
     )
     return ps_pb2.PushSparseRequest(
         table="t",
-        keys=enc.keys,
-        grads=enc.grads,
-        dim=enc.dim,
-        shows=enc.shows,
-        clicks=enc.clicks,
-        slots=enc.slots,
+        **enc,
     )
 
 

@@ -416,11 +416,7 @@ def test_subprocess_server_stops_gracefully_on_sigterm(spawn_ps: Callable[..., S
         pushed = stub.PushSparse(
             ps_pb2.PushSparseRequest(
                 table="embedding",
-                keys=enc.keys,
-                grads=enc.grads,
-                dim=enc.dim,
-                shows=enc.shows,
-                clicks=enc.clicks,
+                **enc,
             ),
             timeout=20,
         )

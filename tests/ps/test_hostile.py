@@ -162,12 +162,7 @@ def test_well_formed_pushes_of_any_size_and_dim(live: Live, n: int, dim: int, se
     )
     request = ps_pb2.PushSparseRequest(
         table="embedding",
-        keys=enc.keys,
-        grads=enc.grads,
-        dim=enc.dim,
-        shows=enc.shows,
-        clicks=enc.clicks,
-        slots=enc.slots,
+        **enc,
     )
     code = live.status("PushSparse", request)
     if request.ByteSize() > MAX_BYTES or n > MAX_KEYS:

@@ -66,15 +66,7 @@ def push_request(n: int = 3, dim: int = 5, **overrides: Any) -> ps_pb2.PushSpars
         np.zeros(n, np.float32),
         np.arange(n),
     )
-    fields = {
-        "table": "embedding",
-        "keys": enc.keys,
-        "grads": enc.grads,
-        "dim": enc.dim,
-        "shows": enc.shows,
-        "clicks": enc.clicks,
-        "slots": enc.slots,
-    }
+    fields: dict[str, Any] = {"table": "embedding", **enc}
     fields.update(overrides)
     return ps_pb2.PushSparseRequest(**fields)
 

@@ -103,7 +103,13 @@ def test_push_round_trip() -> None:
     clicks = np.zeros(5, np.float32)
     enc = wire.encode_push(keys, grads, shows, clicks, np.arange(5))
     batch = wire.decode_push(
-        enc.keys, enc.grads, enc.dim, enc.shows, enc.clicks, slots=enc.slots, push_dim=9
+        enc["keys"],
+        enc["grads"],
+        enc["dim"],
+        enc["shows"],
+        enc["clicks"],
+        slots=enc["slots"],
+        push_dim=9,
     )
     np.testing.assert_array_equal(batch.keys, keys)
     np.testing.assert_array_equal(batch.grads, grads)
@@ -141,21 +147,14 @@ def test_decode_push_cross_checks_fields() -> None:
     enc = wire.encode_push(
         np.arange(3, dtype=np.uint64), np.zeros((3, 9)), np.ones(3), np.zeros(3), None
     )
-    ok = {
-        "keys": enc.keys,
-        "grads": enc.grads,
-        "dim": enc.dim,
-        "shows": enc.shows,
-        "clicks": enc.clicks,
-        "slots": enc.slots,
-    }
+    ok = dict(enc)
     for field, change in [
         ("dim", {"dim": 5}),
-        ("grads", {"grads": enc.grads[:-36]}),
-        ("shows", {"shows": enc.shows[:4]}),
-        ("clicks", {"clicks": enc.clicks + b"\0\0\0\0"}),
+        ("grads", {"grads": enc["grads"][:-36]}),
+        ("shows", {"shows": enc["shows"][:4]}),
+        ("clicks", {"clicks": enc["clicks"] + b"\0\0\0\0"}),
         ("slots", {"slots": b"\0" * 4}),
-        ("keys", {"keys": enc.keys[:-1]}),
+        ("keys", {"keys": enc["keys"][:-1]}),
     ]:
         fields = {**ok, **change}
         with pytest.raises(InvalidRequestError) as info:
