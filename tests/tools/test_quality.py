@@ -35,7 +35,27 @@ def tiny_samples(folder: Path, rows: int = 1200) -> Path:
         avazu.append(",".join([str(i), str(click), "14102100", *cells]))
     (folder / "criteo_kaggle_sample_train.txt").write_text("\n".join(criteo) + "\n")
     (folder / "avazu_sample_train.csv").write_text("\n".join(avazu) + "\n")
+    tiny_ipinyou(folder, rows * 4, rng)
     return folder
+
+
+def tiny_ipinyou(folder: Path, rows: int, rng: random.Random) -> None:
+    """An iPinYou-shaped libSVM file (3 one-hot fields, one of them learnable) and its map."""
+    fields = {"domain": 2, "slot": 8, "creative": 8}
+    index, featindex = {}, []
+    for field, values in fields.items():
+        for v in range(values):
+            index[field, v] = len(featindex)
+            featindex.append(f"{field}:{v}\t{index[field, v]}")
+    lines = []
+    for _ in range(rows):
+        hot = rng.random() < 0.3
+        click = int(rng.random() < (0.6 if hot else 0.1))
+        cells = [index["domain", int(hot)], index["slot", rng.randrange(8)]]
+        cells.append(index["creative", rng.randrange(8)])
+        lines.append(" ".join([str(click), *(f"{i}:1" for i in cells)]))
+    (folder / "ipinyou_deepctr_train.fm.txt").write_text("\n".join(lines) + "\n")
+    (folder / "ipinyou_deepctr_featindex.fm.txt").write_text("\n".join(featindex) + "\n")
 
 
 def run(capsys: pytest.CaptureFixture[str], argv: list[str]) -> dict[str, Any]:
@@ -75,9 +95,10 @@ def test_the_sample_streams_read_alike_by_vw_and_torch(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     data = tiny_samples(tmp_path)
-    argv = ["--streams", "criteo", "avazu", "--learners", "vw", "torch", "--data-dir", str(data)]
+    names = ["criteo", "avazu", "ipinyou"]
+    argv = ["--streams", *names, "--learners", "vw", "torch", "--data-dir", str(data)]
     result = run(capsys, [*argv, "--workdir", str(tmp_path / "runs")])
-    for name in ("criteo", "avazu"):
+    for name in names:
         stream = result["streams"][name]
         assert (stream["passes"], stream["windows"]) == (8, ["passes 5-8"])
         for learner, summary in stream["learners"].items():

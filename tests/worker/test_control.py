@@ -24,6 +24,7 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from streamtrain_ps.errors import WorkingSet
+from streamtrain_ps.local import LocalPS
 from streamtrain_ps.memory_limit import MemoryBudget
 from streamtrain_ps.remote import RemotePS, RetryPolicy
 from streamtrain_ps.server import PSServer
@@ -120,6 +121,26 @@ def test_run_pass_returns_the_pass_sums(setup: Setup, chunk: str) -> None:
     for service in ("", SERVICE_NAME):
         reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_a_libsvm_field_map_names_the_slots_the_model_is_built_with(tmp_path: Path) -> None:
+    # The map's 16 fields are the slots; the config alone would have said one.
+    lines = (SAMPLES_DIR / "ipinyou_deepctr_train.fm.txt").read_text().splitlines(True)
+    part = tmp_path / "part-00000"
+    part.write_text("".join(lines[:600]))
+    featindex = SAMPLES_DIR / "ipinyou_deepctr_featindex.fm.txt"
+    data = {"format": "libsvm", "fieldMap": str(featindex)}
+    config = WorkerConfig.from_dict({**CONFIG, "data": data})
+    servicer = WorkerServicer(config, LocalPS(config.ps.config))
+    server = WorkerServer(servicer)
+    server.start()
+    try:
+        with grpc.insecure_channel(server.address) as channel:
+            result = run_pass(worker_pb2_grpc.WorkerStub(channel), [str(part)])
+        assert result.examples == 600 and result.bad_lines == 0
+        assert servicer.trainer.spec.num_slots == 16
+    finally:
+        server.close(grace=0)
 
 
 def test_the_hook_after_the_trainer_build_runs_once(setup: Setup, chunk: str) -> None:

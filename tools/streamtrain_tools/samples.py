@@ -9,6 +9,8 @@ in ``examples/`` (and ``make bench-e2e``) run on real rows:
 - **avazu**: every row of the sample has the same hour (14102100), so the slicing is by row
   order only, like Criteo; the header line is repeated in every part (the csv reader expects
   it per file).
+- **ipinyou**: libSVM rows of four consecutive hours (16-19) of one day, in that order;
+  sliced by row order like the others. Its field map is ``IPINYOU_FIELD_MAP`` beside it.
 
 ``repeat`` writes each folder's rows that many times (throughput benchmarks: more work per
 pass on the same data). Plain file copying: no parsing, no torch.
@@ -32,7 +34,10 @@ SAMPLES_DIR = Path(__file__).resolve().parents[2] / "data" / "samples"
 SAMPLES = {
     "criteo": ("criteo_kaggle_sample_train.txt", False),
     "avazu": ("avazu_sample_train.csv", True),
+    "ipinyou": ("ipinyou_deepctr_train.fm.txt", False),
 }
+#: The field map (``data.fieldMap``) of the iPinYou sample's libSVM indices.
+IPINYOU_FIELD_MAP = "ipinyou_deepctr_featindex.fm.txt"
 
 
 @dataclass(frozen=True)

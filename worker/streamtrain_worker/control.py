@@ -55,6 +55,7 @@ from streamtrain_ps.grpc_serving import GrpcServer
 from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.data.batch import Batch
 from streamtrain_worker.data.errors import DataError
+from streamtrain_worker.data.formats import make_format
 from streamtrain_worker.data.reader import PassReader
 from streamtrain_worker.export import export_dense
 from streamtrain_worker.metrics import format_metric
@@ -157,7 +158,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             self._trainer = Trainer(
                 self.config,
                 self.ps,
-                num_slots=self.config.data.num_slots,
+                # The format, not the config: a libsvm field map names its slots.
+                num_slots=make_format(self.config.data).num_slots,
                 sequence_slot=self.config.data.sequenceSlot,
                 monitoring=self.monitoring,
             )

@@ -1,7 +1,8 @@
 """``make bench-quality``: streamtrain with its defaults vs Vowpal Wabbit vs plain PyTorch.
 
 Side by side on the same streams (``streamtrain_tools.bench.quality_streams``: the Criteo
-protocol, the Avazu sample, a long-tail synthetic stream with its oracle AUC), every
+protocol, the Avazu sample, a long-tail synthetic stream with its oracle AUC; the iPinYou
+sample on request), every
 learner progressive and scored pass by pass alike (``quality_learners``):
 
 - **streamtrain**: ``streamtrain run``'s code on a manifest naming the data and
@@ -16,7 +17,8 @@ COPC, and the spread: how many passes with at least 500 clicks have a COPC withi
 The last line is one JSON object with all of it.
 
 ``--quick`` shrinks every stream (a smoke run); ``--st-overrides`` deep-merges a JSON
-object into the streamtrain job's ``spec`` to measure an alternative setting.
+object into the streamtrain job's ``spec`` to measure an alternative setting;
+``--longtail-seed`` draws another long-tail stream of the same kind.
 """
 
 from __future__ import annotations
@@ -37,7 +39,13 @@ from streamtrain_tools.bench.quality_learners import (
     run_vw,
     window_mean,
 )
-from streamtrain_tools.bench.quality_streams import STREAMS, Stream, build
+from streamtrain_tools.bench.quality_streams import (
+    DEFAULT_STREAMS,
+    LONGTAIL_SEED,
+    STREAMS,
+    Stream,
+    build,
+)
 from streamtrain_tools.samples import SAMPLES_DIR
 
 LEARNERS = ("streamtrain", "vw", "torch")
@@ -118,7 +126,9 @@ def compare(stream: Stream, learners: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_stream(name: str, root: Path, args: argparse.Namespace) -> dict[str, Any]:
-    stream = build(name, root, quick=args.quick, data_dir=args.data_dir)
+    stream = build(
+        name, root, quick=args.quick, data_dir=args.data_dir, longtail_seed=args.longtail_seed
+    )
     result: dict[str, Any] = {"passes": len(stream.passes), "windows": list(stream.windows)}
     if stream.oracle_auc is not None:
         oracle = {
@@ -167,10 +177,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--json", action="store_true", help="(the JSON line is always printed last)")
     p.add_argument("--quick", action="store_true", help="small streams: a smoke run")
-    p.add_argument("--streams", nargs="+", choices=STREAMS, default=list(STREAMS))
+    p.add_argument("--streams", nargs="+", choices=STREAMS, default=list(DEFAULT_STREAMS))
     p.add_argument("--learners", nargs="+", choices=LEARNERS, default=list(LEARNERS))
     p.add_argument("--data-dir", type=Path, default=SAMPLES_DIR, help="folder of the data samples")
     p.add_argument("--seed", type=int, default=0, help="the torch reference's seed")
+    p.add_argument(
+        "--longtail-seed",
+        type=int,
+        default=LONGTAIL_SEED,
+        help="the long-tail generator's seed (another draw of the same kind of stream)",
+    )
     p.add_argument(
         "--st-overrides", type=json.loads, default={}, help="JSON merged into the job's spec"
     )

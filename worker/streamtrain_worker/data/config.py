@@ -212,6 +212,8 @@ class DataConfig:
             raise fail("numSlots", "the slot format needs numSlots or slots")
         if self.format == "csv":
             self._validate_csv(fail, path)
+        if self.slots_in_field_map:
+            return  # the format checks numSlots against the map it reads
         names = self.slot_names
         if len(set(names)) != len(names):
             raise fail("slots", "slot names must be unique")
@@ -296,8 +298,18 @@ class DataConfig:
         return out
 
     @property
+    def slots_in_field_map(self) -> bool:
+        """Whether the slots are the fields of the libsvm field map (``slots`` not set)."""
+        return self.format == "libsvm" and self.fieldMap is not None and self.slots is None
+
+    @property
     def slot_names(self) -> tuple[str, ...]:
-        """Names of slots ``0..num_slots-1`` for this format."""
+        """Names of slots ``0..num_slots-1`` for this format.
+
+        A libsvm field map without ``slots`` names its slots (and their order) in the map
+        file, which a config does not read: ``formats.make_format(config).slot_names`` does
+        (the worker asks the format, never the config, for its slot count).
+        """
         if self.format == "criteo":
             return CRITEO_SLOTS
         if self.format == "avazu":
@@ -307,6 +319,11 @@ class DataConfig:
         if self.format == "slot":
             return tuple(str(i) for i in range(1, (self.numSlots or 0) + 1))
         if self.format == "libsvm":
+            if self.slots_in_field_map:
+                raise ValueError(
+                    f"data.fieldMap {self.fieldMap}: the slots are the map's fields; "
+                    "read them with formats.make_format(config).slot_names"
+                )
             return tuple(str(i) for i in range(self.numSlots or 1))
         names: list[str] = []
         for c in self.csv_columns():

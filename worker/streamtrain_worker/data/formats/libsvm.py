@@ -87,8 +87,9 @@ class LibsvmFormat:
         map_keys = np.zeros(0, dtype=np.uint64)
         map_slots = np.zeros(0, dtype=np.int32)
         has_map = config.fieldMap is not None
-        names: tuple[str, ...] = config.slot_names
-        if config.fieldMap is not None:
+        if config.fieldMap is None:
+            names = config.slot_names
+        else:
             order, keys, field_of = load_field_map(config.fieldMap)
             names = config.slots if config.slots is not None else tuple(order)
             if config.numSlots is not None and config.numSlots != len(names):
