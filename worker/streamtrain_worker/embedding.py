@@ -150,9 +150,7 @@ def prepare(
         by_key=KeyBags.of(inverse, bag, occurrences),
         pull_seconds=pull_seconds,
         cvm=cvm_columns(inverse_t, show_click, offsets) if cvm else None,
-        ordinal=(
-            torch.from_numpy(ordinal_inputs(batch, ordinal_slots, bag)) if ordinal_slots else None
-        ),
+        ordinal=(torch.from_numpy(ordinal_inputs(batch, ordinal_slots)) if ordinal_slots else None),
     )
 
 
