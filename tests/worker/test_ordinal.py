@@ -58,7 +58,7 @@ def test_criteo_integer_columns_become_bucket_numbers_and_missing_flags() -> Non
     assert ordinal_inputs(batch, (4, 1))[0, :, 0].tolist() == [expected_values[4], -5]
 
 
-def test_several_tokens_average_and_an_empty_bag_is_missing() -> None:
+def test_several_tokens_average_and_empty_or_foreign_bags_are_missing() -> None:
     # 2 examples x 2 slots: slot 1 holds [4, 8] then nothing; slot 0 holds MISSING then 3
     keys = [(0, MISSING), (1, 4), (1, 8), (0, 3)]
     slots = np.array([s for s, _ in keys])
@@ -71,6 +71,9 @@ def test_several_tokens_average_and_an_empty_bag_is_missing() -> None:
     )
     out = ordinal_inputs(batch, (0, 1))
     assert out.tolist() == [[[0.0, 1.0], [6.0, 0.0]], [[3.0, 0.0], [0.0, 1.0]]]
+    # a key no parser made (a synthetic one) decodes to some huge integer: missing, not 1e18
+    made_up = dataclasses.replace(batch, keys=np.array([5, 6, 7, 8], dtype=np.uint64))
+    assert ordinal_inputs(made_up, (0, 1))[:, :, 1].tolist() == [[1.0, 1.0], [1.0, 1.0]]
     assert ordinal_inputs(batch, ()).shape == (2, 0, 2)
     with pytest.raises(ValueError, match="not all in"):
         ordinal_inputs(batch, (2,))

@@ -12,9 +12,10 @@ comes back from the key exactly (``feature_values``).
 Per example and ordinal slot the input is ``[value, missing]``: ``value`` the token's
 integer as a signed number (the bucket number itself: the buckets already compress large
 counts logarithmically; the mean if a bag holds several tokens), or 0 with ``missing`` 1
-when the bag is empty or holds only the missing-value token (an empty integer cell). The
-model standardises both columns (``models.slot_dnn``); a log of the bucket number was
-measured 0.0008 AUC below the bucket itself on Criteo (``docs/decisions.md``).
+when the bag is empty or holds only the missing-value token (an empty integer cell) or
+keys that are no ordinal token (``LIMIT``). The model standardises both columns
+(``models.slot_dnn``); a log of the bucket number was measured 0.0008 AUC below the
+bucket itself on Criteo (``docs/decisions.md``).
 """
 
 from __future__ import annotations
@@ -23,11 +24,16 @@ import numpy as np
 import numpy.typing as npt
 
 from streamtrain_worker.data.batch import Batch
-from streamtrain_worker.data.formats.kernel import MISSING_VALUE
 from streamtrain_worker.data.hashing import feature_values
 
 #: Columns per ordinal slot: the value, the missing flag.
 WIDTH = 2
+#: Largest magnitude read as a number. The formats' ordinal tokens are far smaller (a
+#: bucket of any 64-bit integer is at most 1,903, an hour 23): a key the parsers did not
+#: make (a synthetic benchmark key in a Criteo slot) would decode to some 64-bit integer,
+#: and ~1e18 in the MLP's input overflows the data norm. Such a value counts as missing,
+#: like the missing-value token (-2**63 as a signed value) does.
+LIMIT = 1 << 20
 
 
 def ordinal_inputs(batch: Batch, slots: tuple[int, ...]) -> npt.NDArray[np.float32]:
@@ -52,9 +58,10 @@ def ordinal_inputs(batch: Batch, slots: tuple[int, ...]) -> npt.NDArray[np.float
     first = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
     position = first + np.arange(cell.shape[0], dtype=np.int64)
     values = feature_values(np.tile(slot_of_cell, b)[cell], batch.keys[position])
-    present = values != MISSING_VALUE
-    cell, values = cell[present], values[present]
-    sums = np.bincount(cell, weights=values.view(np.int64).astype(np.float64), minlength=b * k)
+    signed = values.view(np.int64)
+    present = (signed >= -LIMIT) & (signed <= LIMIT)  # MISSING_VALUE is -2**63
+    cell, signed = cell[present], signed[present]
+    sums = np.bincount(cell, weights=signed.astype(np.float64), minlength=b * k)
     counts = np.bincount(cell, minlength=b * k)
     has = counts > 0
     flat = out.reshape(b * k, WIDTH)
