@@ -50,6 +50,7 @@ NON_DEFAULT: dict[str, Any] = {
         "dataNormPrior": 50.0,
         "crossLayers": 2,
         "crossRank": 16,
+        "ordinalInputs": False,
         "targetSlot": 0,
         "attentionUnits": [8],
     },
@@ -139,7 +140,7 @@ def test_worker_parses_what_the_operator_renders(raw: dict[str, Any]) -> None:
     text = render.render_worker(spec, ENDPOINTS)
     parsed = WorkerConfig.from_json(text)
     assert parsed == render.worker_config(spec, ENDPOINTS)
-    assert _same_named_fields(spec.model, parsed.model) == 14
+    assert _same_named_fields(spec.model, parsed.model) == 15
     data = parsed.data
     assert _same_named_fields(spec.data, data) == len(dataclasses.fields(spec.data))
     assert parsed.ps.endpoints == ENDPOINTS

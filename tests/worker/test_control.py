@@ -164,15 +164,20 @@ def test_export_dense_equals_the_live_model(setup: Setup, chunk: str, tmp_path: 
     assert [Path(f).name for f in reply.files] == ["dense.pt", "dense.json"]
     module, meta = load_dense(uri)
     assert meta["inputs"][0]["shape"] == [-1, 39, 3 + 8]
+    # Criteo's 13 integer columns are ordinal: their [value, missing] inputs
+    assert meta["inputs"][1]["shape"] == [-1, 13, 2]
+    assert meta["ordinalSlots"] == list(range(13))
     assert meta["output"]["activation"] == "sigmoid"
     trainer = setup.servicer.trainer
     with PassReader([chunk], setup.config.data, 64) as reader:
         batch = next(iter(reader))
-    pooled = Lookup(prepare(batch, setup.ps, "embedding", 8), cvm=True, requires_grad=False).pooled
+    prepared = prepare(batch, setup.ps, "embedding", 8, True, tuple(meta["ordinalSlots"]))
+    lookup = Lookup(prepared, cvm=True, requires_grad=False)
     model = trainer.model.eval()
     with torch.no_grad():
-        expected = torch.sigmoid(model(pooled))
-        torch.testing.assert_close(module(pooled), expected, rtol=0, atol=0)
+        expected = torch.sigmoid(model(lookup.pooled, None, None, lookup.ordinal))
+        exported = module(lookup.pooled, None, None, lookup.ordinal)
+        torch.testing.assert_close(exported, expected, rtol=0, atol=0)
     assert not np.allclose(expected.numpy(), expected.numpy()[0])  # a real, varying model
 
 

@@ -115,20 +115,29 @@ def test_statistics_are_summed_over_every_worker_on_the_ps(
             run(trainer, [part])
         for trainer in trainers:
             trainer.sync_dense()
-        stats = ps.pull_dense(cfg.norm_name).reshape(3, -1)
+        # the slots' norm, then the ordinal inputs' norm (Criteo's 13 integer columns)
+        pulled = ps.pull_dense(cfg.norm_name)
+        slot_columns = cfg.data.num_slots * (3 + cfg.model.embeddingDim)
+        stats = pulled[: 3 * slot_columns].reshape(3, -1)
+        ordinal = pulled[3 * slot_columns :].reshape(3, -1)
         # count: prior + both workers' 2 x 1,200 examples in every column; the prior is
-        # dataNormPrior on the CVM columns, 1 on the embedding columns
+        # dataNormPrior on the CVM columns and the ordinal inputs, 1 on the embedding columns
         prior = np.ones((cfg.data.num_slots, 3 + cfg.model.embeddingDim))
         prior[:, :2] = 100.0
         np.testing.assert_allclose(stats[0], prior.reshape(-1) + 2400.0, rtol=1e-6)
+        np.testing.assert_allclose(ordinal[0], np.full(13 * 2, 100.0 + 2400.0), rtol=1e-6)
         local = [gather_stats(norms_of(t.model)).numpy() for t in trainers]
         np.testing.assert_array_equal(local[0], local[1])  # one normalisation everywhere
-        np.testing.assert_array_equal(local[0], stats.reshape(-1))
+        np.testing.assert_array_equal(local[0], pulled)
         # the export carries the PS statistics
         exported, _ = load_dense(_export(trainers[0], cfg.model.type, tmp_path))
         buffers = dict(exported.named_buffers())
         np.testing.assert_array_equal(
-            buffers["model.norm.norm.stats"].numpy().reshape(-1), local[0]
+            buffers["model.norm.norm.stats"].numpy().reshape(-1), local[0][: 3 * slot_columns]
+        )
+        np.testing.assert_array_equal(
+            buffers["model.ordinal_norm.0.stats"].numpy().reshape(-1),
+            local[0][3 * slot_columns :],
         )
     finally:
         for trainer in trainers:
@@ -145,6 +154,7 @@ def test_each_export_writes_the_current_weights_and_statistics(
     cfg = worker_config()
     trainer = Trainer(cfg, LocalPS(cfg.ps.config), cfg.data.num_slots)
     pooled = torch.randn(5, cfg.data.num_slots, trainer.spec.slot_width)
+    ordinal = torch.randn(5, trainer.spec.num_ordinal, 2)
     try:
         outputs = []
         for i, part in enumerate(chunks[:2]):
@@ -153,8 +163,8 @@ def test_each_export_writes_the_current_weights_and_statistics(
             exported, _ = load_dense(_export(trainer, cfg.model.type, tmp_path / str(i)))
             assert trainer.model.training
             with torch.no_grad():
-                expected = torch.sigmoid(trainer.model.eval()(pooled))
-                outputs.append(exported(pooled))
+                expected = torch.sigmoid(trainer.model.eval()(pooled, None, None, ordinal))
+                outputs.append(exported(pooled, None, None, ordinal))
             torch.testing.assert_close(outputs[-1], expected, rtol=0, atol=0)
         assert not torch.equal(outputs[0], outputs[1])  # trained in between: new weights
     finally:

@@ -107,6 +107,15 @@ class ModelConfig:
         "weights instead of width**2). 0: full rank.",
         minimum=0,
     )
+    # The format's layout says which slots are ordinal (DataConfig.ordinal_slots); this
+    # switch only turns their numeric inputs off, e.g. to resume from a checkpoint whose
+    # dense vector was trained without them.
+    ordinalInputs: bool = setting(
+        True,
+        "slot_dnn only: also feed the MLP the numeric value of every ordinal slot (Criteo's "
+        "integer buckets, Avazu's hour and weekday, csv columns of kind bucket; read from "
+        "the keys) and a missing flag, standardised like the CVM columns (docs/decisions.md).",
+    )
     targetSlot: int = setting(0, "DIN only: the slot holding the target item.", minimum=0)
     attentionUnits: tuple[int, ...] = setting(
         (64, 32), "DIN only: attention MLP widths.", item_minimum=1

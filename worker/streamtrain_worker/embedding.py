@@ -22,7 +22,8 @@ CVM (Paddle's continuous value model): with ``cvm`` on, each slot's pooled row i
 counts pulled from the table, not this batch's counts). They are inputs, not parameters:
 no gradient flows to them; the PS updates show/click from the pushed counts instead.
 They depend on the pulled rows only, so ``prepare(cvm=True)`` computes them in the prefetch
-thread.
+thread. So are the numeric inputs of the ordinal slots (``data.ordinal``: read from the
+keys themselves; ``prepare(ordinal_slots=...)``), exposed as ``Lookup.ordinal``.
 
 Per-key (unpooled) embeddings of one slot (DIN's behaviour sequence) come from
 ``Lookup.sequence``: a ``(B, L, 1 + D)`` tensor indexed from the same ``W`` (so its
@@ -42,6 +43,7 @@ from torch.nn import functional as nnf
 from streamtrain_ps.api import PSLike
 from streamtrain_ps.dedup import unique_inverse
 from streamtrain_worker.data.batch import Batch
+from streamtrain_worker.data.ordinal import ordinal_inputs
 from streamtrain_worker.pooling import KeyBags, sum_pool
 
 
@@ -63,6 +65,8 @@ class PreparedBatch:
     pull_seconds: float = 0.0
     #: ``(B*S, 2)`` CVM columns of every bag (``cvm_columns``), when prepared with ``cvm``.
     cvm: torch.Tensor | None = None
+    #: ``(B, K, 2)`` ``[value, missing]`` of the K ordinal slots asked for, or None.
+    ordinal: torch.Tensor | None = None
 
     @property
     def num_unique(self) -> int:
@@ -102,12 +106,18 @@ def cvm_columns(
 
 
 def prepare(
-    batch: Batch, ps: PSLike, table: str, embedding_dim: int, cvm: bool = False
+    batch: Batch,
+    ps: PSLike,
+    table: str,
+    embedding_dim: int,
+    cvm: bool = False,
+    ordinal_slots: tuple[int, ...] = (),
 ) -> PreparedBatch:
     """Deduplicate the batch's keys and pull their rows once (thread-safe, model-free).
 
     With ``cvm`` the CVM columns are computed here too: they depend on the pulled rows
-    only, so a prefetch thread takes them off the training thread.
+    only, so a prefetch thread takes them off the training thread; likewise the inputs of
+    ``ordinal_slots`` (none: ``ordinal`` is None).
     """
     # A linear-time hash dedup (first-seen order), not np.unique's sort: ~5x cheaper.
     unique_keys, inverse = unique_inverse(batch.keys)
@@ -140,6 +150,7 @@ def prepare(
         by_key=KeyBags.of(inverse, bag, occurrences),
         pull_seconds=pull_seconds,
         cvm=cvm_columns(inverse_t, show_click, offsets) if cvm else None,
+        ordinal=(torch.from_numpy(ordinal_inputs(batch, ordinal_slots)) if ordinal_slots else None),
     )
 
 
@@ -158,6 +169,8 @@ class Lookup:
             pooled = torch.cat([counts, pooled], dim=1)
         #: (B, S, W) with W = 1 + D, or 3 + D with CVM: the dense network's input.
         self.pooled = pooled.view(batch.size, batch.num_slots, pooled.shape[1])
+        #: (B, K, 2) inputs of the ordinal slots, if prepared with any (no gradient).
+        self.ordinal = prepared.ordinal
 
     def sequence(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Unpooled ``(B, L, 1 + D)`` embeddings of ``slot``'s keys in order, and the mask.

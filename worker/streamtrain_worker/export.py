@@ -3,7 +3,9 @@
 The inference network starts after the embedding layer (docs/design.md §6): its inputs are
 the pooled slot embeddings ``(B, S, W)`` — built by the predictor from the sparse KV files
 the PS shards export — and, for sequence models, the unpooled behaviour embeddings and
-their mask. The output is the predicted CTR (sigmoid of the training logit).
+their mask, and for models over ordinal slots their ``[value, missing]`` inputs
+(``data.ordinal``; the slots are listed in the JSON). The output is the predicted CTR
+(sigmoid of the training logit).
 
 TorchScript is chosen over ``torch.export`` because C++ serving (libtorch) loads it without
 Python. torch 2.13 marks ``torch.jit.script``/``load`` deprecated; the warning is silenced
@@ -29,6 +31,7 @@ import fsspec
 import torch
 from torch import nn
 
+from streamtrain_worker.data.ordinal import WIDTH as ORDINAL_WIDTH
 from streamtrain_worker.models import DenseModel
 
 MODEL_FILE = "dense.pt"
@@ -54,8 +57,9 @@ class CTRHead(nn.Module):
         pooled: torch.Tensor,
         seq: torch.Tensor | None = None,
         seq_mask: torch.Tensor | None = None,
+        ordinal: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        return torch.sigmoid(self.model(pooled, seq, seq_mask))
+        return torch.sigmoid(self.model(pooled, seq, seq_mask, ordinal))
 
 
 def script(module: nn.Module) -> torch.jit.ScriptModule:
@@ -89,6 +93,16 @@ def describe(model: DenseModel, model_type: str) -> dict[str, Any]:
             },
             {"name": "seq_mask", "dtype": "bool", "shape": [-1, -1]},
         ]
+    if spec.ordinal_slots:
+        inputs.append(
+            {
+                "name": "ordinal",
+                "dtype": "float32",
+                "shape": [-1, spec.num_ordinal, ORDINAL_WIDTH],
+                "columns": ["value", "missing"],
+                "slots": list(spec.ordinal_slots),
+            }
+        )
     return {
         "format": "torchscript",
         "file": MODEL_FILE,
@@ -98,6 +112,7 @@ def describe(model: DenseModel, model_type: str) -> dict[str, Any]:
         "cvm": spec.cvm,
         "sequenceSlot": spec.sequence_slot,
         "targetSlot": spec.target_slot,
+        "ordinalSlots": list(spec.ordinal_slots),
         "inputs": inputs,
         "output": {"name": "ctr", "dtype": "float32", "shape": [-1], "activation": "sigmoid"},
     }

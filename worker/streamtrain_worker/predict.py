@@ -163,18 +163,21 @@ def score(model: LoadedModel, files: Sequence[str], batch_size: int = 1024) -> P
     dim = int(model.meta["embeddingDim"])
     cvm = bool(model.meta["cvm"])
     seq_slot = model.meta.get("sequenceSlot")
-    uses_seq = len(model.meta["inputs"]) > 1
+    uses_seq = any(i["name"] == "seq" for i in model.meta["inputs"])
+    # Exports from before the ordinal inputs have no such key: none.
+    ordinal_slots = tuple(int(s) for s in model.meta.get("ordinalSlots", []))
     ps = cast(PSLike, model.sparse)
     with torch.no_grad(), PassReader(list(files), model.data, batch_size) as reader:
         for batch in reader:
             if batch.size == 0:
                 continue
-            lookup = Lookup(prepare(batch, ps, model.table, dim, cvm), cvm, requires_grad=False)
+            prepared = prepare(batch, ps, model.table, dim, cvm, ordinal_slots)
+            lookup = Lookup(prepared, cvm, requires_grad=False)
             if uses_seq and seq_slot is not None:
                 seq, mask = lookup.sequence(int(seq_slot))
-                preds = model.dense(lookup.pooled, seq, mask)
+                preds = model.dense(lookup.pooled, seq, mask, lookup.ordinal)
             else:
-                preds = model.dense(lookup.pooled)
+                preds = model.dense(lookup.pooled, None, None, lookup.ordinal)
             p = preds.numpy().astype(np.float64)
             y = batch.labels.astype(np.float64)
             pc = np.clip(p, EPS, 1 - EPS)

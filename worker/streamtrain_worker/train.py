@@ -96,7 +96,9 @@ class Trainer:
         self.config = config
         self.ps = ps
         self.monitoring = monitoring
-        self.spec = ModelSpec.from_config(config.model, num_slots, sequence_slot)
+        self.spec = ModelSpec.from_config(
+            config.model, num_slots, sequence_slot, config.data.ordinal_slots
+        )
         self.model: DenseModel = build_model(config.model.type, self.spec, seed=config.seed)
         self._params = list(self.model.parameters())
         self._flat_params, self._flat_grads = _flatten(self._params)
@@ -161,15 +163,22 @@ class Trainer:
     def prepare(self, batch: Batch) -> PreparedBatch:
         """Model-free per-batch work (dedup, pull, counts); safe in a background thread."""
         model = self.config.model
-        return prepare(batch, self.ps, self.config.table, model.embeddingDim, model.cvm)
+        return prepare(
+            batch,
+            self.ps,
+            self.config.table,
+            model.embeddingDim,
+            model.cvm,
+            self.spec.ordinal_slots,
+        )
 
     def forward(self, lookup: Lookup) -> torch.Tensor:
         """Logits of the batch behind ``lookup``."""
         if self.model.uses_sequence:
             assert self.spec.sequence_slot is not None  # checked when the model was built
             seq, mask = lookup.sequence(self.spec.sequence_slot)
-            return self.model(lookup.pooled, seq, mask)
-        return self.model(lookup.pooled)
+            return self.model(lookup.pooled, seq, mask, lookup.ordinal)
+        return self.model(lookup.pooled, None, None, lookup.ordinal)
 
     def step(self, prepared: PreparedBatch, train: bool) -> StepOutput:
         """Predict (for the metrics), then train on the same forward pass."""

@@ -62,6 +62,10 @@ AVAZU_CATEGORICAL = (
     "C21",
 )
 AVAZU_SLOTS = (*AVAZU_CATEGORICAL, "hour", "weekday")
+#: Slots whose integer token is ordinal (``ordinal_slots``): Criteo's bucketed I-columns,
+#: Avazu's hour of day and weekday.
+CRITEO_ORDINAL = CRITEO_SLOTS[:13]
+AVAZU_ORDINAL = ("hour", "weekday")
 LABEL = "label"
 
 
@@ -330,6 +334,28 @@ class DataConfig:
             if c.slot != LABEL and c.slot not in names:
                 names.append(c.slot)
         return tuple(names)
+
+    @property
+    def ordinal_slots(self) -> tuple[int, ...]:
+        """Indices of the slots whose token is an ordered integer (``data.ordinal``).
+
+        The format's layout decides, not a setting: Criteo's I-columns, Avazu's hour of
+        day and weekday, and a csv slot fed only by columns of kind ``bucket``. Slot and
+        libSVM tokens are opaque feature ids (none).
+        """
+        names = self.slot_names
+        if self.format == "criteo":
+            ordinal: tuple[str, ...] = CRITEO_ORDINAL
+        elif self.format == "avazu":
+            ordinal = AVAZU_ORDINAL
+        elif self.format == "csv":
+            kinds: dict[str, set[str]] = {}
+            for c in self.csv_columns():
+                kinds.setdefault(c.slot, set()).add(c.kind)
+            ordinal = tuple(slot for slot, k in kinds.items() if k == {"bucket"})
+        else:
+            ordinal = ()
+        return tuple(i for i, name in enumerate(names) if name in ordinal)
 
     @property
     def quote_byte(self) -> int:

@@ -23,6 +23,8 @@ signs valid, reordering them does not.
 
 The numba functions are used inside the format kernels; ``token_value``/``feature_sign``/
 ``feature_signs`` are the same scheme for Python callers (tests, the synthetic generator).
+Both steps of the sign are bijections, so ``feature_values`` inverts it: an integer token's
+value comes back from its sign exactly (``data.ordinal`` reads ordinal slots that way).
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ GOLDEN = 0x9E3779B97F4A7C15
 _M1 = 0xFF51AFD7ED558CCD
 _M2 = 0xC4CEB9FE1A85EC53
 _MASK = (1 << 64) - 1
+#: Multiplicative inverses of ``_M1`` and ``_M2`` modulo 2**64 (``fmix64``'s inverse).
+_M1_INV = pow(_M1, -1, 1 << 64)
+_M2_INV = pow(_M2, -1, 1 << 64)
 
 
 @numba.njit(inline="always", cache=True)
@@ -136,3 +141,31 @@ def feature_signs(
         raise ValueError(f"slots {slots64.shape} and values {values64.shape} differ in shape")
     result: npt.NDArray[np.uint64] = _signs_kernel(slots64, values64)
     return result
+
+
+def _unfmix64(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    """``fmix64``'s inverse, vectorised: ``x ^= x >> 33`` undoes itself on 64 bits, and each
+    multiplication is undone by the multiplier's inverse."""
+    shift = np.uint64(33)
+    x = x ^ (x >> shift)
+    x = x * np.uint64(_M2_INV)
+    x = x ^ (x >> shift)
+    x = x * np.uint64(_M1_INV)
+    result: npt.NDArray[np.uint64] = x ^ (x >> shift)
+    return result
+
+
+def feature_values(
+    slots: npt.NDArray[np.integer], signs: npt.NDArray[np.uint64]
+) -> npt.NDArray[np.uint64]:
+    """The token ``value`` behind every sign of ``slots``: ``feature_signs``'s inverse.
+
+    ``salt(slot)`` is ``unfmix64(sign of value 0 in slot)``, so the salt comes from the one
+    definition in ``sign_of`` rather than a copy of it.
+    """
+    slots64 = np.ascontiguousarray(slots, dtype=np.int64)
+    signs64 = np.ascontiguousarray(signs, dtype=np.uint64)
+    if slots64.shape != signs64.shape:
+        raise ValueError(f"slots {slots64.shape} and signs {signs64.shape} differ in shape")
+    zero_signs = _signs_kernel(slots64, np.zeros(signs64.shape, dtype=np.uint64))
+    return _unfmix64(signs64) ^ _unfmix64(zero_signs)

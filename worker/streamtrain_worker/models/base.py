@@ -39,11 +39,22 @@ class ModelSpec:
     cross_layers: int = 0
     #: Rank of each cross layer's matrix; 0: full rank.
     cross_rank: int = 0
+    #: Slots whose ``[value, missing]`` inputs (``data.ordinal``) the model takes, in order.
+    ordinal_slots: tuple[int, ...] = ()
 
     @classmethod
     def from_config(
-        cls, model: ModelConfig, num_slots: int, sequence_slot: int | None = None
+        cls,
+        model: ModelConfig,
+        num_slots: int,
+        sequence_slot: int | None = None,
+        ordinal_slots: tuple[int, ...] = (),
     ) -> ModelSpec:
+        """The spec of ``model`` over ``num_slots``; ``ordinal_slots`` (the data layout's,
+        ``DataConfig.ordinal_slots``) are kept only for a model type that takes them, with
+        ``model.ordinalInputs`` on."""
+        model_class = registered().get(model.type)
+        takes_ordinal = model.ordinalInputs and model_class is not None and model_class.uses_ordinal
         return cls(
             num_slots=num_slots,
             embedding_dim=model.embeddingDim,
@@ -57,12 +68,17 @@ class ModelSpec:
             wide=model.wide,
             cross_layers=model.crossLayers,
             cross_rank=model.crossRank,
+            ordinal_slots=tuple(ordinal_slots) if takes_ordinal else (),
         )
 
     @property
     def slot_width(self) -> int:
         """Width ``W`` of one pooled slot: [cvm_show, cvm_click,] embed_w, embedx..."""
         return self.embed_offset + 1 + self.embedding_dim
+
+    @property
+    def num_ordinal(self) -> int:
+        return len(self.ordinal_slots)
 
     @property
     def embed_offset(self) -> int:
@@ -122,13 +138,17 @@ class SlotInputNorm(nn.Module):
 class DenseModel(nn.Module):
     """Base of every model: pooled slot embeddings (+ optional sequence) -> logits ``(B,)``.
 
-    ``forward(pooled, seq, seq_mask)``: ``pooled`` is ``(B, S, W)``; ``seq`` ``(B, L, 1 + D)``
-    and ``seq_mask`` ``(B, L)`` are the behaviour sequence's unpooled embeddings, given only
-    to models with ``uses_sequence`` (None otherwise). The signature is the same for every
-    model so the TorchScript export and the training loop need no per-model branches.
+    ``forward(pooled, seq, seq_mask, ordinal)``: ``pooled`` is ``(B, S, W)``; ``seq``
+    ``(B, L, 1 + D)`` and ``seq_mask`` ``(B, L)`` are the behaviour sequence's unpooled
+    embeddings, given only to models with ``uses_sequence`` (None otherwise); ``ordinal``
+    ``(B, K, 2)`` holds the numeric inputs of ``spec.ordinal_slots`` (``data.ordinal``),
+    given when that is not empty, which only a model with ``uses_ordinal`` asks for. The
+    signature is the same for every model so the TorchScript export and the training loop
+    need no per-model branches.
     """
 
     uses_sequence: bool = False
+    uses_ordinal: bool = False
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
@@ -139,6 +159,7 @@ class DenseModel(nn.Module):
         pooled: torch.Tensor,
         seq: torch.Tensor | None = None,
         seq_mask: torch.Tensor | None = None,
+        ordinal: torch.Tensor | None = None,
     ) -> torch.Tensor:
         raise NotImplementedError
 

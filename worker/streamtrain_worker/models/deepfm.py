@@ -26,6 +26,7 @@ class DeepFM(DenseModel):
         pooled: torch.Tensor,
         seq: torch.Tensor | None = None,
         seq_mask: torch.Tensor | None = None,
+        ordinal: torch.Tensor | None = None,
     ) -> torch.Tensor:
         c = self.embed_col
         first = pooled[:, :, c].sum(dim=1)

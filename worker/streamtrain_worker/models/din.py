@@ -45,6 +45,7 @@ class DIN(DenseModel):
         pooled: torch.Tensor,
         seq: torch.Tensor | None = None,
         seq_mask: torch.Tensor | None = None,
+        ordinal: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if seq is None or seq_mask is None:
             raise ValueError("din needs the behaviour sequence embeddings and mask")

@@ -11,6 +11,12 @@ learns much faster on tiny streams (``docs/decisions.md``). The normalisation
 statistics are global: summed on the PS from every worker's batches (``DataNorm``), the
 same in training and in the exported model.
 
+The ordinal slots' numeric inputs (``data.ordinal``: the bucket number of each of
+Criteo's integer columns and a missing flag, Avazu's hour of day and weekday) join the MLP
+input, standardised by their own ``DataNorm`` (prior ``dataNormPrior``, as the CVM columns:
+a fresh job's first batches must not set their scale). Beside each bucket's own key they let
+the MLP use the order of the buckets: +0.004 AUC on Criteo (``docs/decisions.md``).
+
 ``model.crossLayers`` adds DCN-v2 cross layers (Wang et al., 2021) beside the MLP: over the
 same input ``x0``, ``x <- x0 * (W x + b) + x`` per layer, and a linear read-out of the last
 ``x`` added to the logit. Each layer multiplies the input by a learned linear map of itself:
@@ -28,17 +34,24 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from streamtrain_worker.data.ordinal import WIDTH as ORDINAL_WIDTH
 from streamtrain_worker.models.base import DenseModel, ModelSpec, SlotInputNorm, mlp, register
+from streamtrain_worker.models.data_norm import DataNorm
 
 
 @register("slot_dnn")
 class SlotDNN(DenseModel):
+    uses_ordinal = True
+
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__(spec)
-        width = spec.num_slots * spec.slot_width
         self.norm = SlotInputNorm(
             spec.num_slots, spec.slot_width, spec.cvm, spec.normalize_embeddings, spec.norm_prior
         )
+        # Zero or one norm of the ordinal inputs (TorchScript: a list, not an Optional).
+        ordinal = ORDINAL_WIDTH * spec.num_ordinal
+        self.ordinal_norm = nn.ModuleList([DataNorm(ordinal, spec.norm_prior)] if ordinal else [])
+        width = spec.num_slots * spec.slot_width + ordinal
         self.mlp = mlp(width, spec.hidden_units)
         self.cross = nn.ModuleList(
             [_cross_map(width, spec.cross_rank) for _ in range(spec.cross_layers)]
@@ -55,8 +68,13 @@ class SlotDNN(DenseModel):
         pooled: torch.Tensor,
         seq: torch.Tensor | None = None,
         seq_mask: torch.Tensor | None = None,
+        ordinal: torch.Tensor | None = None,
     ) -> torch.Tensor:
         x0 = self.norm(pooled)
+        for norm in self.ordinal_norm:
+            if ordinal is None:
+                raise ValueError("this model takes the ordinal slots' inputs: pass ordinal")
+            x0 = torch.cat([x0, norm(ordinal.flatten(1))], dim=1)
         logits = self.mlp(x0).squeeze(1)
         x = x0
         for layer in self.cross:

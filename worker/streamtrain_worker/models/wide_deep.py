@@ -24,6 +24,7 @@ class WideDeep(DenseModel):
         pooled: torch.Tensor,
         seq: torch.Tensor | None = None,
         seq_mask: torch.Tensor | None = None,
+        ordinal: torch.Tensor | None = None,
     ) -> torch.Tensor:
         c = self.embed_col
         wide = pooled[:, :, c].sum(dim=1) + self.wide_bias
