@@ -343,6 +343,8 @@ class DataConfig:
         day and weekday, and a csv slot fed only by columns of kind ``bucket``. Slot and
         libSVM tokens are opaque feature ids (none).
         """
+        if self.format in ("slot", "libsvm"):
+            return ()
         names = self.slot_names
         if self.format == "criteo":
             ordinal: tuple[str, ...] = CRITEO_ORDINAL
