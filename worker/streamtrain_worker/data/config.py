@@ -343,9 +343,6 @@ class DataConfig:
         day and weekday, and a csv slot fed only by columns of kind ``bucket``. Slot and
         libSVM tokens are opaque feature ids (none).
         """
-        if self.format in ("slot", "libsvm"):
-            return ()
-        names = self.slot_names
         if self.format == "criteo":
             ordinal: tuple[str, ...] = CRITEO_ORDINAL
         elif self.format == "avazu":
@@ -355,9 +352,9 @@ class DataConfig:
             for c in self.csv_columns():
                 kinds.setdefault(c.slot, set()).add(c.kind)
             ordinal = tuple(slot for slot, k in kinds.items() if k == {"bucket"})
-        else:
-            ordinal = ()
-        return tuple(i for i, name in enumerate(names) if name in ordinal)
+        else:  # slot and libsvm (whose field map names are the format's to read)
+            return ()
+        return tuple(i for i, name in enumerate(self.slot_names) if name in ordinal)
 
     @property
     def quote_byte(self) -> int:
