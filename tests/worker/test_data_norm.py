@@ -16,13 +16,12 @@ import torch
 
 from streamtrain_ps.local import LocalPS
 from streamtrain_worker.export import export_dense, load_dense, script
-from streamtrain_worker.models.data_norm import (
-    DEFAULT_EPSILON,
-    DataNorm,
+from streamtrain_worker.models.data_norm import DEFAULT_EPSILON, DataNorm
+from streamtrain_worker.models.summary import (
     drain_pending,
     gather_stats,
-    norms_of,
     scatter_stats,
+    summary_layers,
 )
 from streamtrain_worker.train import Trainer
 
@@ -115,8 +114,11 @@ def test_statistics_are_summed_over_every_worker_on_the_ps(
             run(trainer, [part])
         for trainer in trainers:
             trainer.sync_dense()
-        # the slots' norm, then the ordinal inputs' norm (Criteo's 13 integer columns)
-        pulled = ps.pull_dense(cfg.norm_name)
+        # the base rate's [examples, clicks], the slots' norm, then the ordinal inputs' norm
+        # (Criteo's 13 integer columns)
+        summary = ps.pull_dense(cfg.summary_name)
+        base_rate, pulled = summary[:2], summary[2:]
+        np.testing.assert_allclose(base_rate[0], 1.0 + 2400.0, rtol=1e-6)
         slot_columns = cfg.data.num_slots * (3 + cfg.model.embeddingDim)
         stats = pulled[: 3 * slot_columns].reshape(3, -1)
         ordinal = pulled[3 * slot_columns :].reshape(3, -1)
@@ -126,7 +128,7 @@ def test_statistics_are_summed_over_every_worker_on_the_ps(
         prior[:, :2] = 100.0
         np.testing.assert_allclose(stats[0], prior.reshape(-1) + 2400.0, rtol=1e-6)
         np.testing.assert_allclose(ordinal[0], np.full(13 * 2, 100.0 + 2400.0), rtol=1e-6)
-        local = [gather_stats(norms_of(t.model)).numpy() for t in trainers]
+        local = [gather_stats(summary_layers(t.model)).numpy()[2:] for t in trainers]
         np.testing.assert_array_equal(local[0], local[1])  # one normalisation everywhere
         np.testing.assert_array_equal(local[0], pulled)
         # the export carries the PS statistics

@@ -203,7 +203,9 @@ def test_sequence_and_wide_models_train_through_the_ps(model: str) -> None:
         after = ps.pull_sparse("embedding", history_keys)
     finally:
         trainer.close()
-    assert np.mean(aucs[-2:]) > aucs[0] + 0.05, aucs
+    # Learned: the last passes clearly above chance and above the untrained first pass
+    # (which the base-rate offset no longer starts below chance).
+    assert np.mean(aucs[-2:]) > max(aucs[0], 0.55), aucs
     # the behaviour-sequence keys were pushed: shows grew and their weights moved
     assert (after[:, 0] > before[:, 0]).all()
     assert not np.array_equal(after[:, 2:], before[:, 2:])

@@ -116,6 +116,15 @@ class ModelConfig:
         "integer buckets, Avazu's hour and weekday, csv columns of kind bucket; read from "
         "the keys) and a missing flag, standardised like the CVM columns (docs/decisions.md).",
     )
+    # A counted offset, not a faster learned one: the fast learned offset calibrated a
+    # fresh model's first passes but cost AUC later (docs/decisions.md). Off only to resume
+    # from a checkpoint written without it (its summary vector is 2 values shorter).
+    baseRateOffset: bool = setting(
+        True,
+        "Add to the logit the log-odds of the click rate of all the data trained so far "
+        "(summed on the PS like the data norm's statistics): a fresh model is calibrated "
+        "from its first batches, and an id never seen is predicted at the base rate.",
+    )
     targetSlot: int = setting(0, "DIN only: the slot holding the target item.", minimum=0)
     attentionUnits: tuple[int, ...] = setting(
         (64, 32), "DIN only: attention MLP widths.", item_minimum=1
@@ -240,8 +249,10 @@ class WorkerConfig:
         return f"{self.table}.{self.model.type}.dense"
 
     @property
-    def norm_name(self) -> str:
-        """Name of the PS summary vector holding the model's data-norm statistics."""
+    def summary_name(self) -> str:
+        """Name of the PS summary vector holding the model's counted statistics
+        (``models.summary``). It is named after the data norm, its first use: checkpoints
+        hold it under this name."""
         return f"{self.table}.{self.model.type}.datanorm"
 
     def to_dict(self) -> dict[str, Any]:

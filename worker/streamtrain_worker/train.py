@@ -13,10 +13,10 @@ usual scale for Adam's epsilon and for SGD learning rates.
 Dense parameters live on the PS (``init_dense``: the first worker's initialisation wins,
 every worker adopts the PS values). The local copy is refreshed at pass start and every
 ``denseSyncSteps`` steps; in between, the PS keeps applying every worker's pushes (async
-data-parallel training with bounded staleness). The data-norm statistics
-(``models.data_norm``) travel the same way in a second vector with the PS summary rule:
-each trained batch's count/sum/squares are pushed with its dense gradient and summed on
-the PS, and the sums come back with every dense sync.
+data-parallel training with bounded staleness). The counted statistics
+(``models.summary``: the data norm's moments, the base rate's clicks) travel the same way
+in a second vector with the PS summary rule: each trained batch's counts are pushed with
+its dense gradient and summed on the PS, and the sums come back with every dense sync.
 
 Overlap (``streamtrain_worker.pipeline``): reading, parsing, key dedup and the sparse pull of
 the next ``prefetchBatches`` batches run in a background thread while the current batch
@@ -50,11 +50,11 @@ from streamtrain_worker.data.batch import Batch
 from streamtrain_worker.embedding import Lookup, PreparedBatch, SparsePush, prepare
 from streamtrain_worker.metrics import PassMetrics
 from streamtrain_worker.models import DenseModel, ModelSpec, build_model
-from streamtrain_worker.models.data_norm import (
+from streamtrain_worker.models.summary import (
     drain_pending,
     gather_stats,
-    norms_of,
     scatter_stats,
+    summary_layers,
 )
 from streamtrain_worker.monitoring import WorkerMetrics
 from streamtrain_worker.pipeline import AsyncPusher, Prefetcher
@@ -70,8 +70,9 @@ class Pending:
 
     sparse: SparsePush
     dense: npt.NDArray[np.float32]
-    #: The batch's data-norm statistics (count, sum, squares per column); empty if none.
-    norm: npt.NDArray[np.float32]
+    #: The batch's summary statistics (``models.summary``: the data norm's count, sum and
+    #: squares per column, the base rate's examples and clicks); empty if none.
+    summary: npt.NDArray[np.float32]
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,7 @@ class Trainer:
         self.model: DenseModel = build_model(config.model.type, self.spec, seed=config.seed)
         self._params = list(self.model.parameters())
         self._flat_params, self._flat_grads = _flatten(self._params)
-        self._norms = norms_of(self.model)
+        self._summaries = summary_layers(self.model)
         self._pusher: AsyncPusher[Pending] = AsyncPusher(
             self._push, config.runtime.pushQueueDepth, config.runtime.maxMergedPushes
         )
@@ -127,17 +128,17 @@ class Trainer:
         """Offer this worker's initial parameters; adopt whatever the PS holds."""
         offered = self._flat_params.numpy().copy()
         self._load_params(self.ps.init_dense(self.config.dense_name, offered))
-        if self._norms:
-            self._load_norm(self._init_norm())
+        if self._summaries:
+            self._load_summary(self._init_summary())
 
-    def _init_norm(self) -> npt.NDArray[np.float32]:
-        """Create (or adopt) the PS summary vector of the data-norm statistics."""
-        offered = gather_stats(self._norms).numpy().copy()
+    def _init_summary(self) -> npt.NDArray[np.float32]:
+        """Create (or adopt) the PS summary vector of the summary layers' statistics."""
+        offered = gather_stats(self._summaries).numpy().copy()
         decay = self.config.model.summaryDecayRate
-        return self.ps.init_dense(self.config.norm_name, offered, summary_decay=decay)
+        return self.ps.init_dense(self.config.summary_name, offered, summary_decay=decay)
 
-    def _load_norm(self, values: npt.NDArray[np.float32]) -> None:
-        scatter_stats(self._norms, torch.from_numpy(np.asarray(values, dtype=np.float32)))
+    def _load_summary(self, values: npt.NDArray[np.float32]) -> None:
+        scatter_stats(self._summaries, torch.from_numpy(np.asarray(values, dtype=np.float32)))
 
     def sync_dense(self) -> None:
         """Replace the local dense parameters by the PS's current ones.
@@ -151,12 +152,12 @@ class Trainer:
             offered = self._flat_params.numpy().copy()
             values = self.ps.init_dense(self.config.dense_name, offered)
         self._load_params(values)
-        if self._norms:
+        if self._summaries:
             try:
-                stats = self.ps.pull_dense(self.config.norm_name)
+                stats = self.ps.pull_dense(self.config.summary_name)
             except UnknownTableError:
-                stats = self._init_norm()
-            self._load_norm(stats)
+                stats = self._init_summary()
+            self._load_summary(stats)
 
     # --- one batch -------------------------------------------------------------------
 
@@ -193,9 +194,10 @@ class Trainer:
         if train:
             self._flat_grads.zero_()
             losses.sum().backward()
+            self.model.observe_labels(labels)
             dense = self._flat_grads.numpy() * np.float32(1.0 / max(prepared.batch.size, 1))
-            norm = drain_pending(self._norms).numpy()
-            pending = Pending(lookup.sparse_push(), dense, norm)
+            summary = drain_pending(self._summaries).numpy()
+            pending = Pending(lookup.sparse_push(), dense, summary)
             self.trained_examples += prepared.batch.size
             if self.config.runtime.overlap:
                 self._pusher.submit(pending)
@@ -209,18 +211,18 @@ class Trainer:
         Merging only happens when pushes queue up faster than the PS applies them: the
         sparse pushes are concatenated (the PS sums a key's rows within a request), the
         dense gradients averaged into one optimizer step — the larger-batch equivalent —
-        and the data-norm statistics summed (they are sums already).
+        and the summary statistics summed (they are sums already).
         """
         started = time.perf_counter()
         if len(pending) == 1:
-            sparse, dense, norm = pending[0].sparse, pending[0].dense, pending[0].norm
+            sparse, dense, summary = pending[0].sparse, pending[0].dense, pending[0].summary
         else:
             sparse = SparsePush.concat([p.sparse for p in pending])
             dense = np.mean([p.dense for p in pending], axis=0, dtype=np.float32)
-            norm = np.sum([p.norm for p in pending], axis=0, dtype=np.float32)
+            summary = np.sum([p.summary for p in pending], axis=0, dtype=np.float32)
         vectors = [(self.config.dense_name, dense)]
-        if norm.size:
-            vectors.append((self.config.norm_name, norm))
+        if summary.size:
+            vectors.append((self.config.summary_name, summary))
         # One request per PS server involved (not one per vector): over gRPC each RPC costs
         # both sides a fixed ~0.1-0.3 ms of CPU on top of its bytes.
         s = sparse

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from streamtrain_worker.config import ModelConfig
+from streamtrain_worker.models.base_rate import BaseRate
 from streamtrain_worker.models.data_norm import DEFAULT_PRIOR, DataNorm, slot_prior
 
 
@@ -41,6 +42,9 @@ class ModelSpec:
     cross_rank: int = 0
     #: Slots whose ``[value, missing]`` inputs (``data.ordinal``) the model takes, in order.
     ordinal_slots: tuple[int, ...] = ()
+    #: Add the base rate's log-odds to the logit (``models.base_rate``); a plain network
+    #: (the benchmarks' PyTorch references) has none.
+    base_rate: bool = False
 
     @classmethod
     def from_config(
@@ -69,6 +73,7 @@ class ModelSpec:
             cross_layers=model.crossLayers,
             cross_rank=model.crossRank,
             ordinal_slots=tuple(ordinal_slots) if takes_ordinal else (),
+            base_rate=model.baseRateOffset,
         )
 
     @property
@@ -144,7 +149,7 @@ class DenseModel(nn.Module):
     ``(B, K, 2)`` holds the numeric inputs of ``spec.ordinal_slots`` (``data.ordinal``),
     given when that is not empty, which only a model with ``uses_ordinal`` asks for. The
     signature is the same for every model so the TorchScript export and the training loop
-    need no per-model branches.
+    need no per-model branches. Every model ends its forward with ``offset_by_base_rate``.
     """
 
     uses_sequence: bool = False
@@ -153,6 +158,20 @@ class DenseModel(nn.Module):
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         self.spec = spec
+        # Zero or one base-rate offset (TorchScript: a list, not an Optional).
+        self.base_rate = nn.ModuleList([BaseRate()] if spec.base_rate else [])
+
+    def offset_by_base_rate(self, logits: torch.Tensor) -> torch.Tensor:
+        """``logits`` plus the base rate's log-odds, with ``spec.base_rate``."""
+        for offset in self.base_rate:
+            logits = offset(logits)
+        return logits
+
+    def observe_labels(self, labels: torch.Tensor) -> None:
+        """Count a trained batch's labels into the base rate (after they were scored)."""
+        for offset in self.base_rate:
+            assert isinstance(offset, BaseRate)
+            offset.observe(labels)
 
     def forward(
         self,

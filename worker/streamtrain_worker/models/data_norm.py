@@ -48,26 +48,23 @@ forward value is unchanged: the centring adds ``c - c.detach()``, exactly 0.
 import torch
 from torch import nn
 
+from streamtrain_worker.models.summary import SummaryLayer
+
 #: Pseudo-examples of the initial statistics (mean 0, variance 1) of the CVM columns.
 DEFAULT_PRIOR = 100.0
 #: Added to the variance: caps the scale at 100 (Paddle's ``squared_sum_epsilon``).
 DEFAULT_EPSILON = 1e-4
 
 
-class DataNorm(nn.Module):
+class DataNorm(SummaryLayer):
     """``(B, F)`` -> ``(B, F)`` standardised with the global statistics in ``stats``, then
     scaled and shifted by the learned ``weight`` and ``bias``.
 
     ``stats`` is ``(3, F)``: count, sum, sum of squares — the layout of the PS summary
     vector. In training mode every forward also adds the batch's contribution to
     ``pending`` (same layout); the trainer drains it into the next push
-    (:func:`drain_pending`). The same forward runs under TorchScript for serving.
+    (``models.summary.drain_pending``). The same forward runs under TorchScript for serving.
     """
-
-    # Real annotations: TorchScript reads them, so this module does without
-    # ``from __future__ import annotations``.
-    stats: torch.Tensor
-    pending: torch.Tensor
 
     def __init__(
         self,
@@ -75,15 +72,13 @@ class DataNorm(nn.Module):
         prior: float | torch.Tensor = DEFAULT_PRIOR,
         epsilon: float = DEFAULT_EPSILON,
     ) -> None:
-        super().__init__()
         counts = torch.as_tensor(prior, dtype=torch.float32).expand(width)
         if bool((counts <= 0).any()):
             raise ValueError(f"data norm prior must be > 0, got {prior}")
         stats = torch.zeros(3, width)
         stats[0] = counts  # per column: pseudo-examples of mean 0, variance 1
         stats[2] = counts
-        self.register_buffer("stats", stats)
-        self.register_buffer("pending", torch.zeros(3, width), persistent=False)
+        super().__init__(stats)
         self.epsilon = epsilon
         self.weight = nn.Parameter(torch.ones(width))
         self.bias = nn.Parameter(torch.zeros(width))
@@ -120,33 +115,3 @@ def slot_prior(
 def norms_of(model: nn.Module) -> list[DataNorm]:
     """The model's data-norm layers, in a fixed order (module registration order)."""
     return [m for m in model.modules() if isinstance(m, DataNorm)]
-
-
-def gather_stats(norms: list[DataNorm]) -> torch.Tensor:
-    """All layers' statistics as one flat vector (the PS summary vector's layout)."""
-    if not norms:
-        return torch.zeros(0)
-    return torch.cat([n.stats.reshape(-1) for n in norms])
-
-
-def scatter_stats(norms: list[DataNorm], values: torch.Tensor) -> None:
-    """Load a flat summary vector back into the layers' ``stats`` buffers."""
-    expected = sum(n.stats.numel() for n in norms)
-    if values.shape != (expected,):
-        raise ValueError(f"data-norm statistics: expected {expected} values, got {values.shape}")
-    offset = 0
-    with torch.no_grad():
-        for n in norms:
-            size = n.stats.numel()
-            n.stats.copy_(values[offset : offset + size].view_as(n.stats))
-            offset += size
-
-
-def drain_pending(norms: list[DataNorm]) -> torch.Tensor:
-    """The batch contributions accumulated since the last drain, flat; resets them."""
-    if not norms:
-        return torch.zeros(0)
-    out = torch.cat([n.pending.reshape(-1) for n in norms])
-    for n in norms:
-        n.pending.zero_()
-    return out

@@ -32,4 +32,5 @@ class DeepFM(DenseModel):
         first = pooled[:, :, c].sum(dim=1)
         v = pooled[:, :, c + 1 :]
         second = 0.5 * (v.sum(dim=1).pow(2) - v.pow(2).sum(dim=1)).sum(dim=1)
-        return first + second + self.bias + self.deep(pooled.flatten(1)).squeeze(1)
+        deep = self.deep(pooled.flatten(1)).squeeze(1)
+        return self.offset_by_base_rate(first + second + self.bias + deep)

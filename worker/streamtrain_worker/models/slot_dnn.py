@@ -83,7 +83,7 @@ class SlotDNN(DenseModel):
             logits = logits + out(x).squeeze(1)
         if self.wide_col >= 0:
             logits = logits + pooled[:, :, self.wide_col].sum(dim=1)
-        return logits
+        return self.offset_by_base_rate(logits)
 
 
 def _zero_linear(width: int) -> nn.Linear:

@@ -1,0 +1,99 @@
+"""The base-rate offset (``models.base_rate``): every model's logit starts from the
+log-odds of the click rate trained on so far, counted like the data norm's statistics."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from streamtrain_ps.local import LocalPS
+from streamtrain_worker.config import WorkerConfig
+from streamtrain_worker.data.batch import Batch
+from streamtrain_worker.models import ModelSpec, build_model
+from streamtrain_worker.models.base_rate import BaseRate
+from streamtrain_worker.models.summary import drain_pending, gather_stats, summary_layers
+from streamtrain_worker.train import Trainer
+
+CLICK_RATE = 0.02
+
+
+def test_the_offset_is_the_log_odds_of_the_labels_counted_so_far() -> None:
+    offset = BaseRate()
+    logits = torch.tensor([0.0, 1.5])
+    # one pseudo-example of label 0.5: no offset before any data
+    torch.testing.assert_close(offset(logits), logits)
+    offset.observe(torch.tensor([1.0, 0.0, 0.0, 0.0]))
+    rate = (0.5 + 1.0) / (1.0 + 4.0)
+    torch.testing.assert_close(offset(logits), logits + math.log(rate / (1 - rate)))
+    # the batch is pending for the PS push and already in the local sums
+    torch.testing.assert_close(drain_pending([offset]), torch.tensor([4.0, 1.0]))
+    torch.testing.assert_close(offset.stats, torch.tensor([5.0, 1.5]))
+
+
+def test_a_stream_of_one_label_keeps_a_finite_logit() -> None:
+    offset = BaseRate()
+    offset.observe(torch.zeros(10_000_000))
+    assert torch.isfinite(offset(torch.zeros(3))).all()
+
+
+def _spec(base_rate: bool) -> ModelSpec:
+    return ModelSpec(num_slots=3, embedding_dim=4, cvm=True, hidden_units=(8,), base_rate=base_rate)
+
+
+@pytest.mark.parametrize("model_type", ["slot_dnn", "deepfm", "wide_deep"])
+def test_every_model_adds_the_offset_to_its_logit(model_type: str) -> None:
+    pooled = torch.randn(5, 3, _spec(True).slot_width)
+    plain = build_model(model_type, _spec(False)).eval()
+    offset = build_model(model_type, _spec(True)).eval()
+    (rate,) = summary_layers(offset)[:1]
+    assert isinstance(rate, BaseRate)
+    rate.observe(torch.tensor([1.0] + [0.0] * 8))  # rate 0.15
+    expected = plain(pooled) + math.log(0.15 / 0.85)
+    torch.testing.assert_close(offset(pooled), expected)
+
+
+def _stream(seed: int, batches: int, size: int = 200) -> list[Batch]:
+    """Four slots of 1,000 ids each, clicks at ``CLICK_RATE`` regardless of the ids."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(batches):
+        keys = (rng.integers(0, 1000, (size, 4)) + np.arange(4) * 1000).astype(np.uint64)
+        labels = (rng.random(size) < CLICK_RATE).astype(np.float32)
+        offsets = np.arange(0, 4 * size + 1, dtype=np.int64)
+        out.append(Batch(labels, keys.reshape(-1), offsets, num_slots=4))
+    return out
+
+
+def _config(base_rate: bool) -> WorkerConfig:
+    return WorkerConfig.from_dict(
+        {
+            "data": {"format": "slot", "numSlots": 4},
+            "model": {"hiddenUnits": [16], "baseRateOffset": base_rate},
+            "runtime": {"overlap": False},
+            "ps": {"config": {"logicalShards": 2}},
+        }
+    )
+
+
+@pytest.mark.parametrize("base_rate", [True, False])
+def test_a_fresh_model_is_calibrated_from_its_first_pass(base_rate: bool) -> None:
+    """Without the offset a fresh model predicts ~0.5 for every id it has not seen, and
+    its output bias takes thousands of steps to reach a 2 % rate's log-odds."""
+    cfg = _config(base_rate)
+    ps = LocalPS(cfg.ps.config)
+    trainer = Trainer(cfg, ps, num_slots=4)
+    try:
+        trainer.run_pass(_stream(0, 30))
+        second = trainer.run_pass(_stream(1, 30))
+    finally:
+        trainer.close()
+    if base_rate:
+        assert 0.7 < second.copc < 1.4, second.copc
+        summary = gather_stats(summary_layers(trainer.model)).numpy()
+        np.testing.assert_allclose(summary[0], 1.0 + 2 * 30 * 200, rtol=1e-4)  # decay aside
+        np.testing.assert_array_equal(ps.pull_dense(cfg.summary_name)[:2], summary[:2])
+    else:
+        assert second.copc < 0.3, second.copc

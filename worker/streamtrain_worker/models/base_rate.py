@@ -1,0 +1,46 @@
+"""The logit offset of the base rate: every model's output starts from the log-odds of the
+click rate of all the data trained on so far.
+
+Why: a fresh network predicts p = 0.5, and with Adam its output bias moves about one
+learning rate (0.001) a step, so the log-odds of a 17 % base rate (-1.6) takes ~1,600 steps
+and a 1 % one (-4.6) ~4,600. Meanwhile the wide weights of the keys already seen carry the
+offset, and every key the model has not seen yet (the bulk of a long-tail stream) is
+predicted far too high: a fresh long-tail job's first passes had COPC 0.75-0.86, the iPinYou
+sample's first pass 0.03 (docs/decisions.md). A faster-moving learned offset fixes the
+start but jitters later; a counted one does not: the click rate is a summary statistic
+(``models.summary``), summed on the PS over every worker's trained batches like the data
+norm's moments, and the learned bias and weights then only learn what differs from it.
+
+The rate starts from one pseudo-example of label 0.5 (offset 0: a model that has seen no
+data predicts 0.5, as before). Unlike the data norm's moments, a worker adds its own
+batches to its local ``stats`` at once: the offset is what most of a fresh model's first
+batches need, and the next dense sync replaces the local sums by the PS's anyway. A batch
+is counted after it is scored, so no prediction sees its own labels.
+"""
+
+import torch
+
+from streamtrain_worker.models.summary import SummaryLayer
+
+#: The rate is clamped to [floor, 1 - floor]: a stream of one label keeps a finite logit.
+RATE_FLOOR = 1e-6
+
+
+class BaseRate(SummaryLayer):
+    """``logits -> logits + log(r / (1 - r))`` with ``r`` the click rate in ``stats``
+    (``[examples, clicks]``)."""
+
+    def __init__(self) -> None:
+        super().__init__(torch.tensor([1.0, 0.5]))
+        self.floor = RATE_FLOOR  # an attribute: TorchScript cannot read module globals
+
+    def forward(self, logits: torch.Tensor) -> torch.Tensor:
+        rate = torch.clamp(self.stats[1] / self.stats[0], self.floor, 1.0 - self.floor)
+        return logits + (torch.log(rate) - torch.log1p(-rate))
+
+    def observe(self, labels: torch.Tensor) -> None:
+        """Count a trained batch's labels (after it was scored)."""
+        with torch.no_grad():
+            seen = torch.stack([torch.tensor(float(labels.numel())), labels.sum().float()])
+            self.pending += seen
+            self.stats += seen

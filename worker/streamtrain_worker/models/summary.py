@@ -1,0 +1,70 @@
+"""Layers whose state is a statistic of all the training data, summed on the PS.
+
+Some of a model's state is not learned by gradients but counted: the data norm's column
+moments (``models.data_norm``) and the click rate behind the logit offset
+(``models.base_rate``). Each such layer keeps its counts in a ``stats`` buffer. In
+training, what a batch adds goes into ``pending``; the trainer drains every layer's
+``pending`` into one flat vector, pushes it beside the dense gradient to a PS dense vector
+with the summary rule (``values = decay * values + pushed``: sums over every worker's
+batches), and loads the sums back into ``stats`` at every dense sync. The flat layout is
+the layers' ``stats`` in module registration order, so it is fixed by the model's
+structure; the buffers travel with the exported TorchScript, so serving applies the same
+statistics as training.
+"""
+
+import torch
+from torch import nn
+
+
+class SummaryLayer(nn.Module):
+    """A layer with summed statistics: ``stats`` (the PS sums) and ``pending`` (this
+    worker's contributions since the last drain), of the same shape."""
+
+    # Real annotations: TorchScript reads them, so this module does without
+    # ``from __future__ import annotations``.
+    stats: torch.Tensor
+    pending: torch.Tensor
+
+    def __init__(self, initial: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("stats", initial.detach().clone().float())
+        self.register_buffer("pending", torch.zeros_like(self.stats), persistent=False)
+
+
+def summary_layers(model: nn.Module) -> list[SummaryLayer]:
+    """The model's summary layers, in a fixed order (module registration order)."""
+    return [m for m in model.modules() if isinstance(m, SummaryLayer)]
+
+
+def gather_stats(layers: list[SummaryLayer]) -> torch.Tensor:
+    """All layers' statistics as one flat vector (the PS summary vector's layout)."""
+    if not layers:
+        return torch.zeros(0)
+    return torch.cat([n.stats.reshape(-1) for n in layers])
+
+
+def scatter_stats(layers: list[SummaryLayer], values: torch.Tensor) -> None:
+    """Load a flat summary vector back into the layers' ``stats`` buffers."""
+    expected = sum(n.stats.numel() for n in layers)
+    if values.shape != (expected,):
+        raise ValueError(
+            f"summary statistics (data norm, base rate): expected {expected} values, got "
+            f"{tuple(values.shape)} (a checkpoint of another model shape? model.ordinalInputs "
+            "and model.baseRateOffset change it)"
+        )
+    offset = 0
+    with torch.no_grad():
+        for n in layers:
+            size = n.stats.numel()
+            n.stats.copy_(values[offset : offset + size].view_as(n.stats))
+            offset += size
+
+
+def drain_pending(layers: list[SummaryLayer]) -> torch.Tensor:
+    """The batch contributions accumulated since the last drain, flat; resets them."""
+    if not layers:
+        return torch.zeros(0)
+    out = torch.cat([n.pending.reshape(-1) for n in layers])
+    for n in layers:
+        n.pending.zero_()
+    return out
