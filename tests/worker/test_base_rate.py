@@ -97,3 +97,13 @@ def test_a_fresh_model_is_calibrated_from_its_first_pass(base_rate: bool) -> Non
         np.testing.assert_array_equal(ps.pull_dense(cfg.summary_name)[:2], summary[:2])
     else:
         assert second.copc < 0.3, second.copc
+
+
+def test_a_summary_vector_written_without_the_offset_is_refused_naming_the_setting() -> None:
+    """What resuming a checkpoint from before the offset meets: a clear error, not a
+    silently shifted statistics layout."""
+    old = _config(base_rate=False)
+    ps = LocalPS(old.ps.config)
+    Trainer(old, ps, num_slots=4).close()
+    with pytest.raises(ValueError, match=r"model\.baseRateOffset"):
+        Trainer(_config(base_rate=True), ps, num_slots=4)

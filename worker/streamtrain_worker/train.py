@@ -44,7 +44,7 @@ import torch
 from torch.nn import functional as nnf
 
 from streamtrain_ps.api import PSLike
-from streamtrain_ps.errors import UnknownTableError
+from streamtrain_ps.errors import InvalidRequestError, UnknownTableError
 from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.data.batch import Batch
 from streamtrain_worker.embedding import Lookup, PreparedBatch, SparsePush, prepare
@@ -127,7 +127,7 @@ class Trainer:
     def init_dense(self) -> None:
         """Offer this worker's initial parameters; adopt whatever the PS holds."""
         offered = self._flat_params.numpy().copy()
-        self._load_params(self.ps.init_dense(self.config.dense_name, offered))
+        self._load_params(self._offer(self.config.dense_name, offered))
         if self._summaries:
             self._load_summary(self._init_summary())
 
@@ -135,7 +135,23 @@ class Trainer:
         """Create (or adopt) the PS summary vector of the summary layers' statistics."""
         offered = gather_stats(self._summaries).numpy().copy()
         decay = self.config.model.summaryDecayRate
-        return self.ps.init_dense(self.config.summary_name, offered, summary_decay=decay)
+        return self._offer(self.config.summary_name, offered, summary_decay=decay)
+
+    def _offer(
+        self, name: str, offered: npt.NDArray[np.float32], summary_decay: float | None = None
+    ) -> npt.NDArray[np.float32]:
+        """``init_dense``, with the likely cause when the PS holds the vector in another
+        shape (a checkpoint written by a model of another shape)."""
+        try:
+            return self.ps.init_dense(name, offered, summary_decay=summary_decay)
+        except InvalidRequestError as exc:
+            raise ValueError(
+                f"the PS holds {name!r} in another shape than this worker's "
+                f"{self.config.model.type} model ({offered.size} values): {exc}. Restored from "
+                "a checkpoint of another model shape? model.hiddenUnits, model.embeddingDim, "
+                "model.ordinalInputs and model.baseRateOffset change it (docs/operations.md, "
+                "Upgrades)"
+            ) from exc
 
     def _load_summary(self, values: npt.NDArray[np.float32]) -> None:
         scatter_stats(self._summaries, torch.from_numpy(np.asarray(values, dtype=np.float32)))
@@ -149,8 +165,7 @@ class Trainer:
         try:
             values = self.ps.pull_dense(self.config.dense_name)
         except UnknownTableError:
-            offered = self._flat_params.numpy().copy()
-            values = self.ps.init_dense(self.config.dense_name, offered)
+            values = self._offer(self.config.dense_name, self._flat_params.numpy().copy())
         self._load_params(values)
         if self._summaries:
             try:
