@@ -1,4 +1,5 @@
-"""Overlap of PS traffic with compute: a prefetch thread ahead, a push thread behind.
+"""Overlap of PS traffic with compute: a prefetch thread ahead, a push thread behind, a
+dense refresh beside.
 
 - ``Prefetcher`` runs a function (read + parse + dedup + pull) over an iterator in one
   background thread, at most ``depth`` results ahead of the consumer, so the next batch's
@@ -8,8 +9,10 @@
   ``depth`` pushes are waiting; items that queued up while the handler was busy arrive
   together, so it can merge them. ``flush`` waits until every submitted item is handled, so
   a pass result reflects every push.
+- ``SingleFlight`` runs one call (the dense pull) at a time in a background thread; the
+  caller collects the result at a moment of its choosing (a batch boundary).
 
-Both surface a background failure in the caller's thread (at the next ``next``/``submit``/
+All three surface a background failure in the caller's thread (at the next ``next``/``submit``/
 ``flush``) instead of dying silently; both threads are daemons that end when closed.
 """
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -156,3 +160,37 @@ class AsyncPusher(Generic[T]):
     def close(self) -> None:
         self._queue.put(_END)
         self._thread.join()
+
+
+class SingleFlight(Generic[T]):
+    """At most one call of ``fn`` in flight, in one background thread.
+
+    ``start`` submits a call unless one is in flight; ``take`` returns the finished call's
+    result (raising its error) or None while it runs, or waits for it with ``wait``.
+    """
+
+    def __init__(self, fn: Callable[[], T], name: str) -> None:
+        self._fn = fn
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._future: Future[T] | None = None
+
+    def start(self) -> None:
+        if self._future is None:
+            self._future = self._pool.submit(self._fn)
+
+    def take(self, wait: bool = False) -> T | None:
+        future = self._future
+        if future is None or (not wait and not future.done()):
+            return None
+        self._future = None
+        return future.result()
+
+    def discard(self) -> None:
+        """Wait for a call in flight and drop its result or error (a failing pass's)."""
+        future, self._future = self._future, None
+        if future is not None:
+            future.exception()
+
+    def close(self) -> None:
+        self.discard()
+        self._pool.shutdown(wait=True)

@@ -12,8 +12,9 @@ usual scale for Adam's epsilon and for SGD learning rates.
 
 Dense parameters live on the PS (``init_dense``: the first worker's initialisation wins,
 every worker adopts the PS values). The local copy is refreshed at pass start and every
-``denseSyncSteps`` steps; in between, the PS keeps applying every worker's pushes (async
-data-parallel training with bounded staleness). The counted statistics
+``denseSyncSteps`` steps (with overlap, by a pull in the background that is loaded at the
+next batch boundary after it arrived); in between, the PS keeps applying every worker's
+pushes (async data-parallel training with bounded staleness). The counted statistics
 (``models.summary``: the data norm's moments, the base rate's clicks) travel the same way
 in a second vector with the PS summary rule: each trained batch's counts are pushed with
 its dense gradient and summed on the PS, and the sums come back with every dense sync.
@@ -57,7 +58,7 @@ from streamtrain_worker.models.summary import (
     summary_layers,
 )
 from streamtrain_worker.monitoring import WorkerMetrics
-from streamtrain_worker.pipeline import AsyncPusher, Prefetcher
+from streamtrain_worker.pipeline import AsyncPusher, Prefetcher, SingleFlight
 
 
 class PassCancelledError(RuntimeError):
@@ -73,6 +74,14 @@ class Pending:
     #: The batch's summary statistics (``models.summary``: the data norm's count, sum and
     #: squares per column, the base rate's examples and clicks); empty if none.
     summary: npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True)
+class PulledDense:
+    """The PS's dense parameters and summary statistics (None without summary layers)."""
+
+    params: npt.NDArray[np.float32]
+    summary: npt.NDArray[np.float32] | None
 
 
 @dataclass(frozen=True)
@@ -107,7 +116,9 @@ class Trainer:
         self._pusher: AsyncPusher[Pending] = AsyncPusher(
             self._push, config.runtime.pushQueueDepth, config.runtime.maxMergedPushes
         )
-        self.dense_version = 0  # dense pulls so far (for tests and logs)
+        # Overlap: a training pass's dense pulls run beside its steps (``_run_batches``).
+        self._refresh: SingleFlight[PulledDense] = SingleFlight(self._pull_dense, "dense-refresh")
+        self.dense_version = 0  # dense pulls loaded so far (for tests and logs)
         self.trained_examples = 0  # trained by this worker (the in-order start counts them)
         self.init_dense()
 
@@ -157,7 +168,11 @@ class Trainer:
         scatter_stats(self._summaries, torch.from_numpy(np.asarray(values, dtype=np.float32)))
 
     def sync_dense(self) -> None:
-        """Replace the local dense parameters by the PS's current ones.
+        """Replace the local dense parameters (and summary statistics) by the PS's."""
+        self._load_pulled(self._pull_dense())
+
+    def _pull_dense(self) -> PulledDense:
+        """The PS's dense parameters and summary statistics (thread-safe: loads nothing).
 
         A PS that lost the vector (restarted empty, before any checkpoint held it) gets this
         worker's current parameters offered again instead of failing every pass from now on.
@@ -166,13 +181,24 @@ class Trainer:
             values = self.ps.pull_dense(self.config.dense_name)
         except UnknownTableError:
             values = self._offer(self.config.dense_name, self._flat_params.numpy().copy())
-        self._load_params(values)
+        stats = None
         if self._summaries:
             try:
                 stats = self.ps.pull_dense(self.config.summary_name)
             except UnknownTableError:
                 stats = self._init_summary()
-            self._load_summary(stats)
+        return PulledDense(values, stats)
+
+    def _load_pulled(self, pulled: PulledDense) -> None:
+        self._load_params(pulled.params)
+        if pulled.summary is not None:
+            self._load_summary(pulled.summary)
+
+    def _take_refresh(self, wait: bool = False) -> None:
+        """Load the background dense pull's result, if it has finished (or once it has)."""
+        pulled = self._refresh.take(wait)
+        if pulled is not None:
+            self._load_pulled(pulled)
 
     # --- one batch -------------------------------------------------------------------
 
@@ -272,6 +298,7 @@ class Trainer:
             # and drop their errors (the pass is failing with the primary error anyway).
             with contextlib.suppress(Exception):
                 self._pusher.flush()
+            self._refresh.discard()
             raise
         self._pusher.flush()
         metrics.seconds = time.perf_counter() - started
@@ -302,10 +329,18 @@ class Trainer:
                 )
             else:
                 ready = map(self.prepare, batches)
-            # The pass starts from the PS's dense parameters. With overlap the prefetch
-            # thread is already reading, parsing and pulling the first batches meanwhile
-            # (the sparse rows do not depend on them): the pull costs a pass no wall time.
-            self.sync_dense()
+            # The pass starts from the PS's dense parameters. With overlap a training pass
+            # pulls them in the background and loads them at the first batch boundary after
+            # they arrived, as it does every ``denseSyncSteps`` steps: at a pass start the
+            # PS is writing the previous pass's model beside it, and a pull in the training
+            # thread waited 15-40 ms a pass for it (docs/decisions.md). Evaluation and
+            # ``overlap: false`` pull in the training thread, so every step's parameters
+            # are exactly the PS's at that moment (bitwise reproducible runs).
+            background = train and self.config.runtime.overlap
+            if background:
+                self._refresh.start()
+            else:
+                self.sync_dense()
             for step, prefetched in enumerate(ready, start=1):
                 if should_stop is not None and should_stop():
                     raise PassCancelledError(f"pass cancelled before batch {step}")
@@ -317,15 +352,22 @@ class Trainer:
                     # The prefetched rows may predate the queued pushes: apply them, pull again.
                     self._pusher.flush()
                     prepared = self.prepare(prefetched.batch)
+                if background:
+                    self._take_refresh()
                 out = self.step(prepared, train)
                 metrics.add(out.preds, prepared.batch.labels, out.losses)
                 if train and step % sync_every == 0:
-                    self.sync_dense()
+                    if background:
+                        self._refresh.start()
+                    else:
+                        self.sync_dense()
                 compute += time.perf_counter() - t0
                 if self.monitoring is not None:
                     self.monitoring.pull_seconds.observe(prepared.pull_seconds)
                     self.monitoring.examples.inc(prepared.batch.size)
                     self.monitoring.batches.inc()
+            if background:
+                self._take_refresh(wait=True)  # nothing of the pass runs on after it
         return compute
 
     def _in_order_start(self) -> bool:
@@ -340,6 +382,7 @@ class Trainer:
             self._pusher.flush()
         finally:
             self._pusher.close()
+            self._refresh.close()
 
 
 def _flatten(params: list[torch.nn.Parameter]) -> tuple[torch.Tensor, torch.Tensor]:
