@@ -12,8 +12,8 @@ dense refresh beside.
 - ``SingleFlight`` runs one call (the dense pull) at a time in a background thread; the
   caller collects the result at a moment of its choosing (a batch boundary).
 
-All three surface a background failure in the caller's thread (at the next ``next``/``submit``/
-``flush``) instead of dying silently; both threads are daemons that end when closed.
+All three surface a background failure in the caller's thread (at the next ``next``/
+``submit``/``flush``/``take``) instead of dying silently; their threads end when closed.
 """
 
 from __future__ import annotations

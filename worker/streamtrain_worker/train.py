@@ -194,6 +194,13 @@ class Trainer:
         if pulled.summary is not None:
             self._load_summary(pulled.summary)
 
+    def _begin_sync(self, background: bool) -> None:
+        """A dense sync: started in the background (loaded by ``_take_refresh``), or now."""
+        if background:
+            self._refresh.start()
+        else:
+            self.sync_dense()
+
     def _take_refresh(self, wait: bool = False) -> None:
         """Load the background dense pull's result, if it has finished (or once it has)."""
         pulled = self._refresh.take(wait)
@@ -337,10 +344,7 @@ class Trainer:
             # ``overlap: false`` pull in the training thread, so every step's parameters
             # are exactly the PS's at that moment (bitwise reproducible runs).
             background = train and self.config.runtime.overlap
-            if background:
-                self._refresh.start()
-            else:
-                self.sync_dense()
+            self._begin_sync(background)
             for step, prefetched in enumerate(ready, start=1):
                 if should_stop is not None and should_stop():
                     raise PassCancelledError(f"pass cancelled before batch {step}")
@@ -357,10 +361,7 @@ class Trainer:
                 out = self.step(prepared, train)
                 metrics.add(out.preds, prepared.batch.labels, out.losses)
                 if train and step % sync_every == 0:
-                    if background:
-                        self._refresh.start()
-                    else:
-                        self.sync_dense()
+                    self._begin_sync(background)
                 compute += time.perf_counter() - t0
                 if self.monitoring is not None:
                     self.monitoring.pull_seconds.observe(prepared.pull_seconds)

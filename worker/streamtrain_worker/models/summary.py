@@ -49,8 +49,7 @@ def scatter_stats(layers: list[SummaryLayer], values: torch.Tensor) -> None:
     if values.shape != (expected,):
         raise ValueError(
             f"summary statistics (data norm, base rate): expected {expected} values, got "
-            f"{tuple(values.shape)} (a checkpoint of another model shape? model.ordinalInputs "
-            "and model.baseRateOffset change it)"
+            f"{tuple(values.shape)}"
         )
     offset = 0
     with torch.no_grad():
