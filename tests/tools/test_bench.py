@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import yaml
 
 from streamtrain_tools.bench import read_ahead
@@ -105,6 +106,36 @@ def test_bench_e2e_no_cvm_side_changes_only_the_cvm_columns(tmp_path: Path) -> N
     assert with_cvm.model.cvm and not without.model.cvm
     assert dataclasses.replace(without.model, cvm=True) == with_cvm.model
     assert without.runtime == with_cvm.runtime and without.ps == with_cvm.ps
+
+
+def test_bench_e2e_plain_pytorch_trains_the_jobs_own_network() -> None:
+    """``train_vs_torch`` compares like with like: plain PyTorch runs the network the job's
+    workers build (CVM columns, ordinal inputs, base rate), fed by counts it keeps itself."""
+    from streamtrain_tools.bench import e2e as bench_e2e
+    from streamtrain_worker.models import build_model
+    from streamtrain_worker.models.summary import gather_stats
+
+    torch.sparse.check_sparse_tensor_invariants.disable()  # as the benchmarks do
+    spec = bench_e2e.job_spec()
+    assert spec.cvm and spec.base_rate and len(spec.ordinal_slots) == 13
+    config = bench.bench_config(1)
+    data = bench.criteo(bench.SAMPLES_DIR, config, repeats=1, limit=3)
+    baseline = bench.TorchBaseline(data, spec, seed=0, summary_decay=0.95)
+    workers_model = build_model("slot_dnn", spec, seed=0)
+    shapes = [p.shape for p in baseline.dense.parameters()]
+    assert shapes == [p.shape for p in workers_model.parameters()]
+    first_layer = next(s for s in shapes if len(s) == 2)
+    assert first_layer[1] > 39 * 9  # wider than the textbook network
+    before = gather_stats(baseline.summaries).clone()
+
+    assert baseline.run() == 3 * 512
+    keys = sum(b.keys.size for b in data.batches)
+    clicks = sum(float(b.labels @ np.diff(b.offsets[:: b.num_slots])) for b in data.batches)
+    assert baseline.counts is not None
+    assert baseline.counts.sum(0).tolist() == pytest.approx([keys, clicks])
+    assert not gather_stats(baseline.summaries).equal(before)  # counted like the PS does
+    textbook = bench.TorchBaseline(data, bench_e2e.job_spec(cvm=False), seed=0)
+    assert textbook.counts is None and textbook.run() == 3 * 512
 
 
 def test_step_timer_splits_training_from_the_transitions_between_passes() -> None:

@@ -12,9 +12,13 @@ scheduler, delta exports every pass, checkpoints, day-end shrink/base/batch):
    per second (examples over the summed wall time of the RunPass steps).
 
 3. **Plain PyTorch** at the throughput run's shape, in the same invocation (before and after
-   the throughput run, averaged, so load drift hits both): ``bench.worker``'s textbook
-   ``nn.EmbeddingBag`` + MLP 512-256-128 over the same 144,000 rows, batch 512 (39 slots x
-   (1 + 8), one torch thread; the system's model adds the 2 CVM columns).
+   the throughput run, averaged, so load drift hits both): ``bench.worker``'s
+   ``nn.EmbeddingBag`` + the job's own ``slot_dnn`` network (``job_spec``) over the same
+   144,000 rows, batch 512, one torch thread, sparse Adagrad and dense Adam; the CVM
+   columns from per-id show/click counts and the ordinal inputs computed by plain PyTorch
+   too (``TorchBaseline``): 39 x (2 + 1 + 8) + 13 x 2 inputs to the first layer. Also the
+   textbook 39 x (1 + 8) network without them (the reference of earlier rounds: ~20 %
+   less compute per example), reported beside it.
 
 Every step the driver runs in the throughput run is timed (``RunOptions.on_action``): start-up
 is launch to the first step; a pass transition is everything between two passes' training
@@ -25,12 +29,13 @@ The last line printed is one JSON object: ``auc_mean_13_24``,
 ``throughput_auc_mean_13_24`` (the throughput run's progressive AUC, passes 13-24),
 ``e2e_ex_per_s``,
 ``train_ex_per_s``, ``torch_ex_per_s``, ``train_vs_torch`` (training-only over plain
-PyTorch), ``e2e_vs_train`` (launch-to-finish over training-only),
+PyTorch at the job's shape), ``torch_textbook_ex_per_s`` and ``train_vs_torch_textbook``
+(the same over the textbook network), ``e2e_vs_train`` (launch-to-finish over training-only),
 ``job_cpu_us_per_example`` (CPU-seconds of the throughput run's processes and of the driver,
 launch to finish, per example) beside ``torch_cpu_us_per_example`` (plain PyTorch's),
 ``train_vs_torch_no_cvm`` (with ``--no-cvm-side``: a second throughput run with
-``model.cvm: false``, the input shape of plain PyTorch, over plain PyTorch measured around
-it), ``transition_seconds_per_pass``, ``pass_fixed_seconds_per_pass`` (a RunPass's wall time
+``model.cvm: false``, over plain PyTorch at that shape measured around it),
+``transition_seconds_per_pass``, ``pass_fixed_seconds_per_pass`` (a RunPass's wall time
 beyond the workers' batch loops), ``passes_read_ahead`` (passes whose files the workers read
 while the pass before trained), ``startup_seconds``, ``step_seconds`` (per kind: total and
 count), ``phase_seconds`` (the parts of the steps and of the start-up, total and count:
@@ -61,13 +66,16 @@ import yaml
 
 from streamtrain_operator.job.messages import Action, RunPass, Save
 from streamtrain_operator.job.progress import Phase, Progress
-from streamtrain_operator.job.spec import load_job
+from streamtrain_operator.job.render import worker_config
+from streamtrain_operator.job.spec import load_job, parse_job
 from streamtrain_operator.local.runner import RunOptions, run_job
 from streamtrain_tools.bench import worker as bench_worker
 from streamtrain_tools.samples import SAMPLES_DIR, lay_out
 from streamtrain_worker.models import ModelSpec
 
 DAY = "20261101"
+SLOTS = 39  # the Criteo sample's 13 integer and 26 categorical columns
+SUMMARY_DECAY = 0.95
 
 
 def manifest(
@@ -106,7 +114,7 @@ def manifest(
                 # A 7,200-row stream: every key's show count grows pass after pass, so the
                 # CVM inputs drift faster than a cumulative average follows; ~20 pushes of
                 # memory (2 passes) instead of the near-infinite default (docs/decisions.md).
-                "summaryDecayRate": 0.95,
+                "summaryDecayRate": SUMMARY_DECAY,
             },
             # Every key gets its 1 + 8 weights from its first show, as in plain PyTorch.
             "sparse": {"embedxThreshold": 0, "optimizer": {"learningRate": lr}},
@@ -211,15 +219,34 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def torch_reference(repeat: int, data_dir: Path = SAMPLES_DIR) -> tuple[float, float]:
+def job_spec(cvm: bool = True) -> ModelSpec:
+    """The network the throughput job trains: its worker config as the operator renders it
+    (``job.render.worker_config``), so a setting added to the manifest reaches both."""
+    job = parse_job(manifest(512, 1, 0.05, cvm=cvm))
+    config = worker_config(job.spec, [])
+    return ModelSpec.from_config(config.model, SLOTS, None, config.data.ordinal_slots)
+
+
+def torch_reference(
+    repeat: int, data_dir: Path = SAMPLES_DIR, cvm: bool = True, textbook: bool = False
+) -> tuple[float, float]:
     """Plain PyTorch over the throughput run's rows (``bench.worker``'s side a): its
-    examples/s and its CPU-seconds per example."""
+    examples/s and its CPU-seconds per example.
+
+    By default at the job's own shape (``job_spec``: the CVM columns and ordinal inputs
+    widen the first layer by a third, the base rate and data norm count per batch) — the
+    issue's "same shape"; ``textbook`` is the 39 x (1 + 8) network without them, the
+    reference of earlier rounds (``train_vs_torch_textbook``).
+    """
     torch.set_num_threads(1)
     torch.sparse.check_sparse_tensor_invariants.disable()
     config = bench_worker.bench_config(1)
     data = bench_worker.criteo(data_dir, config, repeat)
-    spec = ModelSpec.from_config(config.model, bench_worker.SLOTS)
-    baseline = bench_worker.TorchBaseline(data, spec, config.seed)
+    if textbook:
+        spec, decay = ModelSpec.from_config(config.model, SLOTS), 1.0
+    else:
+        spec, decay = job_spec(cvm), SUMMARY_DECAY
+    baseline = bench_worker.TorchBaseline(data, spec, config.seed, summary_decay=decay)
     baseline.inputs, rest = baseline.inputs[:4], baseline.inputs  # warm-up: 4 batches
     baseline.run()
     baseline.inputs = rest
@@ -253,12 +280,10 @@ def quality_run(root: Path, args: argparse.Namespace, log: io.TextIOBase) -> flo
     return auc_mean
 
 
-def no_cvm_side(
-    root: Path, args: argparse.Namespace, log: io.TextIOBase, before: float
-) -> dict[str, Any]:
-    """The throughput run again with ``model.cvm: false`` (the input plain PyTorch has),
-    against plain PyTorch measured before (``before``, the main run's last) and after it:
-    what the 2 CVM columns cost."""
+def no_cvm_side(root: Path, args: argparse.Namespace, log: io.TextIOBase) -> dict[str, Any]:
+    """The throughput run again with ``model.cvm: false``, against plain PyTorch at that
+    shape measured before and after it: what the 2 CVM columns cost."""
+    before = torch_reference(args.repeat, args.data, cvm=False)[0]
     speed, _, _ = run(
         root,
         repeat=args.repeat,
@@ -270,7 +295,7 @@ def no_cvm_side(
         shards=args.shards,
         cvm=False,
     )
-    torch_rate = (before + torch_reference(args.repeat, args.data)[0]) / 2
+    torch_rate = (before + torch_reference(args.repeat, args.data, cvm=False)[0]) / 2
     train = sum(r.metrics["examples"] for r in speed.history) / sum(
         r.metrics["seconds"] for r in speed.history
     )
@@ -297,13 +322,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--no-cvm-side",
         action="store_true",
-        help="also a throughput run with model.cvm false (plain PyTorch's input shape), "
-        "reported as train_vs_torch_no_cvm against plain PyTorch measured around it",
+        help="also a throughput run with model.cvm false, "
+        "reported as train_vs_torch_no_cvm against plain PyTorch at that shape around it",
     )
     args = p.parse_args(argv)
     log: Any = sys.stdout if args.verbose else io.StringIO()
     with tempfile.TemporaryDirectory(prefix="streamtrain-bench-") as tmp:
         auc_mean = None if args.skip_quality else quality_run(Path(tmp) / "auc", args, log)
+        textbook = [torch_reference(args.repeat, args.data, textbook=True)]
         references = [torch_reference(args.repeat, args.data)]
         speed, wall, timer = run(
             Path(tmp) / "speed",
@@ -316,12 +342,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             shards=args.shards,
         )
         references.append(torch_reference(args.repeat, args.data))
+        textbook.append(torch_reference(args.repeat, args.data, textbook=True))
         torch_rates = [rate for rate, _ in references]
-        no_cvm = (
-            no_cvm_side(Path(tmp) / "no-cvm", args, log, torch_rates[-1])
-            if args.no_cvm_side
-            else {}
-        )
+        no_cvm = no_cvm_side(Path(tmp) / "no-cvm", args, log) if args.no_cvm_side else {}
         examples = sum(r.metrics["examples"] for r in speed.history)
         train_seconds = sum(r.metrics["seconds"] for r in speed.history)
         # The workers' batch loops (forward, backward, metrics; the slowest worker's per
@@ -341,12 +364,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{train_seconds:.1f}s in RunPass ({train:,.0f} ex/s)"
         )
     torch_rate = sum(torch_rates) / len(torch_rates)
+    textbook_rate = sum(rate for rate, _ in textbook) / len(textbook)
     torch_cpu = sum(cpu for _, cpu in references) / len(references)
     job_cpu = timer.cpu_seconds / examples
     steps = timer.report(len(speed.history))
     print(
-        f"plain PyTorch at the same shape: {torch_rate:,.0f} ex/s "
-        f"({' / '.join(f'{r:,.0f}' for r in torch_rates)}); start-up "
+        f"plain PyTorch at the job's shape: {torch_rate:,.0f} ex/s "
+        f"({' / '.join(f'{r:,.0f}' for r in torch_rates)}), at the textbook shape "
+        f"{textbook_rate:,.0f} ex/s; start-up "
         f"{steps['startup_seconds']:.1f}s, {steps['transition_seconds_per_pass']:.3f}s of "
         f"steps between passes per pass; steps: {steps['step_seconds']}; "
         f"their parts: {steps['phase_seconds']}"
@@ -359,6 +384,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "torch_ex_per_s": round(torch_rate, 1),
         "torch_rounds": [round(r, 1) for r in torch_rates],
         "train_vs_torch": round(train / torch_rate, 3),
+        "torch_textbook_ex_per_s": round(textbook_rate, 1),
+        "train_vs_torch_textbook": round(train / textbook_rate, 3),
         # CPU, whatever the load: the job's processes and the driver, launch to finish
         # (start-up, transitions and saves included), and plain PyTorch's training loop.
         "job_cpu_us_per_example": round(job_cpu * 1e6, 1),

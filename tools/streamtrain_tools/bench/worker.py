@@ -64,8 +64,16 @@ from streamtrain_tools.bench.wire_count import CountingPS
 from streamtrain_tools.samples import SAMPLES_DIR
 from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.data.batch import Batch
+from streamtrain_worker.data.ordinal import ordinal_inputs
 from streamtrain_worker.data.reader import iter_batches
+from streamtrain_worker.embedding import cvm_columns
 from streamtrain_worker.models import ModelSpec, build_model
+from streamtrain_worker.models.summary import (
+    drain_pending,
+    gather_stats,
+    scatter_stats,
+    summary_layers,
+)
 from streamtrain_worker.train import Trainer
 
 SAMPLE = "criteo_kaggle_sample_train.txt"
@@ -148,18 +156,24 @@ def long_tail_set(count: int, keys_per_slot: int, seed: int, slots: int = SLOTS)
 
 
 class TorchBaseline:
-    """Side (a): the same network trained the textbook way, in one process."""
+    """Side (a): the same network trained the textbook way, in one process.
 
-    def __init__(self, data: DataSet, spec: ModelSpec, seed: int) -> None:
-        self.inputs = [
-            (
-                torch.from_numpy(data.ids(b.keys)),
-                torch.from_numpy(b.offsets[:-1].copy()),
-                torch.from_numpy(b.labels),
-                b.size,
-            )
-            for b in data.batches
-        ]
+    ``spec`` may be any ``slot_dnn`` shape the system trains; plain PyTorch then computes
+    the same inputs itself, so both sides run the same network (``bench.e2e`` compares its
+    job with plain PyTorch at the job's own shape):
+
+    - CVM columns: per-id show and click counts in a ``(num_ids, 2)`` tensor, pooled per
+      slot like the embeddings (``embedding.cvm_columns``: log counts) and incremented after
+      each batch — the statistics the PS keeps, kept the plain-PyTorch way;
+    - ordinal inputs: computed from each batch's keys up front, like its ids;
+    - summary layers (data norm, base rate): after each step the batch's counts are folded
+      into the layers' statistics by the PS's summary rule (``decay * stats + batch``).
+    """
+
+    def __init__(
+        self, data: DataSet, spec: ModelSpec, seed: int, summary_decay: float = 1.0
+    ) -> None:
+        self.inputs = [_TorchInput.of(b, data.ids(b.keys), spec) for b in data.batches]
         torch.manual_seed(seed)
         self.embedding = nn.EmbeddingBag(data.num_ids, 1 + DIM, mode="sum", sparse=True)
         nn.init.uniform_(self.embedding.weight, -1e-4, 1e-4)
@@ -167,20 +181,66 @@ class TorchBaseline:
         self.sparse_opt = torch.optim.Adagrad(self.embedding.parameters(), lr=0.05)
         self.dense_opt = torch.optim.Adam(self.dense.parameters(), lr=0.001)
         self.num_slots = spec.num_slots
+        self.counts = torch.zeros(data.num_ids, 2) if spec.cvm else None
+        self.summaries = summary_layers(self.dense)
+        self.summary_decay = summary_decay
 
     def run(self) -> int:
         examples = 0
-        for ids, offsets, labels, size in self.inputs:
-            pooled = self.embedding(ids, offsets).view(size, self.num_slots, 1 + DIM)
-            logits = self.dense(pooled)
-            loss = nn.functional.binary_cross_entropy_with_logits(logits, labels)
+        for x in self.inputs:
+            pooled = self.embedding(x.ids, x.offsets[:-1]).view(x.size, self.num_slots, -1)
+            if self.counts is not None:
+                shows_clicks = cvm_columns(x.ids, self.counts.numpy(), x.offsets)
+                pooled = torch.cat([shows_clicks.view(x.size, self.num_slots, 2), pooled], 2)
+            logits = self.dense(pooled, None, None, x.ordinal)
+            loss = nn.functional.binary_cross_entropy_with_logits(logits, x.labels)
             self.sparse_opt.zero_grad(set_to_none=True)
             self.dense_opt.zero_grad(set_to_none=True)
             loss.backward()
             self.sparse_opt.step()
             self.dense_opt.step()
-            examples += size
+            if self.counts is not None and x.key_counts is not None:
+                self.counts.index_add_(0, x.ids, x.key_counts)
+            if self.summaries:
+                self.dense.observe_labels(x.labels)
+                batch_stats = drain_pending(self.summaries)
+                stats = gather_stats(self.summaries) * self.summary_decay + batch_stats
+                scatter_stats(self.summaries, stats)
+            examples += x.size
         return examples
+
+
+@dataclass(frozen=True)
+class _TorchInput:
+    """One batch as plain PyTorch takes it (everything derived from the data up front)."""
+
+    ids: torch.Tensor
+    offsets: torch.Tensor  # with the last offset
+    labels: torch.Tensor
+    size: int
+    ordinal: torch.Tensor | None
+    #: Each key occurrence's (show, click) increment, for a CVM shape.
+    key_counts: torch.Tensor | None
+
+    @classmethod
+    def of(cls, batch: Batch, ids: npt.NDArray[np.int64], spec: ModelSpec) -> _TorchInput:
+        key_counts = None
+        if spec.cvm:
+            clicks = batch.labels[batch.bag_of_key() // batch.num_slots]
+            key_counts = torch.from_numpy(
+                np.stack([np.ones_like(clicks), clicks], axis=1).astype(np.float32)
+            )
+        ordinal = None
+        if spec.ordinal_slots:
+            ordinal = torch.from_numpy(ordinal_inputs(batch, spec.ordinal_slots))
+        return cls(
+            torch.from_numpy(ids),
+            torch.from_numpy(np.ascontiguousarray(batch.offsets, dtype=np.int64)),
+            torch.from_numpy(batch.labels),
+            batch.size,
+            ordinal,
+            key_counts,
+        )
 
 
 def grow(ps: PSLike, table: str, keys: npt.NDArray[np.uint64]) -> None:
