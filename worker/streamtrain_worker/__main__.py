@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from streamtrain_ps.config import ConfigError
 from streamtrain_ps.grpc_serving import exit_now, stop_on_signals
+from streamtrain_ps.heap import reuse_large_buffers
 from streamtrain_ps.remote import RemotePS, RetryPolicy
 from streamtrain_ps.startup import announce
 from streamtrain_worker.config import WorkerConfig
@@ -73,6 +74,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     torch.set_num_threads(config.runtime.numThreads)
     torch.set_num_interop_threads(1)
+    # Every batch sends a dense gradient of 1-2 MB and every sync receives the parameters:
+    # glibc's defaults fault each such buffer in afresh (streamtrain_ps.heap).
+    reuse_large_buffers()
     ps = RemotePS(config.ps.endpoints, config.ps.config, retry=retry_policy(config))
     registry = CollectorRegistry()
     servicer = WorkerServicer(
