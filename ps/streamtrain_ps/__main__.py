@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from streamtrain_ps.config import ConfigError, PSConfig
 from streamtrain_ps.grpc_serving import exit_now, stop_on_signals
+from streamtrain_ps.heap import reuse_large_buffers
 from streamtrain_ps.memory_limit import MemoryLimitError
 from streamtrain_ps.server import DEFAULT_WORKERS, PSServer, serve_until
 from streamtrain_ps.shard import Shard
@@ -91,6 +92,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = dataclasses.replace(config, memoryLimit=args.memory_limit)
     if args.disk_path:
         config = dataclasses.replace(config, diskPath=args.disk_path)
+    if not config.memoryLimit:
+        # Every batch brings a dense gradient of 1-2 MB and every dense sync takes the
+        # parameters: kept for reuse, their buffers are not faulted in afresh each time
+        # (streamtrain_ps.heap). A capped shard gives freed memory back instead: its limit
+        # is on its resident memory.
+        reuse_large_buffers()
     tls = None
     if args.tls_cert or args.tls_key or args.tls_ca:
         try:

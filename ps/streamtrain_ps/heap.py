@@ -77,8 +77,9 @@ def reuse_large_buffers() -> bool:
     them are freed together, so each copy into it faults its ~400 pages in again. Measured
     (a worker against a shard process on 127.0.0.1): the client's CPU for one push with a
     1.38 MB dense gradient 4.4-4.7 -> 1.6-1.7 ms, for one dense pull 5.3-5.8 -> 1.6-1.9 ms.
-    A shard does not call this: its memory limit relies on freed request scratch leaving
-    the process (module docstring).
+    A shard without a memory limit calls it too (its part of each batch: receiving the
+    gradient, sending the parameters); a capped shard does not, as its limit relies on
+    freed request scratch leaving the process (module docstring).
     """
     libc = _libc()
     mallopt = getattr(libc, "mallopt", None)
