@@ -55,6 +55,7 @@ from torch import nn
 
 from streamtrain_ps.api import PSLike
 from streamtrain_ps.dedup import unique_inverse
+from streamtrain_ps.heap import reuse_large_buffers
 from streamtrain_ps.launch import shard_process
 from streamtrain_ps.local import LocalPS
 from streamtrain_ps.remote import RemotePS
@@ -382,6 +383,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     # Plain PyTorch as people run it: no per-step sparse invariant checks in Adagrad.
     torch.sparse.check_sparse_tensor_invariants.disable()
+    # This process trains every side, so it keeps large buffers for reuse as a worker
+    # process does (``streamtrain_ps.heap``): plain PyTorch gets the same heap.
+    reuse_large_buffers()
     config = bench_config(args.threads)
     result: dict[str, Any] = {}
     for name in args.sets:
