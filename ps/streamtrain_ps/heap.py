@@ -12,6 +12,10 @@ RPC ~3x slower (each request's arrays freshly mapped and faulted in), so the hea
 after bulk requests only, once the request's buffers are gone: the request's code notes its
 scratch (``note_request_scratch``) and ``ScratchReleasingExecutor`` trims after the RPCs
 have returned.
+
+The other side of the same trade is ``reuse_large_buffers``: a process that moves the same
+large messages every batch (a worker, a shard without a memory limit) keeps freed memory
+for the next message instead of faulting it in afresh; these trims still release it.
 """
 
 from __future__ import annotations
