@@ -75,7 +75,6 @@ from streamtrain_tools.samples import SAMPLES_DIR, lay_out
 from streamtrain_worker.models import ModelSpec
 
 DAY = "20261101"
-SLOTS = 39  # the Criteo sample's 13 integer and 26 categorical columns
 SUMMARY_DECAY = 0.95
 
 
@@ -225,7 +224,7 @@ def job_spec(cvm: bool = True) -> ModelSpec:
     (``job.render.worker_config``), so a setting added to the manifest reaches both."""
     job = parse_job(manifest(512, 1, 0.05, cvm=cvm))
     config = worker_config(job.spec, [])
-    return ModelSpec.from_config(config.model, SLOTS, None, config.data.ordinal_slots)
+    return ModelSpec.from_config(config.model, bench_worker.SLOTS, None, config.data.ordinal_slots)
 
 
 def torch_reference(
@@ -244,11 +243,9 @@ def torch_reference(
     reuse_large_buffers()  # the heap the job's workers run with (streamtrain_ps.heap)
     config = bench_worker.bench_config(1)
     data = bench_worker.criteo(data_dir, config, repeat)
-    if textbook:
-        spec, decay = ModelSpec.from_config(config.model, SLOTS), 1.0
-    else:
-        spec, decay = job_spec(cvm), SUMMARY_DECAY
-    baseline = bench_worker.TorchBaseline(data, spec, config.seed, summary_decay=decay)
+    # The textbook network has no summary layers: the decay only reaches the job's.
+    spec = ModelSpec.from_config(config.model, bench_worker.SLOTS) if textbook else job_spec(cvm)
+    baseline = bench_worker.TorchBaseline(data, spec, config.seed, summary_decay=SUMMARY_DECAY)
     baseline.inputs, rest = baseline.inputs[:4], baseline.inputs  # warm-up: 4 batches
     baseline.run()
     baseline.inputs = rest
