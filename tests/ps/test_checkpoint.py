@@ -361,10 +361,16 @@ def test_a_save_with_more_slot_ids_than_a_table_holds_is_refused(
         LocalPS(cfg, 1).load(str(uri))
 
 
-def test_part_writer_waits_for_every_part_and_raises_a_failed_write(tmp_path: Path) -> None:
-    # Parts are written on several threads; leaving the block means every part is on disk
-    # (fsynced), or the first write error is raised (the caller then stages nothing).
-    with checkpoint.PartWriter(str(tmp_path), 0, threads=4) as writer:
+@pytest.mark.parametrize(
+    "inline_bytes", [0, checkpoint.INLINE_PART_BYTES], ids=["threads", "inline"]
+)
+def test_part_writer_waits_for_every_part_and_raises_a_failed_write(
+    tmp_path: Path, inline_bytes: int
+) -> None:
+    # Large parts are written on several threads, small ones by the caller; either way
+    # leaving the block means every part is on disk (fsynced), or the first write error is
+    # raised (the caller then stages nothing).
+    with checkpoint.PartWriter(str(tmp_path), 0, threads=4, inline_bytes=inline_bytes) as writer:
         saved = [
             writer.write(f"{writer.data_dir}/p{i}", bytes([i]) * 1000, rows=i) for i in range(20)
         ]
@@ -374,7 +380,10 @@ def test_part_writer_waits_for_every_part_and_raises_a_failed_write(tmp_path: Pa
         assert (f.size, f.sha256, f.rows) == (1000, hashlib.sha256(data).hexdigest(), i)
 
     (tmp_path / "blocked").write_bytes(b"a file where a directory is needed")
-    with pytest.raises(OSError), checkpoint.PartWriter(str(tmp_path), 0, threads=4) as writer:
+    with (
+        pytest.raises(OSError),
+        checkpoint.PartWriter(str(tmp_path), 0, threads=4, inline_bytes=inline_bytes) as writer,
+    ):
         for i in range(10):
             writer.write(f"{writer.data_dir}/p{i}", b"x", rows=1)
         writer.write("blocked/part", b"x", rows=1)
