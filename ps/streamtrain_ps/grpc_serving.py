@@ -6,8 +6,10 @@ bind the same explicit port), the standard ``grpc.health.v1`` service reporting 
 ``""`` and the service's full name once bound, port 0 = a free port reported back by
 ``port``, and a graceful stop that flips health to NOT_SERVING *before* refusing new RPCs so
 Kubernetes and clients stop sending first. ``GrpcServer`` is that skeleton; subclasses only
-register their servicer on ``self._server``. ``stop_on_signals`` is the SIGTERM/SIGINT
-handling both ``__main__`` modules run, and ``exit_now`` how they end once stopped.
+register their servicer on ``self._server``. Around it, what both ``process`` modules run:
+``started`` (the start, a bind error reported), ``serve_metrics`` (the Prometheus endpoint
+either may open beside its server), ``stop_on_signals`` (SIGTERM/SIGINT handling) and
+``exit_now`` (the end once stopped).
 
 It lives in ``streamtrain_ps`` because the PS is the bottom layer: the worker may import it,
 the PS may not import the worker.
@@ -25,10 +27,11 @@ from collections.abc import Callable, Iterator
 from concurrent import futures
 from contextlib import contextmanager
 from types import FrameType
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import CollectorRegistry, start_http_server
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +144,27 @@ def stop_on_signals(grace: float) -> Iterator[threading.Event]:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def started(server: GrpcServer) -> bool:
+    """Start ``server``; a port that cannot be bound is printed to stderr and gives False
+    (the process then exits 1: its launcher shows the line)."""
+    try:
+        server.start()
+    except OSError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return False
+    return True
+
+
+def serve_metrics(port: int | None, host: str, registry: CollectorRegistry) -> Any:
+    """Serve ``registry`` at ``http://host:port/metrics`` in a daemon thread (port 0 picks a
+    free one: the returned server's ``server_port``); ``None`` without a port. Stop it with
+    ``shutdown()``."""
+    if port is None:
+        return None
+    http, _ = start_http_server(port, addr=host, registry=registry)
+    return http
 
 
 def exit_now(code: int) -> NoReturn:
