@@ -38,6 +38,7 @@ from torch import nn
 from torch.nn import functional as nnf
 
 from streamtrain_ps.local import LocalPS
+from streamtrain_tools.bench.e2e import SUMMARY_DECAY
 from streamtrain_tools.samples import SAMPLES_DIR
 from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.data.batch import Batch, slice_batch
@@ -181,7 +182,7 @@ def ps_config(seed: int, overrides: dict[str, Any] | None = None) -> WorkerConfi
                 "hiddenUnits": list(HIDDEN),
                 "batchSize": BATCH,
                 "normalizeEmbeddings": False,  # as bench_e2e's manifest
-                "summaryDecayRate": 0.95,  # as bench_e2e's manifest
+                "summaryDecayRate": SUMMARY_DECAY,  # bench_e2e's manifest's
                 **overrides.get("model", {}),
             },
             "ps": {
