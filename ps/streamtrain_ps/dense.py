@@ -227,6 +227,13 @@ class DenseStore:
             raise UnknownTableError("dense vector", name)
         return vec
 
+    def pull_all(self) -> dict[str, tuple[npt.NDArray[np.float32], int]]:
+        """Every vector's values and version (copies), by name: a snapshot save's dense
+        part, without the optimizer state a checkpoint also keeps."""
+        with self._lock:
+            vectors = dict(self._vectors)
+        return {name: vec.pull() for name, vec in vectors.items()}
+
     def push(self, name: str, grads: npt.NDArray[np.float32]) -> int:
         vec = self.get(name)
         if grads.size != vec.size:

@@ -131,8 +131,8 @@ class LocalPS:
     ) -> npt.NDArray[np.float32]:
         return self._dense_shard(name).init_dense(name, values, summary_decay)[0]
 
-    def pull_dense(self, name: str) -> npt.NDArray[np.float32]:
-        return self._dense_shard(name).pull_dense(name)[0]
+    def pull_dense(self, name: str, snapshot_id: str = "") -> npt.NDArray[np.float32]:
+        return self._dense_shard(name).pull_dense(name, snapshot_id)[0]
 
     def push_batch(
         self,

@@ -240,8 +240,8 @@ class RemotePS:
         (resp,) = self._call_all("InitDense", [(self._dense_server(name), req)])
         return wire.decode_floats(resp.values, "values").copy()
 
-    def pull_dense(self, name: str) -> npt.NDArray[np.float32]:
-        req = ps_pb2.PullDenseRequest(name=name)
+    def pull_dense(self, name: str, snapshot_id: str = "") -> npt.NDArray[np.float32]:
+        req = ps_pb2.PullDenseRequest(name=name, snapshot_id=snapshot_id)
         (resp,) = self._call_all("PullDense", [(self._dense_server(name), req)])
         return wire.decode_floats(resp.values, "values").copy()
 

@@ -89,7 +89,9 @@ class ShardLike(Protocol):
         self, name: str, values: npt.NDArray[np.float32], summary_decay: float | None = None
     ) -> tuple[npt.NDArray[np.float32], int]: ...
 
-    def pull_dense(self, name: str) -> tuple[npt.NDArray[np.float32], int]: ...
+    def pull_dense(
+        self, name: str, snapshot_id: str = ""
+    ) -> tuple[npt.NDArray[np.float32], int]: ...
 
     def push_dense(self, name: str, grads: npt.NDArray[np.float32]) -> int: ...
 
@@ -248,7 +250,7 @@ class PSServicer(ps_pb2_grpc.ParameterServerServicer):
     ) -> ps_pb2.DenseValues:
         def run() -> ps_pb2.DenseValues:
             name = _dense_name(request.name)
-            values, version = self._shard.pull_dense(name)
+            values, version = self._shard.pull_dense(name, request.snapshot_id)
             return ps_pb2.DenseValues(name=name, values=wire.encode_floats(values), version=version)
 
         return self._serve("PullDense", context, run)

@@ -35,7 +35,7 @@ from streamtrain_ps.errors import (
     UnknownTableError,
 )
 from streamtrain_ps.heap import note_request_scratch
-from streamtrain_ps.held_save import SnapshotSlot
+from streamtrain_ps.held_save import DenseValues, SnapshotSlot
 from streamtrain_ps.memory_limit import (
     MemoryBudget,
     MemoryGovernor,
@@ -232,7 +232,10 @@ class Shard(ShardLoads):
             raise InvalidRequestError("summary.decay", f"must be in (0, 1], got {summary_decay}")
         return self._dense.init(dense_name(name), v, summary_decay)
 
-    def pull_dense(self, name: str) -> tuple[npt.NDArray[np.float32], int]:
+    def pull_dense(self, name: str, snapshot_id: str = "") -> tuple[npt.NDArray[np.float32], int]:
+        """Vector ``name`` now, or as the held snapshot save ``snapshot_id`` took it."""
+        if snapshot_id:
+            return self._snapshot.dense(snapshot_id, dense_name(name))
         return self._dense.get(dense_name(name)).pull()
 
     def push_dense(self, name: str, grads: npt.NDArray[np.float32]) -> int:
@@ -323,7 +326,7 @@ class Shard(ShardLoads):
                 "memory, outside this shard's memoryLimit: write the checkpoint directly",
             )
 
-        def take() -> tuple[checkpoint.PartBuffer, api.SaveResult]:
+        def take() -> tuple[checkpoint.PartBuffer, api.SaveResult, dict[str, DenseValues]]:
             tables = self._selected(table)
             start = time.perf_counter()
             buffer = checkpoint.PartBuffer(self.shard_index)
@@ -337,8 +340,10 @@ class Shard(ShardLoads):
                     files += saving.write_dense(buffer, self._dense.snapshot())
                 for e in effects:
                     e.apply_locked()
+                dense = self._dense.pull_all()  # the model's dense part, same moment
             seconds = time.perf_counter() - start
-            return buffer, api.SaveResult("", mode, tuple(files), saved, tombs, seconds)
+            result = api.SaveResult("", mode, tuple(files), saved, tombs, seconds)
+            return buffer, result, dense
 
         return self._snapshot.take(snapshot_id, take)
 

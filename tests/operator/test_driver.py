@@ -110,7 +110,7 @@ class FakeWorker:
         gen = generation - 1 if self.stale else generation
         return m.to_proto(day, pass_index, gen)
 
-    async def export_dense(self, uri: str) -> list[str]:
+    async def export_dense(self, uri: str, snapshot_id: str = "") -> list[str]:
         Path(uri).mkdir(parents=True, exist_ok=True)
         (Path(uri) / "dense.pt").write_bytes(b"scripted")
         return [f"{uri}/dense.pt"]

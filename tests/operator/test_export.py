@@ -161,27 +161,29 @@ def test_parts_of_a_failed_attempt_do_not_survive_into_the_published_model(
     assert on_disk == listed | {"MODEL.json"}
 
 
-def test_the_snapshot_and_the_dense_export_are_taken_at_once(tmp_path: Path) -> None:
-    """Both read the model state after the pass, which nothing changes until the step is
-    recorded: the snapshot waits here until the dense export has started (sequential, it
-    would wait forever), and a failed snapshot still lets the dense export finish first."""
+def test_the_dense_part_is_exported_from_the_snapshot_beside_the_next_pass(
+    tmp_path: Path,
+) -> None:
+    """The step (between two passes) only takes the PS snapshot, which holds the dense
+    vectors too; the rest, run beside the next pass, exports the dense part from it before
+    the sparse parts are written (writing them frees the snapshot). A failed snapshot
+    exports and publishes nothing."""
     parts = FakeParts()
-    exporting = asyncio.Event()
-    finished: list[str] = []
+    calls: list[str] = []
 
     async def export_dense(uri: str) -> Sequence[str]:
-        exporting.set()
-        await asyncio.sleep(0.05)
-        files = await parts.export_dense(uri)
-        finished.append("dense")
-        return files
+        calls.append("dense")
+        return await parts.export_dense(uri)
+
+    async def save_sparse(uri: str) -> SaveResult:
+        calls.append("sparse")
+        return await parts.save_sparse(uri)
 
     def take(fail: bool) -> Callable[[], Awaitable[None]]:
         async def snapshot() -> None:
-            await asyncio.wait_for(exporting.wait(), timeout=10)
             if fail:
                 raise ExportError("snapshot refused")
-            finished.append("snapshot")
+            calls.append("snapshot")
 
         return snapshot
 
@@ -189,23 +191,23 @@ def test_the_snapshot_and_the_dense_export_are_taken_at_once(tmp_path: Path) -> 
         pass
 
     async def write(fail: bool, tgt: ModelTarget) -> None:
-        exporting.clear()
         rest = await write_parts(
             tgt,
-            save_sparse=parts.save_sparse,
+            save_sparse=save_sparse,
             export_dense=export_dense,
             metrics={},
             policy=RetryPolicy(retries=0, backoff_seconds=0.5),
             sleep=sleep,
             snapshot=take(fail),
         )
+        assert calls == ["snapshot"]  # the step: nothing but the snapshot
         await rest()
 
     asyncio.run(write(False, target(tmp_path / "ok")))
-    assert finished == ["snapshot", "dense"]
+    assert calls == ["snapshot", "dense", "sparse"]
     assert [line.key for line in read_donefile(str(tmp_path / "ok"))] == ["20261101/delta-3"]
-    finished.clear()
+    calls.clear()
     with pytest.raises(ExportError, match="snapshot refused"):
         asyncio.run(write(True, target(tmp_path / "failed")))
-    assert finished == ["dense"]  # awaited, not left running after the failure
+    assert calls == []
     assert read_donefile(str(tmp_path / "failed")) == []

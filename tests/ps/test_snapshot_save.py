@@ -18,7 +18,7 @@ import pytest
 
 from streamtrain_ps import checkpoint
 from streamtrain_ps.api import SaveMode
-from streamtrain_ps.errors import CheckpointError, InvalidRequestError
+from streamtrain_ps.errors import CheckpointError, InvalidRequestError, UnknownTableError
 from streamtrain_ps.local import LocalPS
 from streamtrain_ps.shard import Shard
 
@@ -60,6 +60,32 @@ def test_a_snapshot_writes_the_model_of_its_moment_and_applies_its_effects_then(
     finally:
         ps.close()
         twin.close()
+
+
+@pytest.mark.parametrize("kind", ["remote", "local"])
+def test_a_snapshot_holds_the_dense_vectors_of_its_moment(
+    kind: str, tmp_path: Path, ps_cluster: Callable[..., Cluster]
+) -> None:
+    # A worker exports the model's dense part from the snapshot while the next pass
+    # pushes to the live vectors (``PSLike.pull_dense(name, snapshot_id)``).
+    cfg = config()
+    ps: Any = ps_cluster(2, config=cfg).client() if kind == "remote" else LocalPS(cfg, 2)
+    try:
+        taken = np.linspace(-1, 1, 12, dtype=np.float32)
+        ps.init_dense("net", taken)
+        push(ps, keys(0, 100), show=5, click=1)
+        ps.snapshot(SaveMode.DELTA, "pass-1")
+        ps.push_dense("net", np.ones(12, dtype=np.float32))  # the next pass trains
+        assert np.array_equal(ps.pull_dense("net", "pass-1"), taken)
+        assert not np.allclose(ps.pull_dense("net"), taken)
+        with pytest.raises(UnknownTableError, match="other"):
+            ps.pull_dense("other", "pass-1")
+        ps.save_snapshot(str(tmp_path / "delta-1"), SaveMode.DELTA, "pass-1")
+        # Written and freed with the sparse parts: a late reader is told, not served.
+        with pytest.raises(CheckpointError, match="not held"):
+            ps.pull_dense("net", "pass-1")
+    finally:
+        ps.close()
 
 
 def test_a_failed_write_can_be_retried_with_the_same_content(tmp_path: Path) -> None:

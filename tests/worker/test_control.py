@@ -23,6 +23,7 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from streamtrain_ps.api import SaveMode
 from streamtrain_ps.errors import WorkingSet
 from streamtrain_ps.local import LocalPS
 from streamtrain_ps.memory_limit import MemoryBudget
@@ -179,6 +180,36 @@ def test_export_dense_equals_the_live_model(setup: Setup, chunk: str, tmp_path: 
         exported = module(lookup.pooled, None, None, lookup.ordinal)
         torch.testing.assert_close(exported, expected, rtol=0, atol=0)
     assert not np.allclose(expected.numpy(), expected.numpy()[0])  # a real, varying model
+
+
+def test_an_export_from_a_ps_snapshot_is_the_model_of_its_moment_beside_a_pass(
+    setup: Setup, chunk: str, tmp_path: Path
+) -> None:
+    """The driver takes a PS snapshot between two passes and has the dense part exported
+    from it while the next pass trains: the export holds the snapshot's parameters and
+    summary statistics, not the live ones, and is not refused as busy."""
+    trainer = setup.servicer.trainer
+    run_pass(setup.stub, [chunk])
+    setup.ps.snapshot(SaveMode.DELTA, "pass-1")
+    taken = setup.ps.pull_dense(setup.config.dense_name, "pass-1")
+    taken_stats = setup.ps.pull_dense(setup.config.summary_name, "pass-1")
+    run_pass(setup.stub, [chunk], generation=2)  # the model moves on
+    live = trainer._flat_params.numpy().copy()
+    assert not np.allclose(live, taken)
+    uri = f"file://{tmp_path}/export/20261101-1"
+    with setup.servicer._busy:  # a pass in progress: a live export would be refused
+        reply = setup.stub.ExportDense(
+            worker_pb2.ExportDenseRequest(uri=uri, snapshot_id="pass-1"), timeout=60
+        )
+    assert [Path(f).name for f in reply.files] == ["dense.pt", "dense.json"]
+    module, _ = load_dense(uri)
+    exported = {name: p.detach() for name, p in module.named_parameters()}
+    flat = torch.cat([t.reshape(-1) for t in exported.values()]).numpy()
+    assert np.array_equal(flat, taken)
+    stats = torch.cat([b.reshape(-1) for n, b in module.named_buffers() if n.endswith(".stats")])
+    assert np.array_equal(stats.numpy(), taken_stats)
+    # the trained network was left alone
+    assert np.array_equal(trainer._flat_params.numpy(), live)
 
 
 class GatedPS:

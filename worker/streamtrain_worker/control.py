@@ -5,7 +5,8 @@ call (or an export) and maps failures to gRPC status codes in one place (``_stat
 
 - a second concurrent RunPass/ExportDense/Reset -> ``FAILED_PRECONDITION``, reason ``BUSY``
   (one at a time: a worker trains one pass; overlapping passes would double-count and race
-  the model);
+  the model) — except an ExportDense of a PS snapshot, which fills a copy of the network
+  and runs beside a pass;
 - a request from an older generation than one already seen -> ``FAILED_PRECONDITION``,
   reason ``STALE_GENERATION``;
 - a pass cancelled by a ``Reset`` of a newer generation -> ``ABORTED``, reason ``CANCELLED``;
@@ -41,6 +42,7 @@ health to NOT_SERVING first for a graceful SIGTERM).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -135,6 +137,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         #: so that it does not slow the build itself, which the scheduler waits for).
         self._after_build = after_build
         self._busy = threading.Lock()
+        # Exports of a PS snapshot run beside a pass (not under ``_busy``), one at a time.
+        self._snapshot_export = threading.Lock()
         self._trainer: Trainer | None = None
         self._generation = 0
         #: Generation of the RunPass in progress (None when none runs), and the flag a
@@ -181,8 +185,16 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         finally:
             self._busy.release()
 
-    def _guarded(self, what: str, context: grpc.ServicerContext, fn: Callable[[], Any]) -> Any:
-        with self._exclusive(what, context):
+    def _guarded(
+        self,
+        what: str,
+        context: grpc.ServicerContext,
+        fn: Callable[[], Any],
+        exclusive: bool = True,
+    ) -> Any:
+        """Run ``fn`` (alone on this worker unless ``exclusive`` is false); an error aborts
+        the call with the status it maps to."""
+        with self._exclusive(what, context) if exclusive else contextlib.nullcontext():
             try:
                 return fn()
             except Exception as exc:
@@ -246,6 +258,17 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             files = export_dense(trainer.model, self.config.model.type, request.uri)
             return worker_pb2.ExportDenseResponse(files=files)
 
+        def run_snapshot() -> Any:
+            # The model of the moment the PS snapshot was taken, in a copy of the network:
+            # the pass training beside it keeps the trainer's.
+            with self._snapshot_export:
+                model = self.trainer.snapshot_model(request.snapshot_id)
+                files = export_dense(model, self.config.model.type, request.uri)
+            return worker_pb2.ExportDenseResponse(files=files)
+
+        if request.snapshot_id:
+            what = f"ExportDense({request.uri}, snapshot {request.snapshot_id})"
+            return self._guarded(what, context, run_snapshot, exclusive=False)
         return self._guarded(f"ExportDense({request.uri})", context, run)
 
     def Reset(  # noqa: N802 - gRPC method name

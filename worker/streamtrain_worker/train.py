@@ -52,6 +52,7 @@ from streamtrain_worker.embedding import Lookup, PreparedBatch, SparsePush, prep
 from streamtrain_worker.metrics import PassMetrics
 from streamtrain_worker.models import DenseModel, ModelSpec, build_model
 from streamtrain_worker.models.summary import (
+    SummaryLayer,
     drain_pending,
     gather_stats,
     scatter_stats,
@@ -121,6 +122,9 @@ class Trainer:
         self.dense_version = 0  # dense pulls loaded so far (for tests and logs)
         self.trained_examples = 0  # trained by this worker (the in-order start counts them)
         self.init_dense()
+        # The network an export of a PS snapshot fills (``snapshot_model``), built at its
+        # first use: its flat parameters and its summary layers.
+        self._snapshot_copy: tuple[DenseModel, torch.Tensor, list[SummaryLayer]] | None = None
 
     # --- dense parameters ------------------------------------------------------------
 
@@ -166,6 +170,34 @@ class Trainer:
 
     def _load_summary(self, values: npt.NDArray[np.float32]) -> None:
         scatter_stats(self._summaries, torch.from_numpy(np.asarray(values, dtype=np.float32)))
+
+    def snapshot_model(self, snapshot_id: str) -> DenseModel:
+        """The network as the PS's snapshot save ``snapshot_id`` holds it (``PSLike.snapshot``:
+        the dense vectors copied with the model's sparse rows between two passes).
+
+        It is a second copy of the network, so the model of that moment can be exported
+        while the next pass trains ``self.model``; built once, refilled for every snapshot,
+        so callers take turns with it (the worker exports one model at a time).
+        """
+        params = self.ps.pull_dense(self.config.dense_name, snapshot_id)
+        stats = (
+            self.ps.pull_dense(self.config.summary_name, snapshot_id) if self._summaries else None
+        )
+        if self._snapshot_copy is None:
+            model = build_model(self.config.model.type, self.spec, seed=self.config.seed)
+            flat, _ = _flatten(list(model.parameters()))
+            self._snapshot_copy = (model, flat, summary_layers(model))
+        model, flat, summaries = self._snapshot_copy
+        if params.shape != tuple(flat.shape):
+            raise ValueError(
+                f"snapshot {snapshot_id}: dense vector {self.config.dense_name!r} has "
+                f"{params.size} values, the model has {flat.numel()}"
+            )
+        with torch.no_grad():
+            flat.copy_(torch.from_numpy(params))
+        if stats is not None:
+            scatter_stats(summaries, torch.from_numpy(np.asarray(stats, dtype=np.float32)))
+        return model
 
     def sync_dense(self) -> None:
         """Replace the local dense parameters (and summary statistics) by the PS's."""

@@ -86,7 +86,10 @@ class WorkerClient(Protocol):
         next pass, to read ahead (a hint, ``next_pass``)."""
         ...
 
-    async def export_dense(self, uri: str) -> list[str]: ...
+    async def export_dense(self, uri: str, snapshot_id: str = "") -> list[str]:
+        """Write the dense part of a model below ``uri``: the PS's current dense vectors, or
+        (``snapshot_id``) those of that PS snapshot save, which may run beside a pass."""
+        ...
 
     async def reset(self, generation: int) -> None:
         """Resync with the PS; a pass of an older generation still running is cancelled

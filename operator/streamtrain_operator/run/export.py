@@ -13,7 +13,6 @@ part from an empty directory, so a published model holds exactly the files its m
 
 from __future__ import annotations
 
-import asyncio
 import os
 import tempfile
 import time
@@ -183,11 +182,12 @@ async def write_parts(
     """The part of ``publish_model`` that reads the model state; returns the rest.
 
     With ``snapshot`` (the PS's ``snapshot``: every shard copies the model's sparse rows
-    into memory now) this part takes the snapshot and exports the dense part, and the rest
-    — ``save_sparse`` writing the snapshot's parts, ``MODEL.json``, the donefile line — only
-    writes what was taken here, so the driver runs it while the next pass trains. Without
-    it, ``save_sparse`` saves what the PS holds and runs here. Until the rest has run, the
-    model is not visible. Other arguments as for ``publish_model``.
+    and its dense vectors into memory now) this part only takes the snapshot, and the rest
+    — ``export_dense`` (which must read the snapshot's dense vectors), ``save_sparse``
+    writing the snapshot's parts, ``MODEL.json``, the donefile line — only writes what was
+    taken here, so the driver runs it while the next pass trains. Without it, both parts
+    are written from what the PS holds, here. Until the rest has run, the model is not
+    visible. Other arguments as for ``publish_model``.
     """
     timed = _Timer(on_phase)
     existing = published(target.root, target.key)
@@ -235,17 +235,11 @@ async def write_parts(
         await write_sparse()
         await write_dense()
     else:
-        # The snapshot copies the sparse rows, the dense export has worker 0 pull the dense
-        # vectors: disjoint parts of one PS state that nothing changes until the step is
-        # recorded (the next pass is dispatched after it), so they are taken at once.
-        async def take_snapshot() -> None:
-            await with_retries(f"{sparse_uri}: snapshot", snapshot, policy, sleep)
-            timed("snapshot")
-
-        outcomes = await asyncio.gather(take_snapshot(), write_dense(), return_exceptions=True)
-        for outcome in outcomes:  # both ended: nothing of this attempt runs on after a failure
-            if isinstance(outcome, BaseException):
-                raise outcome
+        # The snapshot copies the sparse rows and the dense vectors on every shard at once;
+        # ``export_dense`` then reads the dense ones from it (the caller's to arrange), so
+        # the whole model is the one of this moment, written beside the next pass.
+        await with_retries(f"{sparse_uri}: snapshot", snapshot, policy, sleep)
+        timed("snapshot")
     timed.restart()
 
     async def write_manifest() -> None:
@@ -285,6 +279,9 @@ async def write_parts(
     async def publish() -> DoneLine:
         timed.restart()
         if not sparse:
+            # From a snapshot: the dense part first, as writing the sparse parts frees it.
+            await write_dense()
+            timed.restart()
             await write_sparse()
         await with_retries(f"{target.uri}: {MODEL_MANIFEST}", write_manifest, policy, sleep)
         timed("manifest")

@@ -1,14 +1,15 @@
 """The driver's model steps (delta, base, batch): publish a model, with its end beside the
 next pass.
 
-A model step takes the model (``export.write_parts``: the PS's snapshot of the sparse rows,
-the dense part exported by worker 0) and is then recorded as done; the rest of its
-publication — writing the snapshot's sparse parts, ``MODEL.json``, the donefile line — only
-writes what was taken, so it runs as a task while the next pass's data check and training
-go on (``beside``). ``settle`` collects it: when it is done, and always before any other
-step (a later model's line must follow its line, a checkpoint must not be recorded before
-the models it follows — a replay never reaches back past it — and a reload or the end of
-the run must not race it). Its failure fails the job with ``ExportFailed``.
+A model step takes the model (``export.write_parts``: the PS's snapshot of the sparse rows
+and the dense vectors) and is then recorded as done; the rest of its publication — worker
+0 exporting the snapshot's dense vectors as TorchScript, writing the snapshot's sparse
+parts, ``MODEL.json``, the donefile line — only writes what was taken, so it runs as a task
+while the next pass's data check and training go on (``beside``). ``settle`` collects it:
+when it is done, and always before any other step (a later model's line must follow its
+line, a checkpoint must not be recorded before the models it follows — a replay never
+reaches back past it — and a reload or the end of the run must not race it). Its failure
+fails the job with ``ExportFailed``.
 
 Exactly once: a model step recorded but not in the donefile (a kill or a failure in that
 end) is published by its replay — the replay rebuilt the model state of that moment from
@@ -64,7 +65,8 @@ class Publisher:
     spec: JobSpec
     plan: PassPlan
     ps: PSLike
-    export_dense: Callable[[str], Awaitable[Sequence[str]]]
+    #: Worker 0's ``ExportDense(uri, snapshot_id)`` (``driver.WorkerClient``).
+    export_dense: Callable[[str, str], Awaitable[Sequence[str]]]
     retry: export.RetryPolicy
     sleep: Callable[[float], Awaitable[None]]
     clock: Callable[[], float] = time.time
@@ -121,7 +123,8 @@ class Publisher:
                 save_sparse=lambda uri: asyncio.to_thread(
                     self.ps.save_snapshot, uri, mode, snapshot_id
                 ),
-                export_dense=self.export_dense,
+                # the dense vectors of the same snapshot, read beside the next pass
+                export_dense=lambda uri: self.export_dense(uri, snapshot_id),
                 metrics={} if record is None else record.metrics,
                 policy=self.retry,
                 sleep=self.sleep,

@@ -71,9 +71,10 @@ class GrpcWorker:
         )
         return await self._stub.RunPass(request)
 
-    async def export_dense(self, uri: str) -> list[str]:
+    async def export_dense(self, uri: str, snapshot_id: str = "") -> list[str]:
         response = await self._stub.ExportDense(
-            worker_pb2.ExportDenseRequest(uri=uri), timeout=self.control_timeout
+            worker_pb2.ExportDenseRequest(uri=uri, snapshot_id=snapshot_id),
+            timeout=self.control_timeout,
         )
         return list(response.files)
 

@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dstreamtrain_ps/proto/ps.proto\x12\x11streamtrain.ps.v1\"0\n\x11PullSparseRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0c\n\x04keys\x18\x02 \x01(\x0c\"1\n\x12PullSparseResponse\x12\x0e\n\x06values\x18\x01 \x01(\x0c\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\"\xd2\x01\n\x11PushSparseRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0c\n\x04keys\x18\x02 \x01(\x0c\x12\r\n\x05grads\x18\x03 \x01(\x0c\x12\x0b\n\x03\x64im\x18\x04 \x01(\r\x12\r\n\x05shows\x18\x05 \x01(\x0c\x12\x0e\n\x06\x63licks\x18\x06 \x01(\x0c\x12\r\n\x05slots\x18\x07 \x01(\x0c\x12(\n\x02id\x18\x08 \x01(\x0b\x32\x1c.streamtrain.ps.v1.RequestId\x12,\n\x05\x64\x65nse\x18\t \x03(\x0b\x32\x1d.streamtrain.ps.v1.DenseGrads\")\n\nDenseGrads\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05grads\x18\x02 \x01(\x0c\"@\n\tRequestId\x12\x11\n\tclient_id\x18\x01 \x01(\x0c\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x13\n\x0b\x61\x63ked_below\x18\x03 \x01(\x04\"=\n\x12PushSparseResponse\x12\x14\n\x0ckeys_updated\x18\x01 \x01(\x04\x12\x11\n\tduplicate\x18\x02 \x01(\x08\"a\n\x10InitDenseRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06values\x18\x02 \x01(\x0c\x12/\n\x07summary\x18\x03 \x01(\x0b\x32\x1e.streamtrain.ps.v1.SummaryRule\"\x1c\n\x0bSummaryRule\x12\r\n\x05\x64\x65\x63\x61y\x18\x01 \x01(\x01\" \n\x10PullDenseRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"<\n\x0b\x44\x65nseValues\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06values\x18\x02 \x01(\x0c\x12\x0f\n\x07version\x18\x03 \x01(\x04\"Y\n\x10PushDenseRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05grads\x18\x02 \x01(\x0c\x12(\n\x02id\x18\x03 \x01(\x0b\x32\x1c.streamtrain.ps.v1.RequestId\"7\n\x11PushDenseResponse\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x11\n\tduplicate\x18\x02 \x01(\x08\"\x80\x01\n\x0bSaveRequest\x12\x0b\n\x03uri\x18\x01 \x01(\t\x12\x0c\n\x04mode\x18\x02 \x01(\r\x12\r\n\x05table\x18\x03 \x01(\t\x12\r\n\x05stage\x18\x04 \x01(\x08\x12\x0f\n\x07save_id\x18\x05 \x01(\t\x12\x10\n\x08snapshot\x18\x06 \x01(\x08\x12\x15\n\rfrom_snapshot\x18\x07 \x01(\t\"E\n\tFileEntry\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\x0c\n\x04rows\x18\x04 \x01(\x04\"\x85\x01\n\x0cSaveResponse\x12+\n\x05\x66iles\x18\x01 \x03(\x0b\x32\x1c.streamtrain.ps.v1.FileEntry\x12\x12\n\nkeys_saved\x18\x02 \x01(\x04\x12\x12\n\ntombstones\x18\x03 \x01(\x04\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\x12\x0f\n\x07save_id\x18\x05 \x01(\t\"A\n\x11\x46inishSaveRequest\x12\x0b\n\x03uri\x18\x01 \x01(\t\x12\x0f\n\x07save_id\x18\x02 \x01(\t\x12\x0e\n\x06\x63ommit\x18\x03 \x01(\x08\"%\n\x12\x46inishSaveResponse\x12\x0f\n\x07\x61pplied\x18\x01 \x01(\x08\"n\n\x0bLoadRequest\x12\x0b\n\x03uri\x18\x01 \x01(\t\x12+\n\x05phase\x18\x02 \x01(\x0e\x32\x1c.streamtrain.ps.v1.LoadPhase\x12\x0f\n\x07load_id\x18\x03 \x01(\t\x12\x14\n\x0c\x64iscard_live\x18\x04 \x01(\x08\"4\n\x0cLoadResponse\x12\x13\n\x0bkeys_loaded\x18\x01 \x01(\x04\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\"\x1e\n\rShrinkRequest\x12\r\n\x05table\x18\x01 \x01(\t\"J\n\x0eShrinkResponse\x12\x13\n\x0bkeys_before\x18\x01 \x01(\x04\x12\x0f\n\x07\x64\x65leted\x18\x02 \x01(\x04\x12\x12\n\nkeys_after\x18\x03 \x01(\x04\"\x0e\n\x0cStatsRequest\"U\n\nTableStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04keys\x18\x02 \x01(\x04\x12\x15\n\rexpanded_keys\x18\x03 \x01(\x04\x12\x14\n\x0cmemory_bytes\x18\x04 \x01(\x04\"|\n\rStatsResponse\x12-\n\x06tables\x18\x01 \x03(\x0b\x32\x1d.streamtrain.ps.v1.TableStats\x12\x13\n\x0bshard_index\x18\x02 \x01(\r\x12\x12\n\nnum_shards\x18\x03 \x01(\r\x12\x13\n\x0b\x64\x65nse_names\x18\x04 \x03(\t*Q\n\tLoadPhase\x12\x11\n\rLOAD_ONE_SHOT\x10\x00\x12\x10\n\x0cLOAD_PREPARE\x10\x01\x12\x0f\n\x0bLOAD_COMMIT\x10\x02\x12\x0e\n\nLOAD_ABORT\x10\x03\x32\xcb\x06\n\x0fParameterServer\x12Y\n\nPullSparse\x12$.streamtrain.ps.v1.PullSparseRequest\x1a%.streamtrain.ps.v1.PullSparseResponse\x12Y\n\nPushSparse\x12$.streamtrain.ps.v1.PushSparseRequest\x1a%.streamtrain.ps.v1.PushSparseResponse\x12P\n\tInitDense\x12#.streamtrain.ps.v1.InitDenseRequest\x1a\x1e.streamtrain.ps.v1.DenseValues\x12P\n\tPullDense\x12#.streamtrain.ps.v1.PullDenseRequest\x1a\x1e.streamtrain.ps.v1.DenseValues\x12V\n\tPushDense\x12#.streamtrain.ps.v1.PushDenseRequest\x1a$.streamtrain.ps.v1.PushDenseResponse\x12G\n\x04Save\x12\x1e.streamtrain.ps.v1.SaveRequest\x1a\x1f.streamtrain.ps.v1.SaveResponse\x12Y\n\nFinishSave\x12$.streamtrain.ps.v1.FinishSaveRequest\x1a%.streamtrain.ps.v1.FinishSaveResponse\x12G\n\x04Load\x12\x1e.streamtrain.ps.v1.LoadRequest\x1a\x1f.streamtrain.ps.v1.LoadResponse\x12M\n\x06Shrink\x12 .streamtrain.ps.v1.ShrinkRequest\x1a!.streamtrain.ps.v1.ShrinkResponse\x12J\n\x05Stats\x12\x1f.streamtrain.ps.v1.StatsRequest\x1a .streamtrain.ps.v1.StatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dstreamtrain_ps/proto/ps.proto\x12\x11streamtrain.ps.v1\"0\n\x11PullSparseRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0c\n\x04keys\x18\x02 \x01(\x0c\"1\n\x12PullSparseResponse\x12\x0e\n\x06values\x18\x01 \x01(\x0c\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\"\xd2\x01\n\x11PushSparseRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0c\n\x04keys\x18\x02 \x01(\x0c\x12\r\n\x05grads\x18\x03 \x01(\x0c\x12\x0b\n\x03\x64im\x18\x04 \x01(\r\x12\r\n\x05shows\x18\x05 \x01(\x0c\x12\x0e\n\x06\x63licks\x18\x06 \x01(\x0c\x12\r\n\x05slots\x18\x07 \x01(\x0c\x12(\n\x02id\x18\x08 \x01(\x0b\x32\x1c.streamtrain.ps.v1.RequestId\x12,\n\x05\x64\x65nse\x18\t \x03(\x0b\x32\x1d.streamtrain.ps.v1.DenseGrads\")\n\nDenseGrads\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05grads\x18\x02 \x01(\x0c\"@\n\tRequestId\x12\x11\n\tclient_id\x18\x01 \x01(\x0c\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x13\n\x0b\x61\x63ked_below\x18\x03 \x01(\x04\"=\n\x12PushSparseResponse\x12\x14\n\x0ckeys_updated\x18\x01 \x01(\x04\x12\x11\n\tduplicate\x18\x02 \x01(\x08\"a\n\x10InitDenseRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06values\x18\x02 \x01(\x0c\x12/\n\x07summary\x18\x03 \x01(\x0b\x32\x1e.streamtrain.ps.v1.SummaryRule\"\x1c\n\x0bSummaryRule\x12\r\n\x05\x64\x65\x63\x61y\x18\x01 \x01(\x01\"5\n\x10PullDenseRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0bsnapshot_id\x18\x02 \x01(\t\"<\n\x0b\x44\x65nseValues\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06values\x18\x02 \x01(\x0c\x12\x0f\n\x07version\x18\x03 \x01(\x04\"Y\n\x10PushDenseRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05grads\x18\x02 \x01(\x0c\x12(\n\x02id\x18\x03 \x01(\x0b\x32\x1c.streamtrain.ps.v1.RequestId\"7\n\x11PushDenseResponse\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x11\n\tduplicate\x18\x02 \x01(\x08\"\x80\x01\n\x0bSaveRequest\x12\x0b\n\x03uri\x18\x01 \x01(\t\x12\x0c\n\x04mode\x18\x02 \x01(\r\x12\r\n\x05table\x18\x03 \x01(\t\x12\r\n\x05stage\x18\x04 \x01(\x08\x12\x0f\n\x07save_id\x18\x05 \x01(\t\x12\x10\n\x08snapshot\x18\x06 \x01(\x08\x12\x15\n\rfrom_snapshot\x18\x07 \x01(\t\"E\n\tFileEntry\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\x0c\n\x04rows\x18\x04 \x01(\x04\"\x85\x01\n\x0cSaveResponse\x12+\n\x05\x66iles\x18\x01 \x03(\x0b\x32\x1c.streamtrain.ps.v1.FileEntry\x12\x12\n\nkeys_saved\x18\x02 \x01(\x04\x12\x12\n\ntombstones\x18\x03 \x01(\x04\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\x12\x0f\n\x07save_id\x18\x05 \x01(\t\"A\n\x11\x46inishSaveRequest\x12\x0b\n\x03uri\x18\x01 \x01(\t\x12\x0f\n\x07save_id\x18\x02 \x01(\t\x12\x0e\n\x06\x63ommit\x18\x03 \x01(\x08\"%\n\x12\x46inishSaveResponse\x12\x0f\n\x07\x61pplied\x18\x01 \x01(\x08\"n\n\x0bLoadRequest\x12\x0b\n\x03uri\x18\x01 \x01(\t\x12+\n\x05phase\x18\x02 \x01(\x0e\x32\x1c.streamtrain.ps.v1.LoadPhase\x12\x0f\n\x07load_id\x18\x03 \x01(\t\x12\x14\n\x0c\x64iscard_live\x18\x04 \x01(\x08\"4\n\x0cLoadResponse\x12\x13\n\x0bkeys_loaded\x18\x01 \x01(\x04\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\"\x1e\n\rShrinkRequest\x12\r\n\x05table\x18\x01 \x01(\t\"J\n\x0eShrinkResponse\x12\x13\n\x0bkeys_before\x18\x01 \x01(\x04\x12\x0f\n\x07\x64\x65leted\x18\x02 \x01(\x04\x12\x12\n\nkeys_after\x18\x03 \x01(\x04\"\x0e\n\x0cStatsRequest\"U\n\nTableStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04keys\x18\x02 \x01(\x04\x12\x15\n\rexpanded_keys\x18\x03 \x01(\x04\x12\x14\n\x0cmemory_bytes\x18\x04 \x01(\x04\"|\n\rStatsResponse\x12-\n\x06tables\x18\x01 \x03(\x0b\x32\x1d.streamtrain.ps.v1.TableStats\x12\x13\n\x0bshard_index\x18\x02 \x01(\r\x12\x12\n\nnum_shards\x18\x03 \x01(\r\x12\x13\n\x0b\x64\x65nse_names\x18\x04 \x03(\t*Q\n\tLoadPhase\x12\x11\n\rLOAD_ONE_SHOT\x10\x00\x12\x10\n\x0cLOAD_PREPARE\x10\x01\x12\x0f\n\x0bLOAD_COMMIT\x10\x02\x12\x0e\n\nLOAD_ABORT\x10\x03\x32\xcb\x06\n\x0fParameterServer\x12Y\n\nPullSparse\x12$.streamtrain.ps.v1.PullSparseRequest\x1a%.streamtrain.ps.v1.PullSparseResponse\x12Y\n\nPushSparse\x12$.streamtrain.ps.v1.PushSparseRequest\x1a%.streamtrain.ps.v1.PushSparseResponse\x12P\n\tInitDense\x12#.streamtrain.ps.v1.InitDenseRequest\x1a\x1e.streamtrain.ps.v1.DenseValues\x12P\n\tPullDense\x12#.streamtrain.ps.v1.PullDenseRequest\x1a\x1e.streamtrain.ps.v1.DenseValues\x12V\n\tPushDense\x12#.streamtrain.ps.v1.PushDenseRequest\x1a$.streamtrain.ps.v1.PushDenseResponse\x12G\n\x04Save\x12\x1e.streamtrain.ps.v1.SaveRequest\x1a\x1f.streamtrain.ps.v1.SaveResponse\x12Y\n\nFinishSave\x12$.streamtrain.ps.v1.FinishSaveRequest\x1a%.streamtrain.ps.v1.FinishSaveResponse\x12G\n\x04Load\x12\x1e.streamtrain.ps.v1.LoadRequest\x1a\x1f.streamtrain.ps.v1.LoadResponse\x12M\n\x06Shrink\x12 .streamtrain.ps.v1.ShrinkRequest\x1a!.streamtrain.ps.v1.ShrinkResponse\x12J\n\x05Stats\x12\x1f.streamtrain.ps.v1.StatsRequest\x1a .streamtrain.ps.v1.StatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'streamtrain_ps.proto.ps_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_LOADPHASE']._serialized_start=1858
-  _globals['_LOADPHASE']._serialized_end=1939
+  _globals['_LOADPHASE']._serialized_start=1879
+  _globals['_LOADPHASE']._serialized_end=1960
   _globals['_PULLSPARSEREQUEST']._serialized_start=52
   _globals['_PULLSPARSEREQUEST']._serialized_end=100
   _globals['_PULLSPARSERESPONSE']._serialized_start=102
@@ -50,37 +50,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SUMMARYRULE']._serialized_start=637
   _globals['_SUMMARYRULE']._serialized_end=665
   _globals['_PULLDENSEREQUEST']._serialized_start=667
-  _globals['_PULLDENSEREQUEST']._serialized_end=699
-  _globals['_DENSEVALUES']._serialized_start=701
-  _globals['_DENSEVALUES']._serialized_end=761
-  _globals['_PUSHDENSEREQUEST']._serialized_start=763
-  _globals['_PUSHDENSEREQUEST']._serialized_end=852
-  _globals['_PUSHDENSERESPONSE']._serialized_start=854
-  _globals['_PUSHDENSERESPONSE']._serialized_end=909
-  _globals['_SAVEREQUEST']._serialized_start=912
-  _globals['_SAVEREQUEST']._serialized_end=1040
-  _globals['_FILEENTRY']._serialized_start=1042
-  _globals['_FILEENTRY']._serialized_end=1111
-  _globals['_SAVERESPONSE']._serialized_start=1114
-  _globals['_SAVERESPONSE']._serialized_end=1247
-  _globals['_FINISHSAVEREQUEST']._serialized_start=1249
-  _globals['_FINISHSAVEREQUEST']._serialized_end=1314
-  _globals['_FINISHSAVERESPONSE']._serialized_start=1316
-  _globals['_FINISHSAVERESPONSE']._serialized_end=1353
-  _globals['_LOADREQUEST']._serialized_start=1355
-  _globals['_LOADREQUEST']._serialized_end=1465
-  _globals['_LOADRESPONSE']._serialized_start=1467
-  _globals['_LOADRESPONSE']._serialized_end=1519
-  _globals['_SHRINKREQUEST']._serialized_start=1521
-  _globals['_SHRINKREQUEST']._serialized_end=1551
-  _globals['_SHRINKRESPONSE']._serialized_start=1553
-  _globals['_SHRINKRESPONSE']._serialized_end=1627
-  _globals['_STATSREQUEST']._serialized_start=1629
-  _globals['_STATSREQUEST']._serialized_end=1643
-  _globals['_TABLESTATS']._serialized_start=1645
-  _globals['_TABLESTATS']._serialized_end=1730
-  _globals['_STATSRESPONSE']._serialized_start=1732
-  _globals['_STATSRESPONSE']._serialized_end=1856
-  _globals['_PARAMETERSERVER']._serialized_start=1942
-  _globals['_PARAMETERSERVER']._serialized_end=2785
+  _globals['_PULLDENSEREQUEST']._serialized_end=720
+  _globals['_DENSEVALUES']._serialized_start=722
+  _globals['_DENSEVALUES']._serialized_end=782
+  _globals['_PUSHDENSEREQUEST']._serialized_start=784
+  _globals['_PUSHDENSEREQUEST']._serialized_end=873
+  _globals['_PUSHDENSERESPONSE']._serialized_start=875
+  _globals['_PUSHDENSERESPONSE']._serialized_end=930
+  _globals['_SAVEREQUEST']._serialized_start=933
+  _globals['_SAVEREQUEST']._serialized_end=1061
+  _globals['_FILEENTRY']._serialized_start=1063
+  _globals['_FILEENTRY']._serialized_end=1132
+  _globals['_SAVERESPONSE']._serialized_start=1135
+  _globals['_SAVERESPONSE']._serialized_end=1268
+  _globals['_FINISHSAVEREQUEST']._serialized_start=1270
+  _globals['_FINISHSAVEREQUEST']._serialized_end=1335
+  _globals['_FINISHSAVERESPONSE']._serialized_start=1337
+  _globals['_FINISHSAVERESPONSE']._serialized_end=1374
+  _globals['_LOADREQUEST']._serialized_start=1376
+  _globals['_LOADREQUEST']._serialized_end=1486
+  _globals['_LOADRESPONSE']._serialized_start=1488
+  _globals['_LOADRESPONSE']._serialized_end=1540
+  _globals['_SHRINKREQUEST']._serialized_start=1542
+  _globals['_SHRINKREQUEST']._serialized_end=1572
+  _globals['_SHRINKRESPONSE']._serialized_start=1574
+  _globals['_SHRINKRESPONSE']._serialized_end=1648
+  _globals['_STATSREQUEST']._serialized_start=1650
+  _globals['_STATSREQUEST']._serialized_end=1664
+  _globals['_TABLESTATS']._serialized_start=1666
+  _globals['_TABLESTATS']._serialized_end=1751
+  _globals['_STATSRESPONSE']._serialized_start=1753
+  _globals['_STATSRESPONSE']._serialized_end=1877
+  _globals['_PARAMETERSERVER']._serialized_start=1963
+  _globals['_PARAMETERSERVER']._serialized_end=2806
 # @@protoc_insertion_point(module_scope)

@@ -99,10 +99,12 @@ class SummaryRule(_message.Message):
     def __init__(self, decay: _Optional[float] = ...) -> None: ...
 
 class PullDenseRequest(_message.Message):
-    __slots__ = ("name",)
+    __slots__ = ("name", "snapshot_id")
     NAME_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
     name: str
-    def __init__(self, name: _Optional[str] = ...) -> None: ...
+    snapshot_id: str
+    def __init__(self, name: _Optional[str] = ..., snapshot_id: _Optional[str] = ...) -> None: ...
 
 class DenseValues(_message.Message):
     __slots__ = ("name", "values", "version")

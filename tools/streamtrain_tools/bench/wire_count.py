@@ -74,8 +74,8 @@ class CountingPS:
         self._add("dense", values, out)
         return out
 
-    def pull_dense(self, name: str) -> npt.NDArray[np.float32]:
-        out = self._inner.pull_dense(name)
+    def pull_dense(self, name: str, snapshot_id: str = "") -> npt.NDArray[np.float32]:
+        out = self._inner.pull_dense(name, snapshot_id)
         self._add("dense", out)
         return out
 

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%streamtrain_worker/proto/worker.proto\x12\x15streamtrain.worker.v1\"w\n\x0eRunPassRequest\x12\x0b\n\x03\x64\x61y\x18\x01 \x01(\t\x12\x12\n\npass_index\x18\x02 \x01(\r\x12\r\n\x05\x66iles\x18\x03 \x03(\t\x12\x12\n\ngeneration\x18\x04 \x01(\x04\x12\r\n\x05train\x18\x05 \x01(\x08\x12\x12\n\nnext_files\x18\x06 \x03(\t\"\xdf\x02\n\nPassResult\x12\x0b\n\x03\x64\x61y\x18\x01 \x01(\t\x12\x12\n\npass_index\x18\x02 \x01(\r\x12\x12\n\ngeneration\x18\x03 \x01(\x04\x12\x10\n\x08\x65xamples\x18\x04 \x01(\x04\x12\x11\n\tbad_lines\x18\x05 \x01(\x04\x12\x10\n\x08loss_sum\x18\x06 \x01(\x01\x12\x11\n\tlabel_sum\x18\x07 \x01(\x01\x12\x10\n\x08pred_sum\x18\x08 \x01(\x01\x12\x15\n\rabs_error_sum\x18\t \x01(\x01\x12\x14\n\x0csq_error_sum\x18\n \x01(\x01\x12\x13\n\x0bpos_buckets\x18\x0b \x01(\x0c\x12\x13\n\x0bneg_buckets\x18\x0c \x01(\x0c\x12\x13\n\x0bnum_buckets\x18\r \x01(\r\x12\x0f\n\x07seconds\x18\x0e \x01(\x01\x12\x15\n\rtrain_seconds\x18\x0f \x01(\x01\x12\x12\n\nfiles_read\x18\x10 \x01(\x04\x12\x18\n\x10\x66iles_read_ahead\x18\x11 \x01(\x04\"!\n\x12\x45xportDenseRequest\x12\x0b\n\x03uri\x18\x01 \x01(\t\"$\n\x13\x45xportDenseResponse\x12\r\n\x05\x66iles\x18\x01 \x03(\t\"\"\n\x0cResetRequest\x12\x12\n\ngeneration\x18\x01 \x01(\x04\"\x0f\n\rResetResponse2\x97\x02\n\x06Worker\x12S\n\x07RunPass\x12%.streamtrain.worker.v1.RunPassRequest\x1a!.streamtrain.worker.v1.PassResult\x12\x64\n\x0b\x45xportDense\x12).streamtrain.worker.v1.ExportDenseRequest\x1a*.streamtrain.worker.v1.ExportDenseResponse\x12R\n\x05Reset\x12#.streamtrain.worker.v1.ResetRequest\x1a$.streamtrain.worker.v1.ResetResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%streamtrain_worker/proto/worker.proto\x12\x15streamtrain.worker.v1\"w\n\x0eRunPassRequest\x12\x0b\n\x03\x64\x61y\x18\x01 \x01(\t\x12\x12\n\npass_index\x18\x02 \x01(\r\x12\r\n\x05\x66iles\x18\x03 \x03(\t\x12\x12\n\ngeneration\x18\x04 \x01(\x04\x12\r\n\x05train\x18\x05 \x01(\x08\x12\x12\n\nnext_files\x18\x06 \x03(\t\"\xdf\x02\n\nPassResult\x12\x0b\n\x03\x64\x61y\x18\x01 \x01(\t\x12\x12\n\npass_index\x18\x02 \x01(\r\x12\x12\n\ngeneration\x18\x03 \x01(\x04\x12\x10\n\x08\x65xamples\x18\x04 \x01(\x04\x12\x11\n\tbad_lines\x18\x05 \x01(\x04\x12\x10\n\x08loss_sum\x18\x06 \x01(\x01\x12\x11\n\tlabel_sum\x18\x07 \x01(\x01\x12\x10\n\x08pred_sum\x18\x08 \x01(\x01\x12\x15\n\rabs_error_sum\x18\t \x01(\x01\x12\x14\n\x0csq_error_sum\x18\n \x01(\x01\x12\x13\n\x0bpos_buckets\x18\x0b \x01(\x0c\x12\x13\n\x0bneg_buckets\x18\x0c \x01(\x0c\x12\x13\n\x0bnum_buckets\x18\r \x01(\r\x12\x0f\n\x07seconds\x18\x0e \x01(\x01\x12\x15\n\rtrain_seconds\x18\x0f \x01(\x01\x12\x12\n\nfiles_read\x18\x10 \x01(\x04\x12\x18\n\x10\x66iles_read_ahead\x18\x11 \x01(\x04\"6\n\x12\x45xportDenseRequest\x12\x0b\n\x03uri\x18\x01 \x01(\t\x12\x13\n\x0bsnapshot_id\x18\x02 \x01(\t\"$\n\x13\x45xportDenseResponse\x12\r\n\x05\x66iles\x18\x01 \x03(\t\"\"\n\x0cResetRequest\x12\x12\n\ngeneration\x18\x01 \x01(\x04\"\x0f\n\rResetResponse2\x97\x02\n\x06Worker\x12S\n\x07RunPass\x12%.streamtrain.worker.v1.RunPassRequest\x1a!.streamtrain.worker.v1.PassResult\x12\x64\n\x0b\x45xportDense\x12).streamtrain.worker.v1.ExportDenseRequest\x1a*.streamtrain.worker.v1.ExportDenseResponse\x12R\n\x05Reset\x12#.streamtrain.worker.v1.ResetRequest\x1a$.streamtrain.worker.v1.ResetResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,13 +36,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PASSRESULT']._serialized_start=186
   _globals['_PASSRESULT']._serialized_end=537
   _globals['_EXPORTDENSEREQUEST']._serialized_start=539
-  _globals['_EXPORTDENSEREQUEST']._serialized_end=572
-  _globals['_EXPORTDENSERESPONSE']._serialized_start=574
-  _globals['_EXPORTDENSERESPONSE']._serialized_end=610
-  _globals['_RESETREQUEST']._serialized_start=612
-  _globals['_RESETREQUEST']._serialized_end=646
-  _globals['_RESETRESPONSE']._serialized_start=648
-  _globals['_RESETRESPONSE']._serialized_end=663
-  _globals['_WORKER']._serialized_start=666
-  _globals['_WORKER']._serialized_end=945
+  _globals['_EXPORTDENSEREQUEST']._serialized_end=593
+  _globals['_EXPORTDENSERESPONSE']._serialized_start=595
+  _globals['_EXPORTDENSERESPONSE']._serialized_end=631
+  _globals['_RESETREQUEST']._serialized_start=633
+  _globals['_RESETREQUEST']._serialized_end=667
+  _globals['_RESETRESPONSE']._serialized_start=669
+  _globals['_RESETRESPONSE']._serialized_end=684
+  _globals['_WORKER']._serialized_start=687
+  _globals['_WORKER']._serialized_end=966
 # @@protoc_insertion_point(module_scope)

@@ -61,10 +61,12 @@ class PassResult(_message.Message):
     def __init__(self, day: _Optional[str] = ..., pass_index: _Optional[int] = ..., generation: _Optional[int] = ..., examples: _Optional[int] = ..., bad_lines: _Optional[int] = ..., loss_sum: _Optional[float] = ..., label_sum: _Optional[float] = ..., pred_sum: _Optional[float] = ..., abs_error_sum: _Optional[float] = ..., sq_error_sum: _Optional[float] = ..., pos_buckets: _Optional[bytes] = ..., neg_buckets: _Optional[bytes] = ..., num_buckets: _Optional[int] = ..., seconds: _Optional[float] = ..., train_seconds: _Optional[float] = ..., files_read: _Optional[int] = ..., files_read_ahead: _Optional[int] = ...) -> None: ...
 
 class ExportDenseRequest(_message.Message):
-    __slots__ = ("uri",)
+    __slots__ = ("uri", "snapshot_id")
     URI_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
     uri: str
-    def __init__(self, uri: _Optional[str] = ...) -> None: ...
+    snapshot_id: str
+    def __init__(self, uri: _Optional[str] = ..., snapshot_id: _Optional[str] = ...) -> None: ...
 
 class ExportDenseResponse(_message.Message):
     __slots__ = ("files",)
