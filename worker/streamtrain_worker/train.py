@@ -129,15 +129,18 @@ class Trainer:
     # --- dense parameters ------------------------------------------------------------
 
     def _load_params(self, values: npt.NDArray[np.float32]) -> None:
-        expected = self._flat_params.numel()
-        if values.shape != (expected,):
+        self._fill(self._flat_params, values, f"PS dense vector {self.config.dense_name!r}")
+        self.dense_version += 1
+
+    def _fill(self, flat: torch.Tensor, values: npt.NDArray[np.float32], what: str) -> None:
+        """Copy ``values`` into a network's flat parameters, refusing another size."""
+        if values.shape != (flat.numel(),):
             raise ValueError(
-                f"PS dense vector {self.config.dense_name!r} has {values.shape[0]} values, "
-                f"the {self.config.model.type} model has {expected} (config mismatch?)"
+                f"{what} has {values.size} values, the {self.config.model.type} model has "
+                f"{flat.numel()} (config mismatch?)"
             )
         with torch.no_grad():
-            self._flat_params.copy_(torch.from_numpy(values))
-        self.dense_version += 1
+            flat.copy_(torch.from_numpy(values))
 
     def init_dense(self) -> None:
         """Offer this worker's initial parameters; adopt whatever the PS holds."""
@@ -188,13 +191,7 @@ class Trainer:
             flat, _ = _flatten(list(model.parameters()))
             self._snapshot_copy = (model, flat, summary_layers(model))
         model, flat, summaries = self._snapshot_copy
-        if params.shape != tuple(flat.shape):
-            raise ValueError(
-                f"snapshot {snapshot_id}: dense vector {self.config.dense_name!r} has "
-                f"{params.size} values, the model has {flat.numel()}"
-            )
-        with torch.no_grad():
-            flat.copy_(torch.from_numpy(params))
+        self._fill(flat, params, f"snapshot {snapshot_id}'s {self.config.dense_name!r}")
         if stats is not None:
             scatter_stats(summaries, torch.from_numpy(np.asarray(stats, dtype=np.float32)))
         return model
