@@ -44,7 +44,7 @@ from streamtrain_ps.demotion_order import ClockHand, TouchedBits, coldest_rows, 
 from streamtrain_ps.disk_filter import DiskKeyFilter
 from streamtrain_ps.disk_store import DiskFullError, DiskStore, StoreMemory
 from streamtrain_ps.kernels import EVICTIONS
-from streamtrain_ps.slabs import HotCounters, TableContent
+from streamtrain_ps.slabs import HotCounters, TableContent, require_finite_rows
 from streamtrain_ps.table import Merged, SparseTable
 
 log = logging.getLogger(__name__)
@@ -464,6 +464,7 @@ class TieredTable(SparseTable):
         """``build`` that keeps the hottest keys in RAM up to ``ram_budget`` bytes (0 = all)
         and spills the rest into a fresh disk store (a load). Nothing is swapped in."""
         hot = hot or dr.no_hot()
+        require_finite_rows(rows, hot.counts)  # spilled rows are not built below
         coeffs = (self.config.nonclkCoeff, self.config.clickCoeff)
         split = dr.ram_split(self.layout, coeffs, (keys, rows, hot), ram_budget)
         if split is None or self._disk_opts is None:
