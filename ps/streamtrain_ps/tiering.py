@@ -295,17 +295,19 @@ class TieredTable(SparseTable):
         self, keys: npt.NDArray[np.uint64], full: npt.NDArray[np.float32], hot: HotCounters
     ) -> None:
         """Put promoted keys' full rows into RAM, marked touched (a demotion right after
-        must not send them straight back)."""
+        must not send them straight back). Pulls run meanwhile (they do not wait for the
+        writer lock): the rows are filled first and put in the index last, so a pull sees
+        a key absent (and looks on disk, waiting for this writer) or its whole row."""
         lay = self.layout
         a = self._reserve(int(keys.size))
         rows = np.empty(keys.size, dtype=np.int64)
-        created = np.empty(keys.size, dtype=np.bool_)
-        ix.insert_many(a.slots, a.keys, self._meta, keys, rows, created)
+        ix.take_rows(a.keys, self._meta, keys, rows)
         admitted = int(np.count_nonzero(full[:, lay.xflag] >= 0))
         a = self._reserve_x(admitted, int(hot.positions.size))
         tk.place(a, self._meta, rows, full, hot, lay)
         self._touched.cover(self._arrays.keys.shape[0])
         self._touched.mark(rows)
+        ix.publish_rows(a.slots, a.keys, self._meta, rows)
 
     def _flush_shadows_locked(self) -> None:
         """Delete disk copies of keys promoted during a save (no save runs now)."""
