@@ -284,7 +284,11 @@ class TieredTable(SparseTable):
                 self._shadows.append(k)
             else:
                 self._flush_shadows_locked()
-                store.delete(k, int(hot.positions.size))
+                try:
+                    store.delete(k, int(hot.positions.size))
+                except BaseException:
+                    self._shadows.append(k)  # in RAM now: the disk copy is a shadow
+                    raise
         return found, full, hot
 
     def _moved(self) -> None:
@@ -337,27 +341,35 @@ class TieredTable(SparseTable):
                 rows = coldest_rows(self._arrays, len(self), self._ap, self._touched, salt, n)
                 self._touched.clear()
             evict = rows.size - min(rows.size, store.room())  # the coldest go first
-            evicted = 0
-            for lo in range(0, rows.size, MOVE_CHUNK):
-                chunk = rows[lo : lo + MOVE_CHUNK]
-                keys, full, hot = self._gather(chunk)
-                out = max(0, min(chunk.size, evict - lo))  # evicted, not stored
-                try:
-                    store.put(keys[out:], full[out:], dr.shift_hot(hot, out))
-                    self._filter.add(keys[out:])
-                except DiskFullError as exc:
-                    log.warning("table %s: %s; evicting instead", self.name, exc)
-                    out = chunk.size
-                tk.release(self._arrays, self._meta, chunk)
-                self._moved()
-                if out:
-                    self._tombstones.append(keys[:out].copy())
-                    self._meta[EVICTIONS] += out
-                    self.pressure_evictions_total += out
-                    evicted += out
-            compaction.compact(self._arrays, self._meta, self._touched.bits)
-            self.demotions_total += rows.size - evicted
-            self.moves += 1
+            evicted = released = 0
+            try:
+                for lo in range(0, rows.size, MOVE_CHUNK):
+                    chunk = rows[lo : lo + MOVE_CHUNK]
+                    keys, full, hot = self._gather(chunk)
+                    out = max(0, min(chunk.size, evict - lo))  # evicted, not stored
+                    try:
+                        store.put(keys[out:], full[out:], dr.shift_hot(hot, out))
+                        self._filter.add(keys[out:])
+                    except DiskFullError as exc:
+                        log.warning("table %s: %s; evicting instead", self.name, exc)
+                        out = chunk.size
+                    tk.release(self._arrays, self._meta, chunk)
+                    released += chunk.size
+                    self._moved()
+                    if out:
+                        self._tombstones.append(keys[:out].copy())
+                        self._meta[EVICTIONS] += out
+                        self.pressure_evictions_total += out
+                        evicted += out
+            finally:
+                # Also when a chunk failed (a storage error other than a full disk): the
+                # chunks before it moved, so the demotion ends as if it had finished with
+                # them: rows compacted and ``moves`` bumped, or a staged save's commit would
+                # apply its effects by row ids that new keys reuse.
+                if released:
+                    compaction.compact(self._arrays, self._meta, self._touched.bits)
+                    self.demotions_total += released - evicted
+                    self.moves += 1
             return int(rows.size)
 
     # -- shrink -----------------------------------------------------------------------------

@@ -15,8 +15,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from streamtrain_ps import tiering
+from streamtrain_ps import checkpoint, tiering
+from streamtrain_ps.api import SaveMode
 from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
+from streamtrain_ps.shard import Shard
 from streamtrain_ps.table import SparseTable
 from streamtrain_ps.tiering import DiskOptions, TieredTable
 
@@ -30,7 +32,8 @@ def table_config(**overrides: Any) -> TableConfig:
         "name": T,
         "embedxDim": D,
         "embedxThreshold": 0.0,
-        "deltaThreshold": 0.0,
+        "deltaThreshold": 0.1,
+        "baseThreshold": 0.0,
         "optimizer": SparseOptimizerConfig(initialRange=0.01),
     }
     base.update(overrides)
@@ -118,3 +121,50 @@ def test_a_pull_racing_a_promotion_sees_the_whole_row(
     assert len(seen) == 1
     np.testing.assert_array_equal(seen[0], expected)  # never a half-placed (zero) row
     t.close()
+
+
+# -- bug 2: a demotion failing half way -----------------------------------------------------
+
+
+class StoreIOError(Exception):
+    """What the RocksDB binding raises for an I/O error (a plain exception, not ENOSPC)."""
+
+
+def fail_call(monkeypatch: pytest.MonkeyPatch, name: str, nth: int) -> list[int]:
+    """Make the ``nth`` call of ``DiskStore.name`` raise ``StoreIOError``; returns the count."""
+    real = getattr(tiering.DiskStore, name)
+    calls = [0]
+
+    def failing(self: Any, *args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == nth:
+            raise StoreIOError(f"IO error: {name} call {nth} (injected)")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(tiering.DiskStore, name, failing)
+    return calls
+
+
+def delta_keys(shard: Shard, uri: str) -> set[int]:
+    checkpoint.publish(uri, [shard.save(uri, SaveMode.DELTA)], None, config=shard.config)
+    return set(checkpoint.read_sparse(uri, T)[0].tolist())
+
+
+def test_a_demotion_failing_on_its_second_chunk_leaves_staged_saves_right(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shard = Shard(ps_config(tmp_path / "disk"))
+    t = shard.table(T)
+    old = np.arange(1, 201, dtype=np.uint64)
+    push(t, old, show=5.0)
+    _, staged = shard.stage_save(str(tmp_path / "s1"), SaveMode.DELTA)
+    monkeypatch.setattr(tiering, "MOVE_CHUNK", 50)
+    fail_call(monkeypatch, "put", 2)
+    with pytest.raises(StoreIOError):
+        t.demote(0)  # the first chunk moved to disk, the second failed
+    assert t.disk_keys == 50 and t.total_keys == old.size
+    new = np.arange(1000, 1060, dtype=np.uint64)
+    push(t, new, seed=1, show=5.0)  # new keys take the rows the first chunk freed
+    assert shard.finish_save(staged, commit=True)
+    assert delta_keys(shard, str(tmp_path / "s2")) == set(new.tolist())
+    shard.close()
