@@ -42,7 +42,7 @@ from streamtrain_ps.api import SaveMode
 from streamtrain_ps.config import TableConfig
 from streamtrain_ps.demotion_order import ClockHand, TouchedBits, coldest_rows, sweep_cold
 from streamtrain_ps.disk_filter import DiskKeyFilter
-from streamtrain_ps.disk_store import DiskFullError, DiskStore, StoreMemory
+from streamtrain_ps.disk_store import DiskFullError, DiskStore, StoreMemory, tree_bytes
 from streamtrain_ps.kernels import EVICTIONS
 from streamtrain_ps.slabs import HotCounters, TableContent, require_finite_rows
 from streamtrain_ps.table import Merged, SparseTable
@@ -57,12 +57,15 @@ MOVE_CHUNK = 8_192
 @dataclass(frozen=True)
 class DiskOptions:
     """Where a table's disk tier lives, its cap (0 = only the filesystem's size) and the
-    shard's RocksDB memory budget its store shares (None: a small one of its own)."""
+    shard's RocksDB memory budget its store shares (None: a small one of its own).
+    ``volume``: the directory the cap covers (the shard's ``diskPath``): a store opened
+    counts every byte there outside ``path`` against the cap (None: only its own)."""
 
     path: Path
     limit_bytes: int
     logical_shards: int
     memory: StoreMemory | None = None
+    volume: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -169,7 +172,11 @@ class TieredTable(SparseTable):
             raise RuntimeError(f"table {self.name!r} has no disk tier configured")
         self._generation += 1
         path = o.path / f"gen-{self._generation}"
-        return DiskStore(path, self.layout.width, o.logical_shards, o.limit_bytes, o.memory)
+        foreign = 0
+        if o.volume is not None and o.limit_bytes > 0:  # this table's stores count apart
+            foreign = max(0, tree_bytes(o.volume) - tree_bytes(o.path))
+        width, shards = self.layout.width, o.logical_shards
+        return DiskStore(path, width, shards, o.limit_bytes, o.memory, foreign)
 
     # -- promotion --------------------------------------------------------------------------
 

@@ -168,3 +168,39 @@ def test_a_demotion_failing_on_its_second_chunk_leaves_staged_saves_right(
     assert shard.finish_save(staged, commit=True)
     assert delta_keys(shard, str(tmp_path / "s2")) == set(new.tolist())
     shard.close()
+
+
+# -- bug 4: spill folders of a killed shard -------------------------------------------------
+
+
+def test_a_starting_shard_removes_a_killed_shards_spill_folders(tmp_path: Path) -> None:
+    volume = tmp_path / "disk"
+    table_dir = volume / "shard-0" / T.encode().hex()
+    for gen in ("gen-1", "gen-2"):  # what a kill -9 leaves: stores no one deletes
+        (table_dir / gen).mkdir(parents=True)
+        (table_dir / gen / "000012.sst").write_bytes(b"x" * 40_000)
+    (volume / "shard-0" / "6f6c64").mkdir()  # a table of an older config
+    (volume / "shard-0" / "6f6c64" / "LOG").write_bytes(b"y" * 1_000)
+    shard = Shard(ps_config(volume, diskLimit=10**6))
+    t = shard.table(T)
+    assert not (volume / "shard-0").exists()  # created again when a table first spills
+    push(t, np.arange(1, 101, dtype=np.uint64))
+    t.demote(0)
+    assert t.disk_keys == 100 and [p.name for p in table_dir.iterdir()] == ["gen-1"]
+    shard.close()
+
+
+def test_the_disk_cap_counts_every_byte_on_the_volume(tmp_path: Path) -> None:
+    volume = tmp_path / "disk"
+    (volume / "elsewhere").mkdir(parents=True)
+    limit = 200_000
+    shard = Shard(ps_config(volume, diskLimit=limit))
+    t = shard.table(T)
+    keys = np.arange(1, 1001, dtype=np.uint64)
+    push(t, keys)
+    (volume / "elsewhere" / "blob").write_bytes(b"z" * (limit - 20_000))  # not the tier's
+    t.demote(0)
+    store_bytes = t.disk_bytes()
+    assert 0 < store_bytes <= 20_000, store_bytes  # only what the volume had left
+    assert t.pressure_evictions_total == keys.size - t.disk_keys > 0
+    shard.close()
