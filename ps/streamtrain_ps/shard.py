@@ -344,6 +344,7 @@ class Shard(ShardLoads):
                     files += saving.write_dense(buffer, self._dense.snapshot())
                 for e in effects:
                     e.apply_locked()
+                self._supersede_staged(mode)
                 dense = self._dense.pull_all()  # the model's dense part, same moment
             seconds = time.perf_counter() - start
             result = api.SaveResult("", mode, tuple(files), saved, tombs, seconds)
@@ -403,6 +404,7 @@ class Shard(ShardLoads):
                 else:
                     for e in staged.tables:
                         e.apply_locked()
+                    self._supersede_staged(mode)
         except PSError:
             raise
         except Exception as exc:  # storage errors of any fsspec backend
@@ -410,6 +412,18 @@ class Shard(ShardLoads):
         seconds = time.perf_counter() - start
         self._last_save = seconds
         return api.SaveResult(uri, mode, tuple(files), saved, tombs, seconds), staged.save_id
+
+    def _supersede_staged(self, mode: api.SaveMode) -> None:
+        """A delta or base just applied its effects at once: a pending staged delta or base
+        is dropped, its late commit refused. It would clear the first tombstone batches
+        *now* pending (deleted after this save, never published) and subtract the
+        delta_score this save already subtracted (keys pushed since missing from the next
+        delta); this save read everything it did, so nothing of it is lost
+        (``docs/decisions.md``, issue 25 (a)). Hold the tables' ``maintenance``."""
+        if mode in (api.SaveMode.DELTA, api.SaveMode.BASE):
+            self._saves.drop_if(
+                SaveEffects.resets_deltas, f"a later {mode.name.lower()} save applied its effects"
+            )
 
     def stats(self) -> ShardStats:
         tables = tuple(

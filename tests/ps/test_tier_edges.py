@@ -18,6 +18,7 @@ import pytest
 from streamtrain_ps import checkpoint, tiering
 from streamtrain_ps.api import SaveMode
 from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
+from streamtrain_ps.errors import CheckpointError
 from streamtrain_ps.shard import Shard
 from streamtrain_ps.table import SparseTable
 from streamtrain_ps.tiering import DiskOptions, TieredTable
@@ -41,12 +42,9 @@ def table_config(**overrides: Any) -> TableConfig:
 
 
 def ps_config(tmp: Path | None = None, **overrides: Any) -> PSConfig:
-    return PSConfig(
-        tables=(table_config(),),
-        logicalShards=L,
-        diskPath=str(tmp) if tmp else "",
-        **overrides,
-    )
+    base: dict[str, Any] = {"tables": (table_config(),), "logicalShards": L}
+    base.update(overrides)
+    return PSConfig(diskPath=str(tmp) if tmp else "", **base)
 
 
 def tiered(tmp: Path, limit: int = 0) -> TieredTable:
@@ -203,4 +201,37 @@ def test_the_disk_cap_counts_every_byte_on_the_volume(tmp_path: Path) -> None:
     store_bytes = t.disk_bytes()
     assert 0 < store_bytes <= 20_000, store_bytes  # only what the volume had left
     assert t.pressure_evictions_total == keys.size - t.disk_keys > 0
+    shard.close()
+
+
+# -- suspicion (a): a staged save committed after a later snapshot save ---------------------
+
+
+def test_a_staged_commit_after_a_later_snapshot_save_loses_nothing(tmp_path: Path) -> None:
+    """A snapshot save applies its effects at once. A staged delta committed after it must
+    neither clear tombstones the snapshot never read nor subtract delta_score the snapshot
+    already subtracted: its commit is refused (the snapshot's effects cover its own)."""
+    shard = Shard(ps_config(tmp_path / "disk", tables=(table_config(deleteThreshold=0.8),)))
+    t = shard.table(T)
+    a, b, c = (np.arange(lo, lo + 40, dtype=np.uint64) for lo in (1, 100, 200))
+    push(t, a, show=1.0)  # score 0.1: deleted by the first shrink
+    push(t, b, show=20.0)  # score 2: survives every shrink
+    shard.shrink()
+    _, staged = shard.stage_save(str(tmp_path / "s1"), SaveMode.DELTA)  # b; a's tombstones
+    shard.snapshot_save(SaveMode.DELTA, "snap")  # b again, a's tombstones: applied now
+    shard.write_snapshot(str(tmp_path / "s2"), "snap")
+    push(t, b, seed=2, show=20.0)  # b changes again after the snapshot
+    push(t, c, show=1.0)
+    shard.shrink()  # c deleted after the snapshot: its tombstones are not published yet
+    refused = None
+    try:
+        shard.finish_save(staged, commit=True)  # the late commit
+    except CheckpointError as exc:
+        refused = exc
+    uri = str(tmp_path / "s3")
+    checkpoint.publish(uri, [shard.save(uri, SaveMode.DELTA)], None, config=shard.config)
+    saved, _, tombs = checkpoint.read_sparse(uri, T)
+    assert set(saved.tolist()) == set(b.tolist())  # pushed after the snapshot
+    assert set(tombs.tolist()) == set(c.tolist())  # deleted after the snapshot
+    assert refused is not None and "not pending" in str(refused)
     shard.close()
