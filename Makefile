@@ -55,6 +55,9 @@ pytest: $(STAMP) test-deps ## Only the test suite
 
 test: $(STAMP) test-deps proto-check lint typecheck pytest ## Everything CI checks: generated code, lint, types, tests
 
+test-deep: $(STAMP) ## The model and property tests with many more examples (minutes)
+	STREAMTRAIN_DEEP=1 $(PY) -m pytest -q -o timeout=3600 tests/ps/test_table_model.py tests/ps/test_finite_rows.py
+
 test-faults: $(STAMP) ## Fault-injection suite (also part of `make test`)
 	$(PY) -m pytest -q -m faults
 

@@ -217,13 +217,13 @@ class DiskStore:
     ) -> None:
         """Overwrite stored keys' rows (a shrink or a save's side effects on disk rows)."""
         old_hot = self.get(keys)[2].positions.size
-        self._count -= int(keys.size)
-        self._hot -= old_hot
         limit, self.limit_bytes = self.limit_bytes, 0  # rewriting never needs more room
         try:
-            self.put(keys, rows, hot)
+            self.put(keys, rows, hot)  # counts them again only once all is written
         finally:
             self.limit_bytes = limit
+        self._count -= int(keys.size)
+        self._hot -= old_hot
 
     def get(
         self, keys: npt.NDArray[np.uint64]

@@ -298,8 +298,12 @@ class Shard(ShardLoads):
             effects = self._saves.take(save_id, commit)
             if effects is None or not commit:
                 return commit
-            for e in effects.tables:
-                e.apply_locked()
+            for i, e in enumerate(effects.tables):
+                try:
+                    e.apply_locked()
+                except BaseException:  # a disk-tier error: this table's part unapplied
+                    self._saves.restore(save_id, replace(effects, tables=effects.tables[i:]))
+                    raise
         return True
 
     def snapshot_save(

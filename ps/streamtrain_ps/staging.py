@@ -147,6 +147,14 @@ class Pending(Generic[T]):
             if self._item is not None:
                 self._item = fn(self._item)
 
+    def restore(self, item_id: str, item: T) -> None:
+        """Make ``item`` pending again after its commit failed before applying (a retried
+        commit then applies it)."""
+        with self._lock:
+            if self._committed == item_id:
+                self._committed = None
+            self._id, self._item = item_id, item
+
     def drop_if(self, pred: Callable[[T], bool], reason: str) -> None:
         """Drop the pending item if ``pred(item)`` (a later save's effects cover it)."""
         with self._lock:

@@ -235,3 +235,57 @@ def test_a_staged_commit_after_a_later_snapshot_save_loses_nothing(tmp_path: Pat
     assert set(tombs.tolist()) == set(c.tolist())  # deleted after the snapshot
     assert refused is not None and "not pending" in str(refused)
     shard.close()
+
+
+# -- found by the model test (test_table_model.py) ------------------------------------------
+
+
+def test_a_commit_failing_on_a_disk_read_applies_nothing_and_stays_pending(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shard = Shard(ps_config(tmp_path / "disk"))
+    t = shard.table(T)
+    keys = np.arange(1, 201, dtype=np.uint64)
+    push(t, keys, show=5.0)
+    t.demote(t.ram_bytes() // 2)
+    assert 0 < t.disk_keys < keys.size
+    _, staged = shard.stage_save(str(tmp_path / "s1"), SaveMode.DELTA)
+    fail_call(monkeypatch, "get", 1)  # the commit's read of the disk rows
+    with pytest.raises(StoreIOError):
+        shard.finish_save(staged, commit=True)
+    assert delta_keys(shard, str(tmp_path / "s2")) == set(keys.tolist())  # nothing applied
+    shard.close()
+
+
+def test_a_commit_retried_after_a_disk_error_applies_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shard = Shard(ps_config(tmp_path / "disk"))
+    t = shard.table(T)
+    keys = np.arange(1, 201, dtype=np.uint64)
+    push(t, keys, show=5.0)
+    t.demote(t.ram_bytes() // 2)
+    _, staged = shard.stage_save(str(tmp_path / "s1"), SaveMode.DELTA)
+    fail_call(monkeypatch, "get", 1)
+    with pytest.raises(StoreIOError):
+        shard.finish_save(staged, commit=True)
+    assert shard.finish_save(staged, commit=True)  # pending still: applied now
+    assert delta_keys(shard, str(tmp_path / "s2")) == set()
+    shard.close()
+
+
+def test_a_shrink_whose_disk_write_fails_once_still_shrinks_both_tiers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ref = Shard(ps_config())
+    shard = Shard(ps_config(tmp_path / "disk"))
+    t = shard.table(T)
+    keys = np.arange(1, 201, dtype=np.uint64)
+    for s in (ref, shard):
+        push(s.table(T), keys, show=5.0)
+    t.demote(t.ram_bytes() // 2)
+    fail_call(monkeypatch, "put", 1)  # the first shard's rewrite of its disk rows
+    assert shard.shrink() == ref.shrink()
+    np.testing.assert_array_equal(shard.pull_sparse(T, keys), ref.pull_sparse(T, keys))
+    ref.close()
+    shard.close()
