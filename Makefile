@@ -41,13 +41,20 @@ typecheck: $(STAMP) ## mypy over the three packages
 	$(VENV)/bin/mypy ps/streamtrain_ps worker/streamtrain_worker operator/streamtrain_operator tools/streamtrain_tools
 
 # The alert and dashboard contract tests start a real Prometheus and run promtool (Debian's
-# prometheus package). Installed only when missing, so reruns never touch apt.
-test-deps: ## Install the system tools the tests need (prometheus, promtool) when missing
+# prometheus package); the report test screenshots a page in headless Chromium (Debian's
+# chromium). Installed only when missing, so reruns never touch apt.
+test-deps: ## Install the system tools the tests need (prometheus, promtool, chromium) when missing
 	@if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then \
 	  SUDO=""; if [ "$$(id -u)" -ne 0 ]; then SUDO="sudo"; fi; \
 	  set -x; \
 	  $$SUDO apt-get update -qq && \
 	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; \
+	fi
+	@if ! command -v chromium >/dev/null 2>&1; then \
+	  SUDO=""; if [ "$$(id -u)" -ne 0 ]; then SUDO="sudo"; fi; \
+	  set -x; \
+	  $$SUDO apt-get update -qq && \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; \
 	fi
 
 pytest: $(STAMP) test-deps ## Only the test suite

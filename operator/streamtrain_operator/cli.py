@@ -2,6 +2,8 @@
 
 - ``streamtrain run job.yaml``: the whole job on this machine (``local/cluster.py``).
 - ``streamtrain status job.yaml`` (or ``--state FILE``): phase, position, last metrics.
+- ``streamtrain report STATE -o FILE.html``: a run's passes as an HTML page with plots
+  (``local/report.py``), from its ``metrics.csv``, its state file or a job's status JSON.
 - ``streamtrain predict ...`` and ``streamtrain synth ...``: run in a separate Python
   process (``python -m streamtrain_worker.predict`` / ``.synth``), because the predictor needs
   torch and this package never imports it.
@@ -61,6 +63,11 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--state", type=Path)
     status.add_argument("--workdir", type=Path)
     status.add_argument("--json", action="store_true", help="print the raw state record")
+    report = sub.add_parser("report", help="an HTML page with plots of a run's passes")
+    report.add_argument(
+        "source", type=Path, help="a run's metrics.csv, its state file, or a job's status JSON"
+    )
+    report.add_argument("-o", "--output", type=Path, required=True, help="the HTML file")
     sub.add_parser("predict", help="score examples with an exported model", add_help=False)
     sub.add_parser("synth", help="generate a synthetic time-sliced stream", add_help=False)
     return p
@@ -148,6 +155,18 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from streamtrain_operator.local.report import ReportError, write_report
+
+    try:
+        passes = write_report(args.source, args.output)
+    except (OSError, ReportError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"report of {passes} passes: {args.output}")
+    return 0
+
+
 def _exec_module(module: str, argv: Sequence[str]) -> int:
     """Replace this process with ``python -m module argv`` (keeps torch out of this one)."""
     sys.stdout.flush()
@@ -164,6 +183,8 @@ def main(argv: Sequence[str] | None = None, *, step_hook: StepHook = NO_HOOK) ->
     args = _parser().parse_args(args_list)
     if args.command == "run":
         return cmd_run(args, step_hook)
+    if args.command == "report":
+        return cmd_report(args)
     return cmd_status(args)
 
 

@@ -21,6 +21,7 @@ from streamtrain_operator.job.messages import Action
 from streamtrain_operator.job.progress import Phase, Progress
 from streamtrain_operator.job.spec import Job
 from streamtrain_operator.local.cluster import LocalCluster
+from streamtrain_operator.local.passlog import FILE_NAME, PassLog
 from streamtrain_operator.local.reporting import ProgressPrinter
 from streamtrain_operator.run.connection import GrpcConnection
 from streamtrain_operator.run.driver import Driver, Observer
@@ -41,6 +42,8 @@ class RunOptions:
     #: Called with every action the driver is about to run, after the progress printer
     #: (benchmarks time the steps with it).
     on_action: Callable[[Action, Progress], None] | None = None
+    #: The per-pass metrics file (``passlog``); default ``<workdir>/metrics.csv``.
+    metrics_file: Path | None = None
     #: ``(phase, seconds)``: the start-up's ``launch`` (processes started and listening) and
     #: ``connect``, the driver's (``Observer.on_phase``), and the final ``shutdown``.
     on_phase: Callable[[str, float], None] | None = None
@@ -90,6 +93,13 @@ async def run_job(job: Job, options: RunOptions) -> Progress:
     for s in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(s, on_signal, s)
     conn: GrpcConnection | None = None
+    passlog = PassLog(options.metrics_file or options.workdir / FILE_NAME)
+    passlog.on_progress(previous or Progress())
+
+    def on_progress(progress: Progress) -> None:
+        printer.on_progress(progress)
+        passlog.on_progress(progress)
+
     try:
         printer.line(
             f"{job.name}: starting {job.spec.ps.replicas} PS shard(s) and "
@@ -109,7 +119,7 @@ async def run_job(job: Job, options: RunOptions) -> Progress:
             store,
             observer=Observer(
                 on_action=_chain(printer.on_action, options.on_action),
-                on_progress=printer.on_progress,
+                on_progress=on_progress,
                 on_restart=lambda what: printer.line(f"  {what}"),
                 on_phase=options.on_phase,
             ),
@@ -121,7 +131,9 @@ async def run_job(job: Job, options: RunOptions) -> Progress:
             progress = await driver.run()
         finally:
             monitor.cancel()
+        passlog.flush()
         printer.finish(progress)
+        printer.line(f"{job.name}: per-pass metrics in {passlog.path}")
         return progress
     except asyncio.CancelledError:
         progress = store.load() or Progress()
@@ -131,6 +143,7 @@ async def run_job(job: Job, options: RunOptions) -> Progress:
         )
         return progress
     finally:
+        passlog.flush()
         for s in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(s)
         stopping_at = time.perf_counter()
