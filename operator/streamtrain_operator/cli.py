@@ -25,7 +25,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from streamtrain_operator.job.progress import Phase
-from streamtrain_operator.job.spec import Job, SpecError, is_local_path, load_job
+from streamtrain_operator.job.spec import (
+    Job,
+    ManifestSyntaxError,
+    SpecError,
+    is_local_path,
+    load_job,
+)
 from streamtrain_operator.local.reporting import format_pass
 from streamtrain_operator.local.runner import RunOptions, run_job
 from streamtrain_operator.run.hooks import NO_HOOK, StepHook
@@ -78,6 +84,8 @@ def _load(manifest: Path) -> Job:
         return load_job(manifest)
     except OSError as exc:
         raise SystemExit(f"error: {manifest}: {exc.strerror or exc}") from exc
+    except ManifestSyntaxError as exc:  # its path is FILE:LINE:COLUMN
+        raise SystemExit(f"error: {exc}") from exc
     except SpecError as exc:
         raise SystemExit(f"error: {manifest}: {exc}") from exc
 
@@ -87,8 +95,27 @@ def _paths(args: argparse.Namespace, job: Job) -> tuple[Path, Path]:
     return args.state or default_state_path(job, workdir), workdir
 
 
+def missing_data_root(job: Job) -> str | None:
+    """The error for a local data root that does not exist, else ``None``.
+
+    Without the root no pass can ever find its folder: waiting for donefiles would wait
+    forever for a path that is most likely mistyped. (A remote root is not checked: object
+    stores have no folders, only keys that appear.)"""
+    root = job.spec.data.path
+    if not is_local_path(root) or Path(root.removeprefix("file://")).is_dir():
+        return None
+    return (
+        f"spec.data.path: the data root {root} does not exist (create it, or fix the path; "
+        "the job waits for folders inside it, never for the root itself)"
+    )
+
+
 def cmd_run(args: argparse.Namespace, step_hook: StepHook = NO_HOOK) -> int:
     job = _load(args.manifest)
+    missing = missing_data_root(job)
+    if missing is not None:
+        print(f"error: {args.manifest}: {missing}", file=sys.stderr)
+        return EXIT_FAILED
     state, workdir = _paths(args, job)
     options = RunOptions(
         state_path=state, workdir=workdir, start_timeout=args.start_timeout, step_hook=step_hook
@@ -150,7 +177,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     for record in progress.history[-5:]:
         print("  " + format_pass(record, passes_per_day or record.pass_index))
     for cond in progress.conditions:
-        if cond.status == "True":
+        # A failure's condition says what the phase line says: shown once, there.
+        if cond.status == "True" and not (cond.type == "Failed" and progress.phase == Phase.FAILED):
             print(f"condition {cond.type}: {cond.reason}: {cond.message}")
     return 0
 

@@ -139,6 +139,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     finally:
         writer.stop()
+    if progress.phase == Phase.FAILED:
+        print(f"error: {progress.message}", file=sys.stderr)
     oracle = {(o.day, o.pass_index): o.oracle_auc for o in synth.passes}
     print("\n== learned AUC (progressive validation) against the generator's oracle", file=out)
     for r in progress.history:
