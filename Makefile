@@ -108,6 +108,9 @@ demo: $(STAMP) ## Two days of a synthetic stream through PS + workers on this ma
 crds: $(STAMP) ## Regenerate the CRD, the chart's copy and docs/crd-reference.md from spec.py
 	$(PY) -m streamtrain_tools.crdgen
 
+chart: $(STAMP) ## Render the Helm chart offline (no cluster, no helm binary) into chart-render/
+	$(PY) -m streamtrain_tools.chart --out chart-render
+
 crds-check: $(STAMP) ## Fail if the committed CRD files differ from a fresh generation
 	$(PY) -m streamtrain_tools.crdgen --check
 
@@ -128,6 +131,6 @@ lint-manifests: $(STAMP) test-deps ## hadolint, chart lint/render, kubernetes-va
 	  tests/contract/test_images.py tests/contract/test_alerts.py
 
 clean: ## Remove caches and demo output (keeps .venv)
-	rm -rf .pytest_cache .mypy_cache .ruff_cache demo-run
+	rm -rf .pytest_cache .mypy_cache .ruff_cache demo-run chart-render
 
-.PHONY: help install proto proto-check lint fmt typecheck test-deps pytest test test-faults bench bench-ps bench-worker bench-e2e bench-read-ahead bench-load bench-ps-scale bench-quality bench-peer demo crds crds-check images lint-manifests clean
+.PHONY: help install proto proto-check lint fmt typecheck test-deps pytest test test-faults bench bench-ps bench-worker bench-e2e bench-read-ahead bench-load bench-ps-scale bench-quality bench-peer demo chart crds crds-check images lint-manifests clean

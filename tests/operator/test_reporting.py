@@ -67,7 +67,7 @@ def test_plain_output_has_pass_lines_waits_and_conditions() -> None:
     assert lines[1] == "  condition DataMissing: no donefile in /d/0000"
     assert lines[2] == "  data arrived after 7.0s"
     assert lines[3].startswith("day 20261101 pass  1/24  auc 0.7500  loss 0.4500")
-    assert lines[3].endswith("wait 3s  [....................] 1/48")
+    assert lines[3].endswith("wait 3.0s  [....................] 1/48")
     assert lines[4] == "  export delta -> /exp/20261101/delta-1"
     assert "\r" not in out.getvalue()
 

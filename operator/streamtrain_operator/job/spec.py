@@ -56,6 +56,7 @@ __all__ = [
     "enum_values",
     "field_hints",
     "load_job",
+    "manifest_syntax_error",
     "parse_day",
     "parse_job",
     "parse_spec",
@@ -335,13 +336,18 @@ def load_job(path: str | Path) -> Job:
     try:
         manifest = yaml.safe_load(p.read_text())
     except yaml.YAMLError as exc:
-        raise ManifestSyntaxError(f"{p}{_yaml_position(exc)}", _yaml_problem(exc)) from exc
+        raise manifest_syntax_error(p, exc) from exc
     return parse_job(manifest, base_dir=p.resolve().parent)
 
 
 class ManifestSyntaxError(SpecError):
     """The manifest file is not YAML; ``path`` is ``FILE:LINE:COLUMN`` (1-based) where the
     parser stopped, so ``str()`` names the file once, as editors and compilers do."""
+
+
+def manifest_syntax_error(path: str | Path, exc: Exception) -> ManifestSyntaxError:
+    """PyYAML's error for the file at ``path``, as a :class:`ManifestSyntaxError`."""
+    return ManifestSyntaxError(f"{path}{_yaml_position(exc)}", _yaml_problem(exc))
 
 
 def _yaml_position(exc: Exception) -> str:

@@ -62,7 +62,7 @@ def format_pass(record: PassRecord, passes_per_day: int) -> str:
     return (
         f"day {record.day} pass {record.pass_index:>2}/{passes_per_day}  {quality}"
         f"  {examples:>8,d} ex"
-        f"  {m.get('examplesPerSecond', 0.0):>9,.0f} ex/s  wait {record.wait_seconds:.0f}s"
+        f"  {m.get('examplesPerSecond', 0.0):>9,.0f} ex/s  wait {record.wait_seconds:.1f}s"
     )
 
 
