@@ -24,9 +24,13 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
-from streamtrain_operator.job.progress import Phase
+from prometheus_client import CollectorRegistry, start_http_server
+
+from streamtrain_operator.job.progress import Phase, Progress
 from streamtrain_operator.job.spec import (
     Job,
     ManifestSyntaxError,
@@ -34,8 +38,9 @@ from streamtrain_operator.job.spec import (
     is_local_path,
     load_job,
 )
+from streamtrain_operator.kube.metrics import OperatorMetrics
 from streamtrain_operator.local.reporting import format_pass
-from streamtrain_operator.local.runner import RunOptions, run_job
+from streamtrain_operator.local.runner import HOST, RunOptions, run_job
 from streamtrain_operator.run.hooks import NO_HOOK, StepHook
 from streamtrain_operator.run.state import LocalStateFile, StateError
 from streamtrain_ps.launch import LaunchError
@@ -65,6 +70,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--workdir", type=Path, help="configs and logs (default .streamtrain/<job>)")
     run.add_argument(
         "--start-timeout", type=float, default=120.0, help="seconds for a process to come up"
+    )
+    run.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve the job's Prometheus metrics on 127.0.0.1:PORT and the PS shards' and "
+        "workers' on the ports after it; writes <workdir>/prometheus.yml to scrape them",
     )
     status = sub.add_parser("status", help="show a job's progress from its state file")
     status.add_argument("manifest", type=Path, nargs="?")
@@ -125,6 +136,13 @@ def cmd_run(args: argparse.Namespace, step_hook: StepHook = NO_HOOK) -> int:
     options = RunOptions(
         state_path=state, workdir=workdir, start_timeout=args.start_timeout, step_hook=step_hook
     )
+    server = None
+    if args.metrics_port is not None:
+        try:
+            server, options = _serve_metrics(job, args.metrics_port, options)
+        except OSError as exc:
+            print(f"error: --metrics-port {args.metrics_port}: {exc}", file=sys.stderr)
+            return EXIT_FAILED
     try:
         progress = asyncio.run(run_job(job, options))
     except LaunchError as exc:
@@ -133,12 +151,30 @@ def cmd_run(args: argparse.Namespace, step_hook: StepHook = NO_HOOK) -> int:
     except StateError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    finally:
+        if server is not None:
+            server.shutdown()
     if progress.phase == Phase.SUCCEEDED:
         return 0
     if progress.phase == Phase.FAILED:
         print(f"error: {progress.message}", file=sys.stderr)
         return EXIT_FAILED
     return EXIT_INTERRUPTED
+
+
+def _serve_metrics(job: Job, port: int, options: RunOptions) -> tuple[Any, RunOptions]:
+    """Serve the operator's job series for this run (fed from its progress, as the operator
+    feeds them from a job's) and have the run give its components the ports after it."""
+    registry = CollectorRegistry()
+    metrics = OperatorMetrics(registry)
+    server, _ = start_http_server(port, addr=HOST, registry=registry)
+    previous: list[Progress | None] = [None]
+
+    def observe(progress: Progress) -> None:
+        metrics.observe(job.namespace, job.name, previous[0], progress)
+        previous[0] = progress
+
+    return server, replace(options, metrics_port=port, on_progress=observe)
 
 
 def cmd_status(args: argparse.Namespace) -> int:

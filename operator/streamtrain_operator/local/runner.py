@@ -20,6 +20,7 @@ from typing import TextIO
 from streamtrain_operator.job.messages import Action
 from streamtrain_operator.job.progress import Phase, Progress
 from streamtrain_operator.job.spec import Job
+from streamtrain_operator.local import monitoring
 from streamtrain_operator.local.cluster import LocalCluster
 from streamtrain_operator.local.passlog import FILE_NAME, PassLog
 from streamtrain_operator.local.reporting import ProgressPrinter
@@ -28,6 +29,9 @@ from streamtrain_operator.run.driver import Driver, Observer
 from streamtrain_operator.run.hooks import NO_HOOK, StepHook
 from streamtrain_operator.run.state import LocalStateFile
 
+#: Where a local run's processes listen (gRPC and metrics): this machine only.
+HOST = "127.0.0.1"
+
 
 @dataclass(frozen=True)
 class RunOptions:
@@ -35,7 +39,8 @@ class RunOptions:
 
     state_path: Path
     workdir: Path
-    out: TextIO = sys.stdout
+    #: Where the progress goes; None: ``sys.stdout`` when the run starts (not at import).
+    out: TextIO | None = None
     start_timeout: float = 120.0
     #: Given to the driver (``run.hooks``): the fault tests hold a run at a step with it.
     step_hook: StepHook = NO_HOOK
@@ -44,6 +49,12 @@ class RunOptions:
     on_action: Callable[[Action, Progress], None] | None = None
     #: The per-pass metrics file (``passlog``); default ``<workdir>/metrics.csv``.
     metrics_file: Path | None = None
+    #: The port the caller serves the run's Prometheus series on (``monitoring``): the PS
+    #: shards and workers serve theirs on the ports after it, and ``<workdir>/prometheus.yml``
+    #: scrapes them all. None: no metrics endpoints.
+    metrics_port: int | None = None
+    #: Called with every saved progress record, after the printer (the caller's metrics).
+    on_progress: Callable[[Progress], None] | None = None
     #: ``(phase, seconds)``: the start-up's ``launch`` (processes started and listening) and
     #: ``connect``, the driver's (``Observer.on_phase``), and the final ``shutdown``.
     on_phase: Callable[[str, float], None] | None = None
@@ -70,9 +81,24 @@ async def _monitor(cluster: LocalCluster, printer: ProgressPrinter, every: float
             printer.line(f"  {what}")
 
 
+def _announce_metrics(
+    job: Job, cluster: LocalCluster, options: RunOptions, printer: ProgressPrinter
+) -> None:
+    assert options.metrics_port is not None
+    targets = cluster.metrics_targets()
+    config = monitoring.scrape_config(job, HOST, options.metrics_port, targets)
+    path = monitoring.write_scrape_config(options.workdir / monitoring.FILE_NAME, config)
+    ports = [port for _, _, port in targets]
+    printer.line(
+        f"{job.name}: Prometheus metrics on http://{HOST}:{options.metrics_port}/metrics "
+        f"(the job) and ports {min(ports)}-{max(ports)} (PS shards, workers); "
+        f"scrape config: {path}"
+    )
+
+
 async def run_job(job: Job, options: RunOptions) -> Progress:
     """Start the processes, run the scheduler to the end (or a signal), stop everything."""
-    out = options.out
+    out = options.out or sys.stdout
     store = LocalStateFile(options.state_path)
     printer = ProgressPrinter(job, out)
     previous = store.load()
@@ -80,7 +106,12 @@ async def run_job(job: Job, options: RunOptions) -> Progress:
     if previous is not None and finished and printer.plan.next_step(previous.completed) is None:
         printer.line(f"{job.name}: already {previous.phase} ({previous.message})")
         return previous
-    cluster = LocalCluster(job, options.workdir, start_timeout=options.start_timeout)
+    cluster = LocalCluster(
+        job,
+        options.workdir,
+        start_timeout=options.start_timeout,
+        metrics_port=None if options.metrics_port is None else options.metrics_port + 1,
+    )
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     stopping: list[str] = []
@@ -99,6 +130,8 @@ async def run_job(job: Job, options: RunOptions) -> Progress:
     def on_progress(progress: Progress) -> None:
         printer.on_progress(progress)
         passlog.on_progress(progress)
+        if options.on_progress is not None:
+            options.on_progress(progress)
 
     try:
         printer.line(
@@ -108,6 +141,8 @@ async def run_job(job: Job, options: RunOptions) -> Progress:
         started = time.perf_counter()
         cluster.start()
         launched = time.perf_counter()
+        if options.metrics_port is not None:
+            _announce_metrics(job, cluster, options, printer)
         conn = await cluster.connect(options.start_timeout)
         if options.on_phase is not None:
             options.on_phase("launch", launched - started)
