@@ -11,12 +11,22 @@ PROTOS := ps/streamtrain_ps/proto/ps.proto worker/streamtrain_worker/proto/worke
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
 
+# Each step says what it does and pip shows its progress: a first install downloads ~1 GB
+# (torch alone ~200 MB) and takes minutes. The last step compiles the numba kernels into
+# their on-disk cache, so the first pass of the first run does not (docs/benchmarks.md).
 $(STAMP): pyproject.toml constraints.txt
+	@echo "== install 1/5: the virtualenv $(VENV)/"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	@echo "== install 2/5: pip itself"
+	$(PY) -m pip install --upgrade pip
+	@echo "== install 3/5: PyTorch (CPU, the largest download)"
+	$(PY) -m pip install torch==2.13.0
+	@echo "== install 4/5: streamtrain and its dependencies (editable, every extra)"
+	$(PY) -m pip install -c constraints.txt -e '.[dev]'
+	@echo "== install 5/5: the numba kernels' cache"
+	$(PY) -m streamtrain_tools.warm_cache
 	touch $(STAMP)
+	@echo "== installed: $(VENV)/ (make help lists what to run)"
 
 install: $(STAMP) ## Create .venv/ and install streamtrain with every extra (idempotent)
 
