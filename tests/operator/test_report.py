@@ -10,11 +10,13 @@ import subprocess
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from PIL import Image
 
 from streamtrain_operator import cli
 from streamtrain_operator.job.plan import StepKey, StepKind
 from streamtrain_operator.job.progress import PassRecord, Progress, Published
+from streamtrain_operator.local import runner
 from streamtrain_operator.local.passlog import COLUMNS, PassLog, read_rows
 from streamtrain_operator.local.report import load_rows, render_html
 from streamtrain_operator.run.state import LocalStateFile
@@ -152,3 +154,16 @@ def test_the_report_renders_its_plots_in_headless_chromium(tmp_path: Path) -> No
         n for n, rgb in colours if all(abs(a - b) < 12 for a, b in zip(rgb, LINE_BLUE, strict=True))
     )
     assert blue > 500, blue
+
+
+def test_a_cold_kernel_cache_is_detected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``streamtrain run`` says why its first pass will be slow when numba's cache is empty."""
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    assert not runner.kernels_cached()
+    (tmp_path / "streamtrain_ps" / "index.insert_many-273.py311.nbi").parent.mkdir()
+    (tmp_path / "streamtrain_ps" / "index.insert_many-273.py311.nbi").write_bytes(b"")
+    assert runner.kernels_cached()
+    assert runner.COLD_CACHE == (
+        "  the numba kernels are not cached yet: the first pass compiles them, once (tens of "
+        "seconds); `python -m streamtrain_tools.warm_cache` does it ahead (`make install` does)"
+    )

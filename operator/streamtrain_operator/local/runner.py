@@ -9,6 +9,7 @@ so the same command resumes where it stopped.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
 import time
@@ -96,6 +97,23 @@ def _announce_metrics(
     )
 
 
+def kernels_cached() -> bool:
+    """Whether numba's on-disk cache holds the PS kernels (``make install`` fills it; a
+    cold cache makes the first pass compile them, tens of seconds)."""
+    import streamtrain_ps
+
+    where = os.environ.get("NUMBA_CACHE_DIR")
+    root = Path(where) if where else Path(streamtrain_ps.__file__).parent / "__pycache__"
+    return next(root.rglob("*.nbi"), None) is not None
+
+
+#: Said at the start of a run whose kernels are not cached yet.
+COLD_CACHE = (
+    "  the numba kernels are not cached yet: the first pass compiles them, once (tens of "
+    "seconds); `python -m streamtrain_tools.warm_cache` does it ahead (`make install` does)"
+)
+
+
 async def run_job(job: Job, options: RunOptions) -> Progress:
     """Start the processes, run the scheduler to the end (or a signal), stop everything."""
     out = options.out or sys.stdout
@@ -138,6 +156,8 @@ async def run_job(job: Job, options: RunOptions) -> Progress:
             f"{job.name}: starting {job.spec.ps.replicas} PS shard(s) and "
             f"{job.spec.workers.replicas} worker(s) (logs in {options.workdir / 'logs'})"
         )
+        if not kernels_cached():
+            printer.line(COLD_CACHE)
         started = time.perf_counter()
         cluster.start()
         launched = time.perf_counter()
