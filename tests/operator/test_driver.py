@@ -820,3 +820,51 @@ def test_a_publication_failing_beside_the_next_pass_fails_the_job_and_the_rerun_
     export = str(tmp_path / "export")
     assert [d.key for d in read_donefile(export)] == DAY_MODELS
     assert verify_model(export, "20261101/delta-1").pass_index == 1
+
+
+class KilledError(Exception):
+    """The kill model of these tests: raised by a store's write, it aborts the run there."""
+
+
+class KilledAtRecord(MemoryStateStore):
+    """A state store whose first write naming a checkpoint of ``pass_index`` as the restore
+    point never happens: the process dies just before it (what it holds stays durable)."""
+
+    def __init__(self, pass_index: int) -> None:
+        super().__init__()
+        self.pass_index = pass_index
+
+    def save(self, progress: Progress) -> None:
+        ckpt = progress.checkpoint
+        if ckpt is not None and ckpt.key.pass_index == self.pass_index:
+            raise KilledError(f"killed before the record naming {ckpt.uri}")
+        super().save(progress)
+
+
+def test_keep_1_a_kill_before_the_record_naming_a_new_checkpoint_still_restarts(
+    tmp_path: Path,
+) -> None:
+    """Bug: the checkpoint written in the path pruned the one before as soon as it was
+    published, while the durable record still named that one: with ``keep: 1`` a kill in
+    between left every restart ``RestoreFailed: .../pass-0-g1: MANIFEST.json: missing``."""
+    job = make_job(tmp_path, keep=1)
+    for hhmm in ("0000", "1200"):
+        write_folder(tmp_path, "20261101", hhmm)
+    ps = LocalPS(render.ps_config(job.spec))
+    store = KilledAtRecord(pass_index=1)
+    with pytest.raises(KilledError):
+        run(job, [FakeWorker(ps, 0), FakeWorker(ps, 1)], ps, store)
+    durable = store.load()
+    assert durable is not None and durable.checkpoint is not None
+    assert durable.checkpoint.key.pass_index == 0  # the record still names the genesis
+    assert Path(durable.checkpoint.uri, "MANIFEST.json").exists()
+
+    fresh_ps = LocalPS(render.ps_config(job.spec))
+    workers = [FakeWorker(fresh_ps, 0), FakeWorker(fresh_ps, 1)]
+    progress = run(job, workers, fresh_ps, MemoryStateStore(durable))
+    assert progress.phase == Phase.SUCCEEDED, progress.message
+    # Pass 1 recorded once (by the killed run), replayed once from the genesis; pass 2 once.
+    assert [(r.pass_index, r.generation) for r in progress.history] == [(1, 1), (2, 2)]
+    assert [c[1] for c in workers[0].calls] == [1, 2]
+    kept = sorted(p.parent.name for p in (tmp_path / "ckpt").glob("*/*/MANIFEST.json"))
+    assert kept == ["pass-2-g2"]
