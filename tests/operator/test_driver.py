@@ -24,13 +24,15 @@ from streamtrain_operator.job.progress import Phase, Progress
 from streamtrain_operator.job.spec import Job, parse_job
 from streamtrain_operator.run.driver import Driver, Observer
 from streamtrain_operator.run.export import read_donefile, verify_model
-from streamtrain_operator.run.hooks import MANIFEST_POINT
+from streamtrain_operator.run.hooks import BEFORE, MANIFEST_POINT
 from streamtrain_operator.run.state import MemoryStateStore
 from streamtrain_ps import sharding
+from streamtrain_ps.checkpoint import read_sparse
 from streamtrain_ps.errors import MemoryLimitError
 from streamtrain_ps.local import LocalPS
 from streamtrain_ps.shard import Shard
 from streamtrain_worker.metrics import PassMetrics
+from streamtrain_worker.predict import apply_chain, model_chain
 
 MANIFEST: dict[str, Any] = {
     "apiVersion": "streamtrain.io/v1alpha1",
@@ -56,10 +58,17 @@ MANIFEST: dict[str, Any] = {
 }
 
 
-def make_job(root: Path, keep: int = 2, workers: dict[str, Any] | None = None, **data: Any) -> Job:
+def make_job(
+    root: Path,
+    keep: int = 2,
+    workers: dict[str, Any] | None = None,
+    export: dict[str, Any] | None = None,
+    **data: Any,
+) -> Job:
     m = copy.deepcopy(MANIFEST)
     m["spec"]["data"].update(data)
     m["spec"]["workers"].update(workers or {})
+    m["spec"]["export"].update(export or {})
     m["spec"]["checkpoint"]["keep"] = keep
     for section in ("data", "checkpoint", "export"):
         path = m["spec"][section]["path"]
@@ -868,3 +877,84 @@ def test_keep_1_a_kill_before_the_record_naming_a_new_checkpoint_still_restarts(
     assert [c[1] for c in workers[0].calls] == [1, 2]
     kept = sorted(p.parent.name for p in (tmp_path / "ckpt").glob("*/*/MANIFEST.json"))
     assert kept == ["pass-2-g2"]
+
+
+class DayWorker(FakeWorker):
+    """Pushes a few keys per file, keyed by the file's whole path: every day's keys differ,
+    so a key trained on day 1 is not touched on day 2."""
+
+    async def run_pass(
+        self,
+        day: str,
+        pass_index: int,
+        files: Sequence[str],
+        generation: int,
+        train: bool,
+        next_files: Sequence[str] = (),
+    ) -> Any:
+        self.calls.append((day, pass_index, tuple(files), generation))
+        keys = np.array(sorted({_path_key(f, i) for f in files for i in range(4)}), np.uint64)
+        if train and keys.size:
+            grads = np.full((keys.size, 3), 0.25, dtype=np.float32)
+            ones = np.ones(keys.size, dtype=np.float32)
+            self.ps.push_sparse("embedding", keys, grads, ones, ones * (pass_index % 2))
+        m = PassMetrics(num_buckets=100)
+        m.add(np.full(len(files), 0.3), np.arange(len(files)) % 2, np.full(len(files), 0.6))
+        return m.to_proto(day, pass_index, generation)
+
+
+def _path_key(path: str, i: int) -> int:
+    return zlib.crc32(f"{path}/{i}".encode())
+
+
+class CaptureBefore:
+    """Step hook: before ``key`` runs, pulls ``keys`` from the PS (the model at that step)."""
+
+    def __init__(self, ps: LocalPS, key: str, keys: np.ndarray) -> None:
+        self.ps, self.key, self.keys = ps, key, keys
+        self.rows: np.ndarray | None = None
+
+    async def hold(self, point: str, key: StepKey) -> None:
+        if point == BEFORE and str(key) == self.key:
+            self.rows = self.ps.pull_sparse("embedding", self.keys)
+
+
+@pytest.mark.parametrize("base", [False, True])
+def test_a_delta_serves_every_earlier_day_with_or_without_bases(tmp_path: Path, base: bool) -> None:
+    """Bug: with ``export.base: false`` every delta was published with ``base: null`` and
+    the predictor's chain kept only the deltas of the target's day, so every key not
+    touched on day 2 vanished from the served model. Served at day 2's last delta (before
+    the day-end shrink), the chain must give every key the row the PS held then."""
+    job = make_job(tmp_path, export={"base": base}, endDay="20261102")
+    for day in ("20261101", "20261102"):
+        for hhmm in ("0000", "1200"):
+            write_folder(tmp_path, day, hhmm)
+    ps = LocalPS(render.ps_config(job.spec))
+    files = [str(f) for f in sorted((tmp_path / "data").glob("*/*/part-*"))]
+    keys = np.array(sorted({_path_key(f, i) for f in files for i in range(4)}), np.uint64)
+    capture = CaptureBefore(ps, "20261102/2/shrink", keys)
+    clock = iter(range(10_000))
+    driver = Driver(
+        job.spec,
+        ps,
+        [DayWorker(ps, 0), DayWorker(ps, 1)],
+        MemoryStateStore(),
+        clock=lambda: float(next(clock)),
+        sleep=_no_sleep,
+        step_hook=capture,
+    )
+    assert asyncio.run(driver.run()).phase == Phase.SUCCEEDED
+    root = str(tmp_path / "export")
+    chain = [d.key for d in model_chain(root, "20261102/delta-2")]
+    if base:
+        assert chain == ["20261102/base", "20261102/delta-1", "20261102/delta-2"]
+    else:
+        assert chain == [f"{d}/delta-{p}" for d in ("20261101", "20261102") for p in (1, 2)]
+    served = apply_chain([read_sparse(f"{root}/{k}/sparse", "embedding") for k in chain], 5)
+    assert capture.rows is not None
+    assert np.array_equal(served.pull_sparse("embedding", keys), capture.rows)
+    # Every key the PS held (the day-1 shrink evicted some) is served, day 1's included.
+    held = keys[capture.rows[:, 0] > 0]
+    assert np.array_equal(served.keys, held)
+    day_1 = [_path_key(f, i) for f in files if "/20261101/" in f for i in range(4)]
+    assert np.isin(held, day_1).any(), "no key of day 1 survived its shrink: nothing tested"
