@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import grpc
 import numpy as np
 import pytest
@@ -26,11 +27,12 @@ from streamtrain_operator.run.driver import Driver, Observer
 from streamtrain_operator.run.export import read_donefile, verify_model
 from streamtrain_operator.run.hooks import BEFORE, MANIFEST_POINT
 from streamtrain_operator.run.state import MemoryStateStore
-from streamtrain_ps import sharding
+from streamtrain_ps import checkpoint, sharding
 from streamtrain_ps.checkpoint import read_sparse
 from streamtrain_ps.errors import MemoryLimitError
 from streamtrain_ps.local import LocalPS
 from streamtrain_ps.shard import Shard
+from streamtrain_worker import model_folder
 from streamtrain_worker.metrics import PassMetrics
 from streamtrain_worker.predict import apply_chain, model_chain
 
@@ -919,18 +921,16 @@ class CaptureBefore:
             self.rows = self.ps.pull_sparse("embedding", self.keys)
 
 
-@pytest.mark.parametrize("base", [False, True])
-def test_a_delta_serves_every_earlier_day_with_or_without_bases(tmp_path: Path, base: bool) -> None:
-    """Bug: with ``export.base: false`` every delta was published with ``base: null`` and
-    the predictor's chain kept only the deltas of the target's day, so every key not
-    touched on day 2 vanished from the served model. Served at day 2's last delta (before
-    the day-end shrink), the chain must give every key the row the PS held then."""
-    job = make_job(tmp_path, export={"base": base}, endDay="20261102")
+def _two_days(root: Path, base: bool) -> tuple[str, np.ndarray, CaptureBefore]:
+    """A two-day job of two passes a day whose day-1 shrink evicts some keys (so day 2's
+    first delta carries tombstones): its export root, every key trained, and the rows the
+    PS held before day 2's shrink (after its last delta)."""
+    job = make_job(root, export={"base": base}, endDay="20261102")
     for day in ("20261101", "20261102"):
         for hhmm in ("0000", "1200"):
-            write_folder(tmp_path, day, hhmm)
+            write_folder(root, day, hhmm)
     ps = LocalPS(render.ps_config(job.spec))
-    files = [str(f) for f in sorted((tmp_path / "data").glob("*/*/part-*"))]
+    files = [str(f) for f in sorted((root / "data").glob("*/*/part-*"))]
     keys = np.array(sorted({_path_key(f, i) for f in files for i in range(4)}), np.uint64)
     capture = CaptureBefore(ps, "20261102/2/shrink", keys)
     clock = iter(range(10_000))
@@ -944,17 +944,52 @@ def test_a_delta_serves_every_earlier_day_with_or_without_bases(tmp_path: Path, 
         step_hook=capture,
     )
     assert asyncio.run(driver.run()).phase == Phase.SUCCEEDED
-    root = str(tmp_path / "export")
+    assert capture.rows is not None
+    return str(root / "export"), keys, capture
+
+
+@pytest.mark.parametrize("base", [False, True])
+def test_a_delta_serves_every_earlier_day_with_or_without_bases(tmp_path: Path, base: bool) -> None:
+    """Bug: with ``export.base: false`` every delta was published with ``base: null`` and
+    the predictor's chain kept only the deltas of the target's day, so every key not
+    touched on day 2 vanished from the served model. Served at day 2's last delta (before
+    the day-end shrink), the chain must give every key the row the PS held then."""
+    root, keys, capture = _two_days(tmp_path, base)
+    assert capture.rows is not None
     chain = [d.key for d in model_chain(root, "20261102/delta-2")]
     if base:
         assert chain == ["20261102/base", "20261102/delta-1", "20261102/delta-2"]
     else:
         assert chain == [f"{d}/delta-{p}" for d in ("20261101", "20261102") for p in (1, 2)]
     served = apply_chain([read_sparse(f"{root}/{k}/sparse", "embedding") for k in chain], 5)
-    assert capture.rows is not None
     assert np.array_equal(served.pull_sparse("embedding", keys), capture.rows)
     # Every key the PS held (the day-1 shrink evicted some) is served, day 1's included.
     held = keys[capture.rows[:, 0] > 0]
     assert np.array_equal(served.keys, held)
-    day_1 = [_path_key(f, i) for f in files if "/20261101/" in f for i in range(4)]
+    day_1 = [
+        _path_key(str(f), i) for f in tmp_path.glob("data/20261101/*/part-*") for i in range(4)
+    ]
     assert np.isin(held, day_1).any(), "no key of day 1 survived its shrink: nothing tested"
+
+
+@pytest.mark.parametrize("base", [False, True])
+def test_every_model_json_counts_what_its_save_holds(tmp_path: Path, base: bool) -> None:
+    """``MODEL.json``'s ``keys``, ``tombstones`` and ``saveMode`` are the save's own: a
+    reader sizing or checking a model from the manifest must not be told another story.
+    Without bases, day 2's first delta carries the tombstones of day 1's shrink (a base
+    taken after the shrink would leave the evicted keys out instead)."""
+    root, _, _ = _two_days(tmp_path, base)
+    fs, path = fsspec.core.url_to_fs(root)
+    models = read_donefile(root)
+    kinds = {"delta", "base", "batch"} if base else {"delta", "batch"}
+    assert {d.kind.value for d in models} == kinds
+    tombstoned = 0
+    for line in models:
+        manifest = model_folder.read_manifest(fs, path, line.key)
+        keys, _, tombstones = read_sparse(f"{root}/{line.key}/sparse", "embedding")
+        sparse = checkpoint.read_manifest(f"{root}/{line.key}/sparse")
+        assert (manifest.keys, manifest.tombstones) == (keys.size, tombstones.size), line.key
+        assert manifest.save_mode == int(sparse.mode), line.key
+        tombstoned += tombstones.size
+    if not base:
+        assert tombstoned > 0, "no model carried a tombstone: the count was not tested"
