@@ -7,7 +7,7 @@ checkpoints, models, donefile and recorded pass file lists on a ``killfs://`` me
 filesystem (``ps.faultfs``'s, with its own store) and its progress record in a store on the
 same count. A storage write is every ``pipe_file`` (checkpoint and model parts, manifests,
 ``MODEL.json``, donefile, pass file lists), ``mv`` and ``rm`` (pruning, cleanup) there, and
-every save of the progress record. A clean run counts them; then for every k:
+every save of the progress record. A clean run counts them (56); then for every k, twice:
 
 - the kill: the k-th write raises :class:`Killed` — a ``BaseException``, which nothing in
   the product catches, so the run aborts there — and every write after it (from threads of
@@ -16,6 +16,9 @@ every save of the progress record. A clean run counts them; then for every k:
   rather than a SIGKILL per point: a real kill costs a process start, seconds per point;
   ``test_checkpoint_kill.py``, ``test_export_kill.py`` and ``test_scheduler_kill.py`` SIGKILL
   the real CLI at chosen points.)
+- or the failure: only the k-th write fails, with ``OSError`` (the product's own path: the
+  step retries, then fails the job with a condition; a failed record write ends the
+  process);
 - the rerun, over the same storage and record with nothing armed, must succeed, and:
   every pass is recorded once; the model (every key's row, the dense vector) equals the
   clean run's bit for bit — nothing trained twice, nothing lost; the donefile lists every
@@ -26,6 +29,8 @@ every save of the progress record. A clean run counts them; then for every k:
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import threading
 import zlib
 from collections.abc import Sequence
@@ -65,11 +70,15 @@ class Killed(BaseException):
 
 @dataclass
 class KillPlan:
-    """Counts storage writes; from the ``kill_at``-th on, each one raises :class:`Killed`."""
+    """Counts storage writes. ``kill``: from the ``at``-th on, each one raises
+    :class:`Killed`; otherwise only the ``at``-th fails, with ``OSError`` (a full disk, a
+    store's error: the product retries or fails the job, the run goes on or ends)."""
 
-    kill_at: int | None = None
+    at: int | None = None
+    kill: bool = True
     writes: int = 0
     dead: bool = False
+    failed: bool = False
     lock: ClassVar[threading.Lock] = threading.Lock()
 
     def write(self, what: str) -> None:
@@ -77,9 +86,13 @@ class KillPlan:
             if self.dead:
                 raise Killed(f"{what}: after the kill")
             self.writes += 1
-            if self.writes == self.kill_at:
+            if self.writes != self.at:
+                return
+            if self.kill:
                 self.dead = True
                 raise Killed(f"{what}: storage write {self.writes}")
+            self.failed = True
+            raise OSError(errno.EIO, f"storage write {self.writes} failed (injected)", what)
 
 
 class KillFileSystem(FailingFileSystem):
@@ -119,19 +132,18 @@ class KillableStore(MemoryStateStore):
         super().save(progress)
 
 
-def fresh_storage(kill_at: int | None) -> KillPlan:
+def fresh_storage(at: int | None = None, kill: bool = True) -> KillPlan:
     """A blank disk, and the plan of this run."""
     fsspec.register_implementation(PROTOCOL, KillFileSystem, clobber=True)
     KillFileSystem.store.clear()
     KillFileSystem.pseudo_dirs[:] = [""]
-    KillFileSystem.plan = KillPlan(kill_at)
+    KillFileSystem.plan = KillPlan(at, kill)
     return KillFileSystem.plan
 
 
-def arm(kill_at: int | None) -> KillPlan:
-    """Same disk, a new plan (the rerun: nothing armed)."""
-    KillFileSystem.plan = KillPlan(kill_at)
-    return KillFileSystem.plan
+def disarm() -> None:
+    """Same disk, nothing armed (the rerun)."""
+    KillFileSystem.plan = KillPlan()
 
 
 def make_job(data_root: Path) -> Job:
@@ -267,10 +279,13 @@ def assert_same(got: Outcome, want: Outcome, where: str) -> None:
     assert got.served[1].tobytes() == want.served[1].tobytes(), f"{where}: served rows differ"
 
 
-def test_a_kill_at_any_storage_write_resumes_to_the_clean_runs_outcome(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kill", [True, False], ids=["kill", "fail"])
+def test_a_kill_or_failure_at_any_storage_write_resumes_to_the_clean_outcome(
+    tmp_path: Path, kill: bool
+) -> None:
     write_data(tmp_path / "data")
     job = make_job(tmp_path / "data")
-    clean_plan = fresh_storage(kill_at=None)
+    clean_plan = fresh_storage()
     want = outcome(job, run(job, KillableStore()))
     assert want.model.keys.size > 0
     assert want.models == [f"{DAY}/delta-1", f"{DAY}/delta-2", "20261102/base", f"{DAY}/batch"]
@@ -278,12 +293,17 @@ def test_a_kill_at_any_storage_write_resumes_to_the_clean_runs_outcome(tmp_path:
     assert total > 50, f"only {total} storage writes: the job no longer writes what it did"
 
     for k in range(1, total + 1):
-        where = f"killed at storage write {k} of {total}"
-        plan = fresh_storage(kill_at=k)
+        where = f"{'killed' if kill else 'failed'} at storage write {k} of {total}"
+        plan = fresh_storage(k, kill)
         store = KillableStore()
-        with pytest.raises(Killed):
-            run(job, store)
-        assert plan.dead, where
-        arm(None)
+        if kill:
+            with pytest.raises(Killed):
+                run(job, store)
+        else:
+            # A failed step fails the job; a failed record write ends the process.
+            with contextlib.suppress(OSError):
+                run(job, store)
+        assert plan.dead or plan.failed, where
+        disarm()
         assert_same(outcome(job, run(job, store)), want, where)
-    print(f"storage sweep: {total} kill points")
+    print(f"storage sweep: {total} points")
