@@ -153,6 +153,7 @@ NEEDED: dict[tuple[str, str], set[str]] = {
     ("networking.k8s.io", "networkpolicies"): {"create", "patch", "delete"},
     ("", "pods"): {"list"},
     ("", "events"): {"create"},
+    ("coordination.k8s.io", "leases"): {"get", "create", "patch"},
 }
 #: Granted beyond NEEDED, harmless: reads, and update (the same power as patch).
 TOLERATED = {"get", "list", "watch", "update"}
