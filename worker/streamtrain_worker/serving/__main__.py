@@ -20,7 +20,7 @@ import sys
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from streamtrain_worker.serving.delivery import Applied, Delivery
 from streamtrain_worker.serving.scoring import Scorer
@@ -29,6 +29,11 @@ from streamtrain_worker.serving.tables import EmbeddedTable, RedisTable, Version
 from streamtrain_worker.serving.versions import Guard, GuardError
 
 log = logging.getLogger("streamtrain.serving")
+Hook = Callable[[str, int], None]
+
+
+def _no_hook(point: str, vid: int) -> None:
+    pass
 
 
 def _guard(args: argparse.Namespace) -> Guard:
@@ -84,10 +89,12 @@ def _table(url: str | None, prefix: str) -> VersionedTable:
     return RedisTable.connect(url, prefix) if url else EmbeddedTable()
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
+def cmd_serve(args: argparse.Namespace, hook: Hook) -> int:
     table = _table(args.redis, args.prefix)
     guard = _guard(args)
-    delivery = Delivery(args.export, table, guard) if not args.redis or args.deliver else None
+    delivery = None
+    if not args.redis or args.deliver:
+        delivery = Delivery(args.export, table, guard, hook=hook)
     server = Server(args.name, Scorer(args.export, table), delivery, poll_seconds=args.poll_seconds)
     grpc_server = None
     if args.grpc_port:
@@ -114,8 +121,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_deliver(args: argparse.Namespace) -> int:
-    delivery = Delivery(args.export, RedisTable.connect(args.redis, args.prefix), _guard(args))
+def cmd_deliver(args: argparse.Namespace, hook: Hook) -> int:
+    table = RedisTable.connect(args.redis, args.prefix)
+    delivery = Delivery(args.export, table, _guard(args), hook=hook)
     if args.once:
         for applied in delivery.step():
             print(json.dumps(_applied(applied)), flush=True)
@@ -156,14 +164,15 @@ def cmd_switch(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, hook: Hook = _no_hook) -> int:
+    """The command line; ``hook`` is the delivery's (``delivery.POINTS``: tests kill there)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     args = _parser().parse_args(argv)
     try:
         if args.command == "serve":
-            return cmd_serve(args)
+            return cmd_serve(args, hook)
         if args.command == "deliver":
-            return cmd_deliver(args)
+            return cmd_deliver(args, hook)
         return cmd_switch(args)
     except (GuardError, LookupError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)

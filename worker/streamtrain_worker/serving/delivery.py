@@ -48,6 +48,9 @@ log = logging.getLogger(__name__)
 
 #: What a model that cannot be built raises (its refusal names the file).
 _BROKEN = (ModelFormatError, CheckpointError, ModelNotFoundError, OSError, ValueError, RuntimeError)
+#: Hook points of one version: verified and read; rows written (invisible); committed.
+BUILT, WRITTEN, COMMITTED = "built", "written", "committed"
+POINTS = (BUILT, WRITTEN, COMMITTED)
 #: Keys listed per version whose rows are not finite (beyond: the count still refuses).
 MAX_LISTED_NONFINITE = 10_000
 
@@ -82,12 +85,15 @@ class Delivery:
         *,
         grace_seconds: float = 2.0,
         on_applied: Callable[[Applied], None] = lambda a: None,
+        hook: Callable[[str, int], None] = lambda point, vid: None,
     ) -> None:
         self.root = root.rstrip("/")
         self.table = table
         self.guard = guard or Guard()
         self.grace_seconds = grace_seconds
         self._on_applied = on_applied
+        #: Called at ``POINTS`` with the version id; the tests' kill hook SIGKILLs there.
+        self._hook = hook
         self._fs, path = fsspec.core.url_to_fs(self.root)
         self._path = str(path).rstrip("/")
         self._unkept_since: dict[int, float] = {}
@@ -123,10 +129,13 @@ class Delivery:
             refusal = self._refuse(line.key, f"files: {' '.join(str(exc).split())}")
             self.table.commit(None, number, refused=True)
             return Applied(line, None, time.monotonic() - started, refusal)
+        self._hook(BUILT, number)
         rows = self.table.write(version, parent, parts)
         version = replace(version, keys=rows)
+        self._hook(WRITTEN, number)
         refused = self._refuse(line.key, version.refusal) if version.refusal else None
         self.table.commit(version, number, refused=refused is not None)
+        self._hook(COMMITTED, number)
         return Applied(line, version, time.monotonic() - started, refused)
 
     def _build(
