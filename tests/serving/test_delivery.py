@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from streamtrain_tools.bench.serving_models import Export, keys_of, rows_for
 from streamtrain_worker.model_folder import ModelKind
 from streamtrain_worker.predict import load_model
 from streamtrain_worker.serving.delivery import Delivery
@@ -16,7 +17,6 @@ from streamtrain_worker.serving.tables import EmbeddedTable, RedisTable, Version
 from streamtrain_worker.serving.versions import Guard
 
 from .conftest import RedisProcess
-from .exports import Export, keys_of, rows_for
 
 
 def three_models(ex: Export) -> list[str]:

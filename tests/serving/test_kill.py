@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from streamtrain_tools.bench.serving_models import Export, lines
 from streamtrain_worker.serving.delivery import Delivery
 from streamtrain_worker.serving.tables import RedisTable
 
 from .conftest import RedisProcess, free_port
-from .exports import Export, lines
 from .test_delivery import PROBE, three_models
 
 HERE = Path(__file__).parent

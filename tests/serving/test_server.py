@@ -12,12 +12,12 @@ import grpc
 import numpy as np
 import pytest
 
+from streamtrain_tools.bench.serving_models import Export, keys_of, lines, rows_for
 from streamtrain_worker.model_folder import ModelKind
 from streamtrain_worker.proto import serving_pb2
 from streamtrain_worker.serving.tables import EmbeddedTable, RedisTable
 
 from .conftest import RedisProcess
-from .exports import Export, keys_of, lines, rows_for
 from .stack import Stack, expected_scores
 
 IDS = [*range(12), 99]  # 99: unknown to every model (lookups missed)

@@ -1,6 +1,7 @@
-"""A real export folder written by hand: the PS part codec and manifest, a TorchScript
-network, ``MODEL.json`` and donefile lines — the same writers a job uses, with rows chosen
-by the test (NaN rows, a metric drop, every key changed)."""
+"""A real export folder written by hand for the serving tests and ``bench.serving``: the PS
+part codec and manifest, a TorchScript network, ``MODEL.json`` and donefile lines — the
+writers a job uses — with rows the caller chooses (NaN rows, a metric drop, every key
+changed, 100k-key deltas) and no training in between."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import hashlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -43,10 +45,10 @@ def keys_of(ids: range | list[int]) -> npt.NDArray[np.uint64]:
     )
 
 
-def rows_for(keys: npt.NDArray[np.uint64], seed: int) -> npt.NDArray[np.float32]:
+def rows_for(keys: npt.NDArray[np.uint64], seed: int, dim: int = DIM) -> npt.NDArray[np.float32]:
     """``[show, click, embed_w, embedx...]`` rows, different per ``seed``."""
     rng = np.random.default_rng(seed)
-    values = rng.normal(0, 0.5, (keys.shape[0], 3 + DIM)).astype(np.float32)
+    values = rng.normal(0, 0.5, (keys.shape[0], 3 + dim)).astype(np.float32)
     values[:, 0] = rng.integers(5, 50, keys.shape[0])
     values[:, 1] = values[:, 0] * 0.1
     return values
@@ -69,6 +71,7 @@ class Export:
 
     root: Path
     seed: int = 0
+    dim: int = DIM
     published: list[str] = field(default_factory=list)
 
     def _sparse(
@@ -86,11 +89,11 @@ class Export:
             "logicalShard": 0,
             "logicalShards": 1,
             "mode": int(mode),
-            "embedxDim": DIM,
+            "embedxDim": self.dim,
             "optimizer": "adagrad",
-            "columns": ["show", "click", "embed_w"] + [f"embedx_w{j}" for j in range(DIM)],
+            "columns": ["show", "click", "embed_w"] + [f"embedx_w{j}" for j in range(self.dim)],
         }
-        arrays = {
+        arrays: dict[str, npt.NDArray[Any]] = {
             "keys": keys.astype(np.uint64),
             "values": values.astype(np.float32).reshape(-1),
             "tombstones": tombstones.astype(np.uint64),
@@ -123,7 +126,7 @@ class Export:
             kind, SaveMode.BATCH
         )
         self._sparse(folder / "sparse", mode, keys, values, tombs)
-        spec = ModelSpec(num_slots=len(SLOTS), embedding_dim=DIM, cvm=True, hidden_units=(8,))
+        spec = ModelSpec(num_slots=len(SLOTS), embedding_dim=self.dim, cvm=True, hidden_units=(8,))
         net = build_model("slot_dnn", spec, seed=self.seed + len(self.published))
         if dense_scale != 1.0:
             with torch.no_grad():
@@ -149,8 +152,12 @@ class Export:
             serving=Serving(DATA.to_dict(), TABLE, 1 << 12, "slot_dnn"),
         )
         (folder / "MODEL.json").write_bytes(manifest.render())
+        # The donefile line last, atomically (a copy renamed over it), as a job writes it.
         line = DoneLine(key, kind, day, pass_index, base, time.time())
-        with (self.root / DONEFILE).open("a") as f:
-            f.write(line.render() + "\n")
+        donefile = self.root / DONEFILE
+        text = donefile.read_text() if donefile.exists() else ""
+        tmp = self.root / f".tmp-{DONEFILE}"
+        tmp.write_text(text + line.render() + "\n")
+        tmp.replace(donefile)
         self.published.append(key)
         return key
