@@ -112,6 +112,31 @@ class VersionedTable(ABC):
         return self.pin(prev.id)
 
 
+def _final_ops(
+    parts: Sequence[Part], dim: int
+) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.bool_], npt.NDArray[np.float32]]:
+    """The last operation on every key over ``parts`` in order (each part: its tombstones,
+    then its rows, as ``predict.apply_chain``): keys, whether it is a set (else a delete),
+    and the rows of the sets, in key order."""
+    keys, sets, rows, row_of = [], [], [], []
+    offset = 0
+    for k, v, t in parts:
+        keys += [np.asarray(t, np.uint64), np.asarray(k, np.uint64)]
+        sets += [np.zeros(t.shape[0], bool), np.ones(k.shape[0], bool)]
+        row_of += [np.full(t.shape[0], -1, np.int64), np.arange(k.shape[0]) + offset]
+        rows.append(np.asarray(v, np.float32).reshape(-1, dim))
+        offset += k.shape[0]
+    if not keys:
+        return np.zeros(0, np.uint64), np.zeros(0, bool), np.zeros((0, dim), np.float32)
+    all_keys = np.concatenate(keys)
+    # The last occurrence of every key: unique over the reversed sequence.
+    _, first_rev = np.unique(all_keys[::-1], return_index=True)
+    last = all_keys.shape[0] - 1 - first_rev
+    is_set = np.concatenate(sets)[last]
+    values = np.concatenate(rows)[np.concatenate(row_of)[last][is_set]]
+    return all_keys[last], is_set, values
+
+
 def mix_bucket(keys: npt.NDArray[np.uint64], bits: int) -> npt.NDArray[np.int64]:
     """Bucket of every key: the top ``bits`` of a multiplicative hash (Fibonacci hashing)."""
     if bits == 0:
@@ -279,67 +304,70 @@ class RedisTable(VersionedTable):
         self._set_stored(self.stored() | {vid})
         dim = next((p[1].shape[1] for p in parts if p[1].ndim == 2), 0)
         self.tune(4 * dim)
+        keys, is_set, rows = _final_ops(parts, dim)
         if parent is None:
-            total = sum(p[0].shape[0] for p in parts)
-            bits = max(0, int(np.ceil(np.log2(max(1.0, total / ROWS_PER_BUCKET)))))
+            count = int(np.count_nonzero(is_set))
+            bits = max(0, int(np.ceil(np.log2(max(1.0, count / ROWS_PER_BUCKET)))))
             owners = np.full(1 << bits, vid, dtype=np.uint32)
             parent_owners = None
+            total = 0
         else:
             parent_owners = self.bucket_map(parent.id)
             owners = parent_owners.copy()
             bits = int(np.log2(owners.shape[0]))
-        # Changes per bucket: later parts win; a tombstone deletes, a row inserts/replaces.
-        changes: dict[int, dict[bytes, bytes | None]] = {}
-        for keys, values, tombstones in parts:
-            for arr, rows in ((tombstones, None), (keys, values)):
-                if arr.shape[0] == 0:
-                    continue
-                buckets = mix_bucket(arr, bits)
-                kb = np.ascontiguousarray(arr, dtype="<u8").tobytes()
-                vb = None if rows is None else np.ascontiguousarray(rows, dtype="<f4").tobytes()
-                width = 0 if rows is None else 4 * rows.shape[1]
-                for i, b in enumerate(buckets.tolist()):
-                    field = kb[8 * i : 8 * i + 8]
-                    value = None if vb is None else vb[width * i : width * (i + 1)]
-                    changes.setdefault(b, {})[field] = value
-        touched = sorted(changes)
-        total_rows = 0
+            total = parent.keys
+        buckets = mix_bucket(keys, bits)
+        order = np.argsort(buckets, kind="stable")
+        rank = np.cumsum(is_set) - 1  # row of each set, in key order
+        rows = rows[rank[order][is_set[order]]]
+        buckets, keys, is_set = buckets[order], keys[order], is_set[order]
+        set_pos = np.cumsum(is_set) - 1  # row of each set, in bucket order
+        kb = np.ascontiguousarray(keys, dtype="<u8").tobytes()
+        vb = np.ascontiguousarray(rows, dtype="<f4").tobytes()
+        width = 4 * dim
+        cuts = np.flatnonzero(np.r_[True, buckets[1:] != buckets[:-1], True])
+        touched = buckets[cuts[:-1]].tolist()
         for start in range(0, len(touched), _WRITE_CHUNK):
-            chunk = touched[start : start + _WRITE_CHUNK]
-            old: list[dict[bytes, bytes]] = [{} for _ in chunk]
-            if parent_owners is not None:
-                pipe = self._r.pipeline(transaction=False)
-                for b in chunk:
-                    pipe.hgetall(self._bucket_key(int(parent_owners[b]), b))
-                old = pipe.execute()
             pipe = self._r.pipeline(transaction=False)
-            for b, content in zip(chunk, old, strict=True):
-                for field, value in changes[b].items():
-                    if value is None:
-                        content.pop(field, None)
-                    else:
-                        content[field] = value
-                key = self._bucket_key(vid, b)
-                pipe.delete(key)
-                if content:
-                    pipe.hset(key, mapping=content)  # type: ignore[arg-type]
+            marks: list[tuple[int | None, int]] = []  # reply index of old and new HLEN
+            n = 0
+            for j in range(start, min(start + _WRITE_CHUNK, len(touched))):
+                b = touched[j]
+                lo, hi = int(cuts[j]), int(cuts[j + 1])
+                dst = self._bucket_key(vid, b)
+                old: int | None = None
+                if parent_owners is not None:
+                    # Copy-on-write inside Redis: the parent's bucket, then this delta.
+                    src = self._bucket_key(int(parent_owners[b]), b)
+                    pipe.hlen(src)
+                    pipe.copy(src, dst, replace=True)
+                    old, n = n, n + 2
+                else:
+                    pipe.delete(dst)
+                    n += 1
+                deletes = [kb[8 * i : 8 * i + 8] for i in range(lo, hi) if not is_set[i]]
+                if deletes:
+                    pipe.hdel(dst, *deletes)
+                    n += 1
+                sets = {
+                    kb[8 * i : 8 * i + 8]: vb[width * int(set_pos[i]) : width * int(set_pos[i] + 1)]
+                    for i in range(lo, hi)
+                    if is_set[i]
+                }
+                if sets:
+                    pipe.hset(dst, mapping=sets)  # type: ignore[arg-type]
+                    n += 1
+                pipe.hlen(dst)
+                marks.append((old, n))
+                n += 1
                 owners[b] = vid
-            pipe.execute()
-        total_rows = (
-            self._count_rows(owners)
-            if parent is not None
-            else len({f for c in changes.values() for f, v in c.items() if v is not None})
-        )
+            replies = pipe.execute()
+            for old_at, new_at in marks:
+                total += int(replies[new_at]) - (0 if old_at is None else int(replies[old_at]))
         self._r.set(f"{self._p}map:{vid}", owners.astype("<u4").tobytes())
         with self._maps_lock:
             self._maps[vid] = owners
-        return total_rows
-
-    def _count_rows(self, owners: npt.NDArray[np.uint32]) -> int:
-        pipe = self._r.pipeline(transaction=False)
-        for b, owner in enumerate(owners.tolist()):
-            pipe.hlen(self._bucket_key(owner, b))
-        return int(sum(pipe.execute()))
+        return total
 
     def _clear_partial(self, vid: int) -> None:
         """Buckets an interrupted attempt at ``vid`` left (its map was never written)."""
