@@ -80,6 +80,9 @@ bench-read-ahead: $(STAMP) ## A RunPass's fixed cost with and without the next p
 bench-quality: $(STAMP) ## streamtrain's defaults vs Vowpal Wabbit vs plain PyTorch on 3 streams
 	$(PY) -m streamtrain_tools.bench.quality --json
 
+bench-serving: $(STAMP) test-deps ## Online serving: freshness, delta apply, latency, exactness, Redis memory
+	$(PY) -m streamtrain_tools.bench.serving --json
+
 bench-load: $(STAMP) ## Concurrent clients against 2 PS shards
 	$(PY) -m streamtrain_tools.bench.ps_load --json
 
@@ -128,4 +131,4 @@ lint-manifests: $(STAMP) test-deps ## hadolint, chart lint/render, kubernetes-va
 clean: ## Remove caches and demo output (keeps .venv)
 	rm -rf .pytest_cache .mypy_cache .ruff_cache demo-run
 
-.PHONY: help install proto proto-check lint fmt typecheck test-deps pytest test test-faults bench bench-ps bench-worker bench-e2e bench-read-ahead bench-load bench-ps-scale bench-quality bench-peer demo crds crds-check images lint-manifests clean
+.PHONY: help install proto proto-check lint fmt typecheck test-deps pytest test test-faults bench bench-ps bench-worker bench-e2e bench-read-ahead bench-load bench-serving bench-ps-scale bench-quality bench-peer demo crds crds-check images lint-manifests clean
