@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import redis
+import torch
 import yaml
 
 from streamtrain_tools.bench.serving_models import Export, keys_of, lines, rows_for
@@ -60,9 +61,12 @@ from streamtrain_worker.serving.scoring import Scorer
 from streamtrain_worker.serving.server import Server
 from streamtrain_worker.serving.tables import EmbeddedTable, RedisTable, VersionedTable
 
+torch.set_num_threads(1)  # the in-process servers score small batches (docs/serving.md)
+
 DAY = "20261101"
 DIM = 8
 NO_DISK = ("--save", "", "--appendonly", "no")
+STATE = ("--state", "state.json")
 REQUEST_IDS = 100  # rows of ids 0..99; every delta of phase 2 changes all their keys
 
 
@@ -444,7 +448,13 @@ def exactness(
 
 
 def job_freshness(tmp: Path, s: Settings) -> dict[str, Any]:
-    from streamtrain_worker.synth import SEQUENCE_SLOT, SLOTS, SynthConfig, generate_delayed
+    from streamtrain_worker.synth import (
+        SEQUENCE_SLOT,
+        SLOTS,
+        DonefileWriter,
+        SynthConfig,
+        generate_delayed,
+    )
 
     root = tmp / "job"
     root.mkdir()
@@ -484,15 +494,24 @@ def job_freshness(tmp: Path, s: Settings) -> dict[str, Any]:
         files_per_folder=1,
         seed=3,
     )
-    synth, writer = generate_delayed(cfg, s.folder_seconds)
+    # The data now, the donefiles once the job waits for them (its start-up not counted).
+    synth, held = generate_delayed(cfg, 1e9)
+    held.stop()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     job = subprocess.Popen(
-        [sys.executable, "-m", "streamtrain_operator.cli", "run", "job.yaml"],
+        [sys.executable, "-m", "streamtrain_operator.cli", "run", "job.yaml", *STATE],
         cwd=root,
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and job.poll() is None:
+        state = root / "state.json"
+        if state.exists() and '"WaitingForData"' in state.read_text():
+            break
+        time.sleep(0.2)
+    writer = DonefileWriter(synth.folders, cfg.donefile, s.folder_seconds).start()
     export = root / "models"
     export.mkdir(exist_ok=True)
     table = EmbeddedTable()
