@@ -3,6 +3,7 @@ served == predict, 4xx naming the field, rollback and pin, refused models never 
 
 from __future__ import annotations
 
+import io
 import threading
 import time
 from collections.abc import Iterator
@@ -232,3 +233,16 @@ def test_redis_backed_server_never_tears_while_every_key_changes(
     expected = {k: expected_scores(ex.root, k, text, tmp_path) for k in keys}
     assert_untorn(load, expected)
     assert len({key for _, key, _ in load.responses}) >= 2
+
+
+def test_the_demo_request_is_served_by_the_newest_model(tmp_path: Path) -> None:
+    from streamtrain_worker.serving.server import show_one_request
+
+    ex = Export(tmp_path / "export")
+    key = publish_all_keys_changed(ex, 1)
+    data = tmp_path / "part-00000"
+    data.write_text("\n".join(ROWS) + "\n")
+    out = io.StringIO()
+    answer = show_one_request(str(ex.root), data, out)
+    assert answer["model_version"] == key and answer["outputs"][0]["shape"] == [2]
+    assert "POST http://127.0.0.1:" in out.getvalue() and key in out.getvalue()

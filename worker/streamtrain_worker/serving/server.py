@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -394,3 +395,47 @@ async def run_http(app: web.Application, host: str, port: int) -> web.AppRunner:
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     return runner
+
+
+def show_one_request(
+    export: str, data_file: str | os.PathLike[str], out: Any, rows: int = 2
+) -> dict[str, Any]:
+    """Serve the newest model of ``export`` over HTTP on a free port, send one KServe v2
+    request with the first ``rows`` lines of ``data_file``, print both, stop (``make demo``)."""
+    import socket
+    import urllib.request
+
+    from streamtrain_worker.serving.tables import EmbeddedTable
+
+    table = EmbeddedTable()
+    delivery = Delivery(export, table)
+    delivery.step()
+    server = Server("demo", Scorer(export, table), delivery)
+    server.scorer.refresh()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    loop = asyncio.new_event_loop()
+    runner = loop.run_until_complete(run_http(server.app(), "127.0.0.1", port))
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        with open(data_file) as f:
+            lines = [f.readline().strip() for _ in range(rows)]
+        body = {"inputs": [{"name": "rows", "datatype": "BYTES", "shape": [rows], "data": lines}]}
+        url = f"http://127.0.0.1:{port}/v2/models/demo/infer"
+        print(f"\n== serving: streamtrain serve --export {export}", file=out)
+        print(f"   POST {url}\n   {json.dumps(body)[:300]}", file=out)
+        req = urllib.request.Request(
+            url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            answer: dict[str, Any] = json.loads(resp.read())
+        print(f"   -> {json.dumps(answer)}", file=out)
+        return answer
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+        server.stop()
