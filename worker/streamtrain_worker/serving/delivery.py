@@ -161,11 +161,7 @@ class Delivery:
                 verify_files(self._fs, self._path, read_manifest(self._fs, self._path, key))
             part = read_sparse(f"{self.root}/{key}/sparse", serving.table)
             parts.append(part)
-            keys_, values, tombstones = part
-            nonfinite -= set(tombstones.tolist())
-            bad = ~np.isfinite(values).all(axis=1)
-            nonfinite -= set(keys_[~bad].tolist())
-            nonfinite |= set(keys_[bad].tolist())
+            nonfinite = _nonfinite_after(nonfinite, part)
         live = state.version(state.live) if state.live else None
         refusal = self.guard.judge(manifest.metrics, live, len(nonfinite), finite_weights)
         version = Version(
@@ -215,6 +211,18 @@ class Delivery:
             except Exception:  # storage hiccups: retried next poll
                 log.exception("delivery step failed; retrying")
             stop.wait(poll_seconds)
+
+
+def _nonfinite_after(nonfinite: set[int], part: Part) -> set[int]:
+    """Keys with non-finite rows after ``part``: a tombstone or a finite row repairs one
+    (only the few listed keys are looked up: no set of the whole delta)."""
+    keys, values, tombstones = part
+    bad = ~np.isfinite(values).all(axis=1)
+    if nonfinite:
+        listed = np.fromiter(nonfinite, dtype=np.uint64, count=len(nonfinite))
+        repaired = np.isin(listed, tombstones) | np.isin(listed, keys[~bad])
+        nonfinite = set(listed[~repaired].tolist())
+    return nonfinite | set(keys[bad].tolist())
 
 
 def _tensors(module: torch.jit.ScriptModule) -> Sequence[torch.Tensor]:
