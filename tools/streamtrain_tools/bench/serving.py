@@ -379,11 +379,15 @@ def latency(tmp: Path, url: str, s: Settings) -> dict[str, Any]:
         published: list[str] = []
 
         def publisher() -> None:
+            # The next delta once the last is served: one is always being applied.
             p = 1
             while not stop.is_set():
                 published.append(publish_delta(ex, keys, p, s))
                 p += 1
-                stop.wait(0.5)
+                try:
+                    wait_http(port, published[-1], timeout=120)
+                except TimeoutError:
+                    return
 
         t = threading.Thread(target=publisher)
         t.start()
@@ -408,7 +412,11 @@ def latency(tmp: Path, url: str, s: Settings) -> dict[str, Any]:
     finally:
         for proc in (serve, deliver):
             proc.send_signal(signal.SIGTERM)
-            proc.wait(30)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
     out.update(exactness(root, rows, seen, tmp))
     out["memory"] = redis_memory(url, "lat:")
     return out

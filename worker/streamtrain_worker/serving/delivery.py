@@ -105,10 +105,13 @@ class Delivery:
         cursor = self.table.state().cursor
         return [(i + 1, line) for i, line in enumerate(lines) if i >= cursor]
 
-    def step(self) -> list[Applied]:
-        """Apply every pending line; then drop versions no longer needed."""
+    def step(self, stop: threading.Event | None = None) -> list[Applied]:
+        """Apply every pending line (until ``stop`` is set); then drop versions no longer
+        needed."""
         done = []
         for number, line in self.pending():
+            if stop is not None and stop.is_set():
+                break
             applied = self.apply(number, line)
             done.append(applied)
             self._on_applied(applied)
@@ -207,7 +210,7 @@ class Delivery:
         """``step`` until ``stop`` is set; a failing step is logged and retried."""
         while not stop.is_set():
             try:
-                self.step()
+                self.step(stop)
             except Exception:  # storage hiccups: retried next poll
                 log.exception("delivery step failed; retrying")
             stop.wait(poll_seconds)

@@ -140,7 +140,7 @@ class Server:
             def deliver() -> None:
                 while not self._stop.is_set():
                     try:
-                        for applied in delivery.step():
+                        for applied in delivery.step(self._stop):
                             self.on_applied(applied)
                         self._refresh()
                     except Exception:
