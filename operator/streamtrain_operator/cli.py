@@ -5,6 +5,8 @@
 - ``streamtrain predict ...`` and ``streamtrain synth ...``: run in a separate Python
   process (``python -m streamtrain_worker.predict`` / ``.synth``), because the predictor needs
   torch and this package never imports it.
+- ``streamtrain serve | deliver | rollback | pin ...``: online serving, likewise in a separate
+  process (``python -m streamtrain_worker.serving``; docs/serving.md).
 
 Where state lives: ``--state`` or, by default, ``<checkpoint.path>/_state/<job>.json`` when
 the checkpoint path is local (the progress record sits next to the checkpoints it refers
@@ -63,7 +65,18 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print the raw state record")
     sub.add_parser("predict", help="score examples with an exported model", add_help=False)
     sub.add_parser("synth", help="generate a synthetic time-sliced stream", add_help=False)
+    for name, what in SERVING_COMMANDS.items():
+        sub.add_parser(name, help=what, add_help=False)
     return p
+
+
+#: Commands of the online predictor (``streamtrain_worker.serving``).
+SERVING_COMMANDS = {
+    "serve": "serve the newest verified model over HTTP and gRPC",
+    "deliver": "follow an export's donefile into Redis",
+    "rollback": "serve the model before the served one",
+    "pin": "serve one model version until unpinned",
+}
 
 
 def _load(manifest: Path) -> Job:
@@ -161,6 +174,8 @@ def main(argv: Sequence[str] | None = None, *, step_hook: StepHook = NO_HOOK) ->
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list and args_list[0] in ("predict", "synth"):
         return _exec_module(f"streamtrain_worker.{args_list[0]}", args_list[1:])
+    if args_list and args_list[0] in SERVING_COMMANDS:
+        return _exec_module("streamtrain_worker.serving", args_list)
     args = _parser().parse_args(args_list)
     if args.command == "run":
         return cmd_run(args, step_hook)

@@ -193,3 +193,47 @@ def test_notes_tell_how_to_submit_a_job() -> None:
     sample = notes.split("apply -f -\n", 1)[1].split("   YAML", 1)[0]
     manifest = yaml.safe_load("\n".join(line[3:] for line in sample.splitlines()))
     assert parse_job(manifest).spec.storageSecretRef == "s3-credentials"
+
+
+def test_serving_renders_deployments_service_pdb_monitor_and_the_redis_secret() -> None:
+    assert not [o for o in _objects() if "serving" in o["metadata"]["name"]]
+    values = {
+        "serving": {
+            "enabled": True,
+            "job": "ctr",
+            "exportPath": "s3://bucket/models",
+            "redis": {"existingSecret": "redis-auth"},
+            "serviceMonitor": {"enabled": True},
+            "guard": {"maxAucDrop": None, "copcMin": 0.8, "copcMax": 1.25},
+        }
+    }
+    report = helm.lint(CHART, values, strict=True, kube_version="v1.31.0")
+    assert report["errors"] == []
+    objs = [o for o in _objects(values) if "serving" in o["metadata"]["name"]]
+    kinds = sorted(o["kind"] for o in objs)
+    assert kinds == ["Deployment", "Deployment", "PodDisruptionBudget", "Service", "ServiceMonitor"]
+    serve, deliver = sorted(_by_kind(objs, "Deployment"), key=lambda d: d["metadata"]["name"])
+    assert deliver["spec"]["replicas"] == 1 and deliver["spec"]["strategy"]["type"] == "Recreate"
+    (container,) = serve["spec"]["template"]["spec"]["containers"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert "--redis=$(STREAMTRAIN_REDIS_URL)" in container["args"]
+    assert {"--max-auc-drop=-1", "--copc-min=0.8", "--copc-max=1.25"} <= set(container["args"])
+    env = {e["name"]: e for e in container["env"]}
+    assert env["STREAMTRAIN_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {
+        "name": "redis-auth",
+        "key": "url",
+    }
+    (pdb,) = _by_kind(objs, "PodDisruptionBudget")
+    labels = serve["spec"]["template"]["metadata"]["labels"]
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    (svc,) = _by_kind(objs, "Service")
+    assert svc["spec"]["selector"].items() <= labels.items()
+    assert {p["name"] for p in svc["spec"]["ports"]} == {"http", "grpc"}
+    # Without Redis: the embedded table, no delivery pod, no secret.
+    embedded = {"serving": {"enabled": True, "exportPath": "/models", "redis": {"url": ""}}}
+    objs = [o for o in _objects(embedded) if "serving" in o["metadata"]["name"]]
+    (serve,) = _by_kind(objs, "Deployment")
+    (container,) = serve["spec"]["template"]["spec"]["containers"]
+    assert not any(a.startswith("--redis") for a in container["args"])
+    with helm.Chart.load(CHART) as chart, pytest.raises(helm.HelmValuesError):
+        chart.validate_schema({"serving": {"enabled": True, "redis": {"url": "http://x"}}})
