@@ -18,6 +18,7 @@ import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import kopf
@@ -28,8 +29,9 @@ from streamtrain_operator.kube import handlers
 from streamtrain_operator.kube.api import GROUP, PLURAL, VERSION, Kube
 from streamtrain_operator.kube.daemon import GrpcConnector, Runtime
 from streamtrain_operator.kube.metrics import OperatorMetrics
-from streamtrain_operator.kube.resources import Options
+from streamtrain_operator.kube.resources import Options, TLSMode
 from streamtrain_ps.settings import ConfigError, parse_env, same_as, setting
+from streamtrain_ps.tls import TLSFiles
 
 PREFIX = "streamtrain.io"
 FINALIZER = f"{PREFIX}/finalizer"
@@ -62,6 +64,18 @@ class OperatorConfig:
     )
     metrics_from: tuple[dict[str, Any], ...] = same_as(
         Options, "metrics_from", env="STREAMTRAIN_METRICS_FROM"
+    )
+    tls: TLSMode = same_as(Options, "tls", env="STREAMTRAIN_TLS")
+    tls_issuer: dict[str, Any] = same_as(Options, "tls_issuer", env="STREAMTRAIN_TLS_ISSUER")
+    operator_identity: str = same_as(
+        Options, "operator_identity", env="STREAMTRAIN_OPERATOR_IDENTITY"
+    )
+    health_port: int = same_as(Options, "health_port", env="STREAMTRAIN_HEALTH_PORT")
+    tls_dir: str = setting(
+        "",
+        "Directory of the operator's own tls.crt, tls.key and ca.crt (its identity towards "
+        "PS shards and workers); required unless tls is off.",
+        env="STREAMTRAIN_TLS_DIR",
     )
     watch_timeout_seconds: int = setting(
         300, "Server-side timeout of a watch.", minimum=1, env="STREAMTRAIN_WATCH_TIMEOUT_SECONDS"
@@ -98,7 +112,17 @@ class OperatorConfig:
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> OperatorConfig:
         """Read every setting from its variable (unset or empty: the default)."""
-        return parse_env(cls, env, error=SettingsError)
+        cfg = parse_env(cls, env, error=SettingsError)
+        if cfg.tls != "off" and not cfg.tls_dir:
+            raise SettingsError("STREAMTRAIN_TLS_DIR", f"required with STREAMTRAIN_TLS={cfg.tls}")
+        return cfg
+
+    def tls_files(self) -> TLSFiles | None:
+        """The operator's certificate, the identity it calls PS shards and workers with."""
+        if self.tls == "off":
+            return None
+        root = Path(self.tls_dir)
+        return TLSFiles(cert=root / "tls.crt", key=root / "tls.key", ca=root / "ca.crt")
 
     def options(self) -> Options:
         return Options(
@@ -109,6 +133,10 @@ class OperatorConfig:
             operator_namespace=self.namespace,
             operator_labels=dict(self.operator_labels),
             metrics_from=self.metrics_from,
+            tls=self.tls,
+            tls_issuer=dict(self.tls_issuer),
+            operator_identity=self.operator_identity,
+            health_port=self.health_port,
         )
 
 
@@ -147,7 +175,7 @@ def build_runtime(cfg: OperatorConfig, registry: CollectorRegistry) -> Runtime:
         kube=Kube(api_client(cfg), request_timeout=cfg.request_timeout_seconds),
         metrics=OperatorMetrics(registry),
         options=cfg.options(),
-        connector=GrpcConnector(cfg.endpoint_map),
+        connector=GrpcConnector(cfg.endpoint_map, tls=cfg.tls_files()),
         ready_timeout=cfg.ready_timeout_seconds,
         restart_poll_seconds=cfg.restart_poll_seconds,
     )

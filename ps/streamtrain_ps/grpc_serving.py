@@ -23,7 +23,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from contextlib import contextmanager
 from types import FrameType
@@ -63,6 +63,9 @@ class GrpcServer:
         max_message_bytes: int,
         credentials: grpc.ServerCredentials | None = None,
         pool_class: Callable[..., futures.ThreadPoolExecutor] = futures.ThreadPoolExecutor,
+        interceptors: Sequence[grpc.ServerInterceptor] = (),
+        max_concurrent_rpcs: int | None = None,
+        health_port: int | None = None,
     ) -> None:
         self.host = host
         self._what = what
@@ -73,10 +76,26 @@ class GrpcServer:
         self._server = grpc.server(
             self._pool,
             options=[*message_options(max_message_bytes), ("grpc.so_reuseport", 0)],
-            maximum_concurrent_rpcs=None,
+            interceptors=list(interceptors),
+            # Beyond this many RPCs queued or running, grpc answers RESOURCE_EXHAUSTED
+            # "Concurrent RPC limit exceeded!" at once; clients back off and retry
+            # (``streamtrain_ps.rpc``).
+            maximum_concurrent_rpcs=max_concurrent_rpcs,
         )
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        # Kubelet's gRPC probes speak no TLS: a TLS server also answers health, and only
+        # health, in plaintext on its own port.
+        self._health_port = health_port
+        #: The plaintext health port once bound (``None``: health on the main port only).
+        self.health_port: int | None = None
+        self._health_server: grpc.Server | None = None
+        if health_port is not None and credentials is not None:
+            self._health_server = grpc.server(
+                futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="health"),
+                options=[("grpc.so_reuseport", 0)],
+            )
+            health_pb2_grpc.add_HealthServicer_to_server(self.health, self._health_server)
         self._port: int | None = None
 
     @property
@@ -101,6 +120,16 @@ class GrpcServer:
             raise OSError(f"cannot bind {self._what} to {target}: {exc}") from exc
         if port == 0:
             raise OSError(f"cannot bind {self._what} to {target}")
+        if self._health_server is not None:
+            health_target = f"{self.host}:{self._health_port}"
+            try:
+                bound = self._health_server.add_insecure_port(health_target)
+            except RuntimeError:
+                bound = 0
+            if bound == 0:
+                raise OSError(f"cannot bind {self._what} health to {health_target}")
+            self.health_port = bound
+            self._health_server.start()
         self._port = port
         self._server.start()
         for service in ("", self._service_name):
@@ -112,6 +141,8 @@ class GrpcServer:
         The returned event is set once the server has fully stopped."""
         self.health.enter_graceful_shutdown()
         done: threading.Event = self._server.stop(grace)
+        if self._health_server is not None:
+            self._health_server.stop(grace)
         return done
 
     def wait(self, timeout: float | None = None) -> bool:

@@ -57,6 +57,10 @@ KIND_KEY = "streamtrain-kind-bin"
 NAME_KEY = "streamtrain-name-bin"
 
 
+#: Methods only the operator's identity may call over mutual TLS (``tls.PeerPolicy``).
+CONTROL_METHODS = frozenset({"Save", "FinishSave", "Load", "Shrink"})
+
+
 class ShardStatsLike(metrics.ShardStatsLike, Protocol):
     """What ``Stats`` and the metrics collector read of ``Shard.stats()``."""
 

@@ -193,3 +193,39 @@ def test_notes_tell_how_to_submit_a_job() -> None:
     sample = notes.split("apply -f -\n", 1)[1].split("   YAML", 1)[0]
     manifest = yaml.safe_load("\n".join(line[3:] for line in sample.splitlines()))
     assert parse_job(manifest).spec.storageSecretRef == "s3-credentials"
+
+
+def _env(deployment: dict[str, Any]) -> dict[str, str]:
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e.get("value", "") for e in container["env"]}
+
+
+def test_default_install_turns_mutual_tls_on_with_cert_manager() -> None:
+    objs = _objects()
+    (deployment,) = _by_kind(objs, "Deployment")
+    env = _env(deployment)
+    assert env["STREAMTRAIN_TLS"] == "cert-manager"
+    assert env["STREAMTRAIN_TLS_DIR"] == "/etc/streamtrain/tls"
+    assert json.loads(env["STREAMTRAIN_TLS_ISSUER"]) == {"kind": "Issuer", "name": "streamtrain-ca"}
+    pod = deployment["spec"]["template"]["spec"]
+    (tls_volume,) = [v for v in pod["volumes"] if v["name"] == "tls"]
+    certs = {c["metadata"]["name"]: c["spec"] for c in _by_kind(objs, "Certificate")}
+    operator_cert = certs[tls_volume["secret"]["secretName"]]
+    assert operator_cert["dnsNames"] == [env["STREAMTRAIN_OPERATOR_IDENTITY"]]
+    assert operator_cert["usages"] == ["digital signature", "key encipherment", "client auth"]
+    issuers = {i["metadata"]["name"] for i in _by_kind(objs, "Issuer")}
+    assert "streamtrain-ca" in issuers  # the self-signed CA chain, createIssuer: true
+
+    off = _objects({"tls": {"mode": "off"}})
+    (deployment,) = _by_kind(off, "Deployment")
+    assert _env(deployment)["STREAMTRAIN_TLS"] == "off"
+    assert "STREAMTRAIN_TLS_DIR" not in _env(deployment)
+    assert not _by_kind(off, "Certificate") and not _by_kind(off, "Issuer")
+
+    own = _objects({"tls": {"mode": "secret", "operatorSecret": "my-operator-tls"}})
+    (deployment,) = _by_kind(own, "Deployment")
+    (tls_volume,) = [
+        v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls"
+    ]
+    assert tls_volume["secret"]["secretName"] == "my-operator-tls"
+    assert not _by_kind(own, "Certificate")

@@ -151,6 +151,8 @@ NEEDED: dict[tuple[str, str], set[str]] = {
     ("", "services"): {"create", "patch", "delete"},
     ("", "configmaps"): {"create", "patch", "delete"},
     ("networking.k8s.io", "networkpolicies"): {"create", "patch", "delete"},
+    # tls.mode=cert-manager (the default): each job's Certificate (kube.api._Certificates).
+    ("cert-manager.io", "certificates"): {"create", "patch", "delete"},
     ("", "pods"): {"list"},
     ("", "events"): {"create"},
 }

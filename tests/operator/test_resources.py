@@ -260,3 +260,56 @@ def test_a_storage_class_without_a_disk_limit_is_refused_naming_the_field() -> N
     manifest["spec"]["ps"]["diskStorageClass"] = "local-ssd"
     with pytest.raises(SpecError, match=r"spec\.ps\.diskStorageClass.*diskLimit > 0"):
         parse_job(manifest)
+
+
+def test_tls_renders_the_job_certificate_flags_mount_and_health_probes(job: Job) -> None:
+    options = replace(
+        OPTIONS, tls="cert-manager", tls_issuer={"kind": "ClusterIssuer", "name": "ca"}
+    )
+    objs = {
+        f"{o['kind']}/{o['metadata']['name']}": o
+        for o in r.build(
+            job, configs=CONFIGS, scale=r.Scale(2, 2), generation=1, owner=OWNER, options=options
+        )
+    }
+    cert = objs[f"Certificate/{job.name}-tls"]["spec"]
+    ns = job.namespace
+    assert cert["secretName"] == f"{job.name}-tls"
+    assert cert["issuerRef"] == {"kind": "ClusterIssuer", "name": "ca"}
+    assert set(cert["dnsNames"]) == {
+        r.job_identity(job),
+        f"*.{job.name}-ps.{ns}.svc",
+        f"*.{job.name}-worker.{ns}.svc",
+    }
+    assert {"server auth", "client auth"} <= set(cert["usages"])
+    for role in r.ROLES:
+        pod = objs[f"StatefulSet/{job.name}-{role}"]["spec"]["template"]["spec"]
+        (c,) = pod["containers"]
+        args = c["args"]
+        assert args[args.index("--tls-ca") + 1] == f"{r.TLS_DIR}/ca.crt"
+        assert args[args.index("--tls-control-peer") + 1] == "streamtrain-operator"
+        # Only the PS admits the job's own pods (pulls and pushes); workers the operator only.
+        assert ("--tls-data-peer" in args) == (role == "ps")
+        if role == "ps":
+            assert args[args.index("--tls-data-peer") + 1] == r.job_identity(job)
+        assert {"name": "tls", "mountPath": r.TLS_DIR, "readOnly": True} in c["volumeMounts"]
+        assert {
+            "name": "tls",
+            "secret": {"secretName": f"{job.name}-tls", "defaultMode": 0o440},
+        } in pod["volumes"]
+        for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+            assert c[probe]["grpc"]["port"] == options.health_port
+        policy = objs[f"NetworkPolicy/{job.name}-{role}"]["spec"]
+        ports = {p["port"] for rule in policy["ingress"] for p in rule["ports"]}
+        assert options.health_port in ports
+    assert ("Certificate", f"{job.name}-tls") in r.child_names(job, options)
+    # secret mode: the user's Secret is mounted, no Certificate is requested.
+    plain = r.build(
+        job,
+        configs=CONFIGS,
+        scale=r.Scale(1, 1),
+        generation=1,
+        owner=OWNER,
+        options=replace(options, tls="secret"),
+    )
+    assert not [o for o in plain if o["kind"] == "Certificate"]

@@ -54,6 +54,7 @@ import grpc
 from streamtrain_ps.api import PSLike
 from streamtrain_ps.errors import MemoryLimitError, PSError, PSUnavailableError
 from streamtrain_ps.grpc_serving import GrpcServer
+from streamtrain_ps.tls import PeerPolicy, TLSFiles, authorising_interceptor
 from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.data.batch import Batch
 from streamtrain_worker.data.errors import DataError
@@ -70,6 +71,9 @@ from streamtrain_worker.train import PassCancelledError, Trainer
 log = logging.getLogger(__name__)
 
 SERVICE_NAME: str = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
+#: Every method of the worker is the scheduler's: over mutual TLS only the operator's
+#: identity may call them (``streamtrain_ps.tls.PeerPolicy``).
+CONTROL_METHODS = frozenset(worker_pb2.DESCRIPTOR.services_by_name["Worker"].methods_by_name)
 #: PassResults carry two histograms of ``numBuckets`` uint64s; leave room for large ones.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
@@ -341,9 +345,15 @@ class WorkerServer(GrpcServer):
         host: str = "127.0.0.1",
         port: int = 0,
         max_workers: int = 4,
+        tls: TLSFiles | None = None,
+        peers: PeerPolicy | None = None,
+        health_port: int | None = None,
     ) -> None:
         self.servicer = servicer
         super().__init__(
+            credentials=tls.server_credentials() if tls is not None else None,
+            interceptors=[authorising_interceptor(peers)] if peers is not None else [],
+            health_port=health_port,
             what="worker server",
             service_name=SERVICE_NAME,
             host=host,

@@ -45,6 +45,7 @@ from streamtrain_operator.run.connection import Connection, dial
 from streamtrain_operator.run.driver import Driver, Observer
 from streamtrain_operator.run.hooks import NO_HOOK, StepHook
 from streamtrain_operator.run.state import StateStore
+from streamtrain_ps.tls import TLSFiles
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,8 @@ class GrpcConnector:
     contract test)."""
 
     endpoint_map: Mapping[str, str] = field(default_factory=dict)
+    #: The operator's certificate (``None``: plaintext).
+    tls: TLSFiles | None = None
 
     def __call__(self, job: Job, scale: resources.Scale, options: resources.Options) -> Connection:
         def rewrite(endpoint: str) -> str:
@@ -78,6 +81,7 @@ class GrpcConnector:
             [rewrite(e) for e in resources.worker_addresses(job, scale.workers, options)],
             render.ps_config(job.spec),
             worker_name=f"{job.name}-worker",
+            tls=self.tls,
         )
 
 

@@ -14,7 +14,11 @@ Per job (``<job>`` is ``metadata.name``):
 - ``NetworkPolicy <job>-ps`` (optional) — only this job's pods and the operator reach the PS
   port;
 - ``NetworkPolicy <job>-worker`` (optional) — only the operator reaches the worker control
-  port (RunPass/ExportDense write models with the job's credentials and fence generations).
+  port (RunPass/ExportDense write models with the job's credentials and fence generations);
+- ``Certificate <job>-tls`` (``tls: cert-manager``) — the job's identity for mutual TLS,
+  issued into the Secret ``<job>-tls`` (with ``tls: secret`` the user provides that Secret).
+  PS and worker pods mount it; PS shards admit pulls and pushes from the job's identity and
+  control calls from the operator's only, workers admit the operator's only.
 
 Every object carries an owner reference to the job (deleting the job deletes them), the
 same label set (selectable by job, role and restart generation) and no secret material:
@@ -29,7 +33,7 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from streamtrain_operator.job.spec import API_VERSION, KIND, Job, SpecError
 from streamtrain_operator.kube.disk_tier import DISK_DIR, disk_volume
@@ -54,6 +58,8 @@ ANNOTATION_CONFIG_HASH = "streamtrain.io/config-hash"
 #: A StatefulSet's name + "-" + 10-char revision hash must fit a 63-char label value.
 MAX_STATEFULSET_NAME = 52
 ROLES = ("ps", "worker")
+TLS_DIR = "/etc/streamtrain/tls"
+TLSMode = Literal["off", "cert-manager", "secret"]
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,27 @@ class Options:
     )
     #: Cluster DNS suffix of Services.
     cluster_domain: str = "svc"
+    tls: TLSMode = setting(
+        "off",
+        "Mutual TLS between the operator, PS shards and workers: cert-manager (the operator "
+        "requests each job's Certificate), secret (the user provides the Secret <job>-tls "
+        "with tls.crt, tls.key, ca.crt) or off (plaintext). The chart turns it on.",
+    )
+    tls_issuer: dict[str, Any] = setting(
+        {"kind": "Issuer", "name": "streamtrain-ca"},
+        "cert-manager issuerRef of the jobs' Certificates (JSON object).",
+    )
+    operator_identity: str = setting(
+        "streamtrain-operator",
+        "DNS name in the operator's certificate: the one identity PS shards and workers "
+        "admit control calls from.",
+        min_length=1,
+    )
+    health_port: int = setting(
+        50070,
+        "With TLS: plaintext gRPC health port of PS and worker pods (kubelet probes speak no TLS).",
+        minimum=1,
+    )
 
 
 @dataclass(frozen=True)
@@ -128,6 +155,15 @@ def network_policy_name(job: Job) -> str:
 
 def worker_network_policy_name(job: Job) -> str:
     return f"{job.name}-worker"
+
+
+def tls_secret_name(job: Job) -> str:
+    return f"{job.name}-tls"
+
+
+def job_identity(job: Job) -> str:
+    """The DNS name in the job's certificate: PS shards admit pulls and pushes from it."""
+    return f"{job.name}.{job.namespace}.job.streamtrain.io"
 
 
 def pod_dns_name(job: Job, role: str, index: int, options: Options) -> str:
@@ -258,8 +294,24 @@ def _grpc_probe(port: int, service: str | None, period: int, failures: int) -> d
     return probe
 
 
+def tls_args(job: Job, role: str, options: Options) -> list[str]:
+    """The TLS flags of a component: its certificate, the CA, and whom it admits."""
+    if options.tls == "off":
+        return []
+    data = ["--tls-data-peer", job_identity(job)] if role == "ps" else []
+    return [
+        "--tls-cert", f"{TLS_DIR}/tls.crt",
+        "--tls-key", f"{TLS_DIR}/tls.key",
+        "--tls-ca", f"{TLS_DIR}/ca.crt",
+        "--tls-control-peer", options.operator_identity,
+        *data,
+        "--health-port", str(options.health_port),
+    ]  # fmt: skip
+
+
 def container_args(job: Job, role: str, replicas: int, options: Options) -> list[str]:
     """The component's command line (also run as a local process by the contract test)."""
+    tls = tls_args(job, role, options)
     if role == "ps":
         disk = ["--disk-path", DISK_DIR] if disk_volume(job) is not None else []
         return [
@@ -270,12 +322,14 @@ def container_args(job: Job, role: str, replicas: int, options: Options) -> list
             "--shard-index-from-hostname",
             "--metrics-port", str(options.metrics_port),
             *disk,
+            *tls,
         ]  # fmt: skip
     return [
         "--host", "0.0.0.0",
         "--port", str(options.worker_port),
         "--config", f"{CONFIG_DIR}/{WORKER_CONFIG_FILE}",
         "--metrics-port", str(options.metrics_port),
+        *tls,
     ]  # fmt: skip
 
 
@@ -297,6 +351,15 @@ def pod_template(
     if not is_ps:
         threads = str(spec.workers.numThreads)
         env += [{"name": "OMP_NUM_THREADS", "value": threads}]
+    tls = options.tls != "off"
+    # With TLS kubelet probes the plaintext health-only port (it speaks no TLS).
+    probe_port = options.health_port if tls else port
+    ports = [
+        {"name": "grpc", "containerPort": port, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": options.metrics_port, "protocol": "TCP"},
+    ]
+    if tls:
+        ports.append({"name": "health", "containerPort": options.health_port, "protocol": "TCP"})
     container: dict[str, Any] = {
         "name": role,
         "image": spec.psImage if is_ps else spec.image,
@@ -304,17 +367,14 @@ def pod_template(
         "command": ["python", "-m", "streamtrain_ps" if is_ps else "streamtrain_worker"],
         "args": container_args(job, role, replicas, options),
         "env": env,
-        "ports": [
-            {"name": "grpc", "containerPort": port, "protocol": "TCP"},
-            {"name": "metrics", "containerPort": options.metrics_port, "protocol": "TCP"},
-        ],
+        "ports": ports,
         # Readiness asks the PS service itself (NOT_SERVING while draining); liveness only
         # asks whether the process answers at all.
         "readinessProbe": _grpc_probe(
-            port, PS_HEALTH_SERVICE if is_ps else WORKER_HEALTH_SERVICE, 10, 3
+            probe_port, PS_HEALTH_SERVICE if is_ps else WORKER_HEALTH_SERVICE, 10, 3
         ),
-        "livenessProbe": _grpc_probe(port, None, 20, 6),
-        "startupProbe": _grpc_probe(port, None, 5, 60),
+        "livenessProbe": _grpc_probe(probe_port, None, 20, 6),
+        "startupProbe": _grpc_probe(probe_port, None, 5, 60),
         "resources": _resources(res.requests, res.limits),
         "securityContext": {
             "allowPrivilegeEscalation": False,
@@ -334,6 +394,11 @@ def pod_template(
         {"name": "config", "configMap": {"name": config_map_name(job)}},
         {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
     ]
+    if tls:
+        container["volumeMounts"].append({"name": "tls", "mountPath": TLS_DIR, "readOnly": True})
+        volumes.append(
+            {"name": "tls", "secret": {"secretName": tls_secret_name(job), "defaultMode": 0o440}}
+        )
     disk = disk_volume(job) if is_ps else None
     if disk is not None:
         container["volumeMounts"].append({"name": disk["name"], "mountPath": DISK_DIR})
@@ -391,6 +456,31 @@ def statefulset(
     }
 
 
+def certificate(job: Job, generation: int, owner: Owner, options: Options) -> dict[str, Any]:
+    """The job's cert-manager Certificate: its identity (client side) and the names of its
+    PS and worker pods (server side), into the Secret the pods mount."""
+    return {
+        "apiVersion": "cert-manager.io/v1",
+        "kind": "Certificate",
+        "metadata": _metadata(job, tls_secret_name(job), None, generation, owner),
+        "spec": {
+            "secretName": tls_secret_name(job),
+            "dnsNames": [
+                job_identity(job),
+                *(
+                    f"*.{service_name(job, r)}.{job.namespace}.{options.cluster_domain}"
+                    for r in ROLES
+                ),
+            ],
+            "usages": ["digital signature", "key encipherment", "server auth", "client auth"],
+            "privateKey": {"algorithm": "ECDSA", "size": 256, "rotationPolicy": "Always"},
+            "duration": "2160h",
+            "renewBefore": "360h",
+            "issuerRef": dict(options.tls_issuer),
+        },
+    }
+
+
 def _operator_peer(options: Options) -> dict[str, Any]:
     return {
         "namespaceSelector": {
@@ -405,6 +495,14 @@ def _metrics_rule(options: Options) -> dict[str, Any]:
     if options.metrics_from:
         rule["from"] = [dict(peer) for peer in options.metrics_from]
     return rule
+
+
+def _health_rules(options: Options) -> list[dict[str, Any]]:
+    """With TLS, the plaintext health port, open: it answers health and nothing else, and
+    kubelet probes come from the node."""
+    if options.tls == "off":
+        return []
+    return [{"ports": [{"port": options.health_port, "protocol": "TCP"}]}]
 
 
 def network_policy(job: Job, generation: int, owner: Owner, options: Options) -> dict[str, Any]:
@@ -425,6 +523,7 @@ def network_policy(job: Job, generation: int, owner: Owner, options: Options) ->
                     "from": [{"podSelector": {"matchLabels": selector_labels(job)}}, operator_peer],
                 },
                 metrics_rule,
+                *_health_rules(options),
             ],
         },
     }
@@ -450,6 +549,7 @@ def worker_network_policy(
                     "from": [_operator_peer(options)],
                 },
                 _metrics_rule(options),
+                *_health_rules(options),
             ],
         },
     }
@@ -467,6 +567,8 @@ def build(
     """Every child object of the job, in apply order (config first, pods last)."""
     check_name(job)
     objects = [config_map(job, configs, generation, owner)]
+    if options.tls == "cert-manager":
+        objects.append(certificate(job, generation, owner, options))
     if options.network_policy:
         objects.append(network_policy(job, generation, owner, options))
         objects.append(worker_network_policy(job, generation, owner, options))
@@ -495,6 +597,8 @@ def object_key(obj: Mapping[str, Any]) -> tuple[str, str, str]:
 def child_names(job: Job, options: Options) -> Sequence[tuple[str, str]]:
     """(kind, name) of every child, e.g. to delete the pods' owners at Succeeded."""
     out = [("ConfigMap", config_map_name(job))]
+    if options.tls == "cert-manager":
+        out.append(("Certificate", tls_secret_name(job)))
     if options.network_policy:
         out.append(("NetworkPolicy", network_policy_name(job)))
         out.append(("NetworkPolicy", worker_network_policy_name(job)))
