@@ -65,6 +65,9 @@ class OperatorConfig:
     metrics_from: tuple[dict[str, Any], ...] = same_as(
         Options, "metrics_from", env="STREAMTRAIN_METRICS_FROM"
     )
+    storage_egress: tuple[dict[str, Any], ...] = same_as(
+        Options, "storage_egress", env="STREAMTRAIN_STORAGE_EGRESS"
+    )
     tls: TLSMode = same_as(Options, "tls", env="STREAMTRAIN_TLS")
     tls_issuer: dict[str, Any] = same_as(Options, "tls_issuer", env="STREAMTRAIN_TLS_ISSUER")
     operator_identity: str = same_as(
@@ -133,6 +136,7 @@ class OperatorConfig:
             operator_namespace=self.namespace,
             operator_labels=dict(self.operator_labels),
             metrics_from=self.metrics_from,
+            storage_egress=self.storage_egress,
             tls=self.tls,
             tls_issuer=dict(self.tls_issuer),
             operator_identity=self.operator_identity,

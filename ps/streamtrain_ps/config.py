@@ -210,6 +210,18 @@ class PSConfig:
     maxKeysPerRequest: int = setting(
         4_000_000, "Most keys one PullSparse/PushSparse request may carry.", minimum=1
     )
+    storageRoots: tuple[str, ...] = setting(
+        (),
+        "URIs under which Save and Load may write and read (the operator sets the job's "
+        "checkpoint and export roots); empty: anywhere the schemes allow "
+        "(streamtrain_ps.storage_policy).",
+    )
+    storageSchemes: tuple[str, ...] = setting(
+        ("file", "s3", "s3a", "gs", "gcs", "abfs", "abfss", "az", "hdfs", "memory"),
+        "URL schemes Save and Load may use (a plain path is file); never http, never a "
+        "chained URL.",
+        min_items=1,
+    )
     memoryLimit: int | None = setting(
         None,
         "Bytes of RAM one shard process may hold (its RSS: the measured fixed overhead, the "

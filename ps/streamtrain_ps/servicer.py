@@ -45,6 +45,7 @@ from streamtrain_ps.errors import (
 from streamtrain_ps.idempotency import RecentRequests
 from streamtrain_ps.metrics import PSMetrics
 from streamtrain_ps.proto import ps_pb2, ps_pb2_grpc
+from streamtrain_ps.storage_policy import check_uri
 
 log = logging.getLogger(__name__)
 
@@ -278,7 +279,7 @@ class PSServicer(ps_pb2_grpc.ParameterServerServicer):
         self, request: ps_pb2.SaveRequest, context: grpc.ServicerContext
     ) -> ps_pb2.SaveResponse:
         def run() -> ps_pb2.SaveResponse:
-            uri = "" if request.snapshot else _uri(request.uri)
+            uri = "" if request.snapshot else self._uri(request.uri)
             try:
                 mode = api.SaveMode(request.mode)
             except ValueError:
@@ -312,7 +313,7 @@ class PSServicer(ps_pb2_grpc.ParameterServerServicer):
         self, request: ps_pb2.FinishSaveRequest, context: grpc.ServicerContext
     ) -> ps_pb2.FinishSaveResponse:
         def run() -> ps_pb2.FinishSaveResponse:
-            _uri(request.uri)
+            self._uri(request.uri)
             if not request.save_id:
                 raise InvalidRequestError("save_id", "must name a staged save")
             if not request.commit:  # also frees a snapshot of that id (published or not)
@@ -326,7 +327,7 @@ class PSServicer(ps_pb2_grpc.ParameterServerServicer):
         self, request: ps_pb2.LoadRequest, context: grpc.ServicerContext
     ) -> ps_pb2.LoadResponse:
         def run() -> ps_pb2.LoadResponse:
-            uri = _uri(request.uri)
+            uri = self._uri(request.uri)
             start = time.perf_counter()
             phase = request.phase
             discard = request.discard_live
@@ -390,6 +391,10 @@ class PSServicer(ps_pb2_grpc.ParameterServerServicer):
         except KeyError:
             raise UnknownTableError("table", name) from None
 
+    def _uri(self, uri: str) -> str:
+        """A Save/Load URI the job's allow-list admits (``storage_policy``)."""
+        return check_uri(uri, self._config.storageRoots, self._config.storageSchemes)
+
     def _serve(self, method: str, context: grpc.ServicerContext, run: Callable[[], R]) -> R:
         """Run one RPC body, recording its latency, and turn any exception into a status."""
         start = time.perf_counter()
@@ -428,12 +433,6 @@ def _dense_name(name: str) -> str:
     if not name:
         raise InvalidRequestError("name", "must name a dense vector")
     return name
-
-
-def _uri(uri: str) -> str:
-    if not uri:
-        raise InvalidRequestError("uri", "must be a non-empty fsspec URL")
-    return uri
 
 
 def save_response(result: api.SaveResult) -> ps_pb2.SaveResponse:

@@ -20,7 +20,7 @@ CHART = ROOT / "charts" / "streamtrain"
 KUBE_VERSION = "1.31.0"
 #: Prometheus Operator kinds: not built into Kubernetes, so not in the bundled schemas
 #: (tests/contract/test_chart.py checks their shape).
-NOT_BUILT_IN = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+NOT_BUILT_IN = {"ServiceMonitor", "PodMonitor", "PrometheusRule", "Certificate", "Issuer"}
 VALUE_SETS: dict[str, dict[str, Any]] = {
     "defaults": {},
     "namespaced": {

@@ -313,3 +313,21 @@ def test_tls_renders_the_job_certificate_flags_mount_and_health_probes(job: Job)
         options=replace(options, tls="secret"),
     )
     assert not [o for o in plain if o["kind"] == "Certificate"]
+
+
+def test_metadata_addresses_are_cut_out_of_every_storage_ip_block(job: Job) -> None:
+    options = replace(
+        OPTIONS,
+        storage_egress=(
+            {"to": [{"ipBlock": {"cidr": "169.254.0.0/16", "except": ["169.254.1.0/24"]}}]},
+            {"to": [{"ipBlock": {"cidr": "::/0"}}, {"podSelector": {}}]},
+            {"to": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]},
+        ),
+    )
+    egress = _build(job, options=options)[f"NetworkPolicy/{job.name}-ps"]["spec"]["egress"]
+    blocks = [p["ipBlock"] for rule in egress for p in rule.get("to", ()) if "ipBlock" in p]
+    assert blocks == [
+        {"cidr": "169.254.0.0/16", "except": ["169.254.1.0/24", "169.254.169.254/32"]},
+        {"cidr": "::/0", "except": ["fd00:ec2::254/128"]},
+        {"cidr": "10.0.0.0/8"},  # holds no metadata address: unchanged
+    ]

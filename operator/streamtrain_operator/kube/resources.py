@@ -30,6 +30,7 @@ no capabilities and no service-account token (they never call the API server).
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -81,6 +82,16 @@ class Options:
     metrics_from: tuple[dict[str, Any], ...] = setting(
         (),
         "NetworkPolicyPeer objects allowed to scrape the jobs' metrics (JSON list); empty: anyone.",
+    )
+    storage_egress: tuple[dict[str, Any], ...] = setting(
+        (
+            {
+                "to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}],
+                "ports": [{"port": 443, "protocol": "TCP"}],
+            },
+        ),
+        "NetworkPolicyEgressRule objects: where PS and worker pods may reach their storage "
+        "(JSON list). Cloud metadata addresses are always cut out of every ipBlock.",
     )
     #: Cluster DNS suffix of Services.
     cluster_domain: str = "svc"
@@ -505,6 +516,59 @@ def _health_rules(options: Options) -> list[dict[str, Any]]:
     return [{"ports": [{"port": options.health_port, "protocol": "TCP"}]}]
 
 
+#: Instance-metadata services (AWS, GCP, Azure: 169.254.169.254; Alibaba; AWS over IPv6):
+#: credentials of the node live there, so no job pod may reach them whatever the values say.
+METADATA_CIDRS = ("169.254.169.254/32", "100.100.100.200/32", "fd00:ec2::254/128")
+
+
+def _without_metadata(peer: Mapping[str, Any]) -> dict[str, Any]:
+    """``peer`` with every metadata address inside its ipBlock added to ``except``."""
+    block = peer.get("ipBlock")
+    if block is None:
+        return dict(peer)
+    cidr = ipaddress.ip_network(block["cidr"], strict=False)
+    cut = [
+        m
+        for m in METADATA_CIDRS
+        if (net := ipaddress.ip_network(m)).version == cidr.version
+        and net.subnet_of(cidr)  # type: ignore[arg-type]
+        and net != cidr
+    ]
+    excepts = list(dict.fromkeys([*block.get("except", ()), *cut]))
+    return {**peer, "ipBlock": {**block, **({"except": excepts} if excepts else {})}}
+
+
+def _egress(job: Job, role: str, options: Options) -> list[dict[str, Any]]:
+    """DNS, the storage endpoint (metadata addresses cut out) and, for workers, this job's
+    PS shards: all a job pod ever dials."""
+    rules: list[dict[str, Any]] = [
+        {
+            "to": [
+                {
+                    "namespaceSelector": {
+                        "matchLabels": {"kubernetes.io/metadata.name": "kube-system"}
+                    },
+                    "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+                }
+            ],
+            "ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}],
+        }
+    ]
+    for rule in options.storage_egress:
+        out = dict(rule)
+        if "to" in rule:
+            out["to"] = [_without_metadata(peer) for peer in rule["to"]]
+        rules.append(out)
+    if role == "worker":
+        rules.append(
+            {
+                "to": [{"podSelector": {"matchLabels": selector_labels(job, "ps")}}],
+                "ports": [{"port": options.ps_port, "protocol": "TCP"}],
+            }
+        )
+    return rules
+
+
 def network_policy(job: Job, generation: int, owner: Owner, options: Options) -> dict[str, Any]:
     """Only this job's pods and the operator reach the PS gRPC port; metrics stay open
     (or open to ``options.metrics_from``)."""
@@ -516,7 +580,8 @@ def network_policy(job: Job, generation: int, owner: Owner, options: Options) ->
         "metadata": _metadata(job, network_policy_name(job), "ps", generation, owner),
         "spec": {
             "podSelector": {"matchLabels": selector_labels(job, "ps")},
-            "policyTypes": ["Ingress"],
+            "policyTypes": ["Ingress", "Egress"],
+            "egress": _egress(job, "ps", options),
             "ingress": [
                 {
                     "ports": [{"port": options.ps_port, "protocol": "TCP"}],
@@ -542,7 +607,8 @@ def worker_network_policy(
         "metadata": _metadata(job, worker_network_policy_name(job), "worker", generation, owner),
         "spec": {
             "podSelector": {"matchLabels": selector_labels(job, "worker")},
-            "policyTypes": ["Ingress"],
+            "policyTypes": ["Ingress", "Egress"],
+            "egress": _egress(job, "worker", options),
             "ingress": [
                 {
                     "ports": [{"port": options.worker_port, "protocol": "TCP"}],
