@@ -68,6 +68,15 @@ class OperatorConfig:
     storage_egress: tuple[dict[str, Any], ...] = same_as(
         Options, "storage_egress", env="STREAMTRAIN_STORAGE_EGRESS"
     )
+    default_ps_resources: dict[str, Any] = same_as(
+        Options, "default_ps_resources", env="STREAMTRAIN_DEFAULT_PS_RESOURCES"
+    )
+    default_worker_resources: dict[str, Any] = same_as(
+        Options, "default_worker_resources", env="STREAMTRAIN_DEFAULT_WORKER_RESOURCES"
+    )
+    default_disk_limit: int = same_as(
+        Options, "default_disk_limit", env="STREAMTRAIN_DEFAULT_DISK_LIMIT"
+    )
     tls: TLSMode = same_as(Options, "tls", env="STREAMTRAIN_TLS")
     tls_issuer: dict[str, Any] = same_as(Options, "tls_issuer", env="STREAMTRAIN_TLS_ISSUER")
     operator_identity: str = same_as(
@@ -137,6 +146,9 @@ class OperatorConfig:
             operator_labels=dict(self.operator_labels),
             metrics_from=self.metrics_from,
             storage_egress=self.storage_egress,
+            default_ps_resources=dict(self.default_ps_resources),
+            default_worker_resources=dict(self.default_worker_resources),
+            default_disk_limit=self.default_disk_limit,
             tls=self.tls,
             tls_issuer=dict(self.tls_issuer),
             operator_identity=self.operator_identity,

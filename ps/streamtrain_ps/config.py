@@ -210,6 +210,12 @@ class PSConfig:
     maxKeysPerRequest: int = setting(
         4_000_000, "Most keys one PullSparse/PushSparse request may carry.", minimum=1
     )
+    maxInflightBytes: int | None = setting(
+        None,
+        "Request bytes a shard serves at once; more is answered RESOURCE_EXHAUSTED "
+        "(overloaded: clients back off and retry). Omitted: twice maxMessageBytes; 0: no cap.",
+        minimum=0,
+    )
     storageRoots: tuple[str, ...] = setting(
         (),
         "URIs under which Save and Load may write and read (the operator sets the job's "
@@ -246,6 +252,13 @@ class PSConfig:
         names = [t.name for t in self.tables]
         if len(set(names)) != len(names):
             raise ConfigError(f"{path}.tables", f"table names must be unique, got {names}")
+
+    @property
+    def inflight_bytes(self) -> int:
+        """The server's cap on request bytes in flight (``maxInflightBytes``; 0: none)."""
+        if self.maxInflightBytes is None:
+            return 2 * self.maxMessageBytes
+        return self.maxInflightBytes
 
     def table(self, name: str) -> TableConfig:
         for t in self.tables:

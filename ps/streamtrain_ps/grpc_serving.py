@@ -5,7 +5,9 @@ message limit for both directions, ``so_reuseport`` off (else two servers could 
 bind the same explicit port), the standard ``grpc.health.v1`` service reporting SERVING for
 ``""`` and the service's full name once bound, port 0 = a free port reported back by
 ``port``, and a graceful stop that flips health to NOT_SERVING *before* refusing new RPCs so
-Kubernetes and clients stop sending first. ``GrpcServer`` is that skeleton; subclasses only
+Kubernetes and clients stop sending first; a cap on the request bytes in flight and on
+queued RPCs (``request_budget``), and optionally mutual TLS with a plaintext health port
+(``tls``). ``GrpcServer`` is that skeleton; subclasses only
 register their servicer on ``self._server``. Around it, what both ``process`` modules run:
 ``started`` (the start, a bind error reported), ``serve_metrics`` (the Prometheus endpoint
 either may open beside its server), ``stop_on_signals`` (SIGTERM/SIGINT handling) and
@@ -32,6 +34,8 @@ from typing import Any, NoReturn
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry, start_http_server
+
+from streamtrain_ps.request_budget import RequestBudget
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +68,7 @@ class GrpcServer:
         credentials: grpc.ServerCredentials | None = None,
         pool_class: Callable[..., futures.ThreadPoolExecutor] = futures.ThreadPoolExecutor,
         interceptors: Sequence[grpc.ServerInterceptor] = (),
+        max_inflight_bytes: int = 0,
         max_concurrent_rpcs: int | None = None,
         health_port: int | None = None,
     ) -> None:
@@ -76,7 +81,9 @@ class GrpcServer:
         self._server = grpc.server(
             self._pool,
             options=[*message_options(max_message_bytes), ("grpc.so_reuseport", 0)],
-            interceptors=list(interceptors),
+            # The budget is outermost: it must see every request it admitted finish, also
+            # one an inner interceptor refuses.
+            interceptors=[RequestBudget(max_inflight_bytes), *interceptors],
             # Beyond this many RPCs queued or running, grpc answers RESOURCE_EXHAUSTED
             # "Concurrent RPC limit exceeded!" at once; clients back off and retry
             # (``streamtrain_ps.rpc``).

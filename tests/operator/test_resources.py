@@ -3,6 +3,7 @@ credentials, probes, resources and the per-job NetworkPolicy."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -10,8 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from streamtrain_operator.job.spec import Job, SpecError, load_job, parse_job
-from streamtrain_operator.kube import disk_tier
+from streamtrain_operator.job.spec import Job, ResourcesSpec, SpecError, load_job, parse_job
+from streamtrain_operator.kube import desired, disk_tier
 from streamtrain_operator.kube import resources as r
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -331,3 +332,36 @@ def test_metadata_addresses_are_cut_out_of_every_storage_ip_block(job: Job) -> N
         {"cidr": "::/0", "except": ["fd00:ec2::254/128"]},
         {"cidr": "10.0.0.0/8"},  # holds no metadata address: unchanged
     ]
+
+
+def test_job_pods_get_default_resources_and_a_bounded_disk_tier() -> None:
+    """The minimal example sets no resources: the operator runs it with the defaults (no
+    BestEffort pod), the PS capped below the default memory limit and its disk tier's
+    emptyDir bounded; a job that sets resources keeps its own."""
+    job = load_job(ROOT / "crds/examples/minimal.yaml")
+    assert not job.spec.ps.resources.requests and not job.spec.ps.resources.limits
+    objs = {
+        f"{o['kind']}/{o['metadata']['name']}": o
+        for o in desired.desired(job, "uid", r.Scale(1, 1), 1, OPTIONS)
+    }
+    for role, default in (
+        ("ps", OPTIONS.default_ps_resources),
+        ("worker", OPTIONS.default_worker_resources),
+    ):
+        pod = objs[f"StatefulSet/{job.name}-{role}"]["spec"]["template"]["spec"]
+        (c,) = pod["containers"]
+        assert c["resources"] == default
+        assert c["resources"]["requests"]["memory"] and c["resources"]["limits"]["memory"]
+    pod = objs[f"StatefulSet/{job.name}-ps"]["spec"]["template"]["spec"]
+    (disk,) = [v for v in pod["volumes"] if v["name"] == "disk-tier"]
+    assert disk["emptyDir"]["sizeLimit"].endswith("Mi")
+    ps_config = json.loads(objs[f"ConfigMap/{job.name}-config"]["data"]["ps.json"])
+    assert 0 < ps_config["memoryLimit"] < 4 << 30
+    assert ps_config["diskLimit"] == OPTIONS.default_disk_limit
+    # Own resources are kept as they are.
+    own = replace(
+        job.spec,
+        workers=replace(job.spec.workers, resources=ResourcesSpec(requests={"cpu": "2"})),
+    )
+    kept = r.with_defaults(replace(job, spec=own), OPTIONS)
+    assert kept.spec.workers.resources == ResourcesSpec(requests={"cpu": "2"})

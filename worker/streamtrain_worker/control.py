@@ -354,6 +354,8 @@ class WorkerServer(GrpcServer):
             credentials=tls.server_credentials() if tls is not None else None,
             interceptors=[authorising_interceptor(peers)] if peers is not None else [],
             health_port=health_port,
+            max_inflight_bytes=2 * MAX_MESSAGE_BYTES,
+            max_concurrent_rpcs=4 * max_workers,
             what="worker server",
             service_name=SERVICE_NAME,
             host=host,

@@ -55,6 +55,7 @@ def configs(job: Job, options: resources.Options) -> dict[str, str]:
 def desired(
     job: Job, uid: str, scale: resources.Scale, generation: int, options: resources.Options
 ) -> list[dict[str, Any]]:
+    job = resources.with_defaults(job, options)
     return resources.build(
         job,
         configs=configs(job, options),

@@ -33,10 +33,11 @@ import hashlib
 import ipaddress
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from streamtrain_operator.job.spec import API_VERSION, KIND, Job, SpecError
+from streamtrain_operator.job.render import ps_memory_limit
+from streamtrain_operator.job.spec import API_VERSION, KIND, Job, ResourcesSpec, SpecError
 from streamtrain_operator.kube.disk_tier import DISK_DIR, disk_volume
 from streamtrain_ps.proto import ps_pb2
 from streamtrain_ps.settings import setting
@@ -93,6 +94,21 @@ class Options:
         "NetworkPolicyEgressRule objects: where PS and worker pods may reach their storage "
         "(JSON list). Cloud metadata addresses are always cut out of every ipBlock.",
     )
+    default_ps_resources: dict[str, Any] = setting(
+        {"requests": {"cpu": "1", "memory": "4Gi"}, "limits": {"memory": "4Gi"}},
+        "Resources of a job's PS containers when spec.ps.resources is empty (JSON object; "
+        "the PS caps its tables below the memory limit, spilling to its disk tier).",
+    )
+    default_worker_resources: dict[str, Any] = setting(
+        {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "4Gi"}},
+        "Resources of a job's worker containers when spec.workers.resources is empty.",
+    )
+    default_disk_limit: int = setting(
+        20 << 30,
+        "spec.ps.diskLimit of a capped PS that sets none: its disk tier's bytes (the "
+        "volume's sizeLimit adds headroom).",
+        minimum=1,
+    )
     #: Cluster DNS suffix of Services.
     cluster_domain: str = "svc"
     tls: TLSMode = setting(
@@ -143,6 +159,36 @@ class Scale:
 
     ps: int
     workers: int
+
+
+# ----------------------------------------------------------------------------- defaults
+
+
+def _defaulted(res: ResourcesSpec, default: Mapping[str, Any]) -> ResourcesSpec:
+    """``res``, or the default when the spec leaves both requests and limits empty (a
+    partial spec is the user's choice: mixing in defaults could put a request above a
+    limit)."""
+    if res.requests or res.limits:
+        return res
+    return ResourcesSpec(
+        requests=dict(default.get("requests", {})), limits=dict(default.get("limits", {}))
+    )
+
+
+def with_defaults(job: Job, options: Options) -> Job:
+    """The job as the operator runs it: no pod without requests and limits, no disk tier
+    without a bound. The rendered PS config sees the same values, so a defaulted memory
+    limit caps the shard's tables (``render.ps_memory_limit``) instead of OOM-killing it."""
+    spec = job.spec
+    ps = replace(spec.ps, resources=_defaulted(spec.ps.resources, options.default_ps_resources))
+    workers = replace(
+        spec.workers,
+        resources=_defaulted(spec.workers.resources, options.default_worker_resources),
+    )
+    spec = replace(spec, ps=ps, workers=workers)
+    if not ps.diskLimit and ps_memory_limit(spec):
+        spec = replace(spec, ps=replace(ps, diskLimit=options.default_disk_limit))
+    return replace(job, spec=spec)
 
 
 # ----------------------------------------------------------------------------- naming
