@@ -23,6 +23,10 @@ KUBE_VERSION = "1.31.0"
 NOT_BUILT_IN = {"ServiceMonitor", "PodMonitor", "PrometheusRule", "Certificate", "Issuer"}
 VALUE_SETS: dict[str, dict[str, Any]] = {
     "defaults": {},
+    "cluster-scope": {
+        "rbac": {"scope": "cluster"},
+        "tls": {"mode": "secret", "operatorSecret": "op"},
+    },
     "namespaced": {
         "rbac": {"scope": "namespace"},
         "watchNamespaces": ["ads", "ml"],
