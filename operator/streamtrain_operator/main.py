@@ -65,6 +65,9 @@ class OperatorConfig:
     metrics_from: tuple[dict[str, Any], ...] = same_as(
         Options, "metrics_from", env="STREAMTRAIN_METRICS_FROM"
     )
+    image_registries: tuple[str, ...] = same_as(
+        Options, "image_registries", env="STREAMTRAIN_IMAGE_REGISTRIES"
+    )
     storage_egress: tuple[dict[str, Any], ...] = same_as(
         Options, "storage_egress", env="STREAMTRAIN_STORAGE_EGRESS"
     )
@@ -145,6 +148,7 @@ class OperatorConfig:
             operator_namespace=self.namespace,
             operator_labels=dict(self.operator_labels),
             metrics_from=self.metrics_from,
+            image_registries=self.image_registries,
             storage_egress=self.storage_egress,
             default_ps_resources=dict(self.default_ps_resources),
             default_worker_resources=dict(self.default_worker_resources),

@@ -46,6 +46,7 @@ from streamtrain_ps.idempotency import RecentRequests
 from streamtrain_ps.metrics import PSMetrics
 from streamtrain_ps.proto import ps_pb2, ps_pb2_grpc
 from streamtrain_ps.storage_policy import check_uri
+from streamtrain_ps.tls import describe_peer
 
 log = logging.getLogger(__name__)
 
@@ -280,6 +281,7 @@ class PSServicer(ps_pb2_grpc.ParameterServerServicer):
     ) -> ps_pb2.SaveResponse:
         def run() -> ps_pb2.SaveResponse:
             uri = "" if request.snapshot else self._uri(request.uri)
+            _audit("Save", uri or f"snapshot {request.save_id}", context)
             try:
                 mode = api.SaveMode(request.mode)
             except ValueError:
@@ -313,7 +315,7 @@ class PSServicer(ps_pb2_grpc.ParameterServerServicer):
         self, request: ps_pb2.FinishSaveRequest, context: grpc.ServicerContext
     ) -> ps_pb2.FinishSaveResponse:
         def run() -> ps_pb2.FinishSaveResponse:
-            self._uri(request.uri)
+            _audit("FinishSave", self._uri(request.uri), context)
             if not request.save_id:
                 raise InvalidRequestError("save_id", "must name a staged save")
             if not request.commit:  # also frees a snapshot of that id (published or not)
@@ -328,6 +330,7 @@ class PSServicer(ps_pb2_grpc.ParameterServerServicer):
     ) -> ps_pb2.LoadResponse:
         def run() -> ps_pb2.LoadResponse:
             uri = self._uri(request.uri)
+            _audit("Load", uri, context)
             start = time.perf_counter()
             phase = request.phase
             discard = request.discard_live
@@ -352,6 +355,7 @@ class PSServicer(ps_pb2_grpc.ParameterServerServicer):
     ) -> ps_pb2.ShrinkResponse:
         def run() -> ps_pb2.ShrinkResponse:
             table = self._table(request.table).name if request.table else None
+            _audit("Shrink", table or "all tables", context)
             r = self._shard.shrink(table)
             return ps_pb2.ShrinkResponse(
                 keys_before=r.keys_before, deleted=r.deleted, keys_after=r.keys_after
@@ -411,6 +415,11 @@ class PSServicer(ps_pb2_grpc.ParameterServerServicer):
             _abort(context, code, details, metadata)
         self._metrics.observe_rpc(method, "OK", time.perf_counter() - start)
         return result
+
+
+def _audit(method: str, what: str, context: grpc.ServicerContext) -> None:
+    """One INFO line per control call: what, and who asked (address and certificate)."""
+    log.info("%s %s requested by %s", method, what, describe_peer(context))
 
 
 def _abort(

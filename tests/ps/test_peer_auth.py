@@ -5,6 +5,7 @@ health answers in plaintext on its own port for kubelet."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -89,17 +90,22 @@ def test_a_job_certificate_pulls_and_pushes_but_is_refused_control(
         client.close()
 
 
-def test_the_operator_certificate_is_accepted_for_control(
-    server: PSServer, pki: PKI, tmp_path: Path
+def test_the_operator_certificate_is_accepted_for_control_and_audited(
+    server: PSServer, pki: PKI, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     client = _client(server, pki.operator)
     try:
         client.pull_sparse(T, np.arange(1, 9, dtype=np.uint64))
-        result = client.save(str(tmp_path / "ckpt"), SaveMode.CHECKPOINT)
+        with caplog.at_level(logging.INFO, logger="streamtrain_ps.servicer"):
+            result = client.save(str(tmp_path / "ckpt"), SaveMode.CHECKPOINT)
+            client.shrink()
         assert result.files
-        client.shrink()
     finally:
         client.close()
+    audit = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    uri = str(tmp_path / "ckpt")
+    assert any(m.startswith(f"Save {uri} requested by ") and OPERATOR in m for m in audit)
+    assert any(m.startswith("Shrink all tables requested by ") and OPERATOR in m for m in audit)
 
 
 def test_health_answers_in_plaintext_on_its_own_port_only(server: PSServer) -> None:

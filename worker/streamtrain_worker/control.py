@@ -54,7 +54,7 @@ import grpc
 from streamtrain_ps.api import PSLike
 from streamtrain_ps.errors import MemoryLimitError, PSError, PSUnavailableError
 from streamtrain_ps.grpc_serving import GrpcServer
-from streamtrain_ps.tls import PeerPolicy, TLSFiles, authorising_interceptor
+from streamtrain_ps.tls import PeerPolicy, TLSFiles, authorising_interceptor, describe_peer
 from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.data.batch import Batch
 from streamtrain_worker.data.errors import DataError
@@ -212,6 +212,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self, request: Any, context: grpc.ServicerContext
     ) -> Any:
         what = f"RunPass(day={request.day}, pass={request.pass_index}, gen={request.generation})"
+        log.info("%s requested by %s", what, describe_peer(context))
 
         def run() -> Any:
             if request.generation < self._generation:
@@ -256,6 +257,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     def ExportDense(  # noqa: N802 - gRPC method name
         self, request: Any, context: grpc.ServicerContext
     ) -> Any:
+        log.info("ExportDense %s requested by %s", request.uri, describe_peer(context))
+
         def run() -> Any:
             trainer = self.trainer
             trainer.sync_dense()  # export what the PS holds, not a stale local copy
@@ -279,6 +282,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self, request: Any, context: grpc.ServicerContext
     ) -> Any:
         newer = int(request.generation)
+        log.info("Reset(gen=%d) requested by %s", newer, describe_peer(context))
         running = self._running
         if newer and running is not None and running < newer:
             log.warning(

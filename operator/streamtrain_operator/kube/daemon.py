@@ -233,7 +233,7 @@ class JobSupervisor:
     async def _cycle(self, stopped: StopSignal) -> bool:
         """One look at the job; ``True`` when the daemon is done for good."""
         try:
-            job = read_job(self.body)
+            job = read_job(self.body, self.rt.options)
         except SpecError:
             await self._idle(stopped)  # the create/update handler reported it
             return False

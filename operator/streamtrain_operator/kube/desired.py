@@ -36,10 +36,12 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def read_job(body: Mapping[str, Any]) -> Job:
-    """Parse and check a job (raises :class:`SpecError` naming the field)."""
+def read_job(body: Mapping[str, Any], options: resources.Options) -> Job:
+    """Parse and check a job against the operator's settings (raises :class:`SpecError`
+    naming the field)."""
     job = parse_job(manifest(body))
     resources.check_name(job)
+    resources.check_images(job, options)
     return job
 
 

@@ -84,6 +84,11 @@ class Options:
         (),
         "NetworkPolicyPeer objects allowed to scrape the jobs' metrics (JSON list); empty: anyone.",
     )
+    image_registries: tuple[str, ...] = setting(
+        (),
+        "Prefixes job images must start with, e.g. registry.example.com/ml/ (JSON list); a "
+        "job naming another image is refused (SpecValid=False naming the field). Empty: any.",
+    )
     storage_egress: tuple[dict[str, Any], ...] = setting(
         (
             {
@@ -245,6 +250,20 @@ def check_name(job: Job) -> None:
     if len(longest) > MAX_STATEFULSET_NAME:
         limit = MAX_STATEFULSET_NAME - len("-worker")
         raise SpecError("metadata.name", f"at most {limit} characters, got {len(job.name)}")
+
+
+def check_images(job: Job, options: Options) -> None:
+    """Reject a job whose images are outside the operator's registry allow-list: creating a
+    job creates pods running its images with the job's Secret."""
+    if not options.image_registries:
+        return
+    prefixes = [p.rstrip("/") + "/" for p in options.image_registries]
+    for field, image in (("spec.image", job.spec.image), ("spec.psImage", job.spec.psImage)):
+        if not any(image.startswith(p) for p in prefixes):
+            raise SpecError(
+                field,
+                f"image {image!r} is not from an allowed registry ({', '.join(prefixes)})",
+            )
 
 
 # ----------------------------------------------------------------------------- labels
