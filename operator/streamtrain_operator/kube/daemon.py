@@ -51,6 +51,7 @@ from streamtrain_operator.run.connection import Connection, dial
 from streamtrain_operator.run.driver import Driver, Observer
 from streamtrain_operator.run.hooks import NO_HOOK, StepHook
 from streamtrain_operator.run.state import StateStore
+from streamtrain_ps.tls import TLSFiles
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,8 @@ class GrpcConnector:
     contract test)."""
 
     endpoint_map: Mapping[str, str] = field(default_factory=dict)
+    #: The operator's certificate (``None``: plaintext).
+    tls: TLSFiles | None = None
 
     def __call__(self, job: Job, scale: resources.Scale, options: resources.Options) -> Connection:
         def rewrite(endpoint: str) -> str:
@@ -84,6 +87,7 @@ class GrpcConnector:
             [rewrite(e) for e in resources.worker_addresses(job, scale.workers, options)],
             render.ps_config(job.spec),
             worker_name=f"{job.name}-worker",
+            tls=self.tls,
         )
 
 
@@ -290,7 +294,7 @@ class JobSupervisor:
     async def _cycle(self, stopped: StopSignal) -> bool:
         """One look at the job; ``True`` when the daemon is done for good."""
         try:
-            job = read_job(self.body)
+            job = read_job(self.body, self.rt.options)
         except SpecError:
             await self._idle(stopped)  # the create/update handler reported it
             return False
