@@ -16,22 +16,19 @@ import yaml
 
 from streamtrain_operator.job.spec import load_job, parse_job
 from streamtrain_operator.kube import resources as r
+from streamtrain_tools.chart import objects as chart_objects
+from streamtrain_tools.chart import render as render_chart
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "streamtrain"
 
 
 def _render(values: dict[str, Any] | None = None) -> dict[str, str]:
-    with helm.Chart.load(CHART) as chart:
-        return chart.render(values or {}, name="st", namespace="streamtrain-system")
+    return render_chart(values)
 
 
 def _objects(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    out = []
-    for path, text in sorted(_render(values).items()):
-        if not path.endswith(".txt"):
-            out += [d for d in yaml.safe_load_all(text) if d]
-    return out
+    return chart_objects(values)
 
 
 def _by_kind(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
