@@ -32,7 +32,7 @@ install: $(STAMP) ## Create .venv/ and install streamtrain with every extra (ide
 
 proto: $(STAMP) ## Regenerate the gRPC modules from the .proto files
 	$(PY) -m grpc_tools.protoc -Ips --python_out=ps --pyi_out=ps --grpc_python_out=ps ps/streamtrain_ps/proto/ps.proto
-	$(PY) -m grpc_tools.protoc -Iworker --python_out=worker --pyi_out=worker --grpc_python_out=worker worker/streamtrain_worker/proto/worker.proto
+	$(PY) -m grpc_tools.protoc -Iworker --python_out=worker --pyi_out=worker --grpc_python_out=worker worker/streamtrain_worker/proto/worker.proto worker/streamtrain_worker/proto/serving.proto
 
 proto-check: proto ## Fail if the committed generated code differs from a fresh generation
 	@git diff --exit-code -- '*_pb2.py' '*_pb2_grpc.py' '*_pb2.pyi' || \
@@ -51,20 +51,21 @@ typecheck: $(STAMP) ## mypy over the three packages
 	$(VENV)/bin/mypy ps/streamtrain_ps worker/streamtrain_worker operator/streamtrain_operator tools/streamtrain_tools
 
 # The alert and dashboard contract tests start a real Prometheus and run promtool (Debian's
-# prometheus package); the report test screenshots a page in headless Chromium (Debian's
-# chromium). Installed only when missing, so reruns never touch apt.
-test-deps: ## Install the system tools the tests need (prometheus, promtool, chromium) when missing
-	@if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then \
+# prometheus package); the serving tests start redis-server; the report test screenshots a
+# page in headless Chromium (Debian's chromium). Installed only when missing, so reruns
+# never touch apt.
+test-deps: ## Install the system tools the tests need (prometheus, promtool, redis-server, chromium) when missing
+	@MISSING=""; \
+	if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then \
+	  MISSING="$$MISSING prometheus"; fi; \
+	if ! command -v redis-server >/dev/null 2>&1 && [ ! -x /usr/bin/redis-server ]; then \
+	  MISSING="$$MISSING redis-server"; fi; \
+	if ! command -v chromium >/dev/null 2>&1; then MISSING="$$MISSING chromium"; fi; \
+	if [ -n "$$MISSING" ]; then \
 	  SUDO=""; if [ "$$(id -u)" -ne 0 ]; then SUDO="sudo"; fi; \
 	  set -x; \
 	  $$SUDO apt-get update -qq && \
-	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; \
-	fi
-	@if ! command -v chromium >/dev/null 2>&1; then \
-	  SUDO=""; if [ "$$(id -u)" -ne 0 ]; then SUDO="sudo"; fi; \
-	  set -x; \
-	  $$SUDO apt-get update -qq && \
-	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$MISSING; \
 	fi
 
 pytest: $(STAMP) test-deps ## Only the test suite
@@ -91,6 +92,9 @@ bench-read-ahead: $(STAMP) ## A RunPass's fixed cost with and without the next p
 
 bench-quality: $(STAMP) ## streamtrain's defaults vs Vowpal Wabbit vs plain PyTorch on 3 streams
 	$(PY) -m streamtrain_tools.bench.quality --json
+
+bench-serving: $(STAMP) test-deps ## Online serving: freshness, delta apply, latency, exactness, Redis memory
+	$(PY) -m streamtrain_tools.bench.serving --json
 
 bench-load: $(STAMP) ## Concurrent clients against 2 PS shards
 	$(PY) -m streamtrain_tools.bench.ps_load --json
@@ -143,4 +147,4 @@ lint-manifests: $(STAMP) test-deps ## hadolint, chart lint/render, kubernetes-va
 clean: ## Remove caches and demo output (keeps .venv)
 	rm -rf .pytest_cache .mypy_cache .ruff_cache demo-run chart-render
 
-.PHONY: help install proto proto-check lint fmt typecheck test-deps pytest test test-faults bench bench-ps bench-worker bench-e2e bench-read-ahead bench-load bench-ps-scale bench-quality bench-peer demo chart crds crds-check images lint-manifests clean
+.PHONY: help install proto proto-check lint fmt typecheck test-deps pytest test test-faults bench bench-ps bench-worker bench-e2e bench-read-ahead bench-load bench-serving bench-ps-scale bench-quality bench-peer demo chart crds crds-check images lint-manifests clean

@@ -20,9 +20,13 @@ CHART = ROOT / "charts" / "streamtrain"
 KUBE_VERSION = "1.31.0"
 #: Prometheus Operator kinds: not built into Kubernetes, so not in the bundled schemas
 #: (tests/contract/test_chart.py checks their shape).
-NOT_BUILT_IN = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+NOT_BUILT_IN = {"ServiceMonitor", "PodMonitor", "PrometheusRule", "Certificate", "Issuer"}
 VALUE_SETS: dict[str, dict[str, Any]] = {
     "defaults": {},
+    "cluster-scope": {
+        "rbac": {"scope": "cluster"},
+        "tls": {"mode": "secret", "operatorSecret": "op"},
+    },
     "namespaced": {
         "rbac": {"scope": "namespace"},
         "watchNamespaces": ["ads", "ml"],

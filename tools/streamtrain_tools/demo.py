@@ -164,6 +164,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"   .venv/bin/streamtrain predict --export {root / 'models'} {last_folder}/part-*",
         file=out,
     )
+    from streamtrain_worker.serving.server import show_one_request  # torch: imported late
+
+    show_one_request(str(root / "models"), sorted(Path(last_folder).glob("part-*"))[0], out)
     (root / "summary.json").write_text(
         json.dumps({"phase": progress.phase, "passes": len(progress.history)}, indent=1)
     )

@@ -219,7 +219,11 @@ class ExportSpec:
     deltaEveryPasses: int = setting(
         1, "Publish a delta model after every N-th pass of a day; 0 disables deltas.", minimum=0
     )
-    base: bool = setting(True, "Publish a base model at every day end (for the next day).")
+    base: bool = setting(
+        True,
+        "Publish a base model at every day end (for the next day). Without one, a delta's "
+        "serving chain reaches back to the job's first delta.",
+    )
     batchModel: bool = setting(
         True,
         "Write the batch model (save mode 3, all keys) at every day "
