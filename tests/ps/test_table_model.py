@@ -1,7 +1,8 @@
 """A model test of the sparse table: a capped, tiered shard against an unlimited one.
 
 Hypothesis drives both shards with the same random program (pulls, pushes, demotions,
-plain, staged and snapshot saves committed early or late, shrinks, loads) while it injects
+plain, staged and snapshot saves committed early or late, shrinks, loads, N -> M
+reshards of the capped shard's checkpoint) while it injects
 faults into the capped shard's disk store at any call (``put``, ``get``, ``delete``,
 ``replace``, ``shard_rows``; the two kinds of error the store raises: ``DiskFullError``
 and the plain exception RocksDB's binding raises for an I/O error). After every step every
@@ -50,6 +51,7 @@ from streamtrain_ps import checkpoint, compaction, load_plan, tiering
 from streamtrain_ps.api import SaveMode
 from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
 from streamtrain_ps.disk_store import DiskFullError, DiskStore
+from streamtrain_ps.local import LocalPS
 from streamtrain_ps.memory_limit import MemoryBudget
 from streamtrain_ps.shard import Shard
 
@@ -377,6 +379,24 @@ class TieredModel(RuleBasedStateMachine):
             a, b = save_content(uris[0], self.capped.config), save_content(uris[1], self.ref.config)
             assert a is not None and b is not None
             assert_same(a, b, self.lost)
+
+    @rule(shards=st.integers(2, 3))
+    def reshard(self, shards: int) -> None:
+        """The capped shard's checkpoint (both tiers) loaded into ``shards`` shards pulls as
+        the reference does."""
+        uri = self.uri("reshard")
+        with self.faults.off():
+            result = self.capped.save(uri, SaveMode.CHECKPOINT)
+            checkpoint.publish(uri, [result], {}, config=self.capped.config)
+            target = LocalPS(config(), num_shards=shards)
+            try:
+                target.load(uri)
+                keys = np.arange(1, KEYS + 1, dtype=np.uint64)
+                keep = ~np.isin(keys, np.array(sorted(self.lost), np.uint64))
+                want = self.ref.pull_sparse(T, keys)[keep]
+                np.testing.assert_array_equal(target.pull_sparse(T, keys)[keep], want)
+            finally:
+                target.close()
 
     @precondition(lambda self: self.checkpoint is not None)
     @rule()
