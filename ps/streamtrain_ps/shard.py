@@ -542,6 +542,7 @@ def _disk_root(config: PSConfig, shard_index: int) -> Path:
 
 
 def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists (signal 0 checks without sending anything)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

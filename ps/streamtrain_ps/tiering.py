@@ -54,20 +54,20 @@ log = logging.getLogger(__name__)
 MOVE_CHUNK = 8_192
 
 
-#: Attempts of a disk write that must not be left half done (``_retried``).
-WRITE_ATTEMPTS = 3
+#: Attempts of a store call that must not leave a shrink half done (``_retried``).
+STORE_ATTEMPTS = 3
 
 
-def _retried(write: Callable[[], object], what: str) -> None:
-    """``write()``, again after a storage error, up to ``WRITE_ATTEMPTS`` times."""
-    for attempt in range(1, WRITE_ATTEMPTS + 1):
+def _retried(call: Callable[[], object], what: str) -> None:
+    """``call()``, again after a storage error, up to ``STORE_ATTEMPTS`` times."""
+    for attempt in range(1, STORE_ATTEMPTS + 1):
         try:
-            write()
+            call()
             return
         except Exception as exc:
-            if attempt == WRITE_ATTEMPTS:
+            if attempt == STORE_ATTEMPTS:
                 raise
-            log.warning("%s: disk write failed (%s); retrying", what, exc)
+            log.warning("%s: disk store call failed (%s); retrying", what, exc)
 
 
 @dataclass(frozen=True)
