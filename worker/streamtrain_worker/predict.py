@@ -5,8 +5,11 @@
 one JSON line per published model; the folder's format is ``model_folder``):
 
 - a ``base`` or ``batch`` model is complete on its own;
-- a ``delta-<pass>`` model is its base (``null`` for the first day: an empty table) plus
-  every delta of the same day up to that pass, applied in publication order: each delta's
+- a ``delta-<pass>`` model is its base plus every delta of the same day up to that pass;
+  a delta without a base (``null``: the job's first day, or every day with
+  ``export.base: false``) is every delta without a base up to it, back to the job's first
+  one (``delta_score`` is reset at every delta, so a key not changed since an earlier day
+  is only in that day's delta). Deltas are applied in publication order: each delta's
   tombstones are deleted first, then its keys are inserted or replaced.
 
 The sparse rows ``[show, click, embed_w, embedx...]`` come from the PS save readers
@@ -85,13 +88,15 @@ def model_chain(root: str, key: str | None = None) -> list[DoneLine]:
     chain = [d for d in lines if d.key == target.base] if target.base else []
     if target.base and not chain:
         raise ModelNotFoundError(f"{root}: delta {target.key} needs base {target.base}")
+    upto = (target.day, target.pass_index)
     deltas = [
         d
         for d in lines
         if d.kind is ModelKind.DELTA
-        and d.day == target.day
         and d.base == target.base
-        and d.pass_index <= target.pass_index
+        # Without a base the chain reaches back to the job's first delta (module docstring).
+        and (d.day == target.day or target.base is None)
+        and (d.day, d.pass_index) <= upto
     ]
     return chain + deltas
 
