@@ -8,14 +8,17 @@ orphan every existing job's finalizer; watch and request timeouts; no cluster sc
 the RBAC stays minimal); the :class:`~streamtrain_operator.kube.daemon.Runtime` is built and
 put in kopf's memo; the handlers of ``handlers.py`` are registered.
 
-``--standalone`` because exactly one operator runs (the chart's Deployment: one replica,
-``Recreate``): no peering objects are needed. ``--liveness`` is passed by the chart.
+``--standalone``: kopf's peering only pauses operators of lower priority (two of equal
+priority both go on), so it is no fence; a job is driven only by the holder of its Lease
+(``kube/lease.py``), whatever number of operator pods runs. ``--liveness`` is passed by the
+chart.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,6 +116,11 @@ class OperatorConfig:
         exclusive_minimum=0,
         env="STREAMTRAIN_RESTART_POLL_SECONDS",
     )
+    pod_name: str | None = setting(
+        None,
+        "This operator's name in the jobs' driver Leases (the pod name; default: host name).",
+        env="POD_NAME",
+    )
     kube_server: str | None = setting(
         None,
         "API server URL for an operator outside the cluster without a kubeconfig (tests).",
@@ -198,6 +206,7 @@ def build_runtime(cfg: OperatorConfig, registry: CollectorRegistry) -> Runtime:
         connector=GrpcConnector(cfg.endpoint_map, tls=cfg.tls_files()),
         ready_timeout=cfg.ready_timeout_seconds,
         restart_poll_seconds=cfg.restart_poll_seconds,
+        identity=cfg.pod_name or f"{socket.gethostname()}-{os.getpid()}",
     )
 
 

@@ -16,22 +16,19 @@ import yaml
 
 from streamtrain_operator.job.spec import load_job, parse_job
 from streamtrain_operator.kube import resources as r
+from streamtrain_tools.chart import objects as chart_objects
+from streamtrain_tools.chart import render as render_chart
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "streamtrain"
 
 
 def _render(values: dict[str, Any] | None = None) -> dict[str, str]:
-    with helm.Chart.load(CHART) as chart:
-        return chart.render(values or {}, name="st", namespace="streamtrain-system")
+    return render_chart(values)
 
 
 def _objects(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    out = []
-    for path, text in sorted(_render(values).items()):
-        if not path.endswith(".txt"):
-            out += [d for d in yaml.safe_load_all(text) if d]
-    return out
+    return chart_objects(values)
 
 
 def _by_kind(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -205,6 +202,50 @@ def test_notes_tell_how_to_submit_a_job() -> None:
     sample = notes.split("apply -f -\n", 1)[1].split("   YAML", 1)[0]
     manifest = yaml.safe_load("\n".join(line[3:] for line in sample.splitlines()))
     assert parse_job(manifest).spec.storageSecretRef == "s3-credentials"
+
+
+def test_serving_renders_deployments_service_pdb_monitor_and_the_redis_secret() -> None:
+    assert not [o for o in _objects() if "serving" in o["metadata"]["name"]]
+    values = {
+        "serving": {
+            "enabled": True,
+            "job": "ctr",
+            "exportPath": "s3://bucket/models",
+            "redis": {"existingSecret": "redis-auth"},
+            "serviceMonitor": {"enabled": True},
+            "guard": {"maxAucDrop": None, "copcMin": 0.8, "copcMax": 1.25},
+        }
+    }
+    report = helm.lint(CHART, values, strict=True, kube_version="v1.31.0")
+    assert report["errors"] == []
+    objs = [o for o in _objects(values) if "serving" in o["metadata"]["name"]]
+    kinds = sorted(o["kind"] for o in objs)
+    assert kinds == ["Deployment", "Deployment", "PodDisruptionBudget", "Service", "ServiceMonitor"]
+    serve, deliver = sorted(_by_kind(objs, "Deployment"), key=lambda d: d["metadata"]["name"])
+    assert deliver["spec"]["replicas"] == 1 and deliver["spec"]["strategy"]["type"] == "Recreate"
+    (container,) = serve["spec"]["template"]["spec"]["containers"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert "--redis=$(STREAMTRAIN_REDIS_URL)" in container["args"]
+    assert {"--max-auc-drop=-1", "--copc-min=0.8", "--copc-max=1.25"} <= set(container["args"])
+    env = {e["name"]: e for e in container["env"]}
+    assert env["STREAMTRAIN_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {
+        "name": "redis-auth",
+        "key": "url",
+    }
+    (pdb,) = _by_kind(objs, "PodDisruptionBudget")
+    labels = serve["spec"]["template"]["metadata"]["labels"]
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    (svc,) = _by_kind(objs, "Service")
+    assert svc["spec"]["selector"].items() <= labels.items()
+    assert {p["name"] for p in svc["spec"]["ports"]} == {"http", "grpc"}
+    # Without Redis: the embedded table, no delivery pod, no secret.
+    embedded = {"serving": {"enabled": True, "exportPath": "/models", "redis": {"url": ""}}}
+    objs = [o for o in _objects(embedded) if "serving" in o["metadata"]["name"]]
+    (serve,) = _by_kind(objs, "Deployment")
+    (container,) = serve["spec"]["template"]["spec"]["containers"]
+    assert not any(a.startswith("--redis") for a in container["args"])
+    with helm.Chart.load(CHART) as chart, pytest.raises(helm.HelmValuesError):
+        chart.validate_schema({"serving": {"enabled": True, "redis": {"url": "http://x"}}})
 
 
 def _env(deployment: dict[str, Any]) -> dict[str, str]:

@@ -7,13 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import helm_python as helm
 import kubernetes_validate
 import pytest
 import yaml
 
 from streamtrain_operator.job.spec import load_job
 from streamtrain_operator.kube import resources as r
+from streamtrain_tools.chart import objects as chart_objects
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "streamtrain"
@@ -49,15 +49,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
 }
 
 
-def _chart_objects(values: dict[str, Any]) -> list[dict[str, Any]]:
-    with helm.Chart.load(CHART) as chart:
-        rendered = chart.render(values, name="st", namespace="streamtrain-system")
-    out = []
-    for path, text in sorted(rendered.items()):
-        if path.endswith(".txt"):
-            continue
-        out += [d for d in yaml.safe_load_all(text) if d]
-    return out
+def _chart_objects(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    return chart_objects(values)
 
 
 def _validate(obj: dict[str, Any]) -> None:

@@ -20,7 +20,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import helm_python as helm
 import pytest
 import yaml
 
@@ -30,6 +29,7 @@ from streamtrain_operator.kube import disk_tier
 from streamtrain_operator.kube import resources as r
 from streamtrain_ps.config import PSConfig
 from streamtrain_ps.server import channel_options
+from streamtrain_tools.chart import objects as chart_objects
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "streamtrain"
@@ -181,21 +181,14 @@ NEEDED: dict[tuple[str, str], set[str]] = {
     ("cert-manager.io", "certificates"): {"create", "patch", "delete"},
     ("", "pods"): {"list"},
     ("", "events"): {"create"},
+    ("coordination.k8s.io", "leases"): {"get", "create", "patch"},
 }
 #: Granted beyond NEEDED, harmless: reads, and update (the same power as patch).
 TOLERATED = {"get", "list", "watch", "update"}
 
 
 def _chart_objects(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    with helm.Chart.load(CHART) as chart:
-        rendered = chart.render(values or {}, name="st", namespace="streamtrain-system")
-    return [
-        d
-        for path, text in sorted(rendered.items())
-        if not path.endswith(".txt")
-        for d in yaml.safe_load_all(text)
-        if d
-    ]
+    return chart_objects(values)
 
 
 @pytest.mark.parametrize("scope", ["cluster", "namespace"])

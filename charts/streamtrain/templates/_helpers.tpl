@@ -55,7 +55,8 @@ app.kubernetes.io/component: operator
 {{/*
 The operator's permissions, shared by the ClusterRole and the per-namespace Roles. Least
 privilege: it reads and patches its own resource (and its status), owns the children it
-creates, watches pods to notice restarts, and writes events. No secrets: pods read the
+creates, watches pods to notice restarts, writes events, and holds one Lease per job (the
+driver's fence, kube/lease.py). No secrets: pods read the
 storage credentials themselves through envFrom.
 */}}
 {{- define "streamtrain.rules" -}}
@@ -77,6 +78,9 @@ storage credentials themselves through envFrom.
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  verbs: [get, create, patch]
 {{- if .Values.networkPolicy.enabled }}
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
