@@ -29,9 +29,9 @@ import yaml
 from streamtrain_operator.job.spec import load_job
 from streamtrain_operator.kube import desired
 from streamtrain_operator.kube import resources as r
+from streamtrain_tools import chart
 
 ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "streamtrain"
 SECURITY_DOC = ROOT / "docs" / "security.md"
 HEADING = "## Accepted checkov checks"
 CHART_VALUES: dict[str, dict[str, Any]] = {
@@ -54,20 +54,10 @@ def accepted_checks(doc: Path = SECURITY_DOC) -> dict[str, str]:
 
 def write_manifests(out: Path) -> list[Path]:
     """Render every scanned manifest into ``out`` (one multi-document file each)."""
-    import helm_python as helm  # dev dependency: the chart is rendered without a helm binary
-
-    files = []
-    with helm.Chart.load(CHART) as chart:
-        for name, values in CHART_VALUES.items():
-            rendered = chart.render(values, name="streamtrain", namespace="streamtrain-system")
-            docs = [
-                d
-                for path, text in sorted(rendered.items())
-                if path.endswith((".yaml", ".yml"))
-                for d in yaml.safe_load_all(text)
-                if d
-            ]
-            files.append(_write(out / f"{name}.yaml", docs))
+    files = [
+        _write(out / f"{name}.yaml", chart.objects(values, name="streamtrain"))
+        for name, values in CHART_VALUES.items()
+    ]
     options = r.Options(tls="cert-manager")
     for example in sorted((ROOT / "crds" / "examples").glob("*.yaml")):
         job = load_job(example)
