@@ -86,4 +86,18 @@ storage credentials themselves through envFrom.
   resources: [networkpolicies]
   verbs: [get, list, watch, create, patch, update, delete]
 {{- end }}
+{{- if eq .Values.tls.mode "cert-manager" }}
+- apiGroups: [cert-manager.io]
+  resources: [certificates]
+  verbs: [get, list, watch, create, patch, update, delete]
+{{- end }}
+{{- end -}}
+
+{{/* The Secret holding the operator's own certificate (empty: TLS off). */}}
+{{- define "streamtrain.operatorTLSSecret" -}}
+{{- if eq .Values.tls.mode "cert-manager" -}}
+{{- include "streamtrain.fullname" . }}-operator-tls
+{{- else if eq .Values.tls.mode "secret" -}}
+{{- required "tls.operatorSecret is required with tls.mode=secret" .Values.tls.operatorSecret -}}
+{{- end -}}
 {{- end -}}

@@ -40,6 +40,34 @@ _KINDS: dict[str, tuple[type, str]] = {
 }
 
 
+class _Certificates:
+    """cert-manager ``Certificate``s through the custom-objects API, under the method names
+    ``Kube`` calls for the built-in kinds."""
+
+    GROUP, VERSION, PLURAL = "cert-manager.io", "v1", "certificates"
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self._api = client.CustomObjectsApi(api)
+
+    def create_namespaced_certificate(self, namespace: str, body: Any, **kw: Any) -> Any:
+        return self._api.create_namespaced_custom_object(
+            self.GROUP, self.VERSION, namespace, self.PLURAL, body, **kw
+        )
+
+    def patch_namespaced_certificate(self, name: str, namespace: str, body: Any, **kw: Any) -> Any:
+        return self._api.patch_namespaced_custom_object(
+            self.GROUP, self.VERSION, namespace, self.PLURAL, name, body, **kw
+        )
+
+    def delete_namespaced_certificate(self, name: str, namespace: str, **kw: Any) -> Any:
+        return self._api.delete_namespaced_custom_object(
+            self.GROUP, self.VERSION, namespace, self.PLURAL, name, **kw
+        )
+
+
+_KINDS["Certificate"] = (_Certificates, "certificate")
+
+
 class KubeAPI(Protocol):
     """What the handlers and the daemon need from the cluster."""
 

@@ -51,6 +51,7 @@ from streamtrain_operator.run.connection import Connection, dial
 from streamtrain_operator.run.driver import Driver, Observer
 from streamtrain_operator.run.hooks import NO_HOOK, StepHook
 from streamtrain_operator.run.state import StateStore
+from streamtrain_ps.tls import TLSFiles
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,8 @@ class GrpcConnector:
     contract test)."""
 
     endpoint_map: Mapping[str, str] = field(default_factory=dict)
+    #: The operator's certificate (``None``: plaintext).
+    tls: TLSFiles | None = None
 
     def __call__(self, job: Job, scale: resources.Scale, options: resources.Options) -> Connection:
         def rewrite(endpoint: str) -> str:
@@ -84,6 +87,7 @@ class GrpcConnector:
             [rewrite(e) for e in resources.worker_addresses(job, scale.workers, options)],
             render.ps_config(job.spec),
             worker_name=f"{job.name}-worker",
+            tls=self.tls,
         )
 
 
@@ -290,7 +294,7 @@ class JobSupervisor:
     async def _cycle(self, stopped: StopSignal) -> bool:
         """One look at the job; ``True`` when the daemon is done for good."""
         try:
-            job = read_job(self.body)
+            job = read_job(self.body, self.rt.options)
         except SpecError:
             await self._idle(stopped)  # the create/update handler reported it
             return False
@@ -511,28 +515,17 @@ class JobSupervisor:
     def _on_progress(self, progress: Progress) -> None:
         prev, self._previous = self._previous, progress
         ns, name = self.ref["namespace"], self.ref["name"]
-        self.rt.metrics.set_phase(ns, name, progress.phase)
-        self.rt.metrics.set_generation(ns, name, progress.generation)
+        self.rt.metrics.observe(ns, name, prev, progress)
         done = progress.completed
         if done is None or (prev is not None and prev.completed == done) or prev is None:
             return
         where = f"day {done.day} pass {done.pass_index}"
         if done.kind == StepKind.TRAIN and progress.last_pass is not None:
             m = progress.last_pass.metrics
-            self.rt.metrics.pass_completed(
-                ns,
-                name,
-                duration_seconds=m.get("seconds", 0.0),
-                wait_seconds=progress.last_pass.wait_seconds,
-                metrics=m,
-            )
             shown = ", ".join(f"{k} {m[k]:.4g}" for k in ("auc", "loss", "copc") if k in m)
             self._event("PassCompleted", f"{where}: {shown or 'empty pass: no examples'}")
         elif done.kind in EXPORT_KINDS:
-            self.rt.metrics.exported(ns, name)
             uri = progress.export.uri if progress.export else ""
             self._event("Exported", f"{done.kind.value} model of {where} published at {uri}")
-        elif done.kind == StepKind.CHECKPOINT:
-            self.rt.metrics.checkpointed(ns, name)
         elif done.kind == StepKind.SHRINK:
             self._event("Shrunk", f"end of day {done.day}: decayed and evicted")

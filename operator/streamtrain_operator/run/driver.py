@@ -464,6 +464,7 @@ class Driver:
             "files": float(total.files_read),
             "filesReadAhead": float(total.files_read_ahead),
             "skippedFiles": float(len(files.skipped)),
+            "bytes": float(sum(f.size for f in files.files)),
         }
         return PassRan({}, metrics)
 
