@@ -172,4 +172,4 @@ lint-manifests: $(STAMP) test-deps $(CHECKOV_VENV)/.installed ## hadolint, chart
 clean: ## Remove caches and demo output (keeps .venv)
 	rm -rf .pytest_cache .mypy_cache .ruff_cache demo-run chart-render
 
-.PHONY: help install proto proto-check lint fmt typecheck test-deps pytest test test-faults test-mutants bench bench-ps bench-worker bench-e2e bench-read-ahead bench-load bench-serving bench-tls bench-ps-scale bench-quality bench-peer demo chart crds crds-check images lint-manifests clean
+.PHONY: help install proto proto-check lint fmt typecheck test-deps pytest test test-faults test-deep test-mutants bench bench-ps bench-worker bench-e2e bench-read-ahead bench-load bench-serving bench-tls bench-ps-scale bench-quality bench-peer demo chart crds crds-check images lint-manifests clean
