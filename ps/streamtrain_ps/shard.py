@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -138,6 +139,7 @@ class Shard(ShardLoads):
                     config.diskLimit,
                     config.logicalShards,
                     store_memory,
+                    volume=Path(config.diskPath) if config.diskPath else None,
                 ),
             )
             for t in config.tables
@@ -296,8 +298,12 @@ class Shard(ShardLoads):
             effects = self._saves.take(save_id, commit)
             if effects is None or not commit:
                 return commit
-            for e in effects.tables:
-                e.apply_locked()
+            for i, e in enumerate(effects.tables):
+                try:
+                    e.apply_locked()
+                except BaseException:  # a disk-tier error: this table's part unapplied
+                    self._saves.restore(save_id, replace(effects, tables=effects.tables[i:]))
+                    raise
         return True
 
     def snapshot_save(
@@ -342,6 +348,7 @@ class Shard(ShardLoads):
                     files += saving.write_dense(buffer, self._dense.snapshot())
                 for e in effects:
                     e.apply_locked()
+                self._supersede_staged(mode)
                 dense = self._dense.pull_all()  # the model's dense part, same moment
             seconds = time.perf_counter() - start
             result = api.SaveResult("", mode, tuple(files), saved, tombs, seconds)
@@ -401,6 +408,7 @@ class Shard(ShardLoads):
                 else:
                     for e in staged.tables:
                         e.apply_locked()
+                    self._supersede_staged(mode)
         except PSError:
             raise
         except Exception as exc:  # storage errors of any fsspec backend
@@ -408,6 +416,18 @@ class Shard(ShardLoads):
         seconds = time.perf_counter() - start
         self._last_save = seconds
         return api.SaveResult(uri, mode, tuple(files), saved, tombs, seconds), staged.save_id
+
+    def _supersede_staged(self, mode: api.SaveMode) -> None:
+        """A delta or base just applied its effects at once: a pending staged delta or base
+        is dropped, its late commit refused. It would clear the first tombstone batches
+        *now* pending (deleted after this save, never published) and subtract the
+        delta_score this save already subtracted (keys pushed since missing from the next
+        delta); this save read everything it did, so nothing of it is lost
+        (``docs/decisions.md``, issue 25 (a)). Hold the tables' ``maintenance``."""
+        if mode in (api.SaveMode.DELTA, api.SaveMode.BASE):
+            self._saves.drop_if(
+                SaveEffects.resets_deltas, f"a later {mode.name.lower()} save applied its effects"
+            )
 
     def stats(self) -> ShardStats:
         tables = tuple(
@@ -497,9 +517,36 @@ def _forget(
     return SaveEffects(effects.save_id, effects.uri, tables)
 
 
+#: A shard's spill root without ``diskPath``: in the temporary directory, by process id.
+_TEMP_ROOT = "streamtrain-ps-{pid}-shard-{index}"
+
+
 def _disk_root(config: PSConfig, shard_index: int) -> Path:
     """Where this shard's disk tier lives: ``diskPath/shard-<i>``, or a fresh temporary
-    directory (created only when a table first spills)."""
+    directory (created only when a table first spills).
+
+    A starting shard owns nothing there yet: whatever it finds is a killed predecessor's
+    spill (``gen-*`` stores no one deletes, outside any cap: the road to a full volume),
+    so it is removed: the whole ``diskPath/shard-<i>``, and in the temporary directory the
+    roots of processes that no longer run."""
     if config.diskPath:
-        return Path(config.diskPath) / f"shard-{shard_index}"
-    return Path(tempfile.gettempdir()) / f"streamtrain-ps-{os.getpid()}-shard-{shard_index}"
+        root = Path(config.diskPath) / f"shard-{shard_index}"
+        shutil.rmtree(root, ignore_errors=True)
+        return root
+    tmp = Path(tempfile.gettempdir())
+    for old in tmp.glob(_TEMP_ROOT.format(pid="*", index="*")):
+        pid = old.name.split("-")[2]
+        if pid.isdigit() and not _running(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    return tmp / _TEMP_ROOT.format(pid=os.getpid(), index=shard_index)
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists (signal 0 checks without sending anything)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
