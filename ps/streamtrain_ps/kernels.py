@@ -245,10 +245,10 @@ def update_rows(
         code = slots[i] if has_slots else pk.code_of(pk.word_of(slab_u32, xslab_u32, row))
         pk.set_word(slab_u32, xslab_u32, row, pk.pack(code, 0))
         scale = 1.0 / show if show > 0.0 else 1.0
-        update_part(slab, row, P_EMBED_W, P_EMBED_STATE, 1, ekind, grads, i, 0, scale, embed)
+        update_part(slab, row, P_EMBED_W, P_EMBED_STATE, 1, ekind, grads, i, 0, scale, embed, show)
         xr = pk.xrow_of(slab_u32, row)
         if xr >= 0:
-            update_part(xslab, xr, 0, dim, dim, kind, grads, i, 1, scale, fp[PART_EMBEDX])
+            update_part(xslab, xr, 0, dim, dim, kind, grads, i, 1, scale, fp[PART_EMBEDX], show)
         elif now >= threshold:
             # Admission: this push's embedx gradient was computed against zeros; drop it.
             mark |= TODO_ADMIT

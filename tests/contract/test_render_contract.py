@@ -128,7 +128,7 @@ def test_ps_parses_what_the_operator_renders(raw: dict[str, Any]) -> None:
     (table,) = parsed.tables
     assert table.embedxDim == spec.model.embeddingDim
     assert _same_named_fields(spec.sparse, table, skip={"optimizer"}) == 9
-    assert _same_named_fields(spec.sparse.optimizer, table.optimizer) == 15
+    assert _same_named_fields(spec.sparse.optimizer, table.optimizer) == 16
     assert _same_named_fields(spec.dense.optimizer, parsed.dense.optimizer) == 5
     assert (parsed.logicalShards, parsed.seed) == (spec.ps.logicalShards, spec.seed)
     # Every field is explicit in the JSON: nothing is left to the PS's defaults.
