@@ -91,7 +91,14 @@ NON_DEFAULT: dict[str, Any] = {
         }
     },
     "ps": {"replicas": 3, "logicalShards": 12},
-    "workers": {"replicas": 2, "numThreads": 3},
+    "workers": {
+        "replicas": 2,
+        "numThreads": 3,
+        "prefetchBatches": 3,
+        "pushQueueDepth": 2,
+        "inOrderExamples": 0,
+        "maxMergedPushes": 4,
+    },
     "checkpoint": {"path": "s3://models/ckpt", "everyPasses": 2},
     "export": {"path": "s3://models/serving", "deltaEveryPasses": 2},
     "seed": 7,
@@ -146,7 +153,8 @@ def test_worker_parses_what_the_operator_renders(raw: dict[str, Any]) -> None:
     assert _same_named_fields(spec.data, data) == len(dataclasses.fields(spec.data))
     assert parsed.ps.endpoints == ENDPOINTS
     assert parsed.ps.config == render.ps_config(spec)
-    assert parsed.runtime.numThreads == spec.workers.numThreads
+    # Every runtime setting the manifest names reaches the worker (the rest: metrics only).
+    assert _same_named_fields(spec.workers, parsed.runtime) == 6
     assert parsed.seed == spec.seed
     rendered = json.loads(text)
     assert set(rendered) == {f.name for f in dataclasses.fields(WorkerConfig)}
