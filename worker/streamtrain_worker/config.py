@@ -125,6 +125,15 @@ class ModelConfig:
         "(summed on the PS like the data norm's statistics): a fresh model is calibrated "
         "from its first batches, and an id never seen is predicted at the base rate.",
     )
+    # Before any data a fresh model predicted 0.5 for every example (a flat first batch,
+    # COPC 0.03 on a 1 % stream's first pass); one pseudo-example at a typical CTR instead.
+    priorClickRate: float = setting(
+        0.1,
+        "With baseRateOffset: the click rate a fresh model starts from, as one "
+        "pseudo-example (the counted rate takes over from the first batch).",
+        exclusive_minimum=0,
+        exclusive_maximum=1,
+    )
     targetSlot: int = setting(0, "DIN only: the slot holding the target item.", minimum=0)
     attentionUnits: tuple[int, ...] = setting(
         (64, 32), "DIN only: attention MLP widths.", item_minimum=1

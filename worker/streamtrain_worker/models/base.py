@@ -45,6 +45,8 @@ class ModelSpec:
     #: Add the base rate's log-odds to the logit (``models.base_rate``); a plain network
     #: (the benchmarks' PyTorch references) has none.
     base_rate: bool = False
+    #: The base rate's pseudo-example label (``model.priorClickRate``).
+    prior_rate: float = 0.5
 
     @classmethod
     def from_config(
@@ -74,6 +76,7 @@ class ModelSpec:
             cross_rank=model.crossRank,
             ordinal_slots=tuple(ordinal_slots) if takes_ordinal else (),
             base_rate=model.baseRateOffset,
+            prior_rate=model.priorClickRate,
         )
 
     @property
@@ -159,7 +162,7 @@ class DenseModel(nn.Module):
         super().__init__()
         self.spec = spec
         # Zero or one base-rate offset (TorchScript: a list, not an Optional).
-        self.base_rate = nn.ModuleList([BaseRate()] if spec.base_rate else [])
+        self.base_rate = nn.ModuleList([BaseRate(spec.prior_rate)] if spec.base_rate else [])
 
     def offset_by_base_rate(self, logits: torch.Tensor) -> torch.Tensor:
         """``logits`` plus the base rate's log-odds, with ``spec.base_rate``."""
