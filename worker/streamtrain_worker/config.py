@@ -101,6 +101,13 @@ class ModelConfig:
         "interactions learned densely. 0: none.",
         minimum=0,
     )
+    # VW's -q ui learns a weight per user-item pair; a factorisation machine's pairwise
+    # term learns the same products through the PS embeddings, with no dense weight.
+    fmInteractions: bool = setting(
+        False,
+        "slot_dnn only: add the factorisation machine's pairwise term over the slots' raw "
+        "embedx vectors, sum over slot pairs of <v_i, v_j>, to the logit (docs/decisions.md).",
+    )
     crossRank: int = setting(
         0,
         "slot_dnn only: rank of each cross layer's W, factored as U V (2 * width * rank "

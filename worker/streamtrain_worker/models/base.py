@@ -38,6 +38,8 @@ class ModelSpec:
     wide: bool = False
     #: slot_dnn only: DCN-v2 cross layers over the MLP input, added to the logit.
     cross_layers: int = 0
+    #: slot_dnn only: the FM pairwise term over the slots' embedx vectors.
+    fm: bool = False
     #: Rank of each cross layer's matrix; 0: full rank.
     cross_rank: int = 0
     #: Slots whose ``[value, missing]`` inputs (``data.ordinal``) the model takes, in order.
@@ -74,6 +76,7 @@ class ModelSpec:
             wide=model.wide,
             cross_layers=model.crossLayers,
             cross_rank=model.crossRank,
+            fm=model.fmInteractions,
             ordinal_slots=tuple(ordinal_slots) if takes_ordinal else (),
             base_rate=model.baseRateOffset,
             prior_rate=model.priorClickRate,
