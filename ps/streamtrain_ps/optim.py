@@ -29,12 +29,13 @@ A row has two *parts* that the rules update independently: ``embed`` (width 1) a
 ``g`` is the pushed gradient already divided by the key's pushed show (the caller passes
 ``scale = 1 / show``, or 1 when show is 0). Arithmetic is float64, storage float32.
 
-Per occurrence (``occurrenceSteps``, the default for both parts): a key that occurs ``n``
-times in the batch takes ``n`` steps of that mean gradient, as a per-coordinate online
-learner would take ``n`` steps of its per-example gradients: AdaGrad moves by
+Per occurrence (``occurrenceSteps``; off by default, it overshoots: docs/decisions.md): a
+key that occurs ``n`` times in the batch takes ``n`` steps of that mean gradient, as a
+per-coordinate online learner would take ``n`` steps of its per-example gradients: AdaGrad moves by
 ``lr * g * sum_{k<n} sqrt(G0 / (G0 + G + k g^2))`` and adds ``n g^2`` to G; FTRL runs its
 update ``n`` times; Adam takes one step. With ``n = 1`` nothing changes; a key in every
-row of a batch of 64 (an hour-of-day key) learns ~64 steps' worth instead of one.
+row of a batch of 64 (an hour-of-day key) learns ~64 steps' worth instead of one — and so
+does every head key of every slot, all correcting the same error from the same prediction.
 
 Initialisation is a counter-based hash of ``(seed, table, key, column)``, not a stateful
 RNG: the same key gets the same initial weights whatever the shard layout, the batch order

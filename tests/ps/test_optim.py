@@ -286,22 +286,22 @@ def test_init_part_writes_only_its_own_weights_and_state(rule: str, dim: int) ->
     assert (slab[1, :used] != 7.0).all()
 
 
-@pytest.mark.parametrize("steps", ["none", "embed"])
-@pytest.mark.parametrize("kind", ["adagrad", "ftrl"])
-def test_one_step_per_push_where_occurrence_steps_leave_a_part_out(kind: str, steps: str) -> None:
+@pytest.mark.parametrize("steps", ["embed", "all"])
+@pytest.mark.parametrize("kind", ["adagrad", "std_adagrad", "adam", "ftrl"])
+def test_one_step_per_occurrence_where_occurrence_steps_say_so(kind: str, steps: str) -> None:
     cfg = _config(kind, (-10.0, 10.0), 0.05, **FTRL_CASES[0], occurrenceSteps=steps)
     _check_against_reference(cfg, (-10.0, 10.0))
 
 
 def test_a_key_in_every_row_learns_as_much_as_its_occurrences_would() -> None:
-    """A key pushed once with show n moves as far as n pushes of show 1 with the same mean
-    gradient (AdaGrad, default occurrence steps), and n times further than one such push
-    would move it on its own when G is still small."""
+    """With occurrence steps, a key pushed once with show n moves as far as n pushes of
+    show 1 with the same mean gradient (AdaGrad), and about n times further than one such
+    push would move it on its own while G is still small."""
     key = np.array([7], np.uint64)
     grad = np.full((1, D + 1), 0.2, np.float32)
     moved = {}
     for label, pushes, show in (("batch", 1, 32.0), ("online", 32, 1.0), ("one", 1, 1.0)):
-        shard = Shard(_config("adagrad", (-10.0, 10.0), 0.05))
+        shard = Shard(_config("adagrad", (-10.0, 10.0), 0.05, occurrenceSteps="all"))
         for _ in range(pushes):
             shard.push_sparse(
                 "embedding", key, grad * show, np.array([show], np.float32), np.zeros(1, np.float32)
