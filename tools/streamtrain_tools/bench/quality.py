@@ -1,9 +1,10 @@
 """``make bench-quality``: streamtrain with its defaults vs Vowpal Wabbit vs plain PyTorch.
 
 Side by side on the same streams (``streamtrain_tools.bench.quality_streams``: the Criteo
-protocol, the Avazu sample, a long-tail synthetic stream with its oracle AUC; the iPinYou
-sample on request), every
-learner progressive and scored pass by pass alike (``quality_learners``):
+protocol, the Avazu sample, a long-tail synthetic stream with its oracle AUC, the synthetic
+stream families the defaults are judged on — hour of day, low CTR, half-hour passes, strong
+id pairs, fast drift — each on a fresh seed; the iPinYou sample on request), every learner
+progressive and scored pass by pass alike (``quality_learners``):
 
 - **streamtrain**: ``streamtrain run``'s code on a manifest naming the data and
   ``model.type: slot_dnn`` only (every other setting the CRD default);
@@ -14,7 +15,8 @@ learner progressive and scored pass by pass alike (``quality_learners``):
 Printed per stream and learner: per report window (passes 13-24 of the one-day samples,
 each day of the long-tail stream) the mean progressive AUC, log loss and COPC; per pass the
 COPC, and the spread: how many passes with at least 500 clicks have a COPC within 0.9-1.1.
-The last line is one JSON object with all of it.
+Then a Markdown table (per stream and window: AUC of each learner, streamtrain minus VW's
+best, passes with COPC in the band); the last line is one JSON object with all of it.
 
 ``--quick`` shrinks every stream (a smoke run); ``--st-overrides`` deep-merges a JSON
 object into the streamtrain job's ``spec`` to measure an alternative setting;
