@@ -14,6 +14,7 @@ from typing import Any
 
 import grpc
 
+from streamtrain_ps.tls import TLSFiles
 from streamtrain_worker.proto import worker_pb2, worker_pb2_grpc
 
 #: PassResult carries two histograms of up to 2^20 buckets x 8 bytes each.
@@ -29,22 +30,26 @@ class GrpcWorker:
         name: str = "",
         control_timeout: float = 600.0,
         connect_timeout: float = 60.0,
+        tls: TLSFiles | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.name = name or endpoint
         self.control_timeout = control_timeout
         self.connect_timeout = connect_timeout
-        self._channel = grpc.aio.insecure_channel(
-            endpoint,
-            options=[
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                # A restarted worker (same address) is found within ~1 s, not grpc's 120 s.
-                ("grpc.initial_reconnect_backoff_ms", 100),
-                ("grpc.min_reconnect_backoff_ms", 100),
-                ("grpc.max_reconnect_backoff_ms", 1000),
-            ],
-        )
+        options: list[tuple[str, Any]] = [
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            # A restarted worker (same address) is found within ~1 s, not grpc's 120 s.
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 1000),
+        ]
+        if tls is None:
+            self._channel = grpc.aio.insecure_channel(endpoint, options=options)
+        else:  # the operator's certificate: the identity workers admit control calls from
+            self._channel = grpc.aio.secure_channel(
+                endpoint, tls.channel_credentials(), options=options + tls.channel_options()
+            )
         self._stub = worker_pb2_grpc.WorkerStub(self._channel)
 
     async def wait_ready(self, timeout: float) -> None:
