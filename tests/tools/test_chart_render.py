@@ -20,7 +20,13 @@ def test_renders_to_stdout_and_to_files(tmp_path: Path, capsys: pytest.CaptureFi
     values.write_text(yaml.safe_dump({"metrics": {"podMonitor": {"enabled": True}}}))
     out = tmp_path / "render"
     assert chart.main(["-f", str(values), "--out", str(out)]) == 0
-    assert capsys.readouterr().out == f"rendered 8 templates of {chart.CHART} into {out}/\n"
+    shown = {
+        p for p, text in chart.render(yaml.safe_load(values.read_text())).items() if text.strip()
+    }
+    assert capsys.readouterr().out == (
+        f"rendered {len(shown)} templates of {chart.CHART} into {out}/\n"
+    )
+    assert {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()} == shown
     monitor = yaml.safe_load((out / "streamtrain/templates/podmonitor.yaml").read_text())
     assert monitor["kind"] == "PodMonitor"
     assert (out / "streamtrain/templates/NOTES.txt").read_text().strip()

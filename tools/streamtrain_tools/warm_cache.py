@@ -40,9 +40,12 @@ def warm_ps() -> None:
 
     warm_kernels(PSConfig())
     values = np.zeros(8, np.float32)
-    for rule in ("adam", "sgd"):
-        DenseVector(values, DenseOptimizerConfig(type=rule)).push(values)
-    DenseVector(values, DenseOptimizerConfig(), summary_decay=0.999).push(values)
+    grads = values.view()
+    grads.setflags(write=False)  # a request's gradients, decoded read-only (``wire``)
+    for g in (values, grads):
+        for rule in ("adam", "sgd"):
+            DenseVector(values, DenseOptimizerConfig(type=rule)).push(g)
+        DenseVector(values, DenseOptimizerConfig(), summary_decay=0.999).push(g)
 
 
 def warm_worker() -> None:
