@@ -94,7 +94,10 @@ def endpoints(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, An
     """A real PS shard and worker (metrics on port 0), plus the operator's metrics."""
     tmp = tmp_path_factory.mktemp("components")
     job = load_job(ROOT / "crds/examples/minimal.yaml")
-    (tmp / "ps.json").write_text(render.render_ps(job.spec))
+    ps_json = json.loads(render.render_ps(job.spec))
+    # The job's roots are s3://; the traffic below saves to this directory (allow-listed).
+    ps_json["storageRoots"] = [*ps_json.get("storageRoots", []), str(tmp)]
+    (tmp / "ps.json").write_text(json.dumps(ps_json))
     ps = Process(
         [sys.executable, "-m", "streamtrain_ps", "--port", "0", "--metrics-port", "0",
          "--config", str(tmp / "ps.json"), "--memory-limit", str(512 << 20),

@@ -38,7 +38,9 @@ pytestmark = pytest.mark.faults
 def config(**table: Any) -> PSConfig:
     base: dict[str, Any] = {"embedxDim": D, "embedxThreshold": 0.0, "baseThreshold": 0.0}
     base.update(table)
-    return PSConfig(tables=(TableConfig(name=T, **base),), logicalShards=8)
+    return PSConfig(
+        tables=(TableConfig(name=T, **base),), logicalShards=8, storageSchemes=faultfs.SCHEMES
+    )
 
 
 def keys(lo: int, hi: int) -> np.ndarray:

@@ -246,3 +246,20 @@ def test_the_demo_request_is_served_by_the_newest_model(tmp_path: Path) -> None:
     answer = show_one_request(str(ex.root), data, out)
     assert answer["model_version"] == key and answer["outputs"][0]["shape"] == [2]
     assert "POST http://127.0.0.1:" in out.getvalue() and key in out.getvalue()
+
+
+def test_streamtrain_cli_runs_the_serving_commands(tmp_path: Path) -> None:
+    """``streamtrain pin`` goes through the operator's CLI into this room (a new process)."""
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-m", "streamtrain_operator.cli", "pin", "--redis",
+         "redis://127.0.0.1:1/0", "3"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.startswith("error: ") and "Traceback" not in run.stderr

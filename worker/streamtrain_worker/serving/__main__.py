@@ -22,6 +22,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 
+import redis
 import torch
 
 from streamtrain_worker.serving.delivery import Applied, Delivery
@@ -185,8 +186,8 @@ def main(argv: Sequence[str] | None = None, *, hook: Hook = _no_hook) -> int:
         if args.command == "deliver":
             return cmd_deliver(args, hook)
         return cmd_switch(args)
-    except (GuardError, LookupError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except (GuardError, LookupError, OSError, redis.RedisError) as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
 
 
