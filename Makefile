@@ -103,7 +103,7 @@ bench-e2e: $(STAMP) ## Criteo sample as 24 hourly passes, end to end
 bench-read-ahead: $(STAMP) ## A RunPass's fixed cost with and without the next pass read ahead
 	$(PY) -m streamtrain_tools.bench.read_ahead --json
 
-bench-quality: $(STAMP) ## streamtrain's defaults vs Vowpal Wabbit vs plain PyTorch on 3 streams
+bench-quality: $(STAMP) ## streamtrain's defaults vs Vowpal Wabbit vs plain PyTorch: samples, long-tail stream, families (fresh seed)
 	$(PY) -m streamtrain_tools.bench.quality --json
 
 bench-serving: $(STAMP) test-deps ## Online serving: freshness, delta apply, latency, exactness, Redis memory
