@@ -143,16 +143,18 @@ class ModelConfig:
         exclusive_minimum=0,
         exclusive_maximum=1,
     )
-    # A per-example correction of what the counted base rate leaves: on streams whose click
-    # rate moves between adjacent hourly folders (issue 26, docs/decisions.md).
+    # A per-example correction of what the counted base rate leaves: passes with COPC in
+    # 0.9-1.1 on the hour-of-day families +2..+11 a day, Criteo/Avazu AUC -0.002
+    # (docs/decisions.md, issue 26). The window: 100 followed faster but cost Criteo/Avazu
+    # -0.003/-0.004; 1000 lagged half an hourly pass.
     residualCalibration: bool = setting(
-        False,
+        True,
         "Add to the logit log((clicks + k) / (predicted + k)) over a recent window of this "
         "worker's trained examples (scored before they count): the output follows a click "
         "rate that moves within a pass. Local to each worker; exported with the model.",
     )
     calibrationWindow: float = setting(
-        1000.0,
+        300.0,
         "With residualCalibration: the window's length in examples (exponential decay, "
         "weights summing to this many examples).",
         minimum=1,
