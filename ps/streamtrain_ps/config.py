@@ -2,10 +2,10 @@
 
 The JSON uses the same camelCase names as the ``StreamingTrainingJob`` spec
 (``spec.sparse`` and ``spec.dense``), so a PaddleRec user recognises every field. Defaults
-and bounds are declared here, once, with :func:`streamtrain_ps.settings.setting`: the job
+and bounds are declared here, once, with :func:`streamtrain_ps.plumbing.settings.setting`: the job
 spec composes :class:`SparseConfig` and :class:`DenseConfig` as its ``sparse`` and ``dense``
 sections (so the CRD is generated from these declarations), the operator renders every
-field explicitly, and one parser (:func:`streamtrain_ps.settings.parse`) reads both the
+field explicitly, and one parser (:func:`streamtrain_ps.plumbing.settings.parse`) reads both the
 manifest and this JSON.
 
 Example::
@@ -22,7 +22,7 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-from streamtrain_ps.settings import ConfigError, as_json, parse, setting
+from streamtrain_ps.plumbing.settings import ConfigError, as_json, parse, setting
 from streamtrain_ps.sharding import DEFAULT_LOGICAL_SHARDS
 
 __all__ = [

@@ -3,7 +3,7 @@
 This is the object the gRPC servicer wraps (and ``LocalPS`` uses in-process). Every public
 method validates its arguments and raises only the ``streamtrain_ps.errors`` tree, so the
 servicer can map errors to status codes without knowing the engine. All methods are
-thread-safe; see ``streamtrain_ps.table`` for what concurrent pulls, pushes, saves and
+thread-safe; see ``streamtrain_ps.engine.table`` for what concurrent pulls, pushes, saves and
 shrinks see of each other.
 """
 
@@ -22,11 +22,11 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from streamtrain_ps import api, checkpoint, saving, sharding
-from streamtrain_ps.accessor import RowLayout
+from streamtrain_ps import api, sharding
 from streamtrain_ps.config import PSConfig
-from streamtrain_ps.dense import DenseState, DenseStore
-from streamtrain_ps.disk_store import StoreMemory
+from streamtrain_ps.engine.accessor import RowLayout
+from streamtrain_ps.engine.dense import DenseState, DenseStore
+from streamtrain_ps.engine.push_errors import raise_push_errors
 from streamtrain_ps.errors import (
     CheckpointError,
     InvalidRequestError,
@@ -34,9 +34,13 @@ from streamtrain_ps.errors import (
     RequestTooLargeError,
     UnknownTableError,
 )
-from streamtrain_ps.heap import note_request_scratch
-from streamtrain_ps.held_save import DenseValues, SnapshotSlot
-from streamtrain_ps.memory_limit import (
+from streamtrain_ps.plumbing.heap import note_request_scratch
+from streamtrain_ps.saves import checkpoint, saving
+from streamtrain_ps.saves.held_save import DenseValues, SnapshotSlot
+from streamtrain_ps.saves.shard_loads import PreparedLoad, ShardLoads
+from streamtrain_ps.saves.staging import Pending, SaveEffects
+from streamtrain_ps.tier.disk_store import StoreMemory
+from streamtrain_ps.tier.memory_limit import (
     MemoryBudget,
     MemoryGovernor,
     bound_allocator,
@@ -45,13 +49,10 @@ from streamtrain_ps.memory_limit import (
     request_bytes_per_key,
     request_scratch_bytes,
 )
-from streamtrain_ps.push_errors import raise_push_errors
-from streamtrain_ps.request_gate import RequestGate
-from streamtrain_ps.shard_loads import PreparedLoad, ShardLoads
-from streamtrain_ps.staging import Pending, SaveEffects
-from streamtrain_ps.tiering import DiskOptions, TieredTable
+from streamtrain_ps.tier.request_gate import RequestGate
+from streamtrain_ps.tier.tiering import DiskOptions, TieredTable
+from streamtrain_ps.tier.warmup import warm_kernels
 from streamtrain_ps.validation import contiguous_array, dense_name, require_finite, save_mode
-from streamtrain_ps.warmup import warm_kernels
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,7 @@ class Shard(ShardLoads):
         self._dense = DenseStore(config.dense.optimizer)
         self._last_save = 0.0
         self._last_load = 0.0
-        #: Staged saves and prepared loads (two-phase, see ``streamtrain_ps.staging``).
+        #: Staged saves and prepared loads (two-phase, see ``streamtrain_ps.saves.staging``).
         self._saves: Pending[SaveEffects] = Pending("staged save")
         #: The snapshot save taken but maybe not yet written (``snapshot_save``).
         self._snapshot = SnapshotSlot(shard_index)

@@ -33,8 +33,8 @@ from streamtrain_operator.job import render
 from streamtrain_operator.job.spec import load_job
 from streamtrain_operator.kube.metrics import OperatorMetrics
 from streamtrain_ps.api import SaveMode
-from streamtrain_ps.remote import RemotePS
-from streamtrain_ps.startup import LISTENING
+from streamtrain_ps.client.remote import RemotePS
+from streamtrain_ps.plumbing.startup import LISTENING
 
 from .processes import OutputProcess
 

@@ -29,7 +29,7 @@ from streamtrain_operator.job.spec import SpecError, load_job, parse_job
 from streamtrain_operator.kube import disk_tier
 from streamtrain_operator.kube import resources as r
 from streamtrain_ps.config import PSConfig
-from streamtrain_ps.server import channel_options
+from streamtrain_ps.service.server import channel_options
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "streamtrain"

@@ -47,7 +47,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from streamtrain_ps.launch import Launched, launch
+from streamtrain_ps.plumbing.launch import Launched, launch
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ def free_port() -> int:
 
 @dataclass
 class Container:
-    """One pod's process (``streamtrain_ps.launch``, the launcher of local mode, in a
+    """One pod's process (``streamtrain_ps.plumbing.launch``, the launcher of local mode, in a
     session of its own so a signal to the test's group does not reach it); ``restarts``
     counts how often the kubelet restarted it, each run logging to its own file."""
 

@@ -27,8 +27,8 @@ from streamtrain_operator.run.export import read_donefile, verify_model
 from streamtrain_operator.run.hooks import MANIFEST_POINT
 from streamtrain_operator.run.state import MemoryStateStore
 from streamtrain_ps import sharding
+from streamtrain_ps.client.local import LocalPS
 from streamtrain_ps.errors import MemoryLimitError
-from streamtrain_ps.local import LocalPS
 from streamtrain_ps.shard import Shard
 from streamtrain_worker.metrics import PassMetrics
 

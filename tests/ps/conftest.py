@@ -2,7 +2,7 @@
 
 ``ps_cluster(n)`` starts ``n`` in-process servers (one ``Shard`` each) and stops them at
 teardown; ``spawn_ps(...)`` runs ``python -m streamtrain_ps`` as a subprocess and reads the
-bound port from its start-up line (``streamtrain_ps.startup``). Engine fixtures may be
+bound port from its start-up line (``streamtrain_ps.plumbing.startup``). Engine fixtures may be
 appended below.
 """
 
@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 
 import streamtrain_ps
+from streamtrain_ps.client.remote import RemotePS, RetryPolicy
 from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
-from streamtrain_ps.remote import RemotePS, RetryPolicy
-from streamtrain_ps.server import PSServer
+from streamtrain_ps.plumbing.startup import LISTENING, listening_address
+from streamtrain_ps.service.server import PSServer
 from streamtrain_ps.shard import Shard
-from streamtrain_ps.startup import LISTENING, listening_address
 
 PS_SOURCE_ROOT = Path(streamtrain_ps.__file__).resolve().parents[1]
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from streamtrain_ps import memory_limit as ml
-from streamtrain_ps.memory_limit import MemoryBudget, MemoryGovernor
+from streamtrain_ps.tier import memory_limit as ml
+from streamtrain_ps.tier.memory_limit import MemoryBudget, MemoryGovernor
 
 from .test_disk_tier import D, T, capped_shard
 

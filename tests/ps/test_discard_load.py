@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from streamtrain_ps import checkpoint
 from streamtrain_ps.api import SaveMode
+from streamtrain_ps.client.local import LocalPS
 from streamtrain_ps.errors import CheckpointError
-from streamtrain_ps.local import LocalPS
+from streamtrain_ps.saves import checkpoint
 from streamtrain_ps.shard import Shard
 
 from .conftest import Cluster

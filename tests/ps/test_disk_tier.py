@@ -11,13 +11,13 @@ import fsspec
 import numpy as np
 import pytest
 
-from streamtrain_ps import checkpoint, load_plan
 from streamtrain_ps.api import SaveMode
+from streamtrain_ps.client.local import LocalPS
 from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
 from streamtrain_ps.errors import CheckpointError
-from streamtrain_ps.local import LocalPS
-from streamtrain_ps.memory_limit import MemoryBudget, MemoryLimitError
+from streamtrain_ps.saves import checkpoint, load_plan
 from streamtrain_ps.shard import Shard
+from streamtrain_ps.tier.memory_limit import MemoryBudget, MemoryLimitError
 
 from . import faultfs
 

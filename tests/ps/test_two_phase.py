@@ -19,11 +19,11 @@ import fsspec
 import numpy as np
 import pytest
 
-from streamtrain_ps import checkpoint
 from streamtrain_ps.api import SaveMode
+from streamtrain_ps.client.local import LocalPS
 from streamtrain_ps.config import PSConfig, TableConfig
 from streamtrain_ps.errors import CheckpointError
-from streamtrain_ps.local import LocalPS
+from streamtrain_ps.saves import checkpoint
 from streamtrain_ps.shard import Shard
 
 from . import faultfs

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from streamtrain_ps.local import LocalPS
+from streamtrain_ps.client.local import LocalPS
 from streamtrain_worker.export import export_dense, load_dense, script
 from streamtrain_worker.models.data_norm import DEFAULT_EPSILON, DataNorm
 from streamtrain_worker.models.summary import (

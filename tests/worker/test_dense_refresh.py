@@ -7,7 +7,7 @@ import threading
 
 import numpy as np
 
-from streamtrain_ps.local import LocalPS
+from streamtrain_ps.client.local import LocalPS
 from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.train import Trainer
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from streamtrain_ps.local import LocalPS
+from streamtrain_ps.client.local import LocalPS
 from streamtrain_worker.data.batch import Batch
 from streamtrain_worker.data.config import AVAZU_SLOTS, DataConfig
 from streamtrain_worker.data.formats import make_format

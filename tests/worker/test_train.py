@@ -11,8 +11,8 @@ import numpy.typing as npt
 import pytest
 from prometheus_client import CollectorRegistry
 
+from streamtrain_ps.client.local import LocalPS
 from streamtrain_ps.errors import PSUnavailableError
-from streamtrain_ps.local import LocalPS
 from streamtrain_tools.samples import SAMPLES_DIR
 from streamtrain_worker import synth
 from streamtrain_worker.config import WorkerConfig

@@ -1,7 +1,7 @@
 """Validated settings of one worker, parsed from the JSON the operator renders.
 
 The JSON uses the camelCase names of the ``StreamingTrainingJob`` spec. Every setting is
-declared here once with :func:`streamtrain_ps.settings.setting` (type, default, bounds,
+declared here once with :func:`streamtrain_ps.plumbing.settings.setting` (type, default, bounds,
 doc); :class:`ModelConfig` and :class:`~streamtrain_worker.data.config.DataConfig` *are*
 the spec's ``model`` and ``data`` sections (the CRD is generated from them), and the
 operator renders every field explicitly, so there is never a second, silently different
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from streamtrain_ps.config import ConfigError, PSConfig, TableConfig
-from streamtrain_ps.settings import as_json, parse, same_as, setting
+from streamtrain_ps.plumbing.settings import as_json, parse, same_as, setting
 from streamtrain_worker.data.config import DataConfig
 
 __all__ = [

@@ -36,7 +36,7 @@ reader if it names the same files, unchanged since (``read_ahead.py``); a ``Rese
 The trainer (and with it ``init_dense`` on the PS) is built lazily on the first call, so a
 worker that starts before its PS comes up still starts, serves health, and trains once the
 PS answers. ``WorkerServer`` wires the servicer into the serving skeleton it shares with the PS
-(``streamtrain_ps.grpc_serving``: health service, message limits, and ``stop(grace)`` flipping
+(``streamtrain_ps.plumbing.grpc_serving``: health service, message limits, and ``stop(grace)`` flipping
 health to NOT_SERVING first for a graceful SIGTERM).
 """
 
@@ -53,7 +53,7 @@ import grpc
 
 from streamtrain_ps.api import PSLike
 from streamtrain_ps.errors import MemoryLimitError, PSError, PSUnavailableError
-from streamtrain_ps.grpc_serving import GrpcServer
+from streamtrain_ps.plumbing.grpc_serving import GrpcServer
 from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.data.batch import Batch
 from streamtrain_worker.data.errors import DataError
@@ -331,7 +331,7 @@ class WorkerServer(GrpcServer):
     """The control service and health on a ``grpc.server``; ``start()`` returns the port.
 
     Binding, health, message limits and the graceful stop (NOT_SERVING first, then let an
-    in-flight pass finish within ``grace``) are ``streamtrain_ps.grpc_serving.GrpcServer``.
+    in-flight pass finish within ``grace``) are ``streamtrain_ps.plumbing.grpc_serving.GrpcServer``.
     """
 
     def __init__(

@@ -26,7 +26,7 @@ from fsspec.implementations.local import LocalFileSystem
 from streamtrain_operator.job.plan import StepKey, StepKind
 from streamtrain_operator.run.hooks import MANIFEST_POINT, NO_HOOK, PARTS, StepHook
 from streamtrain_ps.api import SaveResult
-from streamtrain_ps.checkpoint import MANIFEST
+from streamtrain_ps.saves.checkpoint import MANIFEST
 from streamtrain_worker import model_folder
 from streamtrain_worker.model_folder import (
     DONEFILE,

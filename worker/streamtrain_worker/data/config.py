@@ -1,7 +1,7 @@
 """The ``data`` section of a job, declared once and parsed into a frozen dataclass.
 
 :class:`DataConfig` *is* the job's ``spec.data``: every field is declared here with
-:func:`streamtrain_ps.settings.setting` (type, default, bounds, doc), the operator's spec
+:func:`streamtrain_ps.plumbing.settings.setting` (type, default, bounds, doc), the operator's spec
 composes this class (the CRD is generated from it) and renders it verbatim to the workers,
 and both parse it with the one parser. The scheduling fields (path, days, splits, donefile)
 are the operator's to use and the reader ignores them; the format options are the data
@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from streamtrain_ps.settings import as_json, parse, setting
+from streamtrain_ps.plumbing.settings import as_json, parse, setting
 from streamtrain_worker.data.errors import DataConfigError
 
 DataFormat = Literal["slot", "criteo", "avazu", "libsvm", "csv"]

@@ -1,0 +1,14 @@
+"""Process plumbing every streamtrain package shares: the PS, the worker and the operator.
+
+Nothing here knows about sparse tables; it is the bottom of the house, and the worker's and
+the operator's processes use it as much as the shard does (``docs/decisions.md``, "Where the
+shared plumbing lives"):
+
+- ``settings``: declaring a setting once and parsing, checking and describing it from there;
+- ``launch``: the one child-process launcher (start, read the start-up line, stop);
+- ``startup``: the start-up line a server prints (``listening on HOST:PORT``);
+- ``startup_gc``: a server's imports with the garbage collector paused;
+- ``grpc_serving``: the gRPC server skeleton of the PS shard and the worker;
+- ``tls``: optional TLS between PS clients and shards;
+- ``heap``: the process heap (glibc ``malloc_trim`` and the large-buffer threshold).
+"""

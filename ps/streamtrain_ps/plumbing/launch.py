@@ -1,0 +1,228 @@
+"""The one child-process launcher: start a command with its output in a log file, learn the
+address it announces, stop it gracefully.
+
+Used by local mode (``streamtrain run`` starts the job's PS shards and workers), by the PS
+benchmarks (:func:`shard_process`) and by the tests' kubelet. It lives in the bottom layer
+because the PS package is the lowest one all of them import.
+
+- **Address**: a PS shard or worker started with ``--port 0`` prints
+  ``listening on HOST:PORT`` once it serves; :func:`launch` with ``announce=True`` reads its
+  stdout until that line (:func:`listening_address` is the one parser), then a thread drains
+  the rest into the log, so a pipe nobody reads never fills. No port race, no polling.
+- **Dying with the parent** (``python_argv(..., die_with_parent=True)``): on Linux the child's
+  own fresh interpreter first sets ``PR_SET_PDEATHSIG`` (SIGKILL) and then ``exec``s the real
+  command — the setting survives ``execve`` — so even a SIGKILLed parent takes its children
+  with it. No ``preexec_fn``, which is unsafe after ``fork`` in a process with gRPC threads.
+  The signal is tied to the *thread* that started the child: start such children from a
+  thread that lives as long as they should.
+- **Stopping**: SIGTERM (the servers drain in-flight RPCs), SIGKILL after a grace period.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import streamtrain_ps
+from streamtrain_ps.config import PSConfig
+from streamtrain_ps.plumbing.startup import listening_address
+
+PR_SET_PDEATHSIG = 1
+
+#: Run by ``python -c`` in the child: die with the parent, then become the real command.
+_PRELUDE = (
+    "import ctypes, ctypes.util, os, sys\n"
+    "libc = ctypes.util.find_library('c')\n"
+    f"if libc: ctypes.CDLL(libc).prctl({PR_SET_PDEATHSIG}, {int(signal.SIGKILL)})\n"
+    "if os.getppid() != int(sys.argv[1]): sys.exit(1)  # the parent died before prctl\n"
+    "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])\n"
+)
+
+
+class LaunchError(RuntimeError):
+    """A child process did not start (its log file is named in the message)."""
+
+
+def python_argv(
+    args: Sequence[str], *, python: str = sys.executable, die_with_parent: bool = False
+) -> list[str]:
+    """``python args...``; with ``die_with_parent`` (Linux), behind the death-signal prelude."""
+    if die_with_parent and sys.platform == "linux":
+        return [python, "-c", _PRELUDE, str(os.getpid()), *args]
+    return [python, *args]
+
+
+@dataclass
+class Launched:
+    """One started child process: its log and, once announced, its address."""
+
+    name: str
+    process: subprocess.Popen[str]
+    log_path: Path
+    address: str = ""
+    _drain: threading.Thread | None = field(default=None, repr=False)
+    _announced: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def exited(self) -> bool:
+        return self.process.poll() is not None
+
+    def wait_listening(self, timeout: float) -> str:
+        """Block until the child announced its address (``announce=True``); a child that
+        exits or stays silent for ``timeout`` seconds is a :class:`LaunchError` quoting the
+        end of its log."""
+        if not self._announced.wait(timeout) or not self.address:
+            raise LaunchError(
+                f"{self.name} did not start (exit code {self.process.poll()}); "
+                f"see {self.log_path}:\n{self.tail()}"
+            )
+        return self.address
+
+    def tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def send_input(self, text: str) -> None:
+        """Write ``text`` to the child's stdin (``launch(stdin=True)``) and close it."""
+        stdin = self.process.stdin
+        if stdin is None:
+            raise ValueError(f"{self.name} was launched without stdin")
+        try:
+            stdin.write(text)
+        finally:
+            stdin.close()
+
+    def kill(self) -> None:
+        """SIGKILL (a crash); returns at once."""
+        if self.process.poll() is None:
+            self.process.kill()
+
+    def stop(self, grace: float) -> None:
+        """SIGTERM, SIGKILL after ``grace`` seconds; returns once it exited."""
+        stop_all([self], grace)
+
+    def _read(self, stdout: IO[str]) -> None:
+        with self.log_path.open("a") as log:
+            for line in stdout:
+                if not self.address and (address := listening_address(line)):
+                    self.address = address
+                    self._announced.set()
+                log.write(line)
+                log.flush()
+        self._announced.set()  # exited (or closed its stdout) without announcing
+
+
+def launch(
+    name: str,
+    argv: Sequence[str],
+    log_path: Path,
+    *,
+    announce: bool = False,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    new_session: bool = False,
+    stdin: bool = False,
+) -> Launched:
+    """Start ``argv`` with stdin closed and stdout + stderr appended to ``log_path``.
+
+    ``stdin``: a pipe instead, written once by :meth:`Launched.send_input` (a worker started
+    before its PS endpoints are known reads its config from it).
+
+    ``announce``: the child prints ``listening on HOST:PORT``; its stdout goes through a
+    drain thread that records the address (:meth:`Launched.wait_listening`).
+    ``new_session``: a signal to the parent's process group does not reach the child.
+    """
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("a") as log:
+        process = subprocess.Popen(
+            list(argv),
+            stdout=subprocess.PIPE if announce else log,
+            stderr=log,
+            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+            text=True,
+            env=None if env is None else dict(env),
+            cwd=cwd,
+            start_new_session=new_session,
+        )
+    child = Launched(name, process, log_path)
+    if announce:
+        assert process.stdout is not None
+        child._drain = threading.Thread(
+            target=child._read, args=(process.stdout,), name=f"drain-{name}", daemon=True
+        )
+        child._drain.start()
+    return child
+
+
+def stop_all(children: Iterable[Launched], grace: float) -> None:
+    """SIGTERM every child, wait up to ``grace`` seconds in all, SIGKILL what is left."""
+    children = list(children)
+    for child in children:
+        if child.process.poll() is None:
+            child.process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for child in children:
+        try:
+            child.process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.process.kill()
+            child.process.wait()
+        if child._drain is not None:
+            child._drain.join(timeout=5)
+
+
+@contextmanager
+def shard_process(
+    config: PSConfig,
+    workdir: Path,
+    *,
+    index: int = 0,
+    count: int = 1,
+    workers: int | None = None,
+    log_level: str = "WARNING",
+    start_timeout: float = 120.0,
+    metrics_port: int | None = None,
+) -> Iterator[Launched]:
+    """PS shard ``index`` of ``count`` with ``config`` (written under ``workdir``, with its
+    log) on a free port, for the benchmarks; stopped gracefully when the context exits.
+    ``metrics_port``: serve its Prometheus metrics there (the tier's move counters)."""
+    config_path = workdir / f"ps-{index}-of-{count}.json"
+    config_path.write_text(config.to_json())
+    env = dict(os.environ)
+    # The child must import this very package even when it is not installed.
+    source_root = str(Path(streamtrain_ps.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (source_root, env.get("PYTHONPATH")) if p)
+    args = [
+        *("-m", "streamtrain_ps", "--port", "0", "--config", str(config_path)),
+        *("--shard-index", str(index), "--num-shards", str(count), "--log-level", log_level),
+    ]
+    if workers is not None:
+        args += ["--workers", str(workers)]
+    if metrics_port is not None:
+        args += ["--metrics-port", str(metrics_port)]
+    child = launch(
+        f"ps-{index}",
+        python_argv(args, die_with_parent=True),
+        workdir / f"ps-{index}-of-{count}.log",
+        announce=True,
+        env=env,
+    )
+    try:
+        child.wait_listening(start_timeout)
+        yield child
+    finally:
+        child.stop(grace=60.0)
