@@ -36,8 +36,8 @@ reader if it names the same files, unchanged since (``read_ahead.py``); a ``Rese
 The trainer (and with it ``init_dense`` on the PS) is built lazily on the first call, so a
 worker that starts before its PS comes up still starts, serves health, and trains once the
 PS answers. ``WorkerServer`` wires the servicer into the serving skeleton it shares with the PS
-(``streamtrain_ps.plumbing.grpc_serving``: health service, message limits, and ``stop(grace)`` flipping
-health to NOT_SERVING first for a graceful SIGTERM).
+(``streamtrain_ps.plumbing.grpc_serving``: health service, message limits, and
+``stop(grace)`` flipping health to NOT_SERVING first for a graceful SIGTERM).
 """
 
 from __future__ import annotations

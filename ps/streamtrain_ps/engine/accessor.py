@@ -11,9 +11,10 @@ embedxDim 8 a full row is 16 floats = 64 bytes. Checkpoints and tools see full r
 
 *Physically* a table keeps two slabs (see docs/ps-engine.md, "compact rows"): every key has
 a primary row, the full row's columns from ``delta_score`` up to ``embedx_w`` followed by one
-packed uint32 word (slot code, unseen_days, or the embedx pointer: ``streamtrain_ps.engine.packed``);
-admitted keys also own one embedx row, the full row's columns from ``embedx_w`` on plus the
-packed word moved there at admission. A never-admitted key costs no embedx memory at all.
+packed uint32 word (slot code, unseen_days, or the embedx pointer:
+``streamtrain_ps.engine.packed``); admitted keys also own one embedx row, the full row's
+columns from ``embedx_w`` on plus the packed word moved there at admission. A never-admitted
+key costs no embedx memory at all.
 
 Everything here is pure: numpy on copies, or nogil kernels reading a row.
 """

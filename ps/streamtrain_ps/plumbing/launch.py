@@ -2,8 +2,8 @@
 address it announces, stop it gracefully.
 
 Used by local mode (``streamtrain run`` starts the job's PS shards and workers), by the PS
-benchmarks (:func:`shard_process`) and by the tests' kubelet. It lives in the bottom layer
-because the PS package is the lowest one all of them import.
+benchmarks (``streamtrain_ps.service.process.shard_process``) and by the tests' kubelet. It
+lives in the shared plumbing because all of them import it.
 
 - **Address**: a PS shard or worker started with ``--port 0`` prints
   ``listening on HOST:PORT`` once it serves; :func:`launch` with ``announce=True`` reads its
@@ -26,14 +26,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-import streamtrain_ps
-from streamtrain_ps.config import PSConfig
 from streamtrain_ps.plumbing.startup import listening_address
 
 PR_SET_PDEATHSIG = 1
@@ -183,46 +180,3 @@ def stop_all(children: Iterable[Launched], grace: float) -> None:
             child.process.wait()
         if child._drain is not None:
             child._drain.join(timeout=5)
-
-
-@contextmanager
-def shard_process(
-    config: PSConfig,
-    workdir: Path,
-    *,
-    index: int = 0,
-    count: int = 1,
-    workers: int | None = None,
-    log_level: str = "WARNING",
-    start_timeout: float = 120.0,
-    metrics_port: int | None = None,
-) -> Iterator[Launched]:
-    """PS shard ``index`` of ``count`` with ``config`` (written under ``workdir``, with its
-    log) on a free port, for the benchmarks; stopped gracefully when the context exits.
-    ``metrics_port``: serve its Prometheus metrics there (the tier's move counters)."""
-    config_path = workdir / f"ps-{index}-of-{count}.json"
-    config_path.write_text(config.to_json())
-    env = dict(os.environ)
-    # The child must import this very package even when it is not installed.
-    source_root = str(Path(streamtrain_ps.__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (source_root, env.get("PYTHONPATH")) if p)
-    args = [
-        *("-m", "streamtrain_ps", "--port", "0", "--config", str(config_path)),
-        *("--shard-index", str(index), "--num-shards", str(count), "--log-level", log_level),
-    ]
-    if workers is not None:
-        args += ["--workers", str(workers)]
-    if metrics_port is not None:
-        args += ["--metrics-port", str(metrics_port)]
-    child = launch(
-        f"ps-{index}",
-        python_argv(args, die_with_parent=True),
-        workdir / f"ps-{index}-of-{count}.log",
-        announce=True,
-        env=env,
-    )
-    try:
-        child.wait_listening(start_timeout)
-        yield child
-    finally:
-        child.stop(grace=60.0)

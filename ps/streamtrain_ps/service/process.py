@@ -11,17 +11,21 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import re
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+import streamtrain_ps
 from streamtrain_ps.config import ConfigError, PSConfig
 from streamtrain_ps.plumbing.grpc_serving import serve_metrics, started, stop_on_signals
 from streamtrain_ps.plumbing.heap import reuse_large_buffers
+from streamtrain_ps.plumbing.launch import Launched, launch, python_argv
 from streamtrain_ps.plumbing.startup import announce
 from streamtrain_ps.plumbing.tls import TLSConfigError, TLSFiles
 from streamtrain_ps.service.server import DEFAULT_WORKERS, PSServer, serve_until
@@ -140,3 +144,46 @@ def main(argv: Sequence[str] | None = None) -> int:
                 http.shutdown()
             shard.close()
     return 0
+
+
+@contextmanager
+def shard_process(
+    config: PSConfig,
+    workdir: Path,
+    *,
+    index: int = 0,
+    count: int = 1,
+    workers: int | None = None,
+    log_level: str = "WARNING",
+    start_timeout: float = 120.0,
+    metrics_port: int | None = None,
+) -> Iterator[Launched]:
+    """PS shard ``index`` of ``count`` with ``config`` (written under ``workdir``, with its
+    log) on a free port, for the benchmarks; stopped gracefully when the context exits.
+    ``metrics_port``: serve its Prometheus metrics there (the tier's move counters)."""
+    config_path = workdir / f"ps-{index}-of-{count}.json"
+    config_path.write_text(config.to_json())
+    env = dict(os.environ)
+    # The child must import this very package even when it is not installed.
+    source_root = str(Path(streamtrain_ps.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (source_root, env.get("PYTHONPATH")) if p)
+    args = [
+        *("-m", "streamtrain_ps", "--port", "0", "--config", str(config_path)),
+        *("--shard-index", str(index), "--num-shards", str(count), "--log-level", log_level),
+    ]
+    if workers is not None:
+        args += ["--workers", str(workers)]
+    if metrics_port is not None:
+        args += ["--metrics-port", str(metrics_port)]
+    child = launch(
+        f"ps-{index}",
+        python_argv(args, die_with_parent=True),
+        workdir / f"ps-{index}-of-{count}.log",
+        announce=True,
+        env=env,
+    )
+    try:
+        child.wait_listening(start_timeout)
+        yield child
+    finally:
+        child.stop(grace=60.0)

@@ -37,7 +37,7 @@ import numpy.typing as npt
 from streamtrain_ps.client.remote import RemotePS
 from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
 from streamtrain_ps.plumbing.heap import release_scratch_memory
-from streamtrain_ps.plumbing.launch import shard_process
+from streamtrain_ps.service.process import shard_process
 from streamtrain_ps.shard import Shard
 
 TABLE = "embedding"

@@ -54,7 +54,8 @@ import streamtrain_ps
 import streamtrain_tools as bench
 from streamtrain_ps.client.remote import RemotePS
 from streamtrain_ps.config import CAPPED_REQUEST_KEYS, PSConfig
-from streamtrain_ps.plumbing.launch import Launched, shard_process
+from streamtrain_ps.plumbing.launch import Launched
+from streamtrain_ps.service.process import shard_process
 from streamtrain_ps.tier.memory_limit import (
     SPARE_RPC_THREADS,
     STORE_OUTSIDE_CACHE,

@@ -45,7 +45,7 @@ import numpy.typing as npt
 
 from streamtrain_ps.client.remote import RemotePS, RetryPolicy
 from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
-from streamtrain_ps.plumbing.launch import shard_process
+from streamtrain_ps.service.process import shard_process
 from streamtrain_tools.bench.ps import all_keys, rss_bytes
 
 TABLE = "embedding"

@@ -53,8 +53,8 @@ from streamtrain_ps.api import SaveMode
 from streamtrain_ps.client.remote import RemotePS
 from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
 from streamtrain_ps.plumbing.heap import MAX_RELEASE_DELAY, release_scratch_memory
-from streamtrain_ps.plumbing.launch import shard_process
 from streamtrain_ps.saves import checkpoint
+from streamtrain_ps.service.process import shard_process
 from streamtrain_ps.shard import Shard
 
 TABLE = "embedding"

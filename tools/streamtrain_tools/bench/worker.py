@@ -58,7 +58,7 @@ from streamtrain_ps.client.dedup import unique_inverse
 from streamtrain_ps.client.local import LocalPS
 from streamtrain_ps.client.remote import RemotePS
 from streamtrain_ps.plumbing.heap import reuse_large_buffers
-from streamtrain_ps.plumbing.launch import shard_process
+from streamtrain_ps.service.process import shard_process
 from streamtrain_tools.bench import long_tail
 from streamtrain_tools.bench import parse as bench_parse
 from streamtrain_tools.bench.wire_count import CountingPS

@@ -8,8 +8,8 @@
     not name the configured columns); names the file.
 - ``LayoutError`` (also a ``ValueError``) — an invalid pass plan or day string
   (``splitIntervalMinutes`` not dividing a day, day ``20261131``); names the field.
-- ``DataConfigError`` (a ``streamtrain_ps.plumbing.settings.ConfigError``) — the rendered ``data`` JSON
-  is invalid; carries the field's path (``exc.path``).
+- ``DataConfigError`` (a ``streamtrain_ps.plumbing.settings.ConfigError``) — the rendered
+  ``data`` JSON is invalid; carries the field's path (``exc.path``).
 
 The pure modules (``layout``, ``sharding``) import only this module, so the scheduler can
 catch these errors without importing anything heavy.
