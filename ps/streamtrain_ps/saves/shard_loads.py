@@ -11,8 +11,9 @@ rollback) discarding them first, and the two phases of a multi-server load.
   leaves the shard empty and says so in the ``CheckpointError``; a retried load fills it.
   The driver's rollback uses it: the live state it replaces is to be discarded anyway.
 
-``ShardLoads`` is a mixin of ``streamtrain_ps.shard.Shard``: the attributes it declares are
-the shard's.
+``ShardLoads`` is the shard's collaborator for them: it holds the shard's tables, dense
+vectors and memory governor (what a load replaces or sizes) and its pending save and held
+snapshot (what a load drops); ``streamtrain_ps.shard.Shard`` forwards its load calls here.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import logging
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import numpy as np
@@ -59,19 +60,23 @@ class PreparedLoad:
     discard_live: bool = False
 
 
+@dataclass
 class ShardLoads:
     """Loads of one shard (see the module docstring)."""
 
     config: PSConfig
     shard_index: int
     num_shards: int
-    _tables: dict[str, TieredTable]
-    _memory: MemoryGovernor
-    _dense: DenseStore
-    _saves: Pending[SaveEffects]
-    _snapshot: SnapshotSlot
-    _loads: Pending[PreparedLoad]
-    _last_load: float
+    tables: dict[str, TieredTable]
+    memory: MemoryGovernor
+    dense: DenseStore
+    #: The shard's staged save and held snapshot: a load drops them (their content is gone).
+    saves: Pending[SaveEffects]
+    snapshot: SnapshotSlot
+    #: Loads prepared by ``prepare_load``, waiting for ``finish_load``.
+    prepared: Pending[PreparedLoad] = field(default_factory=lambda: Pending("prepared load"))
+    #: How long the last load took (``Shard.stats``).
+    last_seconds: float = 0.0
 
     def load(self, uri: str, discard_live: bool = False) -> int:
         """Replace this shard's content with its logical shards of a published save.
@@ -90,7 +95,7 @@ class ShardLoads:
             keys = self.replace(uri)
         else:
             keys = self.install(self.read_save(uri))
-        self._last_load = time.perf_counter() - start
+        self.last_seconds = time.perf_counter() - start
         return keys
 
     def verify_save(self, uri: str) -> int:
@@ -122,12 +127,12 @@ class ShardLoads:
         """Release every table's content (RAM and disk tier) and any staged save or held
         snapshot of it; dense vectors stay (a load replaces them). Returns once the memory
         is given back."""
-        tables = list(self._tables.values())
+        tables = list(self.tables.values())
         with ExitStack() as stack:
             for t in tables:
                 stack.enter_context(t.lock.maintenance)
-            self._saves.clear("a load discarded the shard's content")
-            self._snapshot.drop()
+            self.saves.clear("a load discarded the shard's content")
+            self.snapshot.drop()
             for t in tables:
                 rows = np.empty((0, t.layout.width), np.float32)
                 t.install_tiered(
@@ -140,8 +145,8 @@ class ShardLoads:
         (tables fully indexed, nothing swapped in yet)."""
 
         def build(plan: load_plan.LoadPlan) -> PreparedLoad:
-            tables = {name: self._build(plan, name) for name in self._tables}
-            keys_total = sum(plan.table_keys(name) for name in self._tables)
+            tables = {name: self._build(plan, name) for name in self.tables}
+            keys_total = sum(plan.table_keys(name) for name in self.tables)
             return PreparedLoad(tables, plan.dense(), keys_total)
 
         return self._reading(uri, build)
@@ -163,8 +168,8 @@ class ShardLoads:
         one part of the save at a time; with one, the disk tier orders all keys by
         coldness first (``TieredTable.build_tiered``)."""
         uri = plan.manifest.uri
-        t = self._tables[name]
-        budget = int(self._memory.table_budget * LOW_WATER / max(1, len(self._tables)))
+        t = self.tables[name]
+        budget = int(self.memory.table_budget * LOW_WATER / max(1, len(self.tables)))
         try:
             if budget <= 0:
                 ram = t.build_parts(plan.table_keys(name), plan.table_parts(name))
@@ -189,7 +194,7 @@ class ShardLoads:
             prepared = PreparedLoad({}, None, self.verify_save(uri), discard_live=True)
         else:
             prepared = self.read_save(uri)
-        self._loads.put(load_id or uri, prepared)
+        self.prepared.put(load_id or uri, prepared)
         return prepared.keys
 
     def finish_load(self, uri: str, commit: bool, load_id: str | None = None) -> int:
@@ -197,25 +202,25 @@ class ShardLoads:
         installed (0 for an abort or a repeated commit)."""
         if not isinstance(uri, str) or not uri:
             raise InvalidRequestError("uri", "must be a non-empty fsspec URL")
-        prepared = self._loads.take(load_id or uri, commit)
+        prepared = self.prepared.take(load_id or uri, commit)
         if prepared is None or not commit:
             return 0
         start = time.perf_counter()
         keys = self.replace(uri) if prepared.discard_live else self.install(prepared)
-        self._last_load = time.perf_counter() - start
+        self.last_seconds = time.perf_counter() - start
         return keys
 
     def install(self, prepared: PreparedLoad) -> int:
         """Second half of ``load``: swap a prepared load in; returns keys installed.
         A staged save is dropped: its rows and tombstones belong to the replaced content."""
-        tables = list(self._tables.values())
+        tables = list(self.tables.values())
         with ExitStack() as stack:
             for t in tables:
                 stack.enter_context(t.lock.maintenance)
-            self._saves.clear("a load replaced the shard's content")
-            self._snapshot.drop()  # a copy of the replaced content
+            self.saves.clear("a load replaced the shard's content")
+            self.snapshot.drop()  # a copy of the replaced content
             for t in tables:
                 t.install_tiered(prepared.tables[t.name])
             if prepared.dense is not None:
-                self._dense.replace(prepared.dense)
+                self.dense.replace(prepared.dense)
         return prepared.keys
