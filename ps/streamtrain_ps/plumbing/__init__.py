@@ -10,5 +10,6 @@ shared plumbing lives"):
 - ``startup_gc``: a server's imports with the garbage collector paused;
 - ``grpc_serving``: the gRPC server skeleton of the PS shard and the worker;
 - ``tls``: optional TLS between PS clients and shards;
+- ``storage``: a URL's file system and the one durable write (temp, fsync, rename; or a PUT);
 - ``heap``: the process heap (glibc ``malloc_trim`` and the large-buffer threshold).
 """

@@ -23,7 +23,6 @@ import json
 import os
 import threading
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -32,11 +31,11 @@ from typing import Any
 import fsspec
 import numpy as np
 import numpy.typing as npt
-from fsspec.implementations.local import LocalFileSystem
 
 from streamtrain_ps.api import SavedFile, SaveMode, SaveResult
 from streamtrain_ps.config import PSConfig
 from streamtrain_ps.errors import CheckpointError
+from streamtrain_ps.plumbing import storage
 from streamtrain_ps.saves.partfile import (
     decode_part,
     new_data_dir,
@@ -58,10 +57,9 @@ INLINE_PART_BYTES = 1 << 20
 
 def _fs(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
     try:
-        fs, root = fsspec.core.url_to_fs(uri)
+        return storage.filesystem(uri)
     except (ValueError, ImportError) as exc:
         raise CheckpointError(f"{uri}: unsupported URL: {exc}") from exc
-    return fs, root.rstrip("/")
 
 
 def _write(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
@@ -69,34 +67,9 @@ def _write(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
     manifest lists it yet, so a torn write is never read; ``PartWriter.finish`` makes it
     durable), one PUT elsewhere."""
     fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-    if isinstance(fs, LocalFileSystem):
+    if storage.is_local(fs):
         with open(path, "wb") as f:
             f.write(data)
-    else:
-        fs.pipe_file(path, data)
-
-
-def _write_durable(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
-    """Write ``data`` to ``path``: temp file + fsync + rename on local disks, one PUT
-    elsewhere (the manifest: readers see the old file or the new one, whole).
-
-    A failed local write (disk full, failing rename) removes its temp file: next to the
-    manifest nothing else would ever collect it (garbage collection only knows ``data-*``).
-    """
-    parent = path.rsplit("/", 1)[0]
-    fs.makedirs(parent, exist_ok=True)
-    if isinstance(fs, LocalFileSystem):
-        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-        try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
     else:
         fs.pipe_file(path, data)
 
@@ -133,7 +106,7 @@ class PartWriter:
         self.uri = uri
         self.fs, self.root = _fs(uri)
         self.data_dir = new_data_dir(shard_index)
-        self._local = isinstance(self.fs, LocalFileSystem)
+        self._local = storage.is_local(self.fs)
         self._threads = threads
         self._inline_bytes = inline_bytes if self._local else 0
         self._pool: ThreadPoolExecutor | None = None  # started by the first large part
@@ -186,7 +159,7 @@ class PartWriter:
             threads = min(self._threads, len(self._written))
             try:
                 with ThreadPoolExecutor(threads, thread_name_prefix="save-fsync") as pool:
-                    list(pool.map(_fsync, self._written))
+                    list(pool.map(storage.fsync_path, self._written))
             except OSError as sync_error:
                 error = sync_error
         if error is not None or exc[0] is not None:
@@ -195,14 +168,6 @@ class PartWriter:
                     os.unlink(path)
         if error is not None and exc[0] is None:
             raise error
-
-
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class PartBuffer:
@@ -337,7 +302,7 @@ def publish(
     }
     try:
         text = json.dumps(manifest, indent=1, sort_keys=True).encode()
-        _write_durable(fs, f"{root}/{MANIFEST}", text)
+        storage.write_durable(fs, f"{root}/{MANIFEST}", text)
     except OSError as exc:
         raise CheckpointError(f"{uri}: cannot write {MANIFEST}: {exc}") from exc
     if gc:

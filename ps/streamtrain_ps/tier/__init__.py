@@ -7,5 +7,6 @@
   in-RAM filter of the keys on disk;
 - ``memory_limit``, ``memory_feedback``, ``request_gate``: the memory cap's split, what
   the process holds beyond it, and how many requests a capped shard serves at once;
+- ``memory_plan``: the one place the cap sizes a shard's parts (store, slabs, gate);
 - ``warmup``: the engine's and tier's kernels loaded beside the start-up.
 """
