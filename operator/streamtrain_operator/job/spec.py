@@ -44,7 +44,9 @@ from streamtrain_ps.plumbing.settings import (
     setting,
 )
 from streamtrain_worker.config import ModelConfig, RuntimeConfig
+from streamtrain_worker.data import timeslices
 from streamtrain_worker.data.config import DAY_PATTERN, MINUTES_PER_DAY, DataConfig
+from streamtrain_worker.data.errors import LayoutError
 
 __all__ = [
     "API_VERSION",
@@ -73,8 +75,8 @@ def parse_day(value: str, path: str) -> dt.date:
     if not re.fullmatch(DAY_PATTERN, value):
         raise SpecError(path, f"must be a day YYYYMMDD, got {value!r}")
     try:
-        return dt.datetime.strptime(value, "%Y%m%d").date()
-    except ValueError as exc:
+        return timeslices.parse_day(value)
+    except LayoutError as exc:
         raise SpecError(path, f"not a calendar day: {value!r}") from exc
 
 
