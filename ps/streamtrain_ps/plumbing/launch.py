@@ -21,7 +21,9 @@ lives in the shared plumbing because all of them import it.
 from __future__ import annotations
 
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -43,6 +45,30 @@ _PRELUDE = (
     "if os.getppid() != int(sys.argv[1]): sys.exit(1)  # the parent died before prctl\n"
     "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])\n"
 )
+
+
+def free_port(*, below_ephemeral: bool = False) -> int:
+    """A port on 127.0.0.1 nothing listens on now, for a child that binds it a moment later.
+
+    ``below_ephemeral``: for a port bound seconds later and again after a restart, so it
+    must not be handed out meanwhile: ports of the kernel's ephemeral range are (to
+    ``bind(0)`` and to every outgoing connection on the machine), ports below it only to
+    an explicit bind. Prefer ``--port 0`` and the start-up line where the child allows it.
+    """
+    if not below_ephemeral:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(200):
+        port = random.randrange(max(1024, low - 12000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise LaunchError(f"no free port below {low} after 200 tries")
 
 
 class LaunchError(RuntimeError):

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -43,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from streamtrain_ps.plumbing.launch import free_port
 from streamtrain_tools.samples import SAMPLES_DIR, lay_out
 from streamtrain_worker.metrics import auc_from_histograms
 
@@ -166,13 +166,6 @@ def summarize(rounds: Sequence[Mapping[str, Mapping[str, Any]]]) -> dict[str, An
         "e2e_ratio_saves_on": ratio("e2e_ex_per_s", "peer_saves_on"),
         "medians": medians,
     }
-
-
-def free_port() -> int:
-    """A port nothing listens on now (the peer's processes bind it a moment later)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run_peer(

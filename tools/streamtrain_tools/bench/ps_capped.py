@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -54,7 +53,7 @@ import streamtrain_ps
 import streamtrain_tools as bench
 from streamtrain_ps.client.remote import RemotePS
 from streamtrain_ps.config import CAPPED_REQUEST_KEYS, PSConfig
-from streamtrain_ps.plumbing.launch import Launched
+from streamtrain_ps.plumbing.launch import Launched, free_port
 from streamtrain_ps.service.process import shard_process
 from streamtrain_ps.tier.memory_limit import (
     SPARE_RPC_THREADS,
@@ -127,14 +126,6 @@ def fixed_overhead() -> int:
         [sys.executable, "-c", OVERHEAD], capture_output=True, text=True, check=True, env=env
     )
     return int(out.stdout.strip().splitlines()[-1])
-
-
-def free_port() -> int:
-    """A port nothing listens on now (for the capped shard's metrics)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def promotions(port: int) -> int:
