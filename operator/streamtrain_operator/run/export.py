@@ -24,6 +24,7 @@ from streamtrain_operator.job.plan import StepKey, StepKind
 from streamtrain_operator.run.hooks import MANIFEST_POINT, NO_HOOK, PARTS, StepHook
 from streamtrain_ps.api import SaveResult
 from streamtrain_ps.plumbing import storage
+from streamtrain_ps.plumbing.retry import backoff_delay
 from streamtrain_ps.saves.checkpoint import MANIFEST
 from streamtrain_worker import model_folder
 from streamtrain_worker.model_folder import (
@@ -66,7 +67,7 @@ async def with_retries(
         except policy.retry_on as exc:
             if attempt == policy.retries:
                 raise ExportError(f"{what}: {exc} (after {attempt + 1} attempts)") from exc
-            await sleep(policy.backoff_seconds * 2**attempt)
+            await sleep(backoff_delay(attempt, policy.backoff_seconds))
     raise AssertionError("unreachable")  # pragma: no cover
 
 

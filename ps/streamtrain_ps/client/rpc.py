@@ -40,6 +40,8 @@ from streamtrain_ps.errors import (
     UnknownTableError,
     WorkingSet,
 )
+from streamtrain_ps.plumbing.grpc_serving import RECONNECT_OPTIONS
+from streamtrain_ps.plumbing.retry import backoff_delay
 from streamtrain_ps.plumbing.tls import TLSFiles
 from streamtrain_ps.proto import ps_pb2, ps_pb2_grpc
 from streamtrain_ps.service.server import SERVICE_NAME, channel_options
@@ -157,10 +159,7 @@ class FanOut:
             *channel_options(config),
             ("grpc.service_config", service_config()),
             ("grpc.enable_retries", 1),
-            # A restarted server should be found within ~1 s, not grpc's default 120 s cap.
-            ("grpc.initial_reconnect_backoff_ms", 100),
-            ("grpc.min_reconnect_backoff_ms", 100),
-            ("grpc.max_reconnect_backoff_ms", 1000),
+            *RECONNECT_OPTIONS,
             # Separate TCP connections per channel, so big messages do not queue on one.
             ("grpc.use_local_subchannel_pool", 1),
         ]
@@ -255,7 +254,6 @@ class FanOut:
         deadline = time.monotonic() + policy.total_seconds
         results: list[Any] = [None] * len(calls)
         pending = list(range(len(calls)))
-        backoff = policy.initial_backoff
         for attempt in itertools.count(1):
             futures = [(i, self._start(method, calls[i], timeout, len(pending))) for i in pending]
             failed: list[int] = []
@@ -284,6 +282,9 @@ class FanOut:
             call = cast(grpc.Call, last_err)
             code = call.code()
             endpoint = self.endpoints[server]
+            backoff = backoff_delay(
+                attempt - 1, policy.initial_backoff, policy.multiplier, policy.max_backoff
+            )
             if (
                 attempt >= policy.max_attempts
                 or time.monotonic() + backoff > deadline
@@ -299,7 +300,6 @@ class FanOut:
             if self._on_retry is not None:
                 self._on_retry(method, endpoint, attempt, code)
             self._closed.wait(backoff)
-            backoff = min(backoff * policy.multiplier, policy.max_backoff)
             pending = failed
         raise AssertionError("unreachable")  # pragma: no cover
 

@@ -36,6 +36,15 @@ from prometheus_client import CollectorRegistry, start_http_server
 log = logging.getLogger(__name__)
 
 
+#: Client channel options: a restarted server (same address) is found within ~1 s, not
+#: grpc's default 120 s reconnect cap (``RemotePS`` to PS shards, the driver to workers).
+RECONNECT_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+)
+
+
 def message_options(max_message_bytes: int) -> list[tuple[str, int]]:
     """The one message limit, in both directions, as gRPC server/channel options."""
     return [
