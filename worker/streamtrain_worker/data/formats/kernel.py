@@ -17,8 +17,11 @@ Kernel contract (all formats)::
 stops early (at a line boundary) when ``keys`` is full; ``run_kernel`` then continues with a
 larger buffer, so no estimate can ever drop data.
 
-Each format's kernel repeats the same ~40-line line loop around its own tokenizer on purpose:
-numba cannot cache a kernel that receives the tokenizer as an argument or closes over it
+The line scanner is shared: ``line_at`` (where a line ends), ``room_for`` (the per-line
+scratch), ``settle_line`` (commit a parsed line or record a bad one, and advance) and
+``skip_line`` (a blank line), with ``stats`` itself as the scanner's running state. Each
+format's kernel is only the short loop that calls them around its own tokenizer: numba
+cannot cache a kernel that receives the tokenizer as an argument or closes over it
 (measured: every process then recompiles, ~3 s per format), and cached kernels are what keep
 worker start-up and the tests fast.
 """
@@ -229,6 +232,88 @@ def commit_line(
         keys[counts[s]] = line_keys[i]
         counts[s] += 1
     return base
+
+
+#: ``stats`` entries, which the scanner also keeps its running state in.
+EXAMPLES, KEYS, LINES, BAD, POS, PHYSICAL = range(6)
+
+
+@numba.njit(inline="always", cache=True)
+def line_at(data: U8, pos: int, trim_spaces: bool) -> tuple[int, int]:
+    """``(stop, next)`` of the line starting at ``pos``: its text is ``data[pos:stop]``
+    (the newline and a carriage return cut off; with ``trim_spaces`` also trailing spaces),
+    and the next line starts at ``next``."""
+    n = data.shape[0]
+    end = pos
+    while end < n and data[end] != 10:
+        end += 1
+    stop = end
+    if trim_spaces:
+        while stop > pos and (data[stop - 1] == 13 or data[stop - 1] == 32):
+            stop -= 1
+    elif stop > pos and data[stop - 1] == 13:
+        stop -= 1
+    return stop, (end + 1 if end < n else n)
+
+
+@numba.njit(inline="always", cache=True)
+def room_for(
+    line_slots: npt.NDArray[np.int32], line_keys: npt.NDArray[np.uint64], length: int
+) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.uint64]]:
+    """The per-line scratch, grown before a line of ``length`` bytes: a line emits at most
+    (its bytes + 2) keys."""
+    if length + 2 > line_slots.shape[0]:
+        return (
+            np.empty(2 * (length + 2), dtype=np.int32),
+            np.empty(2 * (length + 2), dtype=np.uint64),
+        )
+    return line_slots, line_keys
+
+
+@numba.njit(inline="always", cache=True)
+def skip_line(stats: npt.NDArray[np.int64], nxt: int) -> None:
+    """A blank line: numbered, not counted as data."""
+    stats[PHYSICAL] += 1
+    stats[POS] = nxt
+
+
+@numba.njit(inline="always", cache=True)
+def settle_line(
+    status: int,
+    m: int,
+    label: float,
+    line_slots: npt.NDArray[np.int32],
+    line_keys: npt.NDArray[np.uint64],
+    num_slots: int,
+    counts: npt.NDArray[np.int64],
+    first_line: int,
+    nxt: int,
+    labels: npt.NDArray[np.float32],
+    keys: npt.NDArray[np.uint64],
+    offsets: npt.NDArray[np.int64],
+    bad_lines: npt.NDArray[np.int64],
+    bad_reasons: npt.NDArray[np.int8],
+    stats: npt.NDArray[np.int64],
+) -> bool:
+    """Commit a parsed line's ``m`` keys (``status`` OK) or record it as bad, then advance
+    to ``nxt``; ``False`` (nothing done) when ``keys`` cannot hold the line: stop there."""
+    if status == OK:
+        if stats[KEYS] + m > keys.shape[0]:
+            return False
+        example = stats[EXAMPLES]
+        labels[example] = label
+        stats[KEYS] = commit_line(
+            line_slots, line_keys, m, num_slots, counts, keys, stats[KEYS], offsets, example
+        )
+        stats[EXAMPLES] = example + 1
+    else:
+        bad_lines[stats[BAD]] = first_line + stats[PHYSICAL]
+        bad_reasons[stats[BAD]] = status
+        stats[BAD] += 1
+    stats[LINES] += 1
+    stats[PHYSICAL] += 1
+    stats[POS] = nxt
+    return True
 
 
 def run_kernel(

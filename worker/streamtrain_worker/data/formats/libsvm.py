@@ -30,16 +30,20 @@ from streamtrain_worker.data.formats.kernel import (
     BAD_TOKEN,
     MISSING_LABEL,
     OK,
+    POS,
     U8,
     UNKNOWN_FEATURE,
     ParsedBlock,
-    commit_line,
     find_sorted,
+    line_at,
     parse_int,
     parse_label,
     parse_number,
     parse_uint64,
+    room_for,
     run_kernel,
+    settle_line,
+    skip_line,
 )
 from streamtrain_worker.data.hashing import sign_of
 
@@ -208,50 +212,22 @@ def _kernel(
     stats: npt.NDArray[np.int64],
 ) -> None:
     n = data.shape[0]
-    # Per-line scratch; a line emits at most (its bytes + 2) keys, so grow it before a long one.
     line_slots = np.empty(256, dtype=np.int32)
     line_keys = np.empty(256, dtype=np.uint64)
     counts = np.empty(num_slots, dtype=np.int64)
-    pos = 0
-    ne = 0
-    nk = 0
-    nlines = 0
-    nbad = 0
-    phys = 0
-    while pos < n:
-        end = pos
-        while end < n and data[end] != 10:
-            end += 1
-        stop = end
-        while stop > pos and (data[stop - 1] == 13 or data[stop - 1] == 32):
-            stop -= 1
-        nxt = end + 1 if end < n else n
-        if stop - pos + 2 > line_slots.shape[0]:
-            line_slots = np.empty(2 * (stop - pos + 2), dtype=np.int32)
-            line_keys = np.empty(2 * (stop - pos + 2), dtype=np.uint64)
+    stats[:] = 0
+    while stats[POS] < n:
+        pos = stats[POS]
+        stop, nxt = line_at(data, pos, True)
+        line_slots, line_keys = room_for(line_slots, line_keys, stop - pos)
         if stop == pos:
-            pos = nxt
-            phys += 1
+            skip_line(stats, nxt)
             continue
         m, status, label = _tokenize(
             data, pos, stop, map_keys, map_slots, has_map, num_slots, line_slots, line_keys
         )
-        if status == OK:
-            if nk + m > keys.shape[0]:
-                break
-            labels[ne] = label
-            nk = commit_line(line_slots, line_keys, m, num_slots, counts, keys, nk, offsets, ne)
-            ne += 1
-        else:
-            bad_lines[nbad] = first_line + phys
-            bad_reasons[nbad] = status
-            nbad += 1
-        nlines += 1
-        phys += 1
-        pos = nxt
-    stats[0] = ne
-    stats[1] = nk
-    stats[2] = nlines
-    stats[3] = nbad
-    stats[4] = pos
-    stats[5] = phys
+        if not settle_line(
+            status, m, label, line_slots, line_keys, num_slots, counts, first_line, nxt,
+            labels, keys, offsets, bad_lines, bad_reasons, stats,
+        ):  # fmt: skip
+            break
