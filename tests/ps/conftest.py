@@ -1,19 +1,19 @@
 """Shared PS fixtures: real shards behind real gRPC servers on 127.0.0.1 port 0.
 
 ``ps_cluster(n)`` starts ``n`` in-process servers (one ``Shard`` each) and stops them at
-teardown; ``spawn_ps(...)`` runs ``python -m streamtrain_ps`` as a subprocess and reads the
-bound port from its start-up line (``streamtrain_ps.plumbing.startup``). Engine fixtures may be
+teardown; ``spawn_ps(...)`` runs ``python -m streamtrain_ps`` as a subprocess through the product's
+launcher (``streamtrain_ps.plumbing.launch``) and reads the bound port from its start-up
+line (``streamtrain_ps.plumbing.startup``). Engine fixtures may be
 appended below.
 """
 
 from __future__ import annotations
 
 import os
-import queue
 import re
 import subprocess
 import sys
-import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +23,7 @@ import pytest
 import streamtrain_ps
 from streamtrain_ps.client.remote import RemotePS, RetryPolicy
 from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
+from streamtrain_ps.plumbing.launch import Launched, launch
 from streamtrain_ps.plumbing.startup import LISTENING, listening_address
 from streamtrain_ps.service.server import PSServer
 from streamtrain_ps.shard import Shard
@@ -104,59 +105,54 @@ def ps_cluster() -> Iterator[Callable[..., Cluster]]:
 
 @dataclass
 class SpawnedPS:
-    process: subprocess.Popen[str]
-    address: str
-    output: queue.Queue[str]
+    """A PS shard process started by the product's launcher, its output watched."""
+
+    child: Launched
+    address: str = ""
     #: Output up to and including the start-up line.
     startup: list[str] = field(default_factory=list)
+
+    @property
+    def process(self) -> subprocess.Popen[str]:
+        return self.child.process
 
     def lines_until(self, needle: str | re.Pattern[str], timeout: float = 20.0) -> list[str]:
         """Output lines up to and including the first one containing (matching) ``needle``."""
         seen: list[str] = []
+        deadline = time.monotonic() + timeout
         while True:
-            line = self.output.get(timeout=timeout)
-            seen.append(line)
+            line = self.child.next_line(deadline)
+            if line is None:
+                raise AssertionError(f"no line with {needle!r} in {timeout} s; output:\n{seen}")
+            seen.append(line.rstrip("\n"))
             if needle.search(line) if isinstance(needle, re.Pattern) else needle in line:
                 return seen
-
-
-def _pump(stream: object, out: queue.Queue[str]) -> None:
-    for line in stream:  # type: ignore[attr-defined]
-        out.put(line.rstrip("\n"))
 
 
 @pytest.fixture
 def spawn_ps(tmp_path: Path) -> Iterator[Callable[..., SpawnedPS]]:
     """Factory: run ``python -m streamtrain_ps --port 0`` and wait for its address."""
-    procs: list[subprocess.Popen[str]] = []
+    children: list[Launched] = []
 
     def spawn(config: PSConfig | None = None, *extra: str, timeout: float = 60.0) -> SpawnedPS:
-        cfg_path = tmp_path / f"ps-{len(procs)}.json"
+        cfg_path = tmp_path / f"ps-{len(children)}.json"
         cfg_path.write_text((config or small_config()).to_json())
         env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join([str(PS_SOURCE_ROOT), os.environ.get("PYTHONPATH", "")]),
         }
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "streamtrain_ps",
-                "--port",
-                "0",
-                "--config",
-                str(cfg_path),
-                *extra,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
+        args = ["-m", "streamtrain_ps", "--port", "0", "--config", str(cfg_path), *extra]
+        child = launch(
+            f"ps-{len(children)}",
+            [sys.executable, *args],
+            None,
+            announce=True,
+            watch=True,
+            merge_stderr=True,
             env=env,
         )
-        procs.append(proc)
-        out: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=_pump, args=(proc.stdout, out), daemon=True).start()
-        spawned = SpawnedPS(proc, "", out)
+        children.append(child)
+        spawned = SpawnedPS(child)
         spawned.startup = spawned.lines_until(LISTENING, timeout=timeout)
         address = listening_address(spawned.startup[-1])
         assert address is not None
@@ -164,7 +160,6 @@ def spawn_ps(tmp_path: Path) -> Iterator[Callable[..., SpawnedPS]]:
         return spawned
 
     yield spawn
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=10)
+    for child in children:
+        child.kill()
+        child.process.wait(timeout=10)

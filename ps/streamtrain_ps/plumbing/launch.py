@@ -15,12 +15,16 @@ lives in the shared plumbing because all of them import it.
   with it. No ``preexec_fn``, which is unsafe after ``fork`` in a process with gRPC threads.
   The signal is tied to the *thread* that started the child: start such children from a
   thread that lives as long as they should.
+- **Watching**: ``watch=True`` also queues every output line for :meth:`Launched.next_line`,
+  read with a deadline (the tests that wait for a line a server logs).
 - **Stopping**: SIGTERM (the servers drain in-flight RPCs), SIGKILL after a grace period.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import queue
 import random
 import signal
 import socket
@@ -90,8 +94,12 @@ class Launched:
 
     name: str
     process: subprocess.Popen[str]
-    log_path: Path
+    #: Where its output goes (``None``: nowhere but the watched lines).
+    log_path: Path | None
     address: str = ""
+    #: The lines :meth:`next_line` returned so far (``watch=True``).
+    output: list[str] = field(default_factory=list)
+    _lines: queue.Queue[str] | None = field(default=None, repr=False)
     _drain: threading.Thread | None = field(default=None, repr=False)
     _announced: threading.Event = field(default_factory=threading.Event, repr=False)
 
@@ -114,10 +122,24 @@ class Launched:
         return self.address
 
     def tail(self, lines: int = 20) -> str:
+        if self.log_path is None:
+            return "".join(self.output[-lines:])
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return ""
+
+    def next_line(self, deadline: float) -> str | None:
+        """The next output line (``launch(watch=True)``), newline included and kept in
+        ``output``, or ``None`` once ``deadline`` (a ``time.monotonic()`` value) passed."""
+        if self._lines is None:
+            raise ValueError(f"{self.name} was launched without watch=True")
+        try:
+            line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            return None
+        self.output.append(line)
+        return line
 
     def send_input(self, text: str) -> None:
         """Write ``text`` to the child's stdin (``launch(stdin=True)``) and close it."""
@@ -139,22 +161,27 @@ class Launched:
         stop_all([self], grace)
 
     def _read(self, stdout: IO[str]) -> None:
-        with self.log_path.open("a") as log:
+        with self.log_path.open("a") if self.log_path else contextlib.nullcontext() as log:
             for line in stdout:
                 if not self.address and (address := listening_address(line)):
                     self.address = address
                     self._announced.set()
-                log.write(line)
-                log.flush()
+                if log is not None:
+                    log.write(line)
+                    log.flush()
+                if self._lines is not None:
+                    self._lines.put(line)
         self._announced.set()  # exited (or closed its stdout) without announcing
 
 
 def launch(
     name: str,
     argv: Sequence[str],
-    log_path: Path,
+    log_path: Path | None,
     *,
     announce: bool = False,
+    watch: bool = False,
+    merge_stderr: bool = False,
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
     new_session: bool = False,
@@ -167,22 +194,28 @@ def launch(
 
     ``announce``: the child prints ``listening on HOST:PORT``; its stdout goes through a
     drain thread that records the address (:meth:`Launched.wait_listening`).
+    ``watch``: the drain thread also queues every stdout line (:meth:`Launched.next_line`);
+    ``merge_stderr``: stderr goes where stdout goes (the log, or the drain thread).
+    ``log_path`` ``None``: the output is kept nowhere but the watched lines.
     ``new_session``: a signal to the parent's process group does not reach the child.
     """
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("a") as log:
+    drained = announce or watch
+    if log_path is not None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("a") if log_path else contextlib.nullcontext() as log:
+        sink = log if log is not None else subprocess.DEVNULL
         process = subprocess.Popen(
             list(argv),
-            stdout=subprocess.PIPE if announce else log,
-            stderr=log,
+            stdout=subprocess.PIPE if drained else sink,
+            stderr=subprocess.STDOUT if merge_stderr else sink,
             stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
             text=True,
             env=None if env is None else dict(env),
             cwd=cwd,
             start_new_session=new_session,
         )
-    child = Launched(name, process, log_path)
-    if announce:
+    child = Launched(name, process, log_path, _lines=queue.Queue() if watch else None)
+    if drained:
         assert process.stdout is not None
         child._drain = threading.Thread(
             target=child._read, args=(process.stdout,), name=f"drain-{name}", daemon=True
