@@ -18,11 +18,10 @@ Example::
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, fields
-from typing import Any, Literal
+from typing import ClassVar, Literal
 
-from streamtrain_ps.plumbing.settings import ConfigError, as_json, parse, setting
+from streamtrain_ps.plumbing.settings import ConfigError, Document, setting
 from streamtrain_ps.sharding import DEFAULT_LOGICAL_SHARDS
 
 __all__ = [
@@ -188,8 +187,10 @@ class DenseConfig:
 
 
 @dataclass(frozen=True)
-class PSConfig:
+class PSConfig(Document):
     """Everything one shard needs besides its index and the shard count (command line)."""
+
+    document: ClassVar[str] = "ps"
 
     tables: tuple[TableConfig, ...] = setting(
         (TableConfig(),), "The sparse tables; names are unique.", min_items=1
@@ -240,22 +241,3 @@ class PSConfig:
             if t.name == name:
                 return t
         raise KeyError(name)
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = as_json(self)
-        return out
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True)
-
-    @classmethod
-    def from_dict(cls, data: Any, path: str = "ps") -> PSConfig:
-        return parse(cls, data, path)
-
-    @classmethod
-    def from_json(cls, text: str) -> PSConfig:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError("ps config", f"not valid JSON: {exc}") from exc
-        return cls.from_dict(data)

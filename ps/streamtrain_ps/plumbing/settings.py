@@ -32,7 +32,7 @@ import types
 import typing
 from collections.abc import Mapping
 from dataclasses import MISSING, Field, field, fields, is_dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, Self, TypeVar
 
 __all__ = [
     "ConfigError",
@@ -409,3 +409,34 @@ def as_json(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [as_json(v) for v in value]
     return value
+
+
+class Document:
+    """A settings dataclass that is a whole JSON document the operator renders (a shard's
+    or a worker's config): its JSON form, written and parsed here once. ``document`` names
+    it in errors (``ps``, ``worker``, ``data``); ``errors`` is the ``ConfigError`` subclass
+    its parse raises."""
+
+    document: ClassVar[str]
+    errors: ClassVar[type[ConfigError]] = ConfigError
+
+    def to_dict(self) -> dict[str, Any]:
+        """The camelCase JSON form (round-trips through ``from_dict``)."""
+        out: dict[str, Any] = as_json(self)
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: Any, path: str | None = None) -> Self:
+        """Parse the rendered JSON object; errors carry ``<path>.<field>``."""
+        return parse(cls, data, cls.document if path is None else path, error=cls.errors)
+
+    @classmethod
+    def from_json(cls, text: str) -> Self:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{cls.document} config", f"not valid JSON: {exc}") from exc
+        return cls.from_dict(data)
