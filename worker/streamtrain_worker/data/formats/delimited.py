@@ -34,19 +34,17 @@ from streamtrain_worker.data.formats.kernel import (
     MISSING_LABEL,
     MISSING_VALUE,
     OK,
-    POS,
     TEXT_AFTER_QUOTE,
     U8,
     UNTERMINATED_QUOTE,
     ParsedBlock,
     bucket,
-    line_at,
+    line_scratch,
     parse_int,
     parse_label,
-    room_for,
+    report,
     run_kernel,
     settle_line,
-    skip_line,
 )
 from streamtrain_worker.data.hashing import hash_bytes, hash_unescaped, sign_of
 
@@ -278,34 +276,42 @@ def _kernel(
     stats: npt.NDArray[np.int64],
 ) -> None:
     n = data.shape[0]
-    line_slots = np.empty(256, dtype=np.int32)
-    line_keys = np.empty(256, dtype=np.uint64)
+    line_slots, line_keys = line_scratch(126)
     counts = np.empty(num_slots, dtype=np.int64)
-    stats[:] = 0
-    while stats[POS] < n:
-        pos = stats[POS]
-        stop, nxt = line_at(data, pos, False)
-        line_slots, line_keys = room_for(line_slots, line_keys, stop - pos)
-        if stop == pos:
-            skip_line(stats, nxt)
-            continue
-        m, status, label = _tokenize(
-            data,
-            pos,
-            stop,
-            delimiter,
-            quote,
-            num_columns,
-            min_columns,
-            kinds,
-            slots,
-            slots2,
-            separators,
-            line_slots,
-            line_keys,
-        )
-        if not settle_line(
-            status, m, label, line_slots, line_keys, num_slots, counts, first_line, nxt,
-            labels, keys, offsets, bad_lines, bad_reasons, stats,
-        ):  # fmt: skip
-            break
+    pos = examples = nkeys = lines = nbad = physical = 0
+    while pos < n:
+        end = pos
+        while end < n and data[end] != 10:
+            end += 1
+        stop = end
+        if stop > pos and data[stop - 1] == 13:
+            stop -= 1
+        nxt = end + 1 if end < n else n
+        if stop - pos + 2 > line_slots.shape[0]:
+            line_slots, line_keys = line_scratch(stop - pos)
+        if stop > pos:
+            m, status, label = _tokenize(
+                data,
+                pos,
+                stop,
+                delimiter,
+                quote,
+                num_columns,
+                min_columns,
+                kinds,
+                slots,
+                slots2,
+                separators,
+                line_slots,
+                line_keys,
+            )
+            fits, examples, nkeys, nbad = settle_line(
+                status, m, label, line_slots, line_keys, num_slots, counts, labels, keys,
+                offsets, bad_lines, bad_reasons, first_line + physical, examples, nkeys, nbad,
+            )  # fmt: skip
+            if not fits:
+                break
+            lines += 1
+        physical += 1
+        pos = nxt
+    report(stats, examples, nkeys, lines, nbad, pos, physical)

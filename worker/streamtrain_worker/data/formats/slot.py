@@ -23,17 +23,15 @@ from streamtrain_worker.data.formats.kernel import (
     BAD_TOKEN,
     MISSING_LABEL,
     OK,
-    POS,
     U8,
     ParsedBlock,
     find_sorted,
-    line_at,
+    line_scratch,
     parse_label,
     parse_uint64,
-    room_for,
+    report,
     run_kernel,
     settle_line,
-    skip_line,
 )
 from streamtrain_worker.data.hashing import hash_bytes, sign_of, token_value
 
@@ -70,6 +68,15 @@ class SlotFormat:
 @numba.njit(inline="always", cache=True)
 def _is_blank(c: np.uint8) -> bool:
     return c == 32 or c == 9  # noqa: PLR1714 -- numba-friendly
+
+
+@numba.njit(inline="always", cache=True)
+def _blank_line(data: U8, pos: int, stop: int) -> bool:
+    """Only spaces and tabs (a slot line of nothing is no data line)."""
+    j = pos
+    while j < stop and _is_blank(data[j]):
+        j += 1
+    return j == stop
 
 
 @numba.njit(nogil=True, cache=True)
@@ -143,27 +150,31 @@ def _kernel(
     stats: npt.NDArray[np.int64],
 ) -> None:
     n = data.shape[0]
-    line_slots = np.empty(256, dtype=np.int32)
-    line_keys = np.empty(256, dtype=np.uint64)
+    line_slots, line_keys = line_scratch(126)
     counts = np.empty(num_slots, dtype=np.int64)
-    stats[:] = 0
-    while stats[POS] < n:
-        pos = stats[POS]
-        stop, nxt = line_at(data, pos, False)
-        line_slots, line_keys = room_for(line_slots, line_keys, stop - pos)
-        blank = True
-        for j in range(pos, stop):
-            if not _is_blank(data[j]):
-                blank = False
+    pos = examples = nkeys = lines = nbad = physical = 0
+    while pos < n:
+        end = pos
+        while end < n and data[end] != 10:
+            end += 1
+        stop = end
+        if stop > pos and data[stop - 1] == 13:
+            stop -= 1
+        nxt = end + 1 if end < n else n
+        if stop - pos + 2 > line_slots.shape[0]:
+            line_slots, line_keys = line_scratch(stop - pos)
+        if not _blank_line(data, pos, stop):
+            m, status, label = _tokenize(
+                data, pos, stop, label_hash, label_first, slot_hashes, slot_index,
+                line_slots, line_keys,
+            )  # fmt: skip
+            fits, examples, nkeys, nbad = settle_line(
+                status, m, label, line_slots, line_keys, num_slots, counts, labels, keys,
+                offsets, bad_lines, bad_reasons, first_line + physical, examples, nkeys, nbad,
+            )  # fmt: skip
+            if not fits:
                 break
-        if blank:
-            skip_line(stats, nxt)
-            continue
-        m, status, label = _tokenize(
-            data, pos, stop, label_hash, label_first, slot_hashes, slot_index, line_slots, line_keys
-        )
-        if not settle_line(
-            status, m, label, line_slots, line_keys, num_slots, counts, first_line, nxt,
-            labels, keys, offsets, bad_lines, bad_reasons, stats,
-        ):  # fmt: skip
-            break
+            lines += 1
+        physical += 1
+        pos = nxt
+    report(stats, examples, nkeys, lines, nbad, pos, physical)
