@@ -17,7 +17,9 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
 import streamtrain_ps
@@ -27,6 +29,7 @@ from streamtrain_ps.plumbing.launch import Launched, launch
 from streamtrain_ps.plumbing.startup import LISTENING, listening_address
 from streamtrain_ps.service.server import PSServer
 from streamtrain_ps.shard import Shard
+from streamtrain_ps.tier.memory_limit import MemoryBudget
 
 PS_SOURCE_ROOT = Path(streamtrain_ps.__file__).resolve().parents[1]
 
@@ -163,3 +166,88 @@ def spawn_ps(tmp_path: Path) -> Iterator[Callable[..., SpawnedPS]]:
     for child in children:
         child.kill()
         child.process.wait(timeout=10)
+
+
+# -- the disk tier's set-up (test_disk_tier and the tests built on it) ------------------------
+
+#: The disk-tier tests' one table, its embedx width and the key range they push.
+TIER_TABLE = "embedding"
+TIER_DIM = 4
+TIER_KEYS = 6_000
+
+
+def tier_config(
+    tmp: Path | None = None, limit: int = 0, disk: int = 0, kind: str = "adagrad"
+) -> PSConfig:
+    table = TableConfig(
+        name=TIER_TABLE,
+        embedxDim=TIER_DIM,
+        embedxThreshold=3.0,
+        deleteThreshold=0.3,
+        baseThreshold=0.5,
+        deltaThreshold=0.2,
+        # kind: a rule, or embed_rule/embedx_rule for the two parts apart
+        optimizer=SparseOptimizerConfig(
+            type=kind.rpartition("/")[2],  # type: ignore[arg-type]
+            embedType=kind.rpartition("/")[0] or None,  # type: ignore[arg-type]
+            initialRange=0.01,
+        ),
+    )
+    return PSConfig(
+        tables=(table,),
+        logicalShards=8,
+        memoryLimit=limit,
+        diskLimit=disk,
+        diskPath=str(tmp) if tmp else "",
+    )
+
+
+def capped_shard(tmp: Path, limit: int, disk: int = 0, kind: str = "adagrad") -> Shard:
+    """A shard whose whole ``limit`` is table budget (tier moves with tiny tables; the
+    process budget is tested in test_memory_cap.py)."""
+    cfg = tier_config(tmp / "disk", limit, disk, kind)
+    return Shard(cfg, memory_budget=MemoryBudget.tables_only(limit))
+
+
+def tier_step(shards: list[Shard], rng: np.random.Generator, n: int = 400) -> None:
+    """One random push (Zipf-ish keys, some hot counters) into every shard alike."""
+    keys = (rng.zipf(1.2, n) % TIER_KEYS + 1).astype(np.uint64)
+    grads = rng.normal(0, 1, (n, TIER_DIM + 1)).astype(np.float32)
+    shows = rng.integers(0, 3, n).astype(np.float32)
+    shows[:3] = 2.0**21  # a few keys with counters past float32's exact range
+    clicks = np.minimum(shows, rng.integers(0, 2, n)).astype(np.float32)
+    for s in shards:
+        s.push_sparse(TIER_TABLE, keys, grads, shows, clicks)
+
+
+# -- the two-phase tests' set-up (test_two_phase and the tests built on it) ------------------
+
+#: The two-phase tests' one table and its embedx width.
+TWO_PHASE_TABLE = "embedding"
+TWO_PHASE_DIM = 2
+
+
+def two_phase_config(**table: Any) -> PSConfig:
+    base: dict[str, Any] = {
+        "embedxDim": TWO_PHASE_DIM,
+        "embedxThreshold": 0.0,
+        "baseThreshold": 0.0,
+    }
+    base.update(table)
+    return PSConfig(tables=(TableConfig(name=TWO_PHASE_TABLE, **base),), logicalShards=8)
+
+
+def spread_keys(lo: int, hi: int) -> np.ndarray:
+    """Keys ``lo..hi-1`` spread over the logical shards (a multiplicative hash)."""
+    return np.arange(lo, hi, dtype=np.uint64) * np.uint64(2654435761) + np.uint64(7)
+
+
+def two_phase_push(ps: Any, k: np.ndarray, show: float, click: float, seed: int = 0) -> None:
+    rng = np.random.default_rng(seed)
+    ps.push_sparse(
+        TWO_PHASE_TABLE,
+        k,
+        rng.normal(size=(k.size, TWO_PHASE_DIM + 1)).astype(np.float32),
+        np.full(k.size, show, np.float32),
+        np.full(k.size, click, np.float32),
+    )

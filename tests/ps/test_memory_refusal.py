@@ -20,7 +20,11 @@ from streamtrain_ps.service.server import PSServer
 from streamtrain_ps.shard import Shard
 from streamtrain_ps.tier.memory_limit import MemoryBudget
 
-from .test_disk_tier import D, T, capped_shard, config, step
+from .conftest import TIER_DIM as D
+from .conftest import TIER_TABLE as T
+from .conftest import capped_shard
+from .conftest import tier_config as config
+from .conftest import tier_step as step
 
 MIB = 1 << 20
 

@@ -19,7 +19,9 @@ from streamtrain_ps.shard import Shard
 from streamtrain_ps.tier import memory_limit as ml
 from streamtrain_ps.tier.request_gate import RequestGate
 
-from .test_disk_tier import D, T, config
+from .conftest import TIER_DIM as D
+from .conftest import TIER_TABLE as T
+from .conftest import tier_config as config
 
 MIB = 1 << 20
 

@@ -17,7 +17,10 @@ from streamtrain_ps.tier import compaction
 from streamtrain_ps.tier import tier_kernels as tk
 from streamtrain_ps.tier.memory_limit import current_rss_bytes
 
-from .test_disk_tier import D, T, capped_shard, config
+from .conftest import TIER_DIM as D
+from .conftest import TIER_TABLE as T
+from .conftest import capped_shard
+from .conftest import tier_config as config
 
 
 def _push(shards: list[Shard], keys: np.ndarray, shows: float) -> None:

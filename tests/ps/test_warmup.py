@@ -16,7 +16,10 @@ from streamtrain_ps.saves import checkpoint
 from streamtrain_ps.shard import Shard
 from streamtrain_ps.tier.warmup import start_warm_up
 
-from .test_two_phase import T, config, keys, push
+from .conftest import TWO_PHASE_TABLE as T
+from .conftest import spread_keys as keys
+from .conftest import two_phase_config as config
+from .conftest import two_phase_push as push
 
 
 def trained(tmp_path: Path, name: str, warm: bool) -> tuple[np.ndarray, list[str]]:
