@@ -11,18 +11,28 @@ PROTOS := ps/streamtrain_ps/proto/ps.proto worker/streamtrain_worker/proto/worke
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
 
+# Each step says what it does and pip shows its progress: a first install downloads ~1 GB
+# (torch alone ~200 MB) and takes minutes. The last step compiles the numba kernels into
+# their on-disk cache, so the first pass of the first run does not (docs/benchmarks.md).
 $(STAMP): pyproject.toml constraints.txt
+	@echo "== install 1/5: the virtualenv $(VENV)/"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	@echo "== install 2/5: pip itself"
+	$(PY) -m pip install --upgrade pip
+	@echo "== install 3/5: PyTorch (CPU, the largest download)"
+	$(PY) -m pip install torch==2.13.0
+	@echo "== install 4/5: streamtrain and its dependencies (editable, every extra)"
+	$(PY) -m pip install -c constraints.txt -e '.[dev]'
+	@echo "== install 5/5: the numba kernels' cache"
+	$(PY) -m streamtrain_tools.warm_cache
 	touch $(STAMP)
+	@echo "== installed: $(VENV)/ (make help lists what to run)"
 
 install: $(STAMP) ## Create .venv/ and install streamtrain with every extra (idempotent)
 
 proto: $(STAMP) ## Regenerate the gRPC modules from the .proto files
 	$(PY) -m grpc_tools.protoc -Ips --python_out=ps --pyi_out=ps --grpc_python_out=ps ps/streamtrain_ps/proto/ps.proto
-	$(PY) -m grpc_tools.protoc -Iworker --python_out=worker --pyi_out=worker --grpc_python_out=worker worker/streamtrain_worker/proto/worker.proto
+	$(PY) -m grpc_tools.protoc -Iworker --python_out=worker --pyi_out=worker --grpc_python_out=worker worker/streamtrain_worker/proto/worker.proto worker/streamtrain_worker/proto/serving.proto
 
 proto-check: proto ## Fail if the committed generated code differs from a fresh generation
 	@git diff --exit-code -- '*_pb2.py' '*_pb2_grpc.py' '*_pb2.pyi' || \
@@ -41,13 +51,21 @@ typecheck: $(STAMP) ## mypy over the three packages
 	$(VENV)/bin/mypy ps/streamtrain_ps worker/streamtrain_worker operator/streamtrain_operator tools/streamtrain_tools
 
 # The alert and dashboard contract tests start a real Prometheus and run promtool (Debian's
-# prometheus package). Installed only when missing, so reruns never touch apt.
-test-deps: ## Install the system tools the tests need (prometheus, promtool) when missing
-	@if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then \
+# prometheus package); the serving tests start redis-server; the report test screenshots a
+# page in headless Chromium (Debian's chromium). Installed only when missing, so reruns
+# never touch apt.
+test-deps: ## Install the system tools the tests need (prometheus, promtool, redis-server, chromium) when missing
+	@MISSING=""; \
+	if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then \
+	  MISSING="$$MISSING prometheus"; fi; \
+	if ! command -v redis-server >/dev/null 2>&1 && [ ! -x /usr/bin/redis-server ]; then \
+	  MISSING="$$MISSING redis-server"; fi; \
+	if ! command -v chromium >/dev/null 2>&1; then MISSING="$$MISSING chromium"; fi; \
+	if [ -n "$$MISSING" ]; then \
 	  SUDO=""; if [ "$$(id -u)" -ne 0 ]; then SUDO="sudo"; fi; \
 	  set -x; \
 	  $$SUDO apt-get update -qq && \
-	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$MISSING; \
 	fi
 
 pytest: $(STAMP) test-deps ## Only the test suite
@@ -75,6 +93,9 @@ bench-read-ahead: $(STAMP) ## A RunPass's fixed cost with and without the next p
 bench-quality: $(STAMP) ## streamtrain's defaults vs Vowpal Wabbit vs plain PyTorch on 3 streams
 	$(PY) -m streamtrain_tools.bench.quality --json
 
+bench-serving: $(STAMP) test-deps ## Online serving: freshness, delta apply, latency, exactness, Redis memory
+	$(PY) -m streamtrain_tools.bench.serving --json
+
 bench-load: $(STAMP) ## Concurrent clients against 2 PS shards
 	$(PY) -m streamtrain_tools.bench.ps_load --json
 
@@ -101,6 +122,9 @@ demo: $(STAMP) ## Two days of a synthetic stream through PS + workers on this ma
 crds: $(STAMP) ## Regenerate the CRD, the chart's copy and docs/crd-reference.md from spec.py
 	$(PY) -m streamtrain_tools.crdgen
 
+chart: $(STAMP) ## Render the Helm chart offline (no cluster, no helm binary) into chart-render/
+	$(PY) -m streamtrain_tools.chart --out chart-render
+
 crds-check: $(STAMP) ## Fail if the committed CRD files differ from a fresh generation
 	$(PY) -m streamtrain_tools.crdgen --check
 
@@ -121,6 +145,6 @@ lint-manifests: $(STAMP) test-deps ## hadolint, chart lint/render, kubernetes-va
 	  tests/contract/test_images.py tests/contract/test_alerts.py
 
 clean: ## Remove caches and demo output (keeps .venv)
-	rm -rf .pytest_cache .mypy_cache .ruff_cache demo-run
+	rm -rf .pytest_cache .mypy_cache .ruff_cache demo-run chart-render
 
-.PHONY: help install proto proto-check lint fmt typecheck test-deps pytest test test-faults bench bench-ps bench-worker bench-e2e bench-read-ahead bench-load bench-ps-scale bench-quality bench-peer demo crds crds-check images lint-manifests clean
+.PHONY: help install proto proto-check lint fmt typecheck test-deps pytest test test-faults bench bench-ps bench-worker bench-e2e bench-read-ahead bench-load bench-serving bench-ps-scale bench-quality bench-peer demo chart crds crds-check images lint-manifests clean

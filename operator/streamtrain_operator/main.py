@@ -8,16 +8,20 @@ orphan every existing job's finalizer; watch and request timeouts; no cluster sc
 the RBAC stays minimal); the :class:`~streamtrain_operator.kube.daemon.Runtime` is built and
 put in kopf's memo; the handlers of ``handlers.py`` are registered.
 
-``--standalone`` because exactly one operator runs (the chart's Deployment: one replica,
-``Recreate``): no peering objects are needed. ``--liveness`` is passed by the chart.
+``--standalone``: kopf's peering only pauses operators of lower priority (two of equal
+priority both go on), so it is no fence; a job is driven only by the holder of its Lease
+(``kube/lease.py``), whatever number of operator pods runs. ``--liveness`` is passed by the
+chart.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import kopf
@@ -28,8 +32,9 @@ from streamtrain_operator.kube import handlers
 from streamtrain_operator.kube.api import GROUP, PLURAL, VERSION, Kube
 from streamtrain_operator.kube.daemon import GrpcConnector, Runtime
 from streamtrain_operator.kube.metrics import OperatorMetrics
-from streamtrain_operator.kube.resources import Options
+from streamtrain_operator.kube.resources import Options, TLSMode
 from streamtrain_ps.plumbing.settings import ConfigError, parse_env, same_as, setting
+from streamtrain_ps.plumbing.tls import TLSFiles
 
 PREFIX = "streamtrain.io"
 FINALIZER = f"{PREFIX}/finalizer"
@@ -63,6 +68,33 @@ class OperatorConfig:
     metrics_from: tuple[dict[str, Any], ...] = same_as(
         Options, "metrics_from", env="STREAMTRAIN_METRICS_FROM"
     )
+    image_registries: tuple[str, ...] = same_as(
+        Options, "image_registries", env="STREAMTRAIN_IMAGE_REGISTRIES"
+    )
+    storage_egress: tuple[dict[str, Any], ...] = same_as(
+        Options, "storage_egress", env="STREAMTRAIN_STORAGE_EGRESS"
+    )
+    default_ps_resources: dict[str, Any] = same_as(
+        Options, "default_ps_resources", env="STREAMTRAIN_DEFAULT_PS_RESOURCES"
+    )
+    default_worker_resources: dict[str, Any] = same_as(
+        Options, "default_worker_resources", env="STREAMTRAIN_DEFAULT_WORKER_RESOURCES"
+    )
+    default_disk_limit: int = same_as(
+        Options, "default_disk_limit", env="STREAMTRAIN_DEFAULT_DISK_LIMIT"
+    )
+    tls: TLSMode = same_as(Options, "tls", env="STREAMTRAIN_TLS")
+    tls_issuer: dict[str, Any] = same_as(Options, "tls_issuer", env="STREAMTRAIN_TLS_ISSUER")
+    operator_identity: str = same_as(
+        Options, "operator_identity", env="STREAMTRAIN_OPERATOR_IDENTITY"
+    )
+    health_port: int = same_as(Options, "health_port", env="STREAMTRAIN_HEALTH_PORT")
+    tls_dir: str = setting(
+        "",
+        "Directory of the operator's own tls.crt, tls.key and ca.crt (its identity towards "
+        "PS shards and workers); required unless tls is off.",
+        env="STREAMTRAIN_TLS_DIR",
+    )
     watch_timeout_seconds: int = setting(
         300, "Server-side timeout of a watch.", minimum=1, env="STREAMTRAIN_WATCH_TIMEOUT_SECONDS"
     )
@@ -84,6 +116,11 @@ class OperatorConfig:
         exclusive_minimum=0,
         env="STREAMTRAIN_RESTART_POLL_SECONDS",
     )
+    pod_name: str | None = setting(
+        None,
+        "This operator's name in the jobs' driver Leases (the pod name; default: host name).",
+        env="POD_NAME",
+    )
     kube_server: str | None = setting(
         None,
         "API server URL for an operator outside the cluster without a kubeconfig (tests).",
@@ -98,7 +135,17 @@ class OperatorConfig:
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> OperatorConfig:
         """Read every setting from its variable (unset or empty: the default)."""
-        return parse_env(cls, env, error=SettingsError)
+        cfg = parse_env(cls, env, error=SettingsError)
+        if cfg.tls != "off" and not cfg.tls_dir:
+            raise SettingsError("STREAMTRAIN_TLS_DIR", f"required with STREAMTRAIN_TLS={cfg.tls}")
+        return cfg
+
+    def tls_files(self) -> TLSFiles | None:
+        """The operator's certificate, the identity it calls PS shards and workers with."""
+        if self.tls == "off":
+            return None
+        root = Path(self.tls_dir)
+        return TLSFiles(cert=root / "tls.crt", key=root / "tls.key", ca=root / "ca.crt")
 
     def options(self) -> Options:
         return Options(
@@ -109,6 +156,15 @@ class OperatorConfig:
             operator_namespace=self.namespace,
             operator_labels=dict(self.operator_labels),
             metrics_from=self.metrics_from,
+            image_registries=self.image_registries,
+            storage_egress=self.storage_egress,
+            default_ps_resources=dict(self.default_ps_resources),
+            default_worker_resources=dict(self.default_worker_resources),
+            default_disk_limit=self.default_disk_limit,
+            tls=self.tls,
+            tls_issuer=dict(self.tls_issuer),
+            operator_identity=self.operator_identity,
+            health_port=self.health_port,
         )
 
 
@@ -147,9 +203,10 @@ def build_runtime(cfg: OperatorConfig, registry: CollectorRegistry) -> Runtime:
         kube=Kube(api_client(cfg), request_timeout=cfg.request_timeout_seconds),
         metrics=OperatorMetrics(registry),
         options=cfg.options(),
-        connector=GrpcConnector(cfg.endpoint_map),
+        connector=GrpcConnector(cfg.endpoint_map, tls=cfg.tls_files()),
         ready_timeout=cfg.ready_timeout_seconds,
         restart_poll_seconds=cfg.restart_poll_seconds,
+        identity=cfg.pod_name or f"{socket.gethostname()}-{os.getpid()}",
     )
 
 

@@ -211,6 +211,24 @@ class PSConfig(Document):
     maxKeysPerRequest: int = setting(
         4_000_000, "Most keys one PullSparse/PushSparse request may carry.", minimum=1
     )
+    maxInflightBytes: int | None = setting(
+        None,
+        "Request bytes a shard serves at once; more is answered RESOURCE_EXHAUSTED "
+        "(overloaded: clients back off and retry). Omitted: twice maxMessageBytes; 0: no cap.",
+        minimum=0,
+    )
+    storageRoots: tuple[str, ...] = setting(
+        (),
+        "URIs under which Save and Load may write and read (the operator sets the job's "
+        "checkpoint and export roots); empty: anywhere the schemes allow "
+        "(streamtrain_ps.service.storage_policy).",
+    )
+    storageSchemes: tuple[str, ...] = setting(
+        ("file", "s3", "s3a", "gs", "gcs", "abfs", "abfss", "az", "hdfs", "memory"),
+        "URL schemes Save and Load may use (a plain path is file); never http, never a "
+        "chained URL.",
+        min_items=1,
+    )
     memoryLimit: int | None = setting(
         None,
         "Bytes of RAM one shard process may hold (its RSS: the measured fixed overhead, the "
@@ -235,6 +253,13 @@ class PSConfig(Document):
         names = [t.name for t in self.tables]
         if len(set(names)) != len(names):
             raise ConfigError(f"{path}.tables", f"table names must be unique, got {names}")
+
+    @property
+    def inflight_bytes(self) -> int:
+        """The server's cap on request bytes in flight (``maxInflightBytes``; 0: none)."""
+        if self.maxInflightBytes is None:
+            return 2 * self.maxMessageBytes
+        return self.maxInflightBytes
 
     def table(self, name: str) -> TableConfig:
         for t in self.tables:

@@ -51,6 +51,8 @@ class TableShardStats:
     memory_bytes: int
     admissions_total: int
     evictions_total: int
+    #: Key updates refused because the row would have held inf or NaN (``kernels``).
+    refused_total: int = 0
     #: Disk tier (``tiering``): keys and bytes there, moves between tiers, evictions
     #: because both tiers were full (included in ``evictions_total``).
     ram_bytes: int = 0
@@ -307,6 +309,7 @@ class Shard:
                 memory_bytes=t.memory_bytes(),
                 admissions_total=t.admissions_total,
                 evictions_total=t.evictions_total,
+                refused_total=t.refused_total,
                 ram_bytes=t.ram_bytes(),
                 disk_keys=t.disk_keys,
                 disk_bytes=t.disk_bytes(),

@@ -4,31 +4,31 @@ both scopes, monitors only when enabled, dashboards as labelled ConfigMaps, NOTE
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any
 
+import celpy
 import helm_python as helm
 import pytest
 import yaml
 
-from streamtrain_operator.job.spec import parse_job
+from streamtrain_operator.job.spec import load_job, parse_job
+from streamtrain_operator.kube import resources as r
+from streamtrain_tools.chart import objects as chart_objects
+from streamtrain_tools.chart import render as render_chart
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "streamtrain"
 
 
 def _render(values: dict[str, Any] | None = None) -> dict[str, str]:
-    with helm.Chart.load(CHART) as chart:
-        return chart.render(values or {}, name="st", namespace="streamtrain-system")
+    return render_chart(values)
 
 
 def _objects(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    out = []
-    for path, text in sorted(_render(values).items()):
-        if not path.endswith(".txt"):
-            out += [d for d in yaml.safe_load_all(text) if d]
-    return out
+    return chart_objects(values)
 
 
 def _by_kind(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -37,7 +37,11 @@ def _by_kind(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize(
     "values",
-    [{}, {"rbac": {"scope": "namespace"}, "watchNamespaces": ["a"], "crds": {"install": False}}],
+    [
+        {},
+        {"rbac": {"scope": "namespace"}, "watchNamespaces": ["a"], "crds": {"install": False}},
+        {"rbac": {"scope": "cluster"}, "tls": {"mode": "off"}},
+    ],
 )
 def test_chart_lints_clean_in_strict_mode(values: dict[str, Any]) -> None:
     report = helm.lint(CHART, values, strict=True, kube_version="v1.31.0")
@@ -81,7 +85,7 @@ def test_operator_deployment_single_replica_recreate_liveness_and_locked_down() 
     (c,) = pod["containers"]
     assert c["image"] == "registry.example.com/streamtrain-operator:0.1.0"
     assert "--liveness=http://0.0.0.0:8080/healthz" in c["args"]
-    assert "--all-namespaces" in c["args"]
+    assert "--namespace=streamtrain-system" in c["args"]  # namespace scope by default
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "liveness"}
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
@@ -101,7 +105,7 @@ def _rules(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
 
 
 def test_rbac_is_least_privilege_cluster_scope() -> None:
-    objs = _objects()
+    objs = _objects({"rbac": {"scope": "cluster"}})
     (role,) = _by_kind(objs, "ClusterRole")
     rules = _rules(role)
     assert "*" not in {v for verbs in rules.values() for v in verbs}
@@ -113,7 +117,12 @@ def test_rbac_is_least_privilege_cluster_scope() -> None:
     assert ("networking.k8s.io", "networkpolicies") in rules
     (binding,) = _by_kind(objs, "ClusterRoleBinding")
     assert binding["subjects"][0]["namespace"] == "streamtrain-system"
-    no_np = _rules(_by_kind(_objects({"networkPolicy": {"enabled": False}}), "ClusterRole")[0])
+    no_np = _rules(
+        _by_kind(
+            _objects({"rbac": {"scope": "cluster"}, "networkPolicy": {"enabled": False}}),
+            "ClusterRole",
+        )[0]
+    )
     assert ("networking.k8s.io", "networkpolicies") not in no_np
 
 
@@ -193,3 +202,185 @@ def test_notes_tell_how_to_submit_a_job() -> None:
     sample = notes.split("apply -f -\n", 1)[1].split("   YAML", 1)[0]
     manifest = yaml.safe_load("\n".join(line[3:] for line in sample.splitlines()))
     assert parse_job(manifest).spec.storageSecretRef == "s3-credentials"
+
+
+def test_serving_renders_deployments_service_pdb_monitor_and_the_redis_secret() -> None:
+    assert not [o for o in _objects() if "serving" in o["metadata"]["name"]]
+    values = {
+        "serving": {
+            "enabled": True,
+            "job": "ctr",
+            "exportPath": "s3://bucket/models",
+            "redis": {"existingSecret": "redis-auth"},
+            "serviceMonitor": {"enabled": True},
+            "guard": {"maxAucDrop": None, "copcMin": 0.8, "copcMax": 1.25},
+        }
+    }
+    report = helm.lint(CHART, values, strict=True, kube_version="v1.31.0")
+    assert report["errors"] == []
+    objs = [o for o in _objects(values) if "serving" in o["metadata"]["name"]]
+    kinds = sorted(o["kind"] for o in objs)
+    assert kinds == ["Deployment", "Deployment", "PodDisruptionBudget", "Service", "ServiceMonitor"]
+    serve, deliver = sorted(_by_kind(objs, "Deployment"), key=lambda d: d["metadata"]["name"])
+    assert deliver["spec"]["replicas"] == 1 and deliver["spec"]["strategy"]["type"] == "Recreate"
+    (container,) = serve["spec"]["template"]["spec"]["containers"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert "--redis=$(STREAMTRAIN_REDIS_URL)" in container["args"]
+    assert {"--max-auc-drop=-1", "--copc-min=0.8", "--copc-max=1.25"} <= set(container["args"])
+    env = {e["name"]: e for e in container["env"]}
+    assert env["STREAMTRAIN_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {
+        "name": "redis-auth",
+        "key": "url",
+    }
+    (pdb,) = _by_kind(objs, "PodDisruptionBudget")
+    labels = serve["spec"]["template"]["metadata"]["labels"]
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    (svc,) = _by_kind(objs, "Service")
+    assert svc["spec"]["selector"].items() <= labels.items()
+    assert {p["name"] for p in svc["spec"]["ports"]} == {"http", "grpc"}
+    # Without Redis: the embedded table, no delivery pod, no secret.
+    embedded = {"serving": {"enabled": True, "exportPath": "/models", "redis": {"url": ""}}}
+    objs = [o for o in _objects(embedded) if "serving" in o["metadata"]["name"]]
+    (serve,) = _by_kind(objs, "Deployment")
+    (container,) = serve["spec"]["template"]["spec"]["containers"]
+    assert not any(a.startswith("--redis") for a in container["args"])
+    with helm.Chart.load(CHART) as chart, pytest.raises(helm.HelmValuesError):
+        chart.validate_schema({"serving": {"enabled": True, "redis": {"url": "http://x"}}})
+
+
+def _env(deployment: dict[str, Any]) -> dict[str, str]:
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e.get("value", "") for e in container["env"]}
+
+
+def test_default_install_turns_mutual_tls_on_with_cert_manager() -> None:
+    objs = _objects()
+    (deployment,) = _by_kind(objs, "Deployment")
+    env = _env(deployment)
+    assert env["STREAMTRAIN_TLS"] == "cert-manager"
+    assert env["STREAMTRAIN_TLS_DIR"] == "/etc/streamtrain/tls"
+    assert json.loads(env["STREAMTRAIN_TLS_ISSUER"]) == {"kind": "Issuer", "name": "streamtrain-ca"}
+    pod = deployment["spec"]["template"]["spec"]
+    (tls_volume,) = [v for v in pod["volumes"] if v["name"] == "tls"]
+    certs = {c["metadata"]["name"]: c["spec"] for c in _by_kind(objs, "Certificate")}
+    operator_cert = certs[tls_volume["secret"]["secretName"]]
+    assert operator_cert["dnsNames"] == [env["STREAMTRAIN_OPERATOR_IDENTITY"]]
+    assert operator_cert["usages"] == ["digital signature", "key encipherment", "client auth"]
+    issuers = {i["metadata"]["name"] for i in _by_kind(objs, "Issuer")}
+    assert "streamtrain-ca" in issuers  # the self-signed CA chain, createIssuer: true
+
+    off = _objects({"tls": {"mode": "off"}})
+    (deployment,) = _by_kind(off, "Deployment")
+    assert _env(deployment)["STREAMTRAIN_TLS"] == "off"
+    assert "STREAMTRAIN_TLS_DIR" not in _env(deployment)
+    assert not _by_kind(off, "Certificate") and not _by_kind(off, "Issuer")
+
+    own = _objects({"tls": {"mode": "secret", "operatorSecret": "my-operator-tls"}})
+    (deployment,) = _by_kind(own, "Deployment")
+    (tls_volume,) = [
+        v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls"
+    ]
+    assert tls_volume["secret"]["secretName"] == "my-operator-tls"
+    assert not _by_kind(own, "Certificate")
+
+
+def test_default_install_is_namespace_scoped() -> None:
+    objs = _objects()
+    assert _by_kind(objs, "ClusterRole") == [] and _by_kind(objs, "ClusterRoleBinding") == []
+    assert [o["metadata"]["namespace"] for o in _by_kind(objs, "Role")] == ["streamtrain-system"]
+    (dep,) = _by_kind(objs, "Deployment")
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--all-namespaces" not in args and "--namespace=streamtrain-system" in args
+    assert _by_kind(objs, "ValidatingAdmissionPolicy") == []
+
+
+def _cel(value: Any) -> Any:
+    """JSON to CEL values; booleans explicitly (``celpy.json_to_cel`` turns them into ints,
+    bool being an int subclass)."""
+    if isinstance(value, bool):
+        return celpy.celtypes.BoolType(value)
+    if isinstance(value, dict):
+        return celpy.celtypes.MapType(
+            {celpy.celtypes.StringType(k): _cel(v) for k, v in value.items()}
+        )
+    if isinstance(value, list):
+        return celpy.celtypes.ListType([_cel(v) for v in value])
+    return celpy.json_to_cel(value)
+
+
+def _admit(policy: dict[str, Any], request: dict[str, Any]) -> list[str]:
+    """The messages of the policy's failed validations for ``request`` (none: admitted),
+    evaluated with cel-python as the API server would: match conditions, then variables."""
+    env = celpy.Environment()
+
+    def run(expression: str, activation: dict[str, Any]) -> Any:
+        return env.program(env.compile(expression)).evaluate(activation)
+
+    obj, old = request.get("object"), request.get("oldObject")
+    activation: dict[str, Any] = {
+        "request": _cel(request["request"]),
+        "object": _cel(obj),
+        "oldObject": _cel(old),
+    }
+    spec = policy["spec"]
+    if not all(bool(run(c["expression"], activation)) for c in spec["matchConditions"]):
+        return []
+    variables: dict[str, Any] = {}
+    for var in spec["variables"]:
+        activation["variables"] = celpy.celtypes.MapType(
+            {celpy.celtypes.StringType(k): v for k, v in variables.items()}
+        )
+        variables[var["name"]] = run(var["expression"], activation)
+    activation["variables"] = celpy.celtypes.MapType(
+        {celpy.celtypes.StringType(k): v for k, v in variables.items()}
+    )
+    return [v["message"] for v in spec["validations"] if not bool(run(v["expression"], activation))]
+
+
+def test_cluster_scope_holds_the_operator_to_job_owned_token_free_pods() -> None:
+    objs = _objects({"rbac": {"scope": "cluster"}})
+    (policy,) = _by_kind(objs, "ValidatingAdmissionPolicy")
+    (binding,) = _by_kind(objs, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {
+        "policyName": policy["metadata"]["name"],
+        "validationActions": ["Deny"],
+    }
+    (sa,) = _by_kind(objs, "ServiceAccount")
+    user = f"system:serviceaccount:streamtrain-system:{sa['metadata']['name']}"
+    job = load_job(ROOT / "crds/examples/minimal.yaml")
+    built = r.build(
+        job,
+        configs={"ps.json": "{}", "worker.json": "{}"},
+        scale=r.Scale(1, 1),
+        generation=1,
+        owner=r.Owner(job.name, "6f0e0c8a-4b8f-4d2e-8d43-0c6f1b2a9e11"),
+        options=r.Options(),
+    )
+    sts = next(o for o in built if o["kind"] == "StatefulSet")
+
+    def ask(obj: dict[str, Any], username: str = user, op: str = "CREATE") -> list[str]:
+        req = {"operation": op, "userInfo": {"username": username}}
+        if op == "DELETE":
+            return _admit(policy, {"request": req, "object": None, "oldObject": obj})
+        return _admit(policy, {"request": req, "object": obj, "oldObject": None})
+
+    for obj in built:  # everything the operator builds is admitted
+        assert ask(obj) == [], obj["kind"]
+    assert ask(sts, op="DELETE") == []
+    orphan = copy.deepcopy(sts)
+    del orphan["metadata"]["ownerReferences"]
+    assert ask(orphan) == [
+        "the streamtrain operator may only write objects owned by a StreamingTrainingJob"
+    ]
+    assert ask(orphan, op="DELETE") != []
+    assert ask(orphan, username="system:serviceaccount:kube-system:admin") == []  # not ours
+    other_sa = copy.deepcopy(sts)
+    other_sa["spec"]["template"]["spec"]["serviceAccountName"] = "cluster-admin-sa"
+    assert ask(other_sa) == [
+        "the streamtrain operator may not set a serviceAccountName on job pods"
+    ]
+    token = copy.deepcopy(sts)
+    token["spec"]["template"]["spec"]["automountServiceAccountToken"] = True
+    assert ask(token) == [
+        "job pods must not mount an API token (automountServiceAccountToken false)"
+    ]

@@ -35,6 +35,12 @@ from streamtrain_ps.api import SaveMode
 from streamtrain_ps.client.remote import RemotePS
 from streamtrain_ps.plumbing.launch import free_port
 from streamtrain_ps.plumbing.startup import LISTENING
+from streamtrain_tools.bench.serving_models import Export, keys_of, lines, rows_for
+from streamtrain_worker.model_folder import ModelKind
+from streamtrain_worker.serving.delivery import Delivery
+from streamtrain_worker.serving.scoring import Scorer
+from streamtrain_worker.serving.server import Server
+from streamtrain_worker.serving.tables import EmbeddedTable
 
 from .processes import OutputProcess
 
@@ -82,7 +88,10 @@ def endpoints(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, An
     """A real PS shard and worker (metrics on port 0), plus the operator's metrics."""
     tmp = tmp_path_factory.mktemp("components")
     job = load_job(ROOT / "crds/examples/minimal.yaml")
-    (tmp / "ps.json").write_text(render.render_ps(job.spec))
+    ps_json = json.loads(render.render_ps(job.spec))
+    # The job's roots are s3://; the traffic below saves to this directory (allow-listed).
+    ps_json["storageRoots"] = [*ps_json.get("storageRoots", []), str(tmp)]
+    (tmp / "ps.json").write_text(json.dumps(ps_json))
     ps = Process(
         [sys.executable, "-m", "streamtrain_ps", "--port", "0", "--metrics-port", "0",
          "--config", str(tmp / "ps.json"), "--memory-limit", str(512 << 20),
@@ -103,8 +112,14 @@ def endpoints(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, An
         registry = CollectorRegistry()
         operator = OperatorMetrics(registry)
         server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
+        serving = _serving(tmp / "export")
+        serving_http, serving_thread = start_http_server(
+            0, addr="127.0.0.1", registry=serving.metrics.registry
+        )
         try:
             yield {
+                "serving": f"127.0.0.1:{serving_http.server_port}",
+                "serving_server": serving,
                 "ps_grpc": ps_grpc,
                 "ps": ps_metrics,
                 "worker": worker_metrics,
@@ -117,9 +132,34 @@ def endpoints(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, An
             server.shutdown()
             server.server_close()
             thread.join(10)
+            serving_http.shutdown()
+            serving_http.server_close()
+            serving_thread.join(10)
     finally:
         for p in processes:
             p.stop()
+
+
+def _serving(root: Path) -> Server:
+    """An online predictor serving one published model (its metrics for the serving row)."""
+    ex = Export(root)
+    keys = keys_of(range(10))
+    ex.publish(ModelKind.DELTA, "20261101", 1, keys, rows_for(keys, 1))
+    table = EmbeddedTable()
+    server = Server("ctr", Scorer(str(root), table), Delivery(str(root), table))
+    assert server.delivery is not None
+    server.delivery.step()
+    server.scorer.refresh()
+    return server
+
+
+def _exercise_serving(endpoints: dict[str, Any]) -> None:
+    """Requests (some keys unknown) so latency and missed-lookup series move."""
+    server: Server = endpoints["serving_server"]
+    for _ in range(3):
+        scored = server.infer(lines([1, 2, 77]).splitlines(), None)
+        server.metrics.latency.labels("http").observe(0.003)
+        assert scored.missed > 0
 
 
 def _exercise_ps(endpoints: dict[str, Any]) -> None:
@@ -176,6 +216,8 @@ def prometheus(
             # Like the chart's PodMonitor: job and role from the pod labels, shard from the PS.
             scrape("ps", endpoints["ps"], **component, role="ps"),
             scrape("worker", endpoints["worker"], **component, role="worker"),
+            # Like the chart's serving ServiceMonitor: job from the pod's streamtrain.io/job.
+            scrape("serving", endpoints["serving"], **component, role="serving"),
         ],
     }
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
@@ -246,6 +288,7 @@ def _variable_selectors() -> list[str]:
 
 def test_every_dashboard_query_returns_series(endpoints: dict[str, Any], prometheus: str) -> None:
     _exercise_ps(endpoints)
+    _exercise_serving(endpoints)
     queries = _queries()
     assert len(queries) >= 20
     empty: list[str] = []
@@ -253,6 +296,7 @@ def test_every_dashboard_query_returns_series(endpoints: dict[str, Any], prometh
 
     def all_have_data() -> bool:
         _exercise_operator(endpoints["operator_metrics"], next(rounds))
+        _exercise_serving(endpoints)
         empty.clear()
         for board, title, expr in queries:
             q = urllib.parse.quote(_substitute(expr))

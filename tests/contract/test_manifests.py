@@ -7,22 +7,26 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import helm_python as helm
 import kubernetes_validate
 import pytest
 import yaml
 
 from streamtrain_operator.job.spec import load_job
 from streamtrain_operator.kube import resources as r
+from streamtrain_tools.chart import objects as chart_objects
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "streamtrain"
 KUBE_VERSION = "1.31.0"
 #: Prometheus Operator kinds: not built into Kubernetes, so not in the bundled schemas
 #: (tests/contract/test_chart.py checks their shape).
-NOT_BUILT_IN = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+NOT_BUILT_IN = {"ServiceMonitor", "PodMonitor", "PrometheusRule", "Certificate", "Issuer"}
 VALUE_SETS: dict[str, dict[str, Any]] = {
     "defaults": {},
+    "cluster-scope": {
+        "rbac": {"scope": "cluster"},
+        "tls": {"mode": "secret", "operatorSecret": "op"},
+    },
     "namespaced": {
         "rbac": {"scope": "namespace"},
         "watchNamespaces": ["ads", "ml"],
@@ -45,15 +49,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
 }
 
 
-def _chart_objects(values: dict[str, Any]) -> list[dict[str, Any]]:
-    with helm.Chart.load(CHART) as chart:
-        rendered = chart.render(values, name="st", namespace="streamtrain-system")
-    out = []
-    for path, text in sorted(rendered.items()):
-        if path.endswith(".txt"):
-            continue
-        out += [d for d in yaml.safe_load_all(text) if d]
-    return out
+def _chart_objects(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    return chart_objects(values)
 
 
 def _validate(obj: dict[str, Any]) -> None:

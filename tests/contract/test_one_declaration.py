@@ -143,3 +143,16 @@ def test_the_crd_section_is_the_components_declaration(path: str) -> None:
     if cls is not DataConfig:  # spec.data requires path and startDay (DataSpec)
         section = {k: v for k, v in node.items() if k not in ("description", "default")}
         assert section == crdgen.object_schema(cls)
+
+
+def test_operator_tls_needs_its_certificate_directory() -> None:
+    from streamtrain_operator.main import OperatorConfig, SettingsError
+
+    with pytest.raises(SettingsError) as err:
+        OperatorConfig.from_env({"STREAMTRAIN_TLS": "cert-manager"})
+    assert err.value.path == "STREAMTRAIN_TLS_DIR"
+    cfg = OperatorConfig.from_env({"STREAMTRAIN_TLS": "secret", "STREAMTRAIN_TLS_DIR": "/etc/t"})
+    files = cfg.tls_files()
+    assert files is not None and str(files.ca) == "/etc/t/ca.crt"
+    assert cfg.options().tls == "secret"
+    assert OperatorConfig.from_env({}).tls_files() is None

@@ -20,7 +20,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import helm_python as helm
 import pytest
 import yaml
 
@@ -30,6 +29,7 @@ from streamtrain_operator.kube import disk_tier
 from streamtrain_operator.kube import resources as r
 from streamtrain_ps.config import PSConfig
 from streamtrain_ps.service.server import channel_options
+from streamtrain_tools.chart import objects as chart_objects
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "streamtrain"
@@ -130,7 +130,7 @@ def test_network_policies_admit_only_the_job_and_the_operator(example: Path) -> 
     allowed = {"ps": [job_peer, operator_peer], "worker": [operator_peer]}
     for role, port in (("ps", OPTIONS.ps_port), ("worker", OPTIONS.worker_port)):
         policy = objs[f"NetworkPolicy/{role}"]["spec"]
-        assert policy["policyTypes"] == ["Ingress"]
+        assert policy["policyTypes"] == ["Ingress", "Egress"]
         assert policy["podSelector"]["matchLabels"] == {r.LABEL_JOB: job.name, r.LABEL_ROLE: role}
         by_port = {rule["ports"][0]["port"]: rule for rule in policy["ingress"]}
         assert by_port[port]["from"] == allowed[role]
@@ -139,6 +139,32 @@ def test_network_policies_admit_only_the_job_and_the_operator(example: Path) -> 
         assert {p["containerPort"] for p in c["ports"]} == set(by_port)
         labels = objs[f"StatefulSet/{role}"]["spec"]["template"]["metadata"]["labels"]
         assert policy["podSelector"]["matchLabels"].items() <= labels.items()
+        # Egress: DNS, the storage rule (metadata cut out), workers also their job's PS.
+        egress = policy["egress"]
+        assert {(p["port"], p["protocol"]) for p in egress[0]["ports"]} == {
+            (53, "UDP"),
+            (53, "TCP"),
+        }
+        blocks = [
+            peer["ipBlock"] for rule in egress for peer in rule.get("to", ()) if "ipBlock" in peer
+        ]
+        assert blocks and all("169.254.169.254/32" in b["except"] for b in blocks)
+        in_job = [rule for rule in egress if rule["ports"][0]["port"] == OPTIONS.ps_port]
+        if role == "worker":
+            assert in_job == [
+                {
+                    "to": [
+                        {
+                            "podSelector": {
+                                "matchLabels": {r.LABEL_JOB: job.name, r.LABEL_ROLE: "ps"}
+                            }
+                        }
+                    ],
+                    "ports": [{"port": OPTIONS.ps_port, "protocol": "TCP"}],
+                }
+            ]
+        else:
+            assert in_job == []
 
 
 # -- the operator: RBAC, token, image ----------------------------------------------------------
@@ -151,23 +177,18 @@ NEEDED: dict[tuple[str, str], set[str]] = {
     ("", "services"): {"create", "patch", "delete"},
     ("", "configmaps"): {"create", "patch", "delete"},
     ("networking.k8s.io", "networkpolicies"): {"create", "patch", "delete"},
+    # tls.mode=cert-manager (the default): each job's Certificate (kube.api._Certificates).
+    ("cert-manager.io", "certificates"): {"create", "patch", "delete"},
     ("", "pods"): {"list"},
     ("", "events"): {"create"},
+    ("coordination.k8s.io", "leases"): {"get", "create", "patch"},
 }
 #: Granted beyond NEEDED, harmless: reads, and update (the same power as patch).
 TOLERATED = {"get", "list", "watch", "update"}
 
 
 def _chart_objects(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    with helm.Chart.load(CHART) as chart:
-        rendered = chart.render(values or {}, name="st", namespace="streamtrain-system")
-    return [
-        d
-        for path, text in sorted(rendered.items())
-        if not path.endswith(".txt")
-        for d in yaml.safe_load_all(text)
-        if d
-    ]
+    return chart_objects(values)
 
 
 @pytest.mark.parametrize("scope", ["cluster", "namespace"])

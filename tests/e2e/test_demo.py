@@ -32,3 +32,10 @@ def test_demo_runs_and_the_served_model_scores_like_training(tmp_path: Path) -> 
     assert abs(float(served[1]) - float(trained[1])) < 0.05, out
     assert 0.75 < float(served[2]) / float(trained[2]) < 1.33, out
     assert (root / "models" / "donefile.txt").read_text().count("\n") == 4 + 1 + 1
+    # The run's metrics file has a row per pass, and the demo ends with the report's path.
+    rows = (root / "work" / "metrics.csv").read_text().splitlines()
+    assert len(rows) == 1 + 4 and rows[1].startswith("20261101,1,"), rows
+    assert rows[1].endswith(str(root / "models" / "20261101" / "delta-1")), rows
+    report = root / "report.html"
+    assert f"== report with plots of every pass: {report}" in out
+    assert report.read_text().count("<svg") == 8

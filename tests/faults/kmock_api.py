@@ -12,7 +12,9 @@ kopf, from other threads and processes. Three things a real API server does, and
 operator relies on, are added here, each as small as it can be:
 
 - ``uid``, ``resourceVersion``, ``generation`` and ``creationTimestamp`` are stamped on
-  writes (kopf and the owner references need uids);
+  writes (kopf and the owner references need uids), and an update that carries a
+  ``resourceVersion`` other than the object's current one is refused with 409 (optimistic
+  concurrency: the operator's driver Lease relies on it);
 - list requests honour equality ``labelSelector``\\ s (the supervisor tells PS pods from
   worker pods by their ``streamtrain.io/role`` label; without selectors a worker restart
   would look like a PS restart);
@@ -34,6 +36,7 @@ import uuid
 from typing import Any
 
 import aiohttp.test_utils
+import aiohttp.web
 import aiohttp.web_runner
 import kmock
 
@@ -46,6 +49,7 @@ CHILDREN = {
     "v1/events": "Event",
     "apps/v1/statefulsets": "StatefulSet",
     "networking.k8s.io/v1/networkpolicies": "NetworkPolicy",
+    "coordination.k8s.io/v1/leases": "Lease",
 }
 
 
@@ -67,8 +71,34 @@ class Emulator(kmock.KubernetesEmulator):
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         self._versions = itertools.count(1)
+        # Held from the precondition check to the write, so two conditional updates
+        # cannot both pass the check.
+        self._updates = asyncio.Lock()
 
     async def _handle(self, request: Any) -> Any:
+        if request.resource is None or request.action != kmock.action.UPDATE:
+            return await self._stamped(request)
+        async with self._updates:
+            data = request.data if isinstance(request.data, dict) else {}
+            wanted = data.get("metadata", {}).get("resourceVersion")
+            key = (request.resource, request.namespace, request.name)
+            if wanted and key in self._objects and not self._objects[key].deleted:
+                current = self._objects[key].get("metadata", {}).get("resourceVersion")
+                if str(current) != str(wanted):
+                    return aiohttp.web.json_response(
+                        {
+                            "kind": "Status",
+                            "apiVersion": "v1",
+                            "status": "Failure",
+                            "reason": "Conflict",
+                            "code": 409,
+                            "message": f"resourceVersion {wanted} is not {current}",
+                        },
+                        status=409,
+                    )
+            return await self._stamped(request)
+
+    async def _stamped(self, request: Any) -> Any:
         data = request.data
         if request.resource is not None and isinstance(data, dict):
             meta = data.setdefault("metadata", {})

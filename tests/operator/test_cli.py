@@ -44,6 +44,54 @@ def test_run_with_a_missing_manifest(tmp_path: Path) -> None:
         cli.main(["run", str(tmp_path / "nope.yaml")])
 
 
+def test_a_yaml_error_names_the_file_once_with_line_and_column(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text("apiVersion: streamtrain.io/v1alpha1\nspec:\n  data: {path: d\n  x: 1\n")
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["run", str(path)])
+    assert str(exited.value) == (
+        f"error: {path}:4:4: not valid YAML: expected ',' or '}}', but got ':' "
+        "(while parsing a flow mapping)"
+    )
+
+
+def test_an_unknown_field_suggests_the_closest_known_name(tmp_path: Path) -> None:
+    bad = yaml.safe_load(yaml.safe_dump(MANIFEST))
+    bad["spec"]["data"]["splitPerPass"] = 2
+    path = write(tmp_path, bad)
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["run", str(path)])
+    assert str(exited.value).startswith(
+        f"error: {path}: spec.data.splitPerPass: unknown field; did you mean splitsPerPass? "
+        "(known: "
+    )
+
+
+def test_a_missing_data_root_is_its_own_error_at_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, MANIFEST)
+    assert cli.main(["run", str(path)]) == cli.EXIT_FAILED
+    assert capsys.readouterr().err == (
+        f"error: {path}: spec.data.path: the data root {tmp_path / 'data'} does not exist "
+        "(create it, or fix the path; the job waits for folders inside it, never for the "
+        "root itself)\n"
+    )
+
+
+def test_status_shows_a_failure_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    state = tmp_path / "state.json"
+    message = "pass 20261101/2: no donefile after 1s in /d/20261101/0300"
+    failed = Progress(phase=Phase.FAILED, message=f"DataMissing: {message}").with_condition(
+        Condition("Failed", "True", "DataMissing", message, 1.0)
+    )
+    LocalStateFile(state).save(failed)
+    assert cli.main(["status", "--state", str(state)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("no donefile") == 1, out
+    assert out.splitlines()[0] == f"phase:           Failed (DataMissing: {message})"
+
+
 def test_default_state_lives_next_to_local_checkpoints(tmp_path: Path) -> None:
     job = load_job(write(tmp_path, MANIFEST))
     work = cli.default_workdir(job)

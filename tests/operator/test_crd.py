@@ -8,13 +8,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import celpy
 import jsonschema
 import pytest
 import yaml
 
 from streamtrain_operator.job.spec import SpecError, parse_job, parse_spec
-from streamtrain_tools import crdgen
+from streamtrain_tools import crdgen, validate
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "crds" / "examples").glob("*.yaml"))
@@ -164,33 +163,10 @@ def _merge(into: dict[str, Any], patch: dict[str, Any]) -> None:
 # ------------------------------------------------------------------------------ CEL rules
 
 
-def _at(obj: dict[str, Any], path: str) -> Any:
-    for part in path.split("."):
-        obj = obj[part]
-    return obj
-
-
 def _violations(spec: dict[str, Any], old: dict[str, Any] | None = None) -> list[str]:
-    """Evaluate every CEL rule of the CRD where the API server would (after defaulting)."""
-    env = celpy.Environment()
-    crd_schema = _spec_schema()
-    spec = crdgen.apply_defaults(crd_schema, spec)
-    old = None if old is None else crdgen.apply_defaults(crd_schema, old)
-    out = []
-    for cls, rules in crdgen.SPEC_RULES.items():
-        where = crdgen.rule_path(cls)
-        wrapped = {"spec": spec}
-        for rule in rules:
-            transition = "oldSelf" in rule["rule"]
-            if transition and old is None:
-                continue  # transition rules only run on updates
-            activation = {"self": celpy.json_to_cel(_at(wrapped, where))}
-            if transition:
-                activation["oldSelf"] = celpy.json_to_cel(_at({"spec": old}, where))
-            result = env.program(env.compile(rule["rule"])).evaluate(activation)
-            if not bool(result):
-                out.append(where + rule.get("fieldPath", ""))
-    return out
+    """The fields of every CEL rule of the CRD that rejects ``spec`` (``streamtrain
+    validate``'s evaluation, where the API server would run them, after defaulting)."""
+    return [field for field, _ in validate.cel_violations(spec, old)]
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)

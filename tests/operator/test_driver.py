@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import grpc
 import numpy as np
 import pytest
@@ -24,13 +25,17 @@ from streamtrain_operator.job.progress import Phase, Progress
 from streamtrain_operator.job.spec import Job, parse_job
 from streamtrain_operator.run.driver import Driver, Observer
 from streamtrain_operator.run.export import read_donefile, verify_model
-from streamtrain_operator.run.hooks import MANIFEST_POINT
+from streamtrain_operator.run.hooks import BEFORE, MANIFEST_POINT
 from streamtrain_operator.run.state import MemoryStateStore
 from streamtrain_ps import sharding
 from streamtrain_ps.client.local import LocalPS
 from streamtrain_ps.errors import MemoryLimitError
+from streamtrain_ps.saves import checkpoint
+from streamtrain_ps.saves.checkpoint import read_sparse
 from streamtrain_ps.shard import Shard
+from streamtrain_worker import model_folder
 from streamtrain_worker.metrics import PassMetrics
+from streamtrain_worker.predict import apply_chain, model_chain
 
 MANIFEST: dict[str, Any] = {
     "apiVersion": "streamtrain.io/v1alpha1",
@@ -56,10 +61,17 @@ MANIFEST: dict[str, Any] = {
 }
 
 
-def make_job(root: Path, keep: int = 2, workers: dict[str, Any] | None = None, **data: Any) -> Job:
+def make_job(
+    root: Path,
+    keep: int = 2,
+    workers: dict[str, Any] | None = None,
+    export: dict[str, Any] | None = None,
+    **data: Any,
+) -> Job:
     m = copy.deepcopy(MANIFEST)
     m["spec"]["data"].update(data)
     m["spec"]["workers"].update(workers or {})
+    m["spec"]["export"].update(export or {})
     m["spec"]["checkpoint"]["keep"] = keep
     for section in ("data", "checkpoint", "export"):
         path = m["spec"][section]["path"]
@@ -820,3 +832,165 @@ def test_a_publication_failing_beside_the_next_pass_fails_the_job_and_the_rerun_
     export = str(tmp_path / "export")
     assert [d.key for d in read_donefile(export)] == DAY_MODELS
     assert verify_model(export, "20261101/delta-1").pass_index == 1
+
+
+class KilledError(Exception):
+    """The kill model of these tests: raised by a store's write, it aborts the run there."""
+
+
+class KilledAtRecord(MemoryStateStore):
+    """A state store whose first write naming a checkpoint of ``pass_index`` as the restore
+    point never happens: the process dies just before it (what it holds stays durable)."""
+
+    def __init__(self, pass_index: int) -> None:
+        super().__init__()
+        self.pass_index = pass_index
+
+    def save(self, progress: Progress) -> None:
+        ckpt = progress.checkpoint
+        if ckpt is not None and ckpt.key.pass_index == self.pass_index:
+            raise KilledError(f"killed before the record naming {ckpt.uri}")
+        super().save(progress)
+
+
+def test_keep_1_a_kill_before_the_record_naming_a_new_checkpoint_still_restarts(
+    tmp_path: Path,
+) -> None:
+    """Bug: the checkpoint written in the path pruned the one before as soon as it was
+    published, while the durable record still named that one: with ``keep: 1`` a kill in
+    between left every restart ``RestoreFailed: .../pass-0-g1: MANIFEST.json: missing``."""
+    job = make_job(tmp_path, keep=1)
+    for hhmm in ("0000", "1200"):
+        write_folder(tmp_path, "20261101", hhmm)
+    ps = LocalPS(render.ps_config(job.spec))
+    store = KilledAtRecord(pass_index=1)
+    with pytest.raises(KilledError):
+        run(job, [FakeWorker(ps, 0), FakeWorker(ps, 1)], ps, store)
+    durable = store.load()
+    assert durable is not None and durable.checkpoint is not None
+    assert durable.checkpoint.key.pass_index == 0  # the record still names the genesis
+    assert Path(durable.checkpoint.uri, "MANIFEST.json").exists()
+
+    fresh_ps = LocalPS(render.ps_config(job.spec))
+    workers = [FakeWorker(fresh_ps, 0), FakeWorker(fresh_ps, 1)]
+    progress = run(job, workers, fresh_ps, MemoryStateStore(durable))
+    assert progress.phase == Phase.SUCCEEDED, progress.message
+    # Pass 1 recorded once (by the killed run), replayed once from the genesis; pass 2 once.
+    assert [(r.pass_index, r.generation) for r in progress.history] == [(1, 1), (2, 2)]
+    assert [c[1] for c in workers[0].calls] == [1, 2]
+    kept = sorted(p.parent.name for p in (tmp_path / "ckpt").glob("*/*/MANIFEST.json"))
+    assert kept == ["pass-2-g2"]
+
+
+class DayWorker(FakeWorker):
+    """Pushes a few keys per file, keyed by the file's whole path: every day's keys differ,
+    so a key trained on day 1 is not touched on day 2."""
+
+    async def run_pass(
+        self,
+        day: str,
+        pass_index: int,
+        files: Sequence[str],
+        generation: int,
+        train: bool,
+        next_files: Sequence[str] = (),
+    ) -> Any:
+        self.calls.append((day, pass_index, tuple(files), generation))
+        keys = np.array(sorted({_path_key(f, i) for f in files for i in range(4)}), np.uint64)
+        if train and keys.size:
+            grads = np.full((keys.size, 3), 0.25, dtype=np.float32)
+            ones = np.ones(keys.size, dtype=np.float32)
+            self.ps.push_sparse("embedding", keys, grads, ones, ones * (pass_index % 2))
+        m = PassMetrics(num_buckets=100)
+        m.add(np.full(len(files), 0.3), np.arange(len(files)) % 2, np.full(len(files), 0.6))
+        return m.to_proto(day, pass_index, generation)
+
+
+def _path_key(path: str, i: int) -> int:
+    return zlib.crc32(f"{path}/{i}".encode())
+
+
+class CaptureBefore:
+    """Step hook: before ``key`` runs, pulls ``keys`` from the PS (the model at that step)."""
+
+    def __init__(self, ps: LocalPS, key: str, keys: np.ndarray) -> None:
+        self.ps, self.key, self.keys = ps, key, keys
+        self.rows: np.ndarray | None = None
+
+    async def hold(self, point: str, key: StepKey) -> None:
+        if point == BEFORE and str(key) == self.key:
+            self.rows = self.ps.pull_sparse("embedding", self.keys)
+
+
+def _two_days(root: Path, base: bool) -> tuple[str, np.ndarray, CaptureBefore]:
+    """A two-day job of two passes a day whose day-1 shrink evicts some keys (so day 2's
+    first delta carries tombstones): its export root, every key trained, and the rows the
+    PS held before day 2's shrink (after its last delta)."""
+    job = make_job(root, export={"base": base}, endDay="20261102")
+    for day in ("20261101", "20261102"):
+        for hhmm in ("0000", "1200"):
+            write_folder(root, day, hhmm)
+    ps = LocalPS(render.ps_config(job.spec))
+    files = [str(f) for f in sorted((root / "data").glob("*/*/part-*"))]
+    keys = np.array(sorted({_path_key(f, i) for f in files for i in range(4)}), np.uint64)
+    capture = CaptureBefore(ps, "20261102/2/shrink", keys)
+    clock = iter(range(10_000))
+    driver = Driver(
+        job.spec,
+        ps,
+        [DayWorker(ps, 0), DayWorker(ps, 1)],
+        MemoryStateStore(),
+        clock=lambda: float(next(clock)),
+        sleep=_no_sleep,
+        step_hook=capture,
+    )
+    assert asyncio.run(driver.run()).phase == Phase.SUCCEEDED
+    assert capture.rows is not None
+    return str(root / "export"), keys, capture
+
+
+@pytest.mark.parametrize("base", [False, True])
+def test_a_delta_serves_every_earlier_day_with_or_without_bases(tmp_path: Path, base: bool) -> None:
+    """Bug: with ``export.base: false`` every delta was published with ``base: null`` and
+    the predictor's chain kept only the deltas of the target's day, so every key not
+    touched on day 2 vanished from the served model. Served at day 2's last delta (before
+    the day-end shrink), the chain must give every key the row the PS held then."""
+    root, keys, capture = _two_days(tmp_path, base)
+    assert capture.rows is not None
+    chain = [d.key for d in model_chain(root, "20261102/delta-2")]
+    if base:
+        assert chain == ["20261102/base", "20261102/delta-1", "20261102/delta-2"]
+    else:
+        assert chain == [f"{d}/delta-{p}" for d in ("20261101", "20261102") for p in (1, 2)]
+    served = apply_chain([read_sparse(f"{root}/{k}/sparse", "embedding") for k in chain], 5)
+    assert np.array_equal(served.pull_sparse("embedding", keys), capture.rows)
+    # Every key the PS held (the day-1 shrink evicted some) is served, day 1's included.
+    held = keys[capture.rows[:, 0] > 0]
+    assert np.array_equal(served.keys, held)
+    day_1 = [
+        _path_key(str(f), i) for f in tmp_path.glob("data/20261101/*/part-*") for i in range(4)
+    ]
+    assert np.isin(held, day_1).any(), "no key of day 1 survived its shrink: nothing tested"
+
+
+@pytest.mark.parametrize("base", [False, True])
+def test_every_model_json_counts_what_its_save_holds(tmp_path: Path, base: bool) -> None:
+    """``MODEL.json``'s ``keys``, ``tombstones`` and ``saveMode`` are the save's own: a
+    reader sizing or checking a model from the manifest must not be told another story.
+    Without bases, day 2's first delta carries the tombstones of day 1's shrink (a base
+    taken after the shrink would leave the evicted keys out instead)."""
+    root, _, _ = _two_days(tmp_path, base)
+    fs, path = fsspec.core.url_to_fs(root)
+    models = read_donefile(root)
+    kinds = {"delta", "base", "batch"} if base else {"delta", "batch"}
+    assert {d.kind.value for d in models} == kinds
+    tombstoned = 0
+    for line in models:
+        manifest = model_folder.read_manifest(fs, path, line.key)
+        keys, _, tombstones = read_sparse(f"{root}/{line.key}/sparse", "embedding")
+        sparse = checkpoint.read_manifest(f"{root}/{line.key}/sparse")
+        assert (manifest.keys, manifest.tombstones) == (keys.size, tombstones.size), line.key
+        assert manifest.save_mode == int(sparse.mode), line.key
+        tombstoned += tombstones.size
+    if not base:
+        assert tombstoned > 0, "no model carried a tombstone: the count was not tested"

@@ -34,6 +34,7 @@ from streamtrain_operator.kube import handlers
 from streamtrain_operator.kube.daemon import Runtime
 from streamtrain_operator.kube.desired import read_job
 from streamtrain_operator.kube.metrics import OperatorMetrics
+from streamtrain_operator.kube.resources import Options
 from streamtrain_tools import crdgen
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -137,7 +138,7 @@ def test_a_mutated_field_is_rejected_by_name_or_accepted_by_both_gates(
     mutated = _dotted(path)
     schema_error = _schema_error(manifest)
     try:
-        read_job(manifest)
+        read_job(manifest, Options())
         spec_error = None
     except SpecError as exc:
         spec_error = exc
@@ -228,3 +229,38 @@ def test_bad_jobs_become_conditions_and_good_jobs_keep_being_served() -> None:
         asyncio.run(reconcile(good))
         assert kube.status[f"good-{i}"]["conditions"][0]["status"] == "True"
         assert ("StatefulSet", f"good-{i}-ps") in kube.applied
+
+
+def test_an_image_outside_the_registry_allow_list_is_refused_naming_the_field() -> None:
+    """Creating a job creates pods running its images with its Secret: with
+    ``image_registries`` set, another registry's image is ``SpecValid=False`` naming the
+    field, and nothing is applied."""
+    kube = RecordingKube()
+    options = Options(image_registries=("registry.example.com/ml",))
+    runtime = Runtime(
+        kube=cast(Any, kube),
+        metrics=OperatorMetrics(CollectorRegistry()),
+        options=options,
+        clock=lambda: 1e9,
+    )
+    memo = Memo(runtime=runtime)
+    body = _body("foreign")
+    body["spec"]["image"] = "registry.example.com/ml/streamtrain-worker:1"
+    body["spec"]["psImage"] = "evil.example.org/ml/miner:latest"
+    with pytest.raises(kopf.PermanentError):
+        asyncio.run(handlers.reconcile(body=body, meta=body["metadata"], status={}, memo=memo))
+    (cond,) = kube.status["foreign"]["conditions"]
+    assert cond["status"] == "False"
+    assert cond["message"].startswith("spec.psImage: image 'evil.example.org/ml/miner:latest'")
+    assert kube.applied == []
+    # A lookalike prefix is no match: "registry.example.com/ml-evil/..." is another path.
+    body = _body("lookalike")
+    body["spec"]["image"] = body["spec"]["psImage"] = "registry.example.com/ml-evil/x:1"
+    with pytest.raises(kopf.PermanentError):
+        asyncio.run(handlers.reconcile(body=body, meta=body["metadata"], status={}, memo=memo))
+    assert kube.status["lookalike"]["conditions"][0]["message"].startswith("spec.image:")
+    good = _body("allowed")
+    good["spec"]["image"] = "registry.example.com/ml/streamtrain-worker:1"
+    good["spec"]["psImage"] = "registry.example.com/ml/streamtrain-ps:1"
+    asyncio.run(handlers.reconcile(body=good, meta=good["metadata"], status={}, memo=memo))
+    assert kube.status["allowed"]["conditions"][0]["status"] == "True"

@@ -67,7 +67,7 @@ def test_plain_output_has_pass_lines_waits_and_conditions() -> None:
     assert lines[1] == "  condition DataMissing: no donefile in /d/0000"
     assert lines[2] == "  data arrived after 7.0s"
     assert lines[3].startswith("day 20261101 pass  1/24  auc 0.7500  loss 0.4500")
-    assert lines[3].endswith("wait 3s  [....................] 1/48")
+    assert lines[3].endswith("wait 3.0s  [....................] 1/48")
     assert lines[4] == "  export delta -> /exp/20261101/delta-1"
     assert "\r" not in out.getvalue()
 
@@ -106,3 +106,35 @@ def test_a_pass_line_never_shows_a_number_that_was_not_measured() -> None:
     p = printer(out, [0.0])
     p.finish(Progress(phase="Succeeded", history=(record(1), empty)))
     assert out.getvalue() == "r: Succeeded (done), last auc n/a\n"
+
+
+def test_a_condition_is_printed_when_it_appears_or_changes_not_every_poll() -> None:
+    out = io.StringIO()
+    pr = printer(out, [0.0])
+    pr.on_progress(Progress())
+    at_2 = StepKey("20261101", 2, StepKind.TRAIN)
+    waiting = replace(Progress(), current=at_2)
+    for seconds in (3, 4, 5):  # the message grows with every poll
+        late = Condition("DataMissing", "True", "DonefileLate", f"no donefile after {seconds}s", 1)
+        pr.on_progress(waiting.with_condition(late))
+    # The next pass is late too: a new condition, printed once more.
+    at_3 = replace(waiting, current=StepKey("20261101", 3, StepKind.TRAIN))
+    for seconds in (3, 4):
+        late = Condition("DataMissing", "True", "DonefileLate", f"pass 3: after {seconds}s", 2)
+        pr.on_progress(at_3.with_condition(late))
+    # Cleared, then late again for the same pass (after a restart): printed again.
+    pr.on_progress(at_3.with_condition(late).clear_condition("DataMissing", 3, "DataArrived"))
+    pr.on_progress(at_3.with_condition(late))
+    assert out.getvalue().splitlines() == [
+        "  condition DataMissing: no donefile after 3s",
+        "  condition DataMissing: pass 3: after 3s",
+        "  condition DataMissing: pass 3: after 4s",
+    ]
+
+
+def test_a_failed_run_ends_with_its_phase_and_leaves_the_error_to_the_caller() -> None:
+    out = io.StringIO()
+    pr = printer(out, [0.0])
+    failed = Progress(phase="Failed", message="DataMissing: pass 20261101/2: no donefile")
+    pr.finish(replace(failed, history=(record(1),)))
+    assert out.getvalue() == "r: Failed after 1 passes\n"

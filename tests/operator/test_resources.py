@@ -3,6 +3,7 @@ credentials, probes, resources and the per-job NetworkPolicy."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -10,8 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from streamtrain_operator.job.spec import Job, SpecError, load_job, parse_job
-from streamtrain_operator.kube import disk_tier
+from streamtrain_operator.job.spec import Job, ResourcesSpec, SpecError, load_job, parse_job
+from streamtrain_operator.kube import desired, disk_tier
 from streamtrain_operator.kube import resources as r
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -260,3 +261,107 @@ def test_a_storage_class_without_a_disk_limit_is_refused_naming_the_field() -> N
     manifest["spec"]["ps"]["diskStorageClass"] = "local-ssd"
     with pytest.raises(SpecError, match=r"spec\.ps\.diskStorageClass.*diskLimit > 0"):
         parse_job(manifest)
+
+
+def test_tls_renders_the_job_certificate_flags_mount_and_health_probes(job: Job) -> None:
+    options = replace(
+        OPTIONS, tls="cert-manager", tls_issuer={"kind": "ClusterIssuer", "name": "ca"}
+    )
+    objs = {
+        f"{o['kind']}/{o['metadata']['name']}": o
+        for o in r.build(
+            job, configs=CONFIGS, scale=r.Scale(2, 2), generation=1, owner=OWNER, options=options
+        )
+    }
+    cert = objs[f"Certificate/{job.name}-tls"]["spec"]
+    ns = job.namespace
+    assert cert["secretName"] == f"{job.name}-tls"
+    assert cert["issuerRef"] == {"kind": "ClusterIssuer", "name": "ca"}
+    assert set(cert["dnsNames"]) == {
+        r.job_identity(job),
+        f"*.{job.name}-ps.{ns}.svc",
+        f"*.{job.name}-worker.{ns}.svc",
+    }
+    assert {"server auth", "client auth"} <= set(cert["usages"])
+    for role in r.ROLES:
+        pod = objs[f"StatefulSet/{job.name}-{role}"]["spec"]["template"]["spec"]
+        (c,) = pod["containers"]
+        args = c["args"]
+        assert args[args.index("--tls-ca") + 1] == f"{r.TLS_DIR}/ca.crt"
+        assert args[args.index("--tls-control-peer") + 1] == "streamtrain-operator"
+        # Only the PS admits the job's own pods (pulls and pushes); workers the operator only.
+        assert ("--tls-data-peer" in args) == (role == "ps")
+        if role == "ps":
+            assert args[args.index("--tls-data-peer") + 1] == r.job_identity(job)
+        assert {"name": "tls", "mountPath": r.TLS_DIR, "readOnly": True} in c["volumeMounts"]
+        assert {
+            "name": "tls",
+            "secret": {"secretName": f"{job.name}-tls", "defaultMode": 0o440},
+        } in pod["volumes"]
+        for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+            assert c[probe]["grpc"]["port"] == options.health_port
+        policy = objs[f"NetworkPolicy/{job.name}-{role}"]["spec"]
+        ports = {p["port"] for rule in policy["ingress"] for p in rule["ports"]}
+        assert options.health_port in ports
+    assert ("Certificate", f"{job.name}-tls") in r.child_names(job, options)
+    # secret mode: the user's Secret is mounted, no Certificate is requested.
+    plain = r.build(
+        job,
+        configs=CONFIGS,
+        scale=r.Scale(1, 1),
+        generation=1,
+        owner=OWNER,
+        options=replace(options, tls="secret"),
+    )
+    assert not [o for o in plain if o["kind"] == "Certificate"]
+
+
+def test_metadata_addresses_are_cut_out_of_every_storage_ip_block(job: Job) -> None:
+    options = replace(
+        OPTIONS,
+        storage_egress=(
+            {"to": [{"ipBlock": {"cidr": "169.254.0.0/16", "except": ["169.254.1.0/24"]}}]},
+            {"to": [{"ipBlock": {"cidr": "::/0"}}, {"podSelector": {}}]},
+            {"to": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]},
+        ),
+    )
+    egress = _build(job, options=options)[f"NetworkPolicy/{job.name}-ps"]["spec"]["egress"]
+    blocks = [p["ipBlock"] for rule in egress for p in rule.get("to", ()) if "ipBlock" in p]
+    assert blocks == [
+        {"cidr": "169.254.0.0/16", "except": ["169.254.1.0/24", "169.254.169.254/32"]},
+        {"cidr": "::/0", "except": ["fd00:ec2::254/128"]},
+        {"cidr": "10.0.0.0/8"},  # holds no metadata address: unchanged
+    ]
+
+
+def test_job_pods_get_default_resources_and_a_bounded_disk_tier() -> None:
+    """The minimal example sets no resources: the operator runs it with the defaults (no
+    BestEffort pod), the PS capped below the default memory limit and its disk tier's
+    emptyDir bounded; a job that sets resources keeps its own."""
+    job = load_job(ROOT / "crds/examples/minimal.yaml")
+    assert not job.spec.ps.resources.requests and not job.spec.ps.resources.limits
+    objs = {
+        f"{o['kind']}/{o['metadata']['name']}": o
+        for o in desired.desired(job, "uid", r.Scale(1, 1), 1, OPTIONS)
+    }
+    for role, default in (
+        ("ps", OPTIONS.default_ps_resources),
+        ("worker", OPTIONS.default_worker_resources),
+    ):
+        pod = objs[f"StatefulSet/{job.name}-{role}"]["spec"]["template"]["spec"]
+        (c,) = pod["containers"]
+        assert c["resources"] == default
+        assert c["resources"]["requests"]["memory"] and c["resources"]["limits"]["memory"]
+    pod = objs[f"StatefulSet/{job.name}-ps"]["spec"]["template"]["spec"]
+    (disk,) = [v for v in pod["volumes"] if v["name"] == "disk-tier"]
+    assert disk["emptyDir"]["sizeLimit"].endswith("Mi")
+    ps_config = json.loads(objs[f"ConfigMap/{job.name}-config"]["data"]["ps.json"])
+    assert 0 < ps_config["memoryLimit"] < 4 << 30
+    assert ps_config["diskLimit"] == OPTIONS.default_disk_limit
+    # Own resources are kept as they are.
+    own = replace(
+        job.spec,
+        workers=replace(job.spec.workers, resources=ResourcesSpec(requests={"cpu": "2"})),
+    )
+    kept = r.with_defaults(replace(job, spec=own), OPTIONS)
+    assert kept.spec.workers.resources == ResourcesSpec(requests={"cpu": "2"})

@@ -382,6 +382,34 @@ def test_restart_after_shrink_replays_it_on_the_restored_state_without_recording
     assert machine.progress.shrunk_days == ("20261101", "20261102")
 
 
+def test_a_kill_after_the_day_end_exports_replays_the_base_and_the_batch() -> None:
+    """Killed while the day-end checkpoint was written: the day's base and batch are
+    published, and their PS side effects (``delta_score`` reset, ``unseen_days`` aged) are
+    part of the state that checkpoint must hold. The replay redoes them (to scratch), not
+    only the deltas; a replay without them writes a checkpoint of another state."""
+    first = World()
+    first.run(fresh())
+    crashed = _crash_at(
+        first,
+        lambda a: isinstance(a, Save) and a.key == StepKey("20261101", 3, StepKind.CHECKPOINT),
+    )
+    assert crashed.completed == StepKey("20261101", 3, StepKind.BATCH)
+    second = World()
+    machine = restart(crashed)
+    assert second.run(machine).phase == Phase.SUCCEEDED
+    assert steps(second.log)[:8] == [
+        "load /ckpt/20261101/pass-2-g1",
+        "reset",
+        "replay train 20261101/3",
+        "replay delta /exp/20261101/delta-3",
+        "replay shrink 20261101",
+        "replay base /exp/20261102/base",
+        "replay batch /exp/20261101/batch",
+        "checkpoint /ckpt/20261101/pass-3-g2",
+    ]
+    assert machine.progress.replayed_steps == 5
+
+
 def test_resume_after_a_checkpoint_skips_completed_passes() -> None:
     first = World()
     first.run(fresh())

@@ -42,19 +42,38 @@ def sample(seed: int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return preds, labels, losses
 
 
-def test_bucketed_auc_equals_rank_auc_of_bucketed_scores() -> None:
+def on_bucket_centres(preds: np.ndarray, num_buckets: int) -> np.ndarray:
+    """``preds`` moved to the centre of their bucket ``[k/n, (k+1)/n)``, computed here and
+    not with the product's ``bucket_index``: predictions that share a bucket become equal,
+    so the bucketed AUC must be exactly the rank AUC of these (ties counted half)."""
+    k = np.minimum((preds * num_buckets).astype(np.int64), num_buckets - 1)
+    return (k + 0.5) / num_buckets
+
+
+def test_bucketed_auc_equals_rank_auc_of_predictions_on_bucket_centres() -> None:
     preds, labels, losses = sample(0, 5000)
+    centred = on_bucket_centres(preds, 1000)
     m = PassMetrics(num_buckets=1000)
-    m.add(preds, labels, losses)
-    # Bucketing only turns predictions into their bucket index: the rank AUC of the
-    # bucket indices (ties counted half) is exactly what the histogram walk computes.
-    assert m.auc == pytest.approx(
-        rank_auc(bucket_index(preds, 1000).astype(float), labels), abs=1e-12
-    )
+    m.add(centred, labels, losses)
+    assert m.auc == pytest.approx(rank_auc(centred, labels), abs=1e-12)
     # and with fine buckets it is the AUC of the raw predictions up to bucket ties.
     fine = PassMetrics(num_buckets=1 << 20)
     fine.add(preds, labels, losses)
     assert fine.auc == pytest.approx(rank_auc(preds, labels), abs=1e-4)
+
+
+def test_a_prediction_lands_in_the_bucket_its_value_names() -> None:
+    # Bucket k holds [k/n, (k+1)/n); 1.0 and anything above go to the last, below 0 to the
+    # first (hand-written expectations: an edge moved by one changes some of them).
+    preds = [-0.5, 0.0, 0.2499, 0.25, 0.5, 0.7499, 0.75, 0.9999, 1.0, 7.0]
+    assert bucket_index(preds, 4).tolist() == [0, 0, 0, 1, 2, 2, 3, 3, 3, 3]
+    # Two predictions one bucket apart are ranked, two in one bucket are a tie.
+    m = PassMetrics(num_buckets=4)
+    m.add(np.array([0.26, 0.24]), np.array([1.0, 0.0]), np.zeros(2))
+    assert m.auc == 1.0
+    tie = PassMetrics(num_buckets=4)
+    tie.add(np.array([0.26, 0.49]), np.array([0.0, 1.0]), np.zeros(2))
+    assert tie.auc == 0.5
 
 
 def pair_count_auc(pos: np.ndarray, neg: np.ndarray) -> float:
@@ -114,7 +133,11 @@ def test_two_workers_summed_equal_single_process() -> None:
         got = getattr(merged, name)
         assert got is None if expected is None else got == pytest.approx(expected, rel=1e-9), name
     # a mean of the per-worker AUCs is generally not the global AUC; ours is exact
-    assert merged.auc == pytest.approx(rank_auc(bucket_index(preds, 4096).astype(float), labels))
+    centred = on_bucket_centres(preds, 4096)
+    exact = PassMetrics(num_buckets=4096)
+    exact.add(centred, labels, losses)
+    assert exact.auc == pytest.approx(rank_auc(centred, labels), abs=1e-12)
+    assert merged.auc == exact.auc == single.auc
 
 
 def test_error_metrics_match_direct_formulas() -> None:

@@ -10,6 +10,7 @@
 3. Prints learned AUC against the oracle per pass, the published models, a serving check
    (the last pass's data scored by the model published before it, as serving would have,
    next to what training reported), and the commands to look further (status, predict).
+4. Writes ``report.html`` (``streamtrain report``: plots of every pass) and prints its path.
 
 Everything lands in ``demo-run/`` (removed first, so every demo starts fresh).
 """
@@ -30,6 +31,8 @@ import yaml
 
 from streamtrain_operator.job.progress import Phase, Progress
 from streamtrain_operator.job.spec import load_job
+from streamtrain_operator.local.passlog import FILE_NAME
+from streamtrain_operator.local.report import write_report
 from streamtrain_operator.local.reporting import metric
 from streamtrain_operator.local.runner import RunOptions, run_job
 from streamtrain_operator.run.export import read_donefile
@@ -136,6 +139,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     finally:
         writer.stop()
+    if progress.phase == Phase.FAILED:
+        print(f"error: {progress.message}", file=sys.stderr)
     oracle = {(o.day, o.pass_index): o.oracle_auc for o in synth.passes}
     print("\n== learned AUC (progressive validation) against the generator's oracle", file=out)
     for r in progress.history:
@@ -159,9 +164,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"   .venv/bin/streamtrain predict --export {root / 'models'} {last_folder}/part-*",
         file=out,
     )
+    from streamtrain_worker.serving.server import show_one_request  # torch: imported late
+
+    show_one_request(str(root / "models"), sorted(Path(last_folder).glob("part-*"))[0], out)
     (root / "summary.json").write_text(
         json.dumps({"phase": progress.phase, "passes": len(progress.history)}, indent=1)
     )
+    report = root / "report.html"
+    write_report(root / "work" / FILE_NAME, report, title="streamtrain demo")
+    print(f"\n== report with plots of every pass: {report}", file=out)
+    print(f"   per-pass metrics: {root / 'work' / FILE_NAME}", file=out)
     return 0 if progress.phase == Phase.SUCCEEDED else 1
 
 

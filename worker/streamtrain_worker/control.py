@@ -54,6 +54,7 @@ import grpc
 from streamtrain_ps.api import PSLike
 from streamtrain_ps.errors import MemoryLimitError, PSError, PSUnavailableError
 from streamtrain_ps.plumbing.grpc_serving import GrpcServer
+from streamtrain_ps.plumbing.tls import PeerPolicy, TLSFiles, authorising_interceptor, describe_peer
 from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.data.batch import Batch
 from streamtrain_worker.data.errors import DataError
@@ -70,6 +71,9 @@ from streamtrain_worker.train import PassCancelledError, Trainer
 log = logging.getLogger(__name__)
 
 SERVICE_NAME: str = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
+#: Every method of the worker is the scheduler's: over mutual TLS only the operator's
+#: identity may call them (``streamtrain_ps.plumbing.tls.PeerPolicy``).
+CONTROL_METHODS = frozenset(worker_pb2.DESCRIPTOR.services_by_name["Worker"].methods_by_name)
 #: PassResults carry two histograms of ``numBuckets`` uint64s; leave room for large ones.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
@@ -208,6 +212,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self, request: Any, context: grpc.ServicerContext
     ) -> Any:
         what = f"RunPass(day={request.day}, pass={request.pass_index}, gen={request.generation})"
+        log.info("%s requested by %s", what, describe_peer(context))
 
         def run() -> Any:
             if request.generation < self._generation:
@@ -252,6 +257,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     def ExportDense(  # noqa: N802 - gRPC method name
         self, request: Any, context: grpc.ServicerContext
     ) -> Any:
+        log.info("ExportDense %s requested by %s", request.uri, describe_peer(context))
+
         def run() -> Any:
             trainer = self.trainer
             trainer.sync_dense()  # export what the PS holds, not a stale local copy
@@ -275,6 +282,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self, request: Any, context: grpc.ServicerContext
     ) -> Any:
         newer = int(request.generation)
+        log.info("Reset(gen=%d) requested by %s", newer, describe_peer(context))
         running = self._running
         if newer and running is not None and running < newer:
             log.warning(
@@ -341,9 +349,17 @@ class WorkerServer(GrpcServer):
         host: str = "127.0.0.1",
         port: int = 0,
         max_workers: int = 4,
+        tls: TLSFiles | None = None,
+        peers: PeerPolicy | None = None,
+        health_port: int | None = None,
     ) -> None:
         self.servicer = servicer
         super().__init__(
+            credentials=tls.server_credentials() if tls is not None else None,
+            interceptors=[authorising_interceptor(peers)] if peers is not None else [],
+            health_port=health_port,
+            max_inflight_bytes=2 * MAX_MESSAGE_BYTES,
+            max_concurrent_rpcs=4 * max_workers,
             what="worker server",
             service_name=SERVICE_NAME,
             host=host,

@@ -146,7 +146,9 @@ class DoneLine:
     kind: ModelKind
     day: str  # the day whose passes the model holds (a base lives under the next day)
     pass_index: int
-    base: str | None  # key of the base a delta applies to (None: an empty model)
+    #: Key of the base a delta applies to; ``None``: no base, the delta applies to every
+    #: delta without a base before it (the job's first day, or ``export.base: false``).
+    base: str | None
     published_at: float
 
     def render(self) -> str:

@@ -5,8 +5,11 @@
 one JSON line per published model; the folder's format is ``model_folder``):
 
 - a ``base`` or ``batch`` model is complete on its own;
-- a ``delta-<pass>`` model is its base (``null`` for the first day: an empty table) plus
-  every delta of the same day up to that pass, applied in publication order: each delta's
+- a ``delta-<pass>`` model is its base plus every delta of the same day up to that pass;
+  a delta without a base (``null``: the job's first day, or every day with
+  ``export.base: false``) is every delta without a base up to it, back to the job's first
+  one (``delta_score`` is reset at every delta, so a key not changed since an earlier day
+  is only in that day's delta). Deltas are applied in publication order: each delta's
   tombstones are deleted first, then its keys are inserted or replaced.
 
 The sparse rows ``[show, click, embed_w, embedx...]`` come from the PS save readers
@@ -20,11 +23,13 @@ same model state the AUC equals what an evaluate-only ``RunPass`` reports.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import IO, Any, cast
 
 import fsspec
 import numpy as np
@@ -32,8 +37,12 @@ import numpy.typing as npt
 import torch
 
 from streamtrain_ps.api import PSLike
+from streamtrain_ps.errors import CheckpointError
 from streamtrain_ps.saves.checkpoint import read_sparse
+from streamtrain_worker.data.batch import Batch
 from streamtrain_worker.data.config import DataConfig
+from streamtrain_worker.data.errors import DataError
+from streamtrain_worker.data.formats import make_format
 from streamtrain_worker.data.reader import PassReader
 from streamtrain_worker.embedding import Lookup, prepare
 from streamtrain_worker.export import load_dense
@@ -79,13 +88,15 @@ def model_chain(root: str, key: str | None = None) -> list[DoneLine]:
     chain = [d for d in lines if d.key == target.base] if target.base else []
     if target.base and not chain:
         raise ModelNotFoundError(f"{root}: delta {target.key} needs base {target.base}")
+    upto = (target.day, target.pass_index)
     deltas = [
         d
         for d in lines
         if d.kind is ModelKind.DELTA
-        and d.day == target.day
         and d.base == target.base
-        and d.pass_index <= target.pass_index
+        # Without a base the chain reaches back to the job's first delta (module docstring).
+        and (d.day == target.day or target.base is None)
+        and (d.day, d.pass_index) <= upto
     ]
     return chain + deltas
 
@@ -157,35 +168,93 @@ def load_model(root: str, key: str | None = None) -> LoadedModel:
     )
 
 
-def score(model: LoadedModel, files: Sequence[str], batch_size: int = 1024) -> PassMetrics:
-    """Predict every example of ``files``; the metrics of those predictions."""
-    metrics = PassMetrics(num_buckets=model.num_buckets)
-    dim = int(model.meta["embeddingDim"])
-    cvm = bool(model.meta["cvm"])
-    seq_slot = model.meta.get("sequenceSlot")
-    uses_seq = any(i["name"] == "seq" for i in model.meta["inputs"])
+def forward(
+    dense: torch.jit.ScriptModule,
+    meta: dict[str, Any],
+    table: str,
+    batch: Batch,
+    ps: PSLike,
+) -> npt.NDArray[np.float64]:
+    """The predicted CTR of every example of ``batch`` with the sparse rows of ``ps`` (a
+    ``pull_sparse``), pooled exactly as in training; the one scoring path of ``predict`` and
+    of the server (``streamtrain_worker.serving``), so both give the same number."""
+    dim = int(meta["embeddingDim"])
+    seq_slot = meta.get("sequenceSlot")
+    uses_seq = any(i["name"] == "seq" for i in meta["inputs"])
     # Exports from before the ordinal inputs have no such key: none.
-    ordinal_slots = tuple(int(s) for s in model.meta.get("ordinalSlots", []))
+    ordinal_slots = tuple(int(s) for s in meta.get("ordinalSlots", []))
+    with torch.no_grad():
+        prepared = prepare(batch, ps, table, dim, bool(meta["cvm"]), ordinal_slots)
+        lookup = Lookup(prepared, bool(meta["cvm"]), requires_grad=False)
+        if uses_seq and seq_slot is not None:
+            seq, mask = lookup.sequence(int(seq_slot))
+            preds = dense(lookup.pooled, seq, mask, lookup.ordinal)
+        else:
+            preds = dense(lookup.pooled, None, None, lookup.ordinal)
+    return cast("npt.NDArray[np.float64]", preds.numpy().astype(np.float64))
+
+
+class RowWriter:
+    """Per-row scores as CSV (``model,row,label,score``) or JSON lines; an unlabelled row's
+    label is empty (CSV) or null (JSON)."""
+
+    def __init__(self, out: IO[str], fmt: str, model: str) -> None:
+        self._out, self._fmt, self._model, self._row = out, fmt, model, 0
+        if fmt == "csv":
+            out.write("model,row,label,score\n")
+
+    def write(self, labels: npt.NDArray[np.float32], preds: npt.NDArray[np.float64]) -> None:
+        lines = []
+        for y, p in zip(labels.tolist(), preds.tolist(), strict=True):
+            label = None if math.isnan(y) else int(y)
+            if self._fmt == "csv":
+                lines.append(f"{self._model},{self._row},{'' if label is None else label},{p!r}")
+            else:
+                record = {"model": self._model, "row": self._row, "label": label, "score": p}
+                lines.append(json.dumps(record))
+            self._row += 1
+        if lines:
+            self._out.write("\n".join(lines) + "\n")
+
+
+def score(
+    model: LoadedModel,
+    files: Sequence[str],
+    batch_size: int = 1024,
+    rows: RowWriter | None = None,
+) -> PassMetrics:
+    """Predict every example of ``files`` (each row to ``rows``, if given); the metrics of
+    the labelled ones (an unlabelled slot line is scored, not counted)."""
+    metrics = PassMetrics(num_buckets=model.num_buckets)
     ps = cast(PSLike, model.sparse)
-    with torch.no_grad(), PassReader(list(files), model.data, batch_size) as reader:
+    fmt = make_format(model.data, labels_optional=True)
+    with PassReader(list(files), model.data, batch_size, fmt=fmt) as reader:
         for batch in reader:
             if batch.size == 0:
                 continue
-            prepared = prepare(batch, ps, model.table, dim, cvm, ordinal_slots)
-            lookup = Lookup(prepared, cvm, requires_grad=False)
-            if uses_seq and seq_slot is not None:
-                seq, mask = lookup.sequence(int(seq_slot))
-                preds = model.dense(lookup.pooled, seq, mask, lookup.ordinal)
-            else:
-                preds = model.dense(lookup.pooled, None, None, lookup.ordinal)
-            p = preds.numpy().astype(np.float64)
-            y = batch.labels.astype(np.float64)
-            pc = np.clip(p, EPS, 1 - EPS)
+            p = forward(model.dense, model.meta, model.table, batch, ps)
+            if rows is not None:
+                rows.write(batch.labels, p)
+            labelled = ~np.isnan(batch.labels)
+            y = batch.labels[labelled].astype(np.float64)
+            pc = np.clip(p[labelled], EPS, 1 - EPS)
             losses = -(y * np.log(pc) + (1 - y) * np.log(1 - pc))
-            metrics.add(p, y, losses)
+            metrics.add(p[labelled], y, losses)
         metrics.bad_lines = reader.stats.bad_lines
         metrics.files_read = reader.stats.files
     return metrics
+
+
+#: What a bad model, export root or data file raises; each names its file (never a traceback).
+INPUT_ERRORS = (ModelNotFoundError, OSError, ValueError, DataError, CheckpointError)
+
+
+def _missing(files: Sequence[str]) -> str | None:
+    for f in files:
+        fs, path = fsspec.core.url_to_fs(f)
+        if not fs.exists(path):
+            return f"{f}: no such data file"
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -194,14 +263,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--model", help="model key, e.g. 20261102/delta-3 (default: the newest)")
     p.add_argument("--batch-size", type=int, default=1024)
     p.add_argument("--json", action="store_true", help="print only one JSON object")
+    p.add_argument(
+        "--rows",
+        choices=("csv", "jsonl"),
+        help="also write every row's score (with the model key) to --out",
+    )
+    p.add_argument(
+        "--out",
+        default="-",
+        help="where --rows go (default '-': stdout; the summary then goes to stderr)",
+    )
     p.add_argument("files", nargs="+", help="data files in the model's training format")
     args = p.parse_args(argv)
+    if args.batch_size < 1:
+        p.error(f"--batch-size must be >= 1, got {args.batch_size}")
+    summary_out = sys.stderr if args.rows and args.out == "-" else sys.stdout
     try:
+        missing = _missing(args.files)
+        if missing:
+            raise FileNotFoundError(missing)
         model = load_model(args.export, args.model)
-    except (ModelNotFoundError, OSError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        with contextlib.ExitStack() as stack:
+            writer = None
+            if args.rows:
+                out = sys.stdout if args.out == "-" else stack.enter_context(open(args.out, "w"))
+                writer = RowWriter(out, args.rows, model.key)
+            metrics = score(model, args.files, args.batch_size, writer)
+    except INPUT_ERRORS as exc:
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
         return 2
-    metrics = score(model, args.files, args.batch_size)
     # Every metric name is in the JSON; an undefined one (no example, one class) is null,
     # never a placeholder such as 0.5.
     summary = metrics.summary()
@@ -213,14 +303,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     result.update({k: summary.get(k) for k in DERIVED_METRICS})
     if not args.json:
-        print(f"model {model.key} ({' + '.join(model.chain)}), {result['keys']:,} keys")
+        print(
+            f"model {model.key} ({' + '.join(model.chain)}), {result['keys']:,} keys",
+            file=summary_out,
+        )
         print(
             f"{metrics.examples:,} examples: auc {format_metric(metrics.auc)}"
             f"  loss {format_metric(metrics.loss)}  copc {format_metric(metrics.copc, '.3f')}"
-            f"  mae {format_metric(metrics.mae)}  rmse {format_metric(metrics.rmse)}"
+            f"  mae {format_metric(metrics.mae)}  rmse {format_metric(metrics.rmse)}",
+            file=summary_out,
         )
-    print(json.dumps(result, sort_keys=True))
+    print(json.dumps(result, sort_keys=True), file=summary_out)
     return 0
+
+
+def _one_line(exc: BaseException) -> str:
+    """The error's message on one line (an OS error's own text names its file)."""
+    if isinstance(exc, FileNotFoundError) and exc.filename:
+        return f"{exc.filename}: no such file"
+    text = str(exc) or type(exc).__name__
+    return " ".join(text.split())
 
 
 if __name__ == "__main__":

@@ -22,11 +22,13 @@ from prometheus_client import CollectorRegistry
 
 from streamtrain_ps.client.remote import RemotePS, RetryPolicy
 from streamtrain_ps.config import ConfigError
+from streamtrain_ps.plumbing import tls as tls_flags
 from streamtrain_ps.plumbing.grpc_serving import serve_metrics, started, stop_on_signals
 from streamtrain_ps.plumbing.heap import reuse_large_buffers
 from streamtrain_ps.plumbing.startup import announce
+from streamtrain_ps.plumbing.tls import TLSConfigError
 from streamtrain_worker.config import WorkerConfig
-from streamtrain_worker.control import WorkerServer, WorkerServicer
+from streamtrain_worker.control import CONTROL_METHODS, WorkerServer, WorkerServicer
 from streamtrain_worker.monitoring import WorkerMetrics
 from streamtrain_worker.warmup import start_warm_up
 
@@ -47,6 +49,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     p.add_argument("--grace", type=float, default=30.0, help="seconds to finish a pass on SIGTERM")
     p.add_argument("--log-level", default="INFO")
+    # The same certificate serves the control port and dials the PS shards.
+    tls_flags.add_arguments(p)
     return p.parse_args(argv)
 
 
@@ -73,12 +77,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not config.ps.endpoints:
         print(f"error: --config {args.config}: worker.ps.endpoints: required", file=sys.stderr)
         return 2
+    try:
+        tls = tls_flags.from_args(args)
+    except TLSConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     torch.set_num_threads(config.runtime.numThreads)
     torch.set_num_interop_threads(1)
     # Every batch sends a dense gradient of 1-2 MB and every sync receives the parameters:
     # glibc's defaults fault each such buffer in afresh (streamtrain_ps.plumbing.heap).
     reuse_large_buffers()
-    ps = RemotePS(config.ps.endpoints, config.ps.config, retry=retry_policy(config))
+    ps = RemotePS(config.ps.endpoints, config.ps.config, retry=retry_policy(config), tls=tls)
     registry = CollectorRegistry()
     servicer = WorkerServicer(
         config,
@@ -90,7 +99,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         # in the first pass's first batch.
         after_build=lambda: start_warm_up(config.data),
     )
-    server = WorkerServer(servicer, host=args.host, port=args.port)
+    server = WorkerServer(
+        servicer,
+        host=args.host,
+        port=args.port,
+        tls=tls,
+        peers=tls_flags.policy_from_args(args, CONTROL_METHODS),
+        health_port=args.health_port,
+    )
     if not started(server):
         return 1
     http = serve_metrics(args.metrics_port, args.host, registry)

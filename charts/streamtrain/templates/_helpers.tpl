@@ -55,7 +55,8 @@ app.kubernetes.io/component: operator
 {{/*
 The operator's permissions, shared by the ClusterRole and the per-namespace Roles. Least
 privilege: it reads and patches its own resource (and its status), owns the children it
-creates, watches pods to notice restarts, and writes events. No secrets: pods read the
+creates, watches pods to notice restarts, writes events, and holds one Lease per job (the
+driver's fence, kube/lease.py). No secrets: pods read the
 storage credentials themselves through envFrom.
 */}}
 {{- define "streamtrain.rules" -}}
@@ -77,9 +78,26 @@ storage credentials themselves through envFrom.
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  verbs: [get, create, patch]
 {{- if .Values.networkPolicy.enabled }}
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
   verbs: [get, list, watch, create, patch, update, delete]
 {{- end }}
+{{- if eq .Values.tls.mode "cert-manager" }}
+- apiGroups: [cert-manager.io]
+  resources: [certificates]
+  verbs: [get, list, watch, create, patch, update, delete]
+{{- end }}
+{{- end -}}
+
+{{/* The Secret holding the operator's own certificate (empty: TLS off). */}}
+{{- define "streamtrain.operatorTLSSecret" -}}
+{{- if eq .Values.tls.mode "cert-manager" -}}
+{{- include "streamtrain.fullname" . }}-operator-tls
+{{- else if eq .Values.tls.mode "secret" -}}
+{{- required "tls.operatorSecret is required with tls.mode=secret" .Values.tls.operatorSecret -}}
+{{- end -}}
 {{- end -}}

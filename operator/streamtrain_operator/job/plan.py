@@ -202,7 +202,11 @@ class PassPlan:
         raise ValueError(f"{key} is not an export step")
 
     def base_of_delta(self, key: StepKey) -> str | None:
-        """Export key (relative to the export root) of the base a delta applies to."""
+        """Export key (relative to the export root) of the base a delta applies to.
+
+        ``None`` on the first day and, with ``export.base: false``, on every day: such a
+        delta applies to every delta without a base before it, back to the job's first
+        (``streamtrain_worker.predict.model_chain``)."""
         if key.day == self.start_day or not self.base:
             return None
         return model_key(ModelKind.BASE, key.day)

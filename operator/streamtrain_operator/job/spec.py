@@ -53,10 +53,12 @@ __all__ = [
     "KIND",
     "Job",
     "JobSpec",
+    "ManifestSyntaxError",
     "SpecError",
     "enum_values",
     "field_hints",
     "load_job",
+    "manifest_syntax_error",
     "parse_day",
     "parse_job",
     "parse_spec",
@@ -219,7 +221,11 @@ class ExportSpec:
     deltaEveryPasses: int = setting(
         1, "Publish a delta model after every N-th pass of a day; 0 disables deltas.", minimum=0
     )
-    base: bool = setting(True, "Publish a base model at every day end (for the next day).")
+    base: bool = setting(
+        True,
+        "Publish a base model at every day end (for the next day). Without one, a delta's "
+        "serving chain reaches back to the job's first delta.",
+    )
     batchModel: bool = setting(
         True,
         "Write the batch model (save mode 3, all keys) at every day "
@@ -336,8 +342,30 @@ def load_job(path: str | Path) -> Job:
     try:
         manifest = yaml.safe_load(p.read_text())
     except yaml.YAMLError as exc:
-        raise SpecError(str(p), f"not valid YAML: {exc}") from exc
+        raise manifest_syntax_error(p, exc) from exc
     return parse_job(manifest, base_dir=p.resolve().parent)
+
+
+class ManifestSyntaxError(SpecError):
+    """The manifest file is not YAML; ``path`` is ``FILE:LINE:COLUMN`` (1-based) where the
+    parser stopped, so ``str()`` names the file once, as editors and compilers do."""
+
+
+def manifest_syntax_error(path: str | Path, exc: Exception) -> ManifestSyntaxError:
+    """PyYAML's error for the file at ``path``, as a :class:`ManifestSyntaxError`."""
+    return ManifestSyntaxError(f"{path}{_yaml_position(exc)}", _yaml_problem(exc))
+
+
+def _yaml_position(exc: Exception) -> str:
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    return "" if mark is None else f":{mark.line + 1}:{mark.column + 1}"
+
+
+def _yaml_problem(exc: Exception) -> str:
+    """PyYAML's problem and context, without its ``in "<unicode string>"`` lines."""
+    problem = getattr(exc, "problem", None) or str(exc)
+    context = getattr(exc, "context", None)
+    return f"not valid YAML: {problem}" + (f" ({context})" if context else "")
 
 
 def is_local_path(url: str) -> bool:

@@ -2,7 +2,8 @@
 
 A deliberately small surface over the official ``kubernetes`` client: apply (create, and on
 409 merge-patch the same object), delete (404 is fine), scale a StatefulSet, patch the job's
-status, post an Event, and read pod identities and restart counts. Every call carries the
+status, post an Event, read pod identities and restart counts, and read, create and
+conditionally replace the job's driver Lease (``lease.py``). Every call carries the
 request timeout from the operator's settings, so a half-dead connection cannot stall a
 handler forever.
 
@@ -17,12 +18,13 @@ import datetime as dt
 import logging
 import uuid
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from streamtrain_operator.job.spec import API_VERSION, KIND
+from streamtrain_operator.kube.lease import LeaseConflict
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +38,34 @@ _KINDS: dict[str, tuple[type, str]] = {
     "StatefulSet": (client.AppsV1Api, "stateful_set"),
     "NetworkPolicy": (client.NetworkingV1Api, "network_policy"),
 }
+
+
+class _Certificates:
+    """cert-manager ``Certificate``s through the custom-objects API, under the method names
+    ``Kube`` calls for the built-in kinds."""
+
+    GROUP, VERSION, PLURAL = "cert-manager.io", "v1", "certificates"
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self._api = client.CustomObjectsApi(api)
+
+    def create_namespaced_certificate(self, namespace: str, body: Any, **kw: Any) -> Any:
+        return self._api.create_namespaced_custom_object(
+            self.GROUP, self.VERSION, namespace, self.PLURAL, body, **kw
+        )
+
+    def patch_namespaced_certificate(self, name: str, namespace: str, body: Any, **kw: Any) -> Any:
+        return self._api.patch_namespaced_custom_object(
+            self.GROUP, self.VERSION, namespace, self.PLURAL, name, body, **kw
+        )
+
+    def delete_namespaced_certificate(self, name: str, namespace: str, **kw: Any) -> Any:
+        return self._api.delete_namespaced_custom_object(
+            self.GROUP, self.VERSION, namespace, self.PLURAL, name, **kw
+        )
+
+
+_KINDS["Certificate"] = (_Certificates, "certificate")
 
 
 class KubeAPI(Protocol):
@@ -65,6 +95,19 @@ class KubeAPI(Protocol):
         """``name -> (uid, container restarts)`` of the pods matching ``selector``: a new
         uid (pod recreated) or a higher count (container restarted) both mean the process
         lost its memory."""
+        ...
+
+    def read_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The Lease as a dict (``None`` if absent)."""
+        ...
+
+    def create_lease(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Create a Lease; ``LeaseConflict`` if it exists."""
+        ...
+
+    def replace_lease(self, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Overwrite a Lease's spec (a merge-patch); ``LeaseConflict`` unless ``body``'s
+        ``resourceVersion`` is the current one."""
         ...
 
 
@@ -186,3 +229,42 @@ class Kube:
             restarts = sum(int(s.restart_count or 0) for s in statuses)
             out[str(meta.name)] = (str(meta.uid), restarts)
         return out
+
+    def read_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            lease = client.CoordinationV1Api(self.api).read_namespaced_lease(
+                name, namespace, _request_timeout=self.timeout
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return dict(self.api.sanitize_for_serialization(lease))
+
+    def create_lease(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        try:
+            lease = client.CoordinationV1Api(self.api).create_namespaced_lease(
+                namespace, cast(Any, dict(body)), _request_timeout=self.timeout
+            )
+        except ApiException as exc:
+            if exc.status == 409:
+                raise LeaseConflict(f"lease {namespace}/{body['metadata']['name']} exists") from exc
+            raise
+        return dict(self.api.sanitize_for_serialization(lease))
+
+    def replace_lease(self, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        try:
+            # A merge-patch that carries ``metadata.resourceVersion`` is conditional: the
+            # API server refuses it (409) unless that is the current version.
+            lease = client.CoordinationV1Api(self.api).patch_namespaced_lease(
+                name,
+                namespace,
+                dict(body),
+                _content_type=MERGE_PATCH,
+                _request_timeout=self.timeout,
+            )
+        except ApiException as exc:
+            if exc.status == 409:
+                raise LeaseConflict(f"lease {namespace}/{name} changed since it was read") from exc
+            raise
+        return dict(self.api.sanitize_for_serialization(lease))

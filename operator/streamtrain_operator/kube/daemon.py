@@ -17,6 +17,11 @@ the pods' gRPC health, runs the driver with progress stored in the job's status,
 - Succeeded (``endDay`` reached): the StatefulSets are deleted — pods removed, the models
   in object storage untouched; Failed: the pods scale to zero, the status says why.
 
+Only the holder of the job's Lease drives it (``lease.py``): a cycle first takes the Lease
+(another operator holds it: wait and look again), renews it beside the driver, and every
+status write checks it is still held, so a second operator pod never drives a job the
+first one holds, and one that lost its Lease writes nothing more.
+
 Every wait polls with a timeout and ends promptly when kopf signals the daemon to stop.
 Events are posted at pass start and end, exports, shrinks, recoveries and phase changes.
 """
@@ -29,7 +34,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from streamtrain_operator.job import render
 from streamtrain_operator.job.messages import Action, RunPass
@@ -40,11 +45,13 @@ from streamtrain_operator.kube import resources
 from streamtrain_operator.kube import status as st
 from streamtrain_operator.kube.api import KubeAPI
 from streamtrain_operator.kube.desired import desired, read_job
+from streamtrain_operator.kube.lease import DriverLease, LeaseLost
 from streamtrain_operator.kube.metrics import OperatorMetrics
 from streamtrain_operator.run.connection import Connection, dial
 from streamtrain_operator.run.driver import Driver, Observer
 from streamtrain_operator.run.hooks import NO_HOOK, StepHook
 from streamtrain_operator.run.state import StateStore
+from streamtrain_ps.plumbing.tls import TLSFiles
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +75,8 @@ class GrpcConnector:
     contract test)."""
 
     endpoint_map: Mapping[str, str] = field(default_factory=dict)
+    #: The operator's certificate (``None``: plaintext).
+    tls: TLSFiles | None = None
 
     def __call__(self, job: Job, scale: resources.Scale, options: resources.Options) -> Connection:
         def rewrite(endpoint: str) -> str:
@@ -78,6 +87,7 @@ class GrpcConnector:
             [rewrite(e) for e in resources.worker_addresses(job, scale.workers, options)],
             render.ps_config(job.spec),
             worker_name=f"{job.name}-worker",
+            tls=self.tls,
         )
 
 
@@ -99,6 +109,9 @@ class Runtime:
     idle_poll_seconds: float = 5.0
     #: Given to every driver (``run.hooks``): the fault tests hold a run at a step with it.
     step_hook: StepHook = NO_HOOK
+    #: This operator's name in the jobs' Leases (the pod name, ``main``). ``None``: no
+    #: Lease — only for tests that drive a supervisor over a fake API without Leases.
+    identity: str | None = None
 
 
 class PodRestarts:
@@ -183,6 +196,19 @@ class JobSupervisor:
         self._previous: Progress | None = None
         #: Set by the update handler; read at every waiting point of a cycle.
         self._restart = False
+        meta = body["metadata"]
+        self.lease: DriverLease | None = (
+            None
+            if rt.identity is None
+            else DriverLease(
+                cast(Any, rt.kube),
+                meta.get("namespace", "default"),
+                meta["name"],
+                rt.identity,
+                rt.clock,
+            )
+        )
+        self._waiting_for_lease = False
 
     # ------------------------------------------------------------------ identity
 
@@ -199,6 +225,10 @@ class JobSupervisor:
         return dict(self.body.get("status") or {})
 
     def _patch(self, body: Mapping[str, Any]) -> None:
+        """Every status write of the supervisor and its driver: only while the Lease is
+        held (``LeaseLost`` otherwise, before anything is sent)."""
+        if self.lease is not None:
+            self.lease.check()
         self.rt.kube.patch_status(self.ref["namespace"], self.ref["name"], body)
 
     def _event(self, reason: str, message: str, warning: bool = False) -> None:
@@ -221,15 +251,50 @@ class JobSupervisor:
     async def run(self, stopped: StopSignal) -> None:
         try:
             while not stopped.is_set():
-                if await self._cycle(stopped):
-                    return
+                if not await self._hold_lease():
+                    await self._idle(stopped)
+                    continue
+                try:
+                    if await self._cycle(stopped):
+                        return
+                except LeaseLost as exc:  # another operator drives the job now
+                    log.warning("%s: %s; not driving it", self.ref["name"], exc)
         finally:
             self.driver = None
+            if self.lease is not None:
+                await asyncio.to_thread(self.lease.release)
+
+    async def _hold_lease(self) -> bool:
+        """Take (or keep) the job's Lease; ``False`` while another operator holds it."""
+        if self.lease is None:
+            return True
+        try:
+            held = await asyncio.to_thread(self.lease.acquire)
+        except Exception:  # the API is away: not held, look again after the idle poll
+            log.warning("lease of %s not acquired", self.ref["name"], exc_info=True)
+            held = False
+        if not held and not self._waiting_for_lease:
+            log.info("%s is driven by another operator: waiting for its Lease", self.ref["name"])
+        self._waiting_for_lease = not held
+        return held
+
+    async def _keep_lease(self) -> None:
+        """Renew the Lease beside the driver; return once it is lost (the driver stops)."""
+        assert self.lease is not None
+        while True:
+            await asyncio.sleep(self.lease.duration / 3)
+            try:
+                await asyncio.to_thread(self.lease.renew)
+            except LeaseLost as exc:
+                log.warning("%s: %s", self.ref["name"], exc)
+                return
+            except Exception:  # a failed renewal: retried; ``check`` fences the writes
+                log.warning("lease of %s not renewed", self.ref["name"], exc_info=True)
 
     async def _cycle(self, stopped: StopSignal) -> bool:
         """One look at the job; ``True`` when the daemon is done for good."""
         try:
-            job = read_job(self.body)
+            job = read_job(self.body, self.rt.options)
         except SpecError:
             await self._idle(stopped)  # the create/update handler reported it
             return False
@@ -323,12 +388,17 @@ class JobSupervisor:
             tasks.append(run)
             watch = asyncio.create_task(self._watch_ps(job, restarts))
             tasks.append(watch)
+            keep = asyncio.create_task(
+                self._keep_lease() if self.lease is not None else asyncio.Event().wait()
+            )
+            tasks.append(keep)
             stop = asyncio.ensure_future(stopped.wait())
             tasks.append(stop)
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             if run.done():
                 return await self._after_run(job, run.result())
-            if watch.done():  # a PS restarted during a step: its outcome is void
+            if watch.done() or keep.done():  # a PS restarted during a step, or the Lease
+                # is lost: the step's outcome is void (a lost Lease: nothing more is recorded)
                 run.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await run
@@ -445,28 +515,17 @@ class JobSupervisor:
     def _on_progress(self, progress: Progress) -> None:
         prev, self._previous = self._previous, progress
         ns, name = self.ref["namespace"], self.ref["name"]
-        self.rt.metrics.set_phase(ns, name, progress.phase)
-        self.rt.metrics.set_generation(ns, name, progress.generation)
+        self.rt.metrics.observe(ns, name, prev, progress)
         done = progress.completed
         if done is None or (prev is not None and prev.completed == done) or prev is None:
             return
         where = f"day {done.day} pass {done.pass_index}"
         if done.kind == StepKind.TRAIN and progress.last_pass is not None:
             m = progress.last_pass.metrics
-            self.rt.metrics.pass_completed(
-                ns,
-                name,
-                duration_seconds=m.get("seconds", 0.0),
-                wait_seconds=progress.last_pass.wait_seconds,
-                metrics=m,
-            )
             shown = ", ".join(f"{k} {m[k]:.4g}" for k in ("auc", "loss", "copc") if k in m)
             self._event("PassCompleted", f"{where}: {shown or 'empty pass: no examples'}")
         elif done.kind in EXPORT_KINDS:
-            self.rt.metrics.exported(ns, name)
             uri = progress.export.uri if progress.export else ""
             self._event("Exported", f"{done.kind.value} model of {where} published at {uri}")
-        elif done.kind == StepKind.CHECKPOINT:
-            self.rt.metrics.checkpointed(ns, name)
         elif done.kind == StepKind.SHRINK:
             self._event("Shrunk", f"end of day {done.day}: decayed and evicted")

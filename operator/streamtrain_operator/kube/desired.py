@@ -36,10 +36,12 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def read_job(body: Mapping[str, Any]) -> Job:
-    """Parse and check a job (raises :class:`SpecError` naming the field)."""
+def read_job(body: Mapping[str, Any], options: resources.Options) -> Job:
+    """Parse and check a job against the operator's settings (raises :class:`SpecError`
+    naming the field)."""
     job = parse_job(manifest(body))
     resources.check_name(job)
+    resources.check_images(job, options)
     return job
 
 
@@ -55,6 +57,7 @@ def configs(job: Job, options: resources.Options) -> dict[str, str]:
 def desired(
     job: Job, uid: str, scale: resources.Scale, generation: int, options: resources.Options
 ) -> list[dict[str, Any]]:
+    job = resources.with_defaults(job, options)
     return resources.build(
         job,
         configs=configs(job, options),

@@ -62,7 +62,7 @@ async def reconcile(
     existing = dict(status or {})
     generation = meta.get("generation")
     try:
-        job = read_job(body)
+        job = read_job(body, rt.options)
     except SpecError as exc:
         message = str(exc).removeprefix(f"{exc.path}: ")
         patch = st.invalid_spec(message, exc.path, rt.clock(), generation, existing)

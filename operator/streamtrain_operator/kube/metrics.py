@@ -26,6 +26,9 @@ from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from streamtrain_operator.job.plan import EXPORT_KINDS, StepKind
+from streamtrain_operator.job.progress import Progress
+
 JOB = ("namespace", "job")
 #: Pass durations: minutes to a couple of hours.
 PASS_BUCKETS = (10, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 14400)
@@ -161,6 +164,32 @@ class OperatorMetrics:
             self.examples.labels(namespace, job).inc(metrics["examples"])
         if metrics.get("skippedFiles", 0) > 0:
             self.skipped_files.labels(namespace, job).inc(metrics["skippedFiles"])
+
+    def observe(
+        self, namespace: str, job: str, previous: Progress | None, progress: Progress
+    ) -> None:
+        """Every series a new progress record moves: phase and generation always; a step
+        completed since ``previous`` (``None``: the record a run starts from, whose steps
+        were counted by the run that did them) counts as a pass, export or checkpoint.
+        The operator and ``streamtrain run --metrics-port`` both feed their series here."""
+        self.set_phase(namespace, job, progress.phase)
+        self.set_generation(namespace, job, progress.generation)
+        done = progress.completed
+        if done is None or previous is None or previous.completed == done:
+            return
+        if done.kind == StepKind.TRAIN and progress.last_pass is not None:
+            m = progress.last_pass.metrics
+            self.pass_completed(
+                namespace,
+                job,
+                duration_seconds=m.get("seconds", 0.0),
+                wait_seconds=progress.last_pass.wait_seconds,
+                metrics=m,
+            )
+        elif done.kind in EXPORT_KINDS:
+            self.exported(namespace, job)
+        elif done.kind == StepKind.CHECKPOINT:
+            self.checkpointed(namespace, job)
 
     def restarted(self, namespace: str, job: str, role: str, count: int = 1) -> None:
         if role not in ROLES:

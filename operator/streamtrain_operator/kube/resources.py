@@ -14,7 +14,11 @@ Per job (``<job>`` is ``metadata.name``):
 - ``NetworkPolicy <job>-ps`` (optional) — only this job's pods and the operator reach the PS
   port;
 - ``NetworkPolicy <job>-worker`` (optional) — only the operator reaches the worker control
-  port (RunPass/ExportDense write models with the job's credentials and fence generations).
+  port (RunPass/ExportDense write models with the job's credentials and fence generations);
+- ``Certificate <job>-tls`` (``tls: cert-manager``) — the job's identity for mutual TLS,
+  issued into the Secret ``<job>-tls`` (with ``tls: secret`` the user provides that Secret).
+  PS and worker pods mount it; PS shards admit pulls and pushes from the job's identity and
+  control calls from the operator's only, workers admit the operator's only.
 
 Every object carries an owner reference to the job (deleting the job deletes them), the
 same label set (selectable by job, role and restart generation) and no secret material:
@@ -26,12 +30,14 @@ no capabilities and no service-account token (they never call the API server).
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
-from streamtrain_operator.job.spec import API_VERSION, KIND, Job, SpecError
+from streamtrain_operator.job.render import ps_memory_limit
+from streamtrain_operator.job.spec import API_VERSION, KIND, Job, ResourcesSpec, SpecError
 from streamtrain_operator.kube.disk_tier import DISK_DIR, disk_volume
 from streamtrain_ps.plumbing.settings import setting
 from streamtrain_ps.proto import ps_pb2
@@ -54,6 +60,8 @@ ANNOTATION_CONFIG_HASH = "streamtrain.io/config-hash"
 #: A StatefulSet's name + "-" + 10-char revision hash must fit a 63-char label value.
 MAX_STATEFULSET_NAME = 52
 ROLES = ("ps", "worker")
+TLS_DIR = "/etc/streamtrain/tls"
+TLSMode = Literal["off", "cert-manager", "secret"]
 
 
 @dataclass(frozen=True)
@@ -76,8 +84,59 @@ class Options:
         (),
         "NetworkPolicyPeer objects allowed to scrape the jobs' metrics (JSON list); empty: anyone.",
     )
+    image_registries: tuple[str, ...] = setting(
+        (),
+        "Prefixes job images must start with, e.g. registry.example.com/ml/ (JSON list); a "
+        "job naming another image is refused (SpecValid=False naming the field). Empty: any.",
+    )
+    storage_egress: tuple[dict[str, Any], ...] = setting(
+        (
+            {
+                "to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}],
+                "ports": [{"port": 443, "protocol": "TCP"}],
+            },
+        ),
+        "NetworkPolicyEgressRule objects: where PS and worker pods may reach their storage "
+        "(JSON list). Cloud metadata addresses are always cut out of every ipBlock.",
+    )
+    default_ps_resources: dict[str, Any] = setting(
+        {"requests": {"cpu": "1", "memory": "4Gi"}, "limits": {"memory": "4Gi"}},
+        "Resources of a job's PS containers when spec.ps.resources is empty (JSON object; "
+        "the PS caps its tables below the memory limit, spilling to its disk tier).",
+    )
+    default_worker_resources: dict[str, Any] = setting(
+        {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "4Gi"}},
+        "Resources of a job's worker containers when spec.workers.resources is empty.",
+    )
+    default_disk_limit: int = setting(
+        20 << 30,
+        "spec.ps.diskLimit of a capped PS that sets none: its disk tier's bytes (the "
+        "volume's sizeLimit adds headroom).",
+        minimum=1,
+    )
     #: Cluster DNS suffix of Services.
     cluster_domain: str = "svc"
+    tls: TLSMode = setting(
+        "off",
+        "Mutual TLS between the operator, PS shards and workers: cert-manager (the operator "
+        "requests each job's Certificate), secret (the user provides the Secret <job>-tls "
+        "with tls.crt, tls.key, ca.crt) or off (plaintext). The chart turns it on.",
+    )
+    tls_issuer: dict[str, Any] = setting(
+        {"kind": "Issuer", "name": "streamtrain-ca"},
+        "cert-manager issuerRef of the jobs' Certificates (JSON object).",
+    )
+    operator_identity: str = setting(
+        "streamtrain-operator",
+        "DNS name in the operator's certificate: the one identity PS shards and workers "
+        "admit control calls from.",
+        min_length=1,
+    )
+    health_port: int = setting(
+        50070,
+        "With TLS: plaintext gRPC health port of PS and worker pods (kubelet probes speak no TLS).",
+        minimum=1,
+    )
 
 
 @dataclass(frozen=True)
@@ -107,6 +166,36 @@ class Scale:
     workers: int
 
 
+# ----------------------------------------------------------------------------- defaults
+
+
+def _defaulted(res: ResourcesSpec, default: Mapping[str, Any]) -> ResourcesSpec:
+    """``res``, or the default when the spec leaves both requests and limits empty (a
+    partial spec is the user's choice: mixing in defaults could put a request above a
+    limit)."""
+    if res.requests or res.limits:
+        return res
+    return ResourcesSpec(
+        requests=dict(default.get("requests", {})), limits=dict(default.get("limits", {}))
+    )
+
+
+def with_defaults(job: Job, options: Options) -> Job:
+    """The job as the operator runs it: no pod without requests and limits, no disk tier
+    without a bound. The rendered PS config sees the same values, so a defaulted memory
+    limit caps the shard's tables (``render.ps_memory_limit``) instead of OOM-killing it."""
+    spec = job.spec
+    ps = replace(spec.ps, resources=_defaulted(spec.ps.resources, options.default_ps_resources))
+    workers = replace(
+        spec.workers,
+        resources=_defaulted(spec.workers.resources, options.default_worker_resources),
+    )
+    spec = replace(spec, ps=ps, workers=workers)
+    if not ps.diskLimit and ps_memory_limit(spec):
+        spec = replace(spec, ps=replace(ps, diskLimit=options.default_disk_limit))
+    return replace(job, spec=spec)
+
+
 # ----------------------------------------------------------------------------- naming
 
 
@@ -128,6 +217,15 @@ def network_policy_name(job: Job) -> str:
 
 def worker_network_policy_name(job: Job) -> str:
     return f"{job.name}-worker"
+
+
+def tls_secret_name(job: Job) -> str:
+    return f"{job.name}-tls"
+
+
+def job_identity(job: Job) -> str:
+    """The DNS name in the job's certificate: PS shards admit pulls and pushes from it."""
+    return f"{job.name}.{job.namespace}.job.streamtrain.io"
 
 
 def pod_dns_name(job: Job, role: str, index: int, options: Options) -> str:
@@ -152,6 +250,20 @@ def check_name(job: Job) -> None:
     if len(longest) > MAX_STATEFULSET_NAME:
         limit = MAX_STATEFULSET_NAME - len("-worker")
         raise SpecError("metadata.name", f"at most {limit} characters, got {len(job.name)}")
+
+
+def check_images(job: Job, options: Options) -> None:
+    """Reject a job whose images are outside the operator's registry allow-list: creating a
+    job creates pods running its images with the job's Secret."""
+    if not options.image_registries:
+        return
+    prefixes = [p.rstrip("/") + "/" for p in options.image_registries]
+    for field, image in (("spec.image", job.spec.image), ("spec.psImage", job.spec.psImage)):
+        if not any(image.startswith(p) for p in prefixes):
+            raise SpecError(
+                field,
+                f"image {image!r} is not from an allowed registry ({', '.join(prefixes)})",
+            )
 
 
 # ----------------------------------------------------------------------------- labels
@@ -258,8 +370,24 @@ def _grpc_probe(port: int, service: str | None, period: int, failures: int) -> d
     return probe
 
 
+def tls_args(job: Job, role: str, options: Options) -> list[str]:
+    """The TLS flags of a component: its certificate, the CA, and whom it admits."""
+    if options.tls == "off":
+        return []
+    data = ["--tls-data-peer", job_identity(job)] if role == "ps" else []
+    return [
+        "--tls-cert", f"{TLS_DIR}/tls.crt",
+        "--tls-key", f"{TLS_DIR}/tls.key",
+        "--tls-ca", f"{TLS_DIR}/ca.crt",
+        "--tls-control-peer", options.operator_identity,
+        *data,
+        "--health-port", str(options.health_port),
+    ]  # fmt: skip
+
+
 def container_args(job: Job, role: str, replicas: int, options: Options) -> list[str]:
     """The component's command line (also run as a local process by the contract test)."""
+    tls = tls_args(job, role, options)
     if role == "ps":
         disk = ["--disk-path", DISK_DIR] if disk_volume(job) is not None else []
         return [
@@ -270,12 +398,14 @@ def container_args(job: Job, role: str, replicas: int, options: Options) -> list
             "--shard-index-from-hostname",
             "--metrics-port", str(options.metrics_port),
             *disk,
+            *tls,
         ]  # fmt: skip
     return [
         "--host", "0.0.0.0",
         "--port", str(options.worker_port),
         "--config", f"{CONFIG_DIR}/{WORKER_CONFIG_FILE}",
         "--metrics-port", str(options.metrics_port),
+        *tls,
     ]  # fmt: skip
 
 
@@ -297,6 +427,15 @@ def pod_template(
     if not is_ps:
         threads = str(spec.workers.numThreads)
         env += [{"name": "OMP_NUM_THREADS", "value": threads}]
+    tls = options.tls != "off"
+    # With TLS kubelet probes the plaintext health-only port (it speaks no TLS).
+    probe_port = options.health_port if tls else port
+    ports = [
+        {"name": "grpc", "containerPort": port, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": options.metrics_port, "protocol": "TCP"},
+    ]
+    if tls:
+        ports.append({"name": "health", "containerPort": options.health_port, "protocol": "TCP"})
     container: dict[str, Any] = {
         "name": role,
         "image": spec.psImage if is_ps else spec.image,
@@ -304,17 +443,14 @@ def pod_template(
         "command": ["python", "-m", "streamtrain_ps" if is_ps else "streamtrain_worker"],
         "args": container_args(job, role, replicas, options),
         "env": env,
-        "ports": [
-            {"name": "grpc", "containerPort": port, "protocol": "TCP"},
-            {"name": "metrics", "containerPort": options.metrics_port, "protocol": "TCP"},
-        ],
+        "ports": ports,
         # Readiness asks the PS service itself (NOT_SERVING while draining); liveness only
         # asks whether the process answers at all.
         "readinessProbe": _grpc_probe(
-            port, PS_HEALTH_SERVICE if is_ps else WORKER_HEALTH_SERVICE, 10, 3
+            probe_port, PS_HEALTH_SERVICE if is_ps else WORKER_HEALTH_SERVICE, 10, 3
         ),
-        "livenessProbe": _grpc_probe(port, None, 20, 6),
-        "startupProbe": _grpc_probe(port, None, 5, 60),
+        "livenessProbe": _grpc_probe(probe_port, None, 20, 6),
+        "startupProbe": _grpc_probe(probe_port, None, 5, 60),
         "resources": _resources(res.requests, res.limits),
         "securityContext": {
             "allowPrivilegeEscalation": False,
@@ -334,6 +470,11 @@ def pod_template(
         {"name": "config", "configMap": {"name": config_map_name(job)}},
         {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
     ]
+    if tls:
+        container["volumeMounts"].append({"name": "tls", "mountPath": TLS_DIR, "readOnly": True})
+        volumes.append(
+            {"name": "tls", "secret": {"secretName": tls_secret_name(job), "defaultMode": 0o440}}
+        )
     disk = disk_volume(job) if is_ps else None
     if disk is not None:
         container["volumeMounts"].append({"name": disk["name"], "mountPath": DISK_DIR})
@@ -391,6 +532,31 @@ def statefulset(
     }
 
 
+def certificate(job: Job, generation: int, owner: Owner, options: Options) -> dict[str, Any]:
+    """The job's cert-manager Certificate: its identity (client side) and the names of its
+    PS and worker pods (server side), into the Secret the pods mount."""
+    return {
+        "apiVersion": "cert-manager.io/v1",
+        "kind": "Certificate",
+        "metadata": _metadata(job, tls_secret_name(job), None, generation, owner),
+        "spec": {
+            "secretName": tls_secret_name(job),
+            "dnsNames": [
+                job_identity(job),
+                *(
+                    f"*.{service_name(job, r)}.{job.namespace}.{options.cluster_domain}"
+                    for r in ROLES
+                ),
+            ],
+            "usages": ["digital signature", "key encipherment", "server auth", "client auth"],
+            "privateKey": {"algorithm": "ECDSA", "size": 256, "rotationPolicy": "Always"},
+            "duration": "2160h",
+            "renewBefore": "360h",
+            "issuerRef": dict(options.tls_issuer),
+        },
+    }
+
+
 def _operator_peer(options: Options) -> dict[str, Any]:
     return {
         "namespaceSelector": {
@@ -407,6 +573,67 @@ def _metrics_rule(options: Options) -> dict[str, Any]:
     return rule
 
 
+def _health_rules(options: Options) -> list[dict[str, Any]]:
+    """With TLS, the plaintext health port, open: it answers health and nothing else, and
+    kubelet probes come from the node."""
+    if options.tls == "off":
+        return []
+    return [{"ports": [{"port": options.health_port, "protocol": "TCP"}]}]
+
+
+#: Instance-metadata services (AWS, GCP, Azure: 169.254.169.254; Alibaba; AWS over IPv6):
+#: credentials of the node live there, so no job pod may reach them whatever the values say.
+METADATA_CIDRS = ("169.254.169.254/32", "100.100.100.200/32", "fd00:ec2::254/128")
+
+
+def _without_metadata(peer: Mapping[str, Any]) -> dict[str, Any]:
+    """``peer`` with every metadata address inside its ipBlock added to ``except``."""
+    block = peer.get("ipBlock")
+    if block is None:
+        return dict(peer)
+    cidr = ipaddress.ip_network(block["cidr"], strict=False)
+    cut = [
+        m
+        for m in METADATA_CIDRS
+        if (net := ipaddress.ip_network(m)).version == cidr.version
+        and net.subnet_of(cidr)  # type: ignore[arg-type]
+        and net != cidr
+    ]
+    excepts = list(dict.fromkeys([*block.get("except", ()), *cut]))
+    return {**peer, "ipBlock": {**block, **({"except": excepts} if excepts else {})}}
+
+
+def _egress(job: Job, role: str, options: Options) -> list[dict[str, Any]]:
+    """DNS, the storage endpoint (metadata addresses cut out) and, for workers, this job's
+    PS shards: all a job pod ever dials."""
+    rules: list[dict[str, Any]] = [
+        {
+            "to": [
+                {
+                    "namespaceSelector": {
+                        "matchLabels": {"kubernetes.io/metadata.name": "kube-system"}
+                    },
+                    "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+                }
+            ],
+            "ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}],
+        }
+    ]
+    for rule in options.storage_egress:
+        out = dict(rule)
+        if "to" in rule:
+            out["to"] = [_without_metadata(peer) for peer in rule["to"]]
+        rules.append(out)
+    if role == "worker":
+        rules.append(
+            {
+                "to": [{"podSelector": {"matchLabels": selector_labels(job, "ps")}}],
+                "ports": [{"port": options.ps_port, "protocol": "TCP"}],
+            }
+        )
+    return rules
+
+
 def network_policy(job: Job, generation: int, owner: Owner, options: Options) -> dict[str, Any]:
     """Only this job's pods and the operator reach the PS gRPC port; metrics stay open
     (or open to ``options.metrics_from``)."""
@@ -418,13 +645,15 @@ def network_policy(job: Job, generation: int, owner: Owner, options: Options) ->
         "metadata": _metadata(job, network_policy_name(job), "ps", generation, owner),
         "spec": {
             "podSelector": {"matchLabels": selector_labels(job, "ps")},
-            "policyTypes": ["Ingress"],
+            "policyTypes": ["Ingress", "Egress"],
+            "egress": _egress(job, "ps", options),
             "ingress": [
                 {
                     "ports": [{"port": options.ps_port, "protocol": "TCP"}],
                     "from": [{"podSelector": {"matchLabels": selector_labels(job)}}, operator_peer],
                 },
                 metrics_rule,
+                *_health_rules(options),
             ],
         },
     }
@@ -443,13 +672,15 @@ def worker_network_policy(
         "metadata": _metadata(job, worker_network_policy_name(job), "worker", generation, owner),
         "spec": {
             "podSelector": {"matchLabels": selector_labels(job, "worker")},
-            "policyTypes": ["Ingress"],
+            "policyTypes": ["Ingress", "Egress"],
+            "egress": _egress(job, "worker", options),
             "ingress": [
                 {
                     "ports": [{"port": options.worker_port, "protocol": "TCP"}],
                     "from": [_operator_peer(options)],
                 },
                 _metrics_rule(options),
+                *_health_rules(options),
             ],
         },
     }
@@ -467,6 +698,8 @@ def build(
     """Every child object of the job, in apply order (config first, pods last)."""
     check_name(job)
     objects = [config_map(job, configs, generation, owner)]
+    if options.tls == "cert-manager":
+        objects.append(certificate(job, generation, owner, options))
     if options.network_policy:
         objects.append(network_policy(job, generation, owner, options))
         objects.append(worker_network_policy(job, generation, owner, options))
@@ -495,6 +728,8 @@ def object_key(obj: Mapping[str, Any]) -> tuple[str, str, str]:
 def child_names(job: Job, options: Options) -> Sequence[tuple[str, str]]:
     """(kind, name) of every child, e.g. to delete the pods' owners at Succeeded."""
     out = [("ConfigMap", config_map_name(job))]
+    if options.tls == "cert-manager":
+        out.append(("Certificate", tls_secret_name(job)))
     if options.network_policy:
         out.append(("NetworkPolicy", network_policy_name(job)))
         out.append(("NetworkPolicy", worker_network_policy_name(job)))

@@ -56,8 +56,12 @@ class LocalCluster:
         python: str = sys.executable,
         start_timeout: float = 120.0,
         ps_route: Callable[[str], str] | None = None,
+        metrics_port: int | None = None,
     ) -> None:
         self.job = job
+        #: The first component's Prometheus port: PS shard i serves on ``metrics_port + i``,
+        #: worker j on ``metrics_port + shards + j`` (``metrics_targets``); None: no metrics.
+        self.metrics_port = metrics_port
         #: Maps a PS endpoint to the address the workers dial (tests put a fault-injecting
         #: proxy between workers and PS; the driver always dials the PS directly).
         self.ps_route = ps_route or (lambda endpoint: endpoint)
@@ -97,6 +101,7 @@ class LocalCluster:
                 [
                     *("-m", "streamtrain_ps", "--port", "0", "--config", str(ps_json)),
                     *("--shard-index", str(i), "--num-shards", str(n)),
+                    *self._metrics_args(i),
                 ],
             )
             for i in range(n)
@@ -109,6 +114,7 @@ class LocalCluster:
                 [
                     *("-m", "streamtrain_worker", "--port", "0", "--config", str(worker_json)),
                     *("--worker-index", str(i)),
+                    *self._metrics_args(n + i),
                 ],
                 config_on_stdin=True,
             )
@@ -121,6 +127,23 @@ class LocalCluster:
         for w in workers:
             w.launched.send_input(config)
         self.worker_endpoints = [self._await_listening(c) for c in workers]
+
+    def metrics_targets(self) -> list[tuple[str, str, int]]:
+        """``(role, name, port)`` of every component's metrics endpoint (none without
+        ``metrics_port``)."""
+        if self.metrics_port is None:
+            return []
+        spec = self.job.spec
+        shards = spec.ps.replicas
+        return [("ps", f"ps-{i}", self.metrics_port + i) for i in range(shards)] + [
+            ("worker", f"worker-{j}", self.metrics_port + shards + j)
+            for j in range(spec.workers.replicas)
+        ]
+
+    def _metrics_args(self, component: int) -> tuple[str, ...]:
+        if self.metrics_port is None:
+            return ()
+        return ("--metrics-port", str(self.metrics_port + component))
 
     def _spawn(
         self, name: str, role: str, args: Sequence[str], config_on_stdin: bool = False

@@ -21,7 +21,7 @@ from streamtrain_operator.job.messages import (
     Sleep,
 )
 from streamtrain_operator.job.plan import PassPlan, StepKey, StepKind
-from streamtrain_operator.job.progress import PassRecord, Progress
+from streamtrain_operator.job.progress import PassRecord, Phase, Progress
 from streamtrain_operator.job.spec import Job, parse_day
 
 BAR_WIDTH = 20
@@ -62,7 +62,7 @@ def format_pass(record: PassRecord, passes_per_day: int) -> str:
     return (
         f"day {record.day} pass {record.pass_index:>2}/{passes_per_day}  {quality}"
         f"  {examples:>8,d} ex"
-        f"  {m.get('examplesPerSecond', 0.0):>9,.0f} ex/s  wait {record.wait_seconds:.0f}s"
+        f"  {m.get('examplesPerSecond', 0.0):>9,.0f} ex/s  wait {record.wait_seconds:.1f}s"
     )
 
 
@@ -80,6 +80,7 @@ class ProgressPrinter:
         self._waiting_for: StepKey | None = None
         self._waiting_since = 0.0
         self._wait_reported = False
+        self._condition_shown: tuple[str, StepKey | None] | None = None
         end = job.spec.data.end_date
         days = None if end is None else (end - parse_day(self.plan.start_day, "day")).days + 1
         self.total = None if days is None else days * self.plan.passes_per_day
@@ -151,13 +152,20 @@ class ProgressPrinter:
                 f"{format_pass(record, self.plan.passes_per_day)}  {progress_bar(done, self.total)}"
             )
         self._seen = len(history)
+        # Once per appearance or change (of its reason or of the pass it is about), not per
+        # poll: the message's "after Ns" grows with every poll.
         cond = progress.condition("DataMissing")
-        if cond is not None and cond.status == "True" and self._status != cond.message:
-            self._status = cond.message
+        if cond is None or cond.status != "True":
+            self._condition_shown = None
+        elif self._condition_shown != (cond.reason, progress.current):
+            self._condition_shown = (cond.reason, progress.current)
             self.line(f"  condition DataMissing: {cond.message}")
 
     def finish(self, progress: Progress) -> None:
         self._status = ""
         last = progress.last_pass
         auc = "" if last is None else f", last auc {metric(last.metrics, 'auc')}"
+        if progress.phase == Phase.FAILED:  # the caller shows the error, once
+            self.line(f"{self.job.name}: {progress.phase} after {len(progress.history)} passes")
+            return
         self.line(f"{self.job.name}: {progress.phase} ({progress.message or 'done'}){auc}")

@@ -11,8 +11,9 @@ but keeps the previous checkpoint as the restore point. The files are written by
 the driver collects it (``settle``) after the next action that is not a data check or a
 wait — that pass — and before anything else (a reload, the end of the run), and only then
 tells the machine the checkpoint is published (``Scheduler.checkpoint_written``), saves the
-record naming it, and prunes the older checkpoints (pruned earlier, with ``keep: 1`` a kill
-would leave a record naming a deleted checkpoint).
+record naming it, and prunes the older checkpoints. In the path alike: the driver prunes
+only after the next progress write, the one that names the new checkpoint (pruned earlier,
+with ``keep: 1`` a kill would leave a record naming a deleted checkpoint).
 
 Exactly once (docs/scheduler.md §3): a kill or a failure before the publication leaves the
 record at the previous checkpoint with the step completed; the next run reloads that one
@@ -60,6 +61,8 @@ class Checkpointer:
     def __post_init__(self) -> None:
         self._task: asyncio.Task[None] | None = None
         self._uri = ""
+        #: A checkpoint written in the path whose older ones are not yet pruned.
+        self._unpruned: str | None = None
 
     def beside(self, action: Save) -> bool:
         """Is this checkpoint written beside the next pass? (module docstring)"""
@@ -109,16 +112,26 @@ class Checkpointer:
         return CheckpointTaken()
 
     async def _save(self, uri: str) -> None:
-        """Write and publish a checkpoint in the path, then prune the older ones."""
+        """Write and publish a checkpoint in the path; the older ones are pruned by
+        :meth:`prune_recorded` once the record naming this one is saved."""
         await self._timed(
             "checkpoint_save", asyncio.to_thread(self.ps.save, uri, SaveMode.CHECKPOINT)
         )
-        await self.prune(uri)
+        self._unpruned = uri
+
+    async def prune_recorded(self, recorded: str | None) -> None:
+        """The progress record naming ``recorded`` as the restore point is durable: if
+        that is the checkpoint last written in the path, the older ones may go. A
+        checkpoint written but not recorded (the step's outcome was discarded by a
+        restore) prunes nothing: the record still names the one before."""
+        uri, self._unpruned = self._unpruned, None
+        if uri is not None and uri == recorded:
+            await self.prune(uri)
 
     async def prune(self, newest: str) -> None:
-        """Keep the newest ``checkpoint.keep`` checkpoints. A checkpoint written beside a
-        pass is pruned after only once the record naming it is saved: until then the
-        record names the one before, which must still be there (``keep: 1``)."""
+        """Keep the newest ``checkpoint.keep`` checkpoints. Called only once the record
+        naming ``newest`` is saved, in the path or beside a pass: until then the record
+        names the one before, which must still be there (``keep: 1``)."""
         await self._timed(
             "prune",
             asyncio.to_thread(

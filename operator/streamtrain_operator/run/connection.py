@@ -19,6 +19,7 @@ from streamtrain_operator.run.worker_client import GrpcWorker
 from streamtrain_ps.api import PSLike
 from streamtrain_ps.client.remote import RemotePS
 from streamtrain_ps.config import PSConfig
+from streamtrain_ps.plumbing.tls import TLSFiles
 
 
 class Connection(Protocol):
@@ -69,9 +70,14 @@ def dial(
     worker_endpoints: Sequence[str],
     ps_config: PSConfig,
     worker_name: str = "worker",
+    tls: TLSFiles | None = None,
 ) -> GrpcConnection:
-    """Channels to every shard and worker (nothing is sent until ``wait_ready``)."""
+    """Channels to every shard and worker (nothing is sent until ``wait_ready``); with
+    ``tls``, over mutual TLS with the operator's certificate."""
     return GrpcConnection(
-        RemotePS(list(ps_endpoints), ps_config),
-        [GrpcWorker(ep, name=f"{worker_name}-{i}") for i, ep in enumerate(worker_endpoints)],
+        RemotePS(list(ps_endpoints), ps_config, tls=tls),
+        [
+            GrpcWorker(ep, name=f"{worker_name}-{i}", tls=tls)
+            for i, ep in enumerate(worker_endpoints)
+        ],
     )

@@ -230,6 +230,9 @@ class Driver:
         while True:
             action = self.machine.next_action(self.clock())
             self._save()
+            # A checkpoint written in the path is the restore point only from this write on.
+            recorded = self.machine.progress.checkpoint
+            await self.checkpointer.prune_recorded(None if recorded is None else recorded.uri)
             if isinstance(action, Terminal):
                 failed = await self.publisher.settle(wait=True)
                 if failed is not None:  # recorded, not published: the next run publishes it
@@ -461,6 +464,7 @@ class Driver:
             "files": float(total.files_read),
             "filesReadAhead": float(total.files_read_ahead),
             "skippedFiles": float(len(files.skipped)),
+            "bytes": float(sum(f.size for f in files.files)),
         }
         return PassRan({}, metrics)
 

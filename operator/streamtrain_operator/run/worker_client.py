@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 
 from streamtrain_ps.plumbing.grpc_serving import RECONNECT_OPTIONS
+from streamtrain_ps.plumbing.tls import TLSFiles
 from streamtrain_worker.proto import worker_pb2, worker_pb2_grpc
 
 #: PassResult carries two histograms of up to 2^20 buckets x 8 bytes each.
@@ -30,19 +31,23 @@ class GrpcWorker:
         name: str = "",
         control_timeout: float = 600.0,
         connect_timeout: float = 60.0,
+        tls: TLSFiles | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.name = name or endpoint
         self.control_timeout = control_timeout
         self.connect_timeout = connect_timeout
-        self._channel = grpc.aio.insecure_channel(
-            endpoint,
-            options=[
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                *RECONNECT_OPTIONS,
-            ],
-        )
+        options: list[tuple[str, Any]] = [
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            *RECONNECT_OPTIONS,
+        ]
+        if tls is None:
+            self._channel = grpc.aio.insecure_channel(endpoint, options=options)
+        else:  # the operator's certificate: the identity workers admit control calls from
+            self._channel = grpc.aio.secure_channel(
+                endpoint, tls.channel_credentials(), options=options + tls.channel_options()
+            )
         self._stub = worker_pb2_grpc.WorkerStub(self._channel)
 
     async def wait_ready(self, timeout: float) -> None:

@@ -5,7 +5,9 @@ Retries, in two layers:
 
 - a gRPC service-config ``retryPolicy`` (``UNAVAILABLE``, 3 attempts, 20–200 ms) hides
   blips such as a reconnect, transparently inside the channel;
-- ``FanOut.call_all`` retries ``UNAVAILABLE`` — and ``DEADLINE_EXCEEDED`` for idempotent
+- ``FanOut.call_all`` retries ``UNAVAILABLE`` and an overloaded server's
+  ``RESOURCE_EXHAUSTED`` (``request_budget.is_overloaded``: nothing was applied) — and
+  ``DEADLINE_EXCEEDED`` for idempotent
   methods only — with exponential backoff, bounded by attempts and total time
   (``RetryPolicy``), then raises ``PSUnavailableError``. A shrink that timed out may have
   been applied, so it is never retried on ``DEADLINE_EXCEEDED``; pushes are, because each
@@ -41,6 +43,7 @@ from streamtrain_ps.errors import (
     WorkingSet,
 )
 from streamtrain_ps.plumbing.grpc_serving import RECONNECT_OPTIONS
+from streamtrain_ps.plumbing.request_budget import is_overloaded
 from streamtrain_ps.plumbing.retry import backoff_delay
 from streamtrain_ps.plumbing.tls import TLSFiles
 from streamtrain_ps.proto import ps_pb2, ps_pb2_grpc
@@ -264,7 +267,8 @@ class FanOut:
                     results[i] = fut.result()
                 except grpc.RpcError as err:
                     code = cast(grpc.Call, err).code()
-                    if code not in retryable:
+                    # A server over its request-bytes or RPC cap applied nothing: retry.
+                    if code not in retryable and not is_overloaded(err):
                         fatal = fatal or error_from_rpc(err, method, self.endpoints[calls[i][0]])
                         if settle:
                             continue

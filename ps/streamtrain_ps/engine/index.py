@@ -292,6 +292,47 @@ def insert_many(
 
 
 @njit(nogil=True, cache=True)
+def take_rows(
+    keys: npt.NDArray[np.uint64],
+    meta: npt.NDArray[np.int64],
+    query: npt.NDArray[np.uint64],
+    out: npt.NDArray[np.int64],
+) -> None:
+    """Rows for ``query`` (distinct keys absent from the index; room reserved), a freed one
+    first, each holding its key but *not yet in ``slots``*: no reader finds them until
+    ``publish_rows``. Lets a writer fill a row before readers can see it (a promotion:
+    ``insert_many`` would publish an all-zero row)."""
+    for i in range(query.size):
+        if meta[FREE_LEN] > 0:
+            row = meta[FREE_HEAD]
+            meta[FREE_HEAD] = np.int64(keys[row]) - 1
+            meta[FREE_LEN] -= 1
+        else:
+            row = meta[NEXT_ROW]
+            meta[NEXT_ROW] += 1
+        keys[row] = query[i]
+        out[i] = row
+
+
+@njit(nogil=True, cache=True)
+def publish_rows(
+    slots: npt.NDArray[np.int32],
+    keys: npt.NDArray[np.uint64],
+    meta: npt.NDArray[np.int64],
+    rows: npt.NDArray[np.int64],
+) -> None:
+    """Put rows from ``take_rows`` (their keys absent from the index) into ``slots``: each
+    one slot write, so a reader sees the key absent or its finished row."""
+    mask = np.int64(slots.size - 1)
+    for t in range(rows.size):
+        i = home(keys[rows[t]], mask)
+        while slots[i] >= 0:
+            i = (i + 1) & mask
+        slots[i] = np.int32(rows[t])
+        meta[COUNT] += 1
+
+
+@njit(nogil=True, cache=True)
 def remove_many(
     slots: npt.NDArray[np.int32],
     keys: npt.NDArray[np.uint64],

@@ -29,7 +29,14 @@ from streamtrain_ps.engine.accessor import (
     score,
 )
 from streamtrain_ps.engine.index import Int
-from streamtrain_ps.engine.optim import ADAM, PART_EMBED, PART_EMBEDX, init_part, update_part
+from streamtrain_ps.engine.optim import (
+    ADAM,
+    PART_EMBED,
+    PART_EMBEDX,
+    grad_scale,
+    init_part,
+    update_part,
+)
 
 PF = ix.PREFETCH
 
@@ -48,6 +55,8 @@ HOT_FREE_HEAD = 11
 HOT_FREE_LEN = 12
 # Slot ids in the table's slot dictionary beyond code 0 (``packed.slot_code``).
 SLOTS_USED = 13
+#: Push updates refused because the row would have held inf or NaN (``update_rows``).
+REFUSED = 14
 TABLE_META_SIZE = 16
 
 #: A key whose show, click or |delta_score| reaches this moves its three counters to the
@@ -55,11 +64,15 @@ TABLE_META_SIZE = 16
 #: 1/8 here. ``shrink`` moves a key back once all three decay below a quarter of it.
 HOT_FROM = float(2**20)
 HOT_BACK = HOT_FROM / 4
+#: The largest float32: exact (float64) counters are read as float32 by pulls and saves.
+F32_MAX = float(np.finfo(np.float32).max)
 # ``todo`` bits ``update_rows`` leaves for the serial ``settle_rows`` pass.
 TODO_ADMIT = 1
 TODO_HOT = 2
-#: ``update_rows`` returns admissions + promotions * PROMOTED (both need room reserved).
-PROMOTED = 1 << 32
+#: ``update_rows`` returns admissions + promotions * PROMOTED (both need room reserved)
+#: + refused updates * REFUSED (a chunk has at most ``table.APPLY_CHUNK`` < 2^20 keys).
+PROMOTED = 1 << 20
+REFUSED_UNIT = 1 << 40
 
 # ``ip`` int64 layout parameters for kernels.
 IP_DIM = 0
@@ -77,6 +90,7 @@ NOT_OWNED = 4
 OVERFLOW = 5
 
 _S24 = np.uint64(24)
+_EXP = np.uint32(0x7F800000)  # float32's exponent bits
 
 
 @njit(nogil=True, cache=True)
@@ -195,7 +209,12 @@ def update_rows(
 ) -> Int:
     """Apply merged pushes ``start:stop`` to their (distinct) rows. Keys that reach the
     admission threshold or the hot-counter limit are marked in ``todo`` for ``settle_rows``;
-    returns admissions + promotions * ``PROMOTED``.
+    returns admissions + promotions * ``PROMOTED`` + refused * ``REFUSED_UNIT``.
+
+    A key whose updated row (counters, weights, state) would hold inf or NaN is put back
+    as it was before this push and counted as refused (``finite_or_restore``): the show
+    floor and gradient clip (``optim``) make that unreachable for finite inputs, and this
+    keeps it so whatever a rule's arithmetic does.
 
     The rows were found or created by ``index.insert_many`` first, so two threads may run
     disjoint ranges of one push at once: they never touch the same row, the index or an
@@ -210,6 +229,9 @@ def update_rows(
     threshold = ap[AP_EMBEDX_THRESHOLD]
     pending = 0
     half = PF // 2
+    p_keep = np.empty(slab.shape[1], dtype=np.float32)  # the row before the push
+    x_keep = np.empty(xslab.shape[1], dtype=np.float32)
+    h_keep = np.empty(3, dtype=np.float64)
     for i in range(start, stop):
         if i + PF < stop:
             ix.prefetch(slab, rows[i + PF])
@@ -228,8 +250,16 @@ def update_rows(
         show = np.float64(shows[i])
         click = np.float64(clicks[i])
         mark = 0
+        xr = pk.xrow_of(slab_u32, row)
+        for j in range(p_keep.size):
+            p_keep[j] = slab[row, j]
+        if xr >= 0:
+            for j in range(x_keep.size):
+                x_keep[j] = xslab[xr, j]
         if slab[row, P_SHOW] < 0.0:  # hot: exact float64 counters in the side table
             h = slab_u32[row, P_CLICK]
+            for j in range(3):
+                h_keep[j] = hot[h, j]
             hot[h, 0] += show
             hot[h, 1] += click
             hot[h, 2] += score(show, click, ap)
@@ -244,12 +274,17 @@ def update_rows(
         # unseen_days = 0, and the slot (code) of this push if it has slots
         code = slots[i] if has_slots else pk.code_of(pk.word_of(slab_u32, xslab_u32, row))
         pk.set_word(slab_u32, xslab_u32, row, pk.pack(code, 0))
-        scale = 1.0 / show if show > 0.0 else 1.0
+        scale = grad_scale(show)
         update_part(slab, row, P_EMBED_W, P_EMBED_STATE, 1, ekind, grads, i, 0, scale, embed)
-        xr = pk.xrow_of(slab_u32, row)
         if xr >= 0:
             update_part(xslab, xr, 0, dim, dim, kind, grads, i, 1, scale, fp[PART_EMBEDX])
-        elif now >= threshold:
+        if not finite_or_restore(
+            slab, xslab, hot, slab_u32, xslab_u32, row, xr, p_keep, x_keep, h_keep
+        ):
+            todo[i] = 0
+            pending += REFUSED_UNIT
+            continue
+        if xr < 0 and now >= threshold:
             # Admission: this push's embedx gradient was computed against zeros; drop it.
             mark |= TODO_ADMIT
             pending += 1
@@ -257,6 +292,50 @@ def update_rows(
             pending += PROMOTED
         todo[i] = mark
     return pending
+
+
+@njit(nogil=True, cache=True, inline="always")
+def finite_or_restore(
+    slab: npt.NDArray[np.float32],
+    xslab: npt.NDArray[np.float32],
+    hot: npt.NDArray[np.float64],
+    slab_u32: npt.NDArray[np.uint32],
+    xslab_u32: npt.NDArray[np.uint32],
+    row: Int,
+    xr: Int,
+    p_keep: npt.NDArray[np.float32],
+    x_keep: npt.NDArray[np.float32],
+    h_keep: npt.NDArray[np.float64],
+) -> bool:
+    """Whether ``row`` (and its embedx row ``xr``, its side-table entry if hot) is finite
+    after a push; if not, they are put back to ``*_keep`` (the last column of each slab row
+    is a packed word, not a number, and is not checked). Exact counters must stay within
+    float32's range too: pulls and saves' full rows read them as float32."""
+    # Exponent bits all set: inf or NaN (the packed word's bits are left out).
+    bad = False
+    for j in range(slab_u32.shape[1] - 1):
+        bad |= (slab_u32[row, j] & _EXP) == _EXP
+    if xr >= 0:
+        for j in range(xslab_u32.shape[1] - 1):
+            bad |= (xslab_u32[xr, j] & _EXP) == _EXP
+    ok = not bad
+    hot_row = p_keep[P_SHOW] < 0.0
+    if hot_row:
+        h = slab_u32[row, P_CLICK]
+        for j in range(3):
+            ok &= abs(hot[h, j]) <= F32_MAX
+    if ok:
+        return True
+    for j in range(p_keep.size):
+        slab[row, j] = p_keep[j]
+    if xr >= 0:
+        for j in range(x_keep.size):
+            xslab[xr, j] = x_keep[j]
+    if hot_row:
+        h = slab_u32[row, P_CLICK]
+        for j in range(3):
+            hot[h, j] = h_keep[j]
+    return False
 
 
 @njit(nogil=True, cache=True)

@@ -27,7 +27,15 @@ A row has two *parts* that the rules update independently: ``embed`` (width 1) a
   resetting it to 0.
 
 ``g`` is the pushed gradient already divided by the key's pushed show (the caller passes
-``scale = 1 / show``, or 1 when show is 0). Arithmetic is float64, storage float32.
+``scale = grad_scale(show)``: 1 / show with show floored at ``SHOW_FLOOR``, or 1 when show
+is 0), then clipped to ``±GRAD_BOUND``. Arithmetic is float64, storage float32.
+
+Why the two bounds: a finite push with show 1e-25 and gradient 1 used to scale to 1e25,
+whose square is inf in float32: FTRL's ``n`` became inf, the next push's ``sigma`` NaN
+(inf - inf) and the key's weights stuck at 0 for good; AdaGrad's G went inf and froze the
+key. With the floor and the clip a step's g^2 is at most 1e12, so float32 state needs
+~1e26 pushes to overflow; the caller still checks each updated row is finite and leaves a
+row that would not be unchanged (``kernels.update_rows``), so no input reaches inf or NaN.
 
 Initialisation is a counter-based hash of ``(seed, table, key, column)``, not a stateful
 RNG: the same key gets the same initial weights whatever the shard layout, the batch order
@@ -72,6 +80,14 @@ FP_SIZE = 12
 PART_EMBED = 0
 PART_EMBEDX = 1
 
+#: Shows below this (but > 0) scale a gradient as if they were this: a weighted show of
+#: 1e-3 impressions is already far below any real one, and 1 / show must stay bounded.
+SHOW_FLOOR = 1e-3
+#: Largest |g| a step applies (after scaling by 1 / show): per-impression gradients of a
+#: CTR model's embeddings are O(1); 1e6 leaves every sane step alone and keeps g^2 far
+#: from float32's range (see the module docstring).
+GRAD_BOUND = 1e6
+
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _S11 = np.uint64(11)
 
@@ -112,6 +128,19 @@ def ftrl_z_np(w: npt.NDArray[np.float32], fp: npt.NDArray[np.float64]) -> npt.ND
     w64 = w.astype(np.float64)
     z = -w64 * (fp[FP_BETA] / fp[FP_ALPHA] + fp[FP_L2]) - np.sign(w64) * fp[FP_L1]
     return z.astype(np.float32)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def grad_scale(show: Float) -> Float:
+    """What a key's summed gradient is multiplied by: 1 / show (show floored at
+    ``SHOW_FLOOR``), or 1 for a push without shows."""
+    return 1.0 / max(show, SHOW_FLOOR) if show > 0.0 else 1.0
+
+
+@njit(nogil=True, cache=True, inline="always")
+def scaled_grad(g: Float, scale: Float) -> float:
+    """One gradient component as a step applies it: scaled, then clipped to ±GRAD_BOUND."""
+    return float(min(max(g * scale, -GRAD_BOUND), GRAD_BOUND))
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -177,7 +206,8 @@ def update_part(
     scale: Float,
     fp: npt.NDArray[np.float64],
 ) -> None:
-    """Apply ``grads[gi, goff:goff+dim] * scale`` to one part of ``row``."""
+    """Apply ``grads[gi, goff:goff+dim] * scale`` (each clipped, ``scaled_grad``) to one
+    part of ``row``."""
     lr = fp[FP_LR]
     g0 = fp[FP_G0]
     lo = fp[FP_WLO]
@@ -187,14 +217,14 @@ def update_part(
         ratio = math.sqrt(g0 / (g0 + G))
         acc = 0.0
         for j in range(dim):
-            g = np.float64(grads[gi, goff + j]) * scale
+            g = scaled_grad(grads[gi, goff + j], scale)
             w = np.float64(slab[row, wcol + j]) - lr * g * ratio
             slab[row, wcol + j] = min(max(w, lo), hi)
             acc += g * g
         slab[row, scol] = G + acc / dim
     elif kind == STD_ADAGRAD:
         for j in range(dim):
-            g = np.float64(grads[gi, goff + j]) * scale
+            g = scaled_grad(grads[gi, goff + j], scale)
             G = np.float64(slab[row, scol + j])
             w = np.float64(slab[row, wcol + j]) - lr * g * math.sqrt(g0 / (g0 + G))
             slab[row, wcol + j] = min(max(w, lo), hi)
@@ -205,7 +235,7 @@ def update_part(
         l1 = fp[FP_L1]
         l2 = fp[FP_L2]
         for j in range(dim):
-            g = np.float64(grads[gi, goff + j]) * scale
+            g = scaled_grad(grads[gi, goff + j], scale)
             n = np.float64(slab[row, scol + dim + j])
             n_new = n + g * g
             sigma = (math.sqrt(n_new) - math.sqrt(n)) / alpha
@@ -224,7 +254,7 @@ def update_part(
         p2 = np.float64(slab[row, scol + 2 * dim + 1]) * b2
         lr_t = lr * math.sqrt(1.0 - p2) / (1.0 - p1)
         for j in range(dim):
-            g = np.float64(grads[gi, goff + j]) * scale
+            g = scaled_grad(grads[gi, goff + j], scale)
             m = b1 * np.float64(slab[row, scol + j]) + (1.0 - b1) * g
             v = b2 * np.float64(slab[row, scol + dim + j]) + (1.0 - b2) * g * g
             w = np.float64(slab[row, wcol + j]) - lr_t * m / (math.sqrt(v) + eps)

@@ -83,6 +83,11 @@ class Part(NamedTuple):
     hot_counts: npt.NDArray[np.float64]
 
 
+#: Rows ``require_finite_rows`` checks at a time (a load of 100M keys must not allocate a
+#: flag per value at once).
+FINITE_CHECK_ROWS = 65_536
+
+
 def build_content(
     layout: RowLayout,
     keys: npt.NDArray[np.uint64],
@@ -102,9 +107,9 @@ def build_from_parts(layout: RowLayout, total: int, parts: Iterable[Part]) -> Ta
     stay unmapped, so the embedx slab costs only what admitted keys use (parts holding more
     keys than ``total`` make the arrays grow).
 
-    Raises ``ValueError`` for a key listed twice, an unseen_days that is not a whole
-    number >= 0 (values past ``packed.UNSEEN_MAX`` saturate there) or more distinct slot
-    ids than a table holds."""
+    Raises ``ValueError`` for a key listed twice, a row holding inf or NaN
+    (``require_finite_rows``), an unseen_days that is not a whole number >= 0 (values past
+    ``packed.UNSEEN_MAX`` saturate there) or more distinct slot ids than a table holds."""
     lay = layout
     meta = ix.new_meta(kn.TABLE_META_SIZE)
     a = empty_arrays(total, total, lay)
@@ -115,6 +120,7 @@ def build_from_parts(layout: RowLayout, total: int, parts: Iterable[Part]) -> Ta
         base = int(meta[ix.NEXT_ROW])
         if base + n > a.keys.shape[0]:  # more keys than announced: grow (in place)
             a = _grown(a, meta, n)
+        require_finite_rows(p.rows, p.hot_counts)
         words = packed_words(p.rows, meta, a)
         out = np.empty(n, dtype=np.int64)
         created = np.zeros(n, dtype=np.bool_)
@@ -174,6 +180,21 @@ def _place_hot(
     a.slab[rows, P_SHOW] = -1.0
     meta[kn.HOT_NEXT] = h0 + nh
     return a
+
+
+def require_finite_rows(rows: npt.NDArray[np.float32], hot_counts: npt.NDArray[np.float64]) -> None:
+    """``ValueError`` naming the first row (and column) of ``rows`` or the first exact
+    counter that is inf or NaN: a table never holds one (``kernels.update_rows``), so a save
+    that does was damaged, and loading it would train that key on NaN from then on. The
+    slot column holds uint32 bits, not a number, and is not checked."""
+    for lo in range(0, rows.shape[0], FINITE_CHECK_ROWS):  # bounded scratch per step
+        bad = ~np.isfinite(rows[lo : lo + FINITE_CHECK_ROWS, SLOT + 1 :])
+        if bad.any():
+            first = np.unravel_index(int(np.argmax(bad)), bad.shape)
+            at, col = int(first[0]) + lo, int(first[1]) + SLOT + 1
+            raise ValueError(f"row {at}: column {col} is {rows[at, col]}, not a finite number")
+    if hot_counts.size and not np.isfinite(hot_counts).all():
+        raise ValueError("exact counters (hot_counts) hold inf or NaN")
 
 
 def packed_words(

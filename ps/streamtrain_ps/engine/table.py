@@ -37,7 +37,7 @@ from streamtrain_ps.engine import index as ix
 from streamtrain_ps.engine import kernels as kn
 from streamtrain_ps.engine import packed as pk
 from streamtrain_ps.engine.accessor import RowLayout, accessor_params
-from streamtrain_ps.engine.kernels import ADMISSIONS, EVICTIONS, EXPANDED, SLOTS_USED
+from streamtrain_ps.engine.kernels import ADMISSIONS, EVICTIONS, EXPANDED, REFUSED, SLOTS_USED
 from streamtrain_ps.engine.optim import table_params
 from streamtrain_ps.engine.slabs import (
     Arrays,
@@ -198,6 +198,8 @@ class SparseTable(TableSaves):
                         c1 - c0,
                         partial(_update, (a.slab, a.slab_u32, a.xslab, a.hot, r, cr, ad), tail),
                     )
+                    self._meta[REFUSED] += pending // kn.REFUSED_UNIT
+                    pending %= kn.REFUSED_UNIT
                     if pending:
                         a = self._reserve_x(pending % kn.PROMOTED, pending // kn.PROMOTED)
                         admitted = int(
@@ -356,6 +358,7 @@ class SparseTable(TableSaves):
         with self.lock.exclusive():
             content.meta[ADMISSIONS] = self._meta[ADMISSIONS]
             content.meta[EVICTIONS] = self._meta[EVICTIONS]
+            content.meta[REFUSED] = self._meta[REFUSED]
             self._meta = content.meta
             self._arrays = content.arrays
             self._tombstones = [content.tombstones] if content.tombstones.size else []
@@ -376,6 +379,12 @@ class SparseTable(TableSaves):
     @property
     def evictions_total(self) -> int:
         return int(self._meta[EVICTIONS])
+
+    @property
+    def refused_total(self) -> int:
+        """Key updates of pushes refused because the row would have held inf or NaN
+        (``kernels.update_rows``); the rest of those pushes applied."""
+        return int(self._meta[REFUSED])
 
     @property
     def slot_capacity(self) -> int:

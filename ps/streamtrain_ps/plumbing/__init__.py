@@ -9,6 +9,7 @@ shared plumbing lives"):
 - ``startup``: the start-up line a server prints (``listening on HOST:PORT``);
 - ``startup_gc``: a server's imports with the garbage collector paused;
 - ``grpc_serving``: the gRPC server skeleton of the PS shard and the worker;
+- ``request_budget``: a server's cap on the request bytes it holds at once;
 - ``tls``: optional TLS between PS clients and shards;
 - ``storage``: a URL's file system and the one durable write (temp, fsync, rename; or a PUT);
 - ``heap``: the process heap (glibc ``malloc_trim`` and the large-buffer threshold).

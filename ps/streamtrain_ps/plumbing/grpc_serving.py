@@ -5,7 +5,9 @@ message limit for both directions, ``so_reuseport`` off (else two servers could 
 bind the same explicit port), the standard ``grpc.health.v1`` service reporting SERVING for
 ``""`` and the service's full name once bound, port 0 = a free port reported back by
 ``port``, and a graceful stop that flips health to NOT_SERVING *before* refusing new RPCs so
-Kubernetes and clients stop sending first. ``GrpcServer`` is that skeleton; subclasses only
+Kubernetes and clients stop sending first; a cap on the request bytes in flight and on
+queued RPCs (``request_budget``), and optionally mutual TLS with a plaintext health port
+(``tls``). ``GrpcServer`` is that skeleton; subclasses only
 register their servicer on ``self._server``. Around it, what both ``process`` modules run:
 ``started`` (the start, a bind error reported), ``serve_metrics`` (the Prometheus endpoint
 either may open beside its server), ``stop_on_signals`` (SIGTERM/SIGINT handling) and
@@ -23,7 +25,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from contextlib import contextmanager
 from types import FrameType
@@ -32,6 +34,8 @@ from typing import Any, NoReturn
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry, start_http_server
+
+from streamtrain_ps.plumbing.request_budget import RequestBudget
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +76,10 @@ class GrpcServer:
         max_message_bytes: int,
         credentials: grpc.ServerCredentials | None = None,
         pool_class: Callable[..., futures.ThreadPoolExecutor] = futures.ThreadPoolExecutor,
+        interceptors: Sequence[grpc.ServerInterceptor] = (),
+        max_inflight_bytes: int = 0,
+        max_concurrent_rpcs: int | None = None,
+        health_port: int | None = None,
     ) -> None:
         self.host = host
         self._what = what
@@ -82,10 +90,28 @@ class GrpcServer:
         self._server = grpc.server(
             self._pool,
             options=[*message_options(max_message_bytes), ("grpc.so_reuseport", 0)],
-            maximum_concurrent_rpcs=None,
+            # The budget is outermost: it must see every request it admitted finish, also
+            # one an inner interceptor refuses.
+            interceptors=[RequestBudget(max_inflight_bytes), *interceptors],
+            # Beyond this many RPCs queued or running, grpc answers RESOURCE_EXHAUSTED
+            # "Concurrent RPC limit exceeded!" at once; clients back off and retry
+            # (``streamtrain_ps.client.rpc``).
+            maximum_concurrent_rpcs=max_concurrent_rpcs,
         )
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        # Kubelet's gRPC probes speak no TLS: a TLS server also answers health, and only
+        # health, in plaintext on its own port.
+        self._health_port = health_port
+        #: The plaintext health port once bound (``None``: health on the main port only).
+        self.health_port: int | None = None
+        self._health_server: grpc.Server | None = None
+        if health_port is not None and credentials is not None:
+            self._health_server = grpc.server(
+                futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="health"),
+                options=[("grpc.so_reuseport", 0)],
+            )
+            health_pb2_grpc.add_HealthServicer_to_server(self.health, self._health_server)
         self._port: int | None = None
 
     @property
@@ -110,6 +136,16 @@ class GrpcServer:
             raise OSError(f"cannot bind {self._what} to {target}: {exc}") from exc
         if port == 0:
             raise OSError(f"cannot bind {self._what} to {target}")
+        if self._health_server is not None:
+            health_target = f"{self.host}:{self._health_port}"
+            try:
+                bound = self._health_server.add_insecure_port(health_target)
+            except RuntimeError:
+                bound = 0
+            if bound == 0:
+                raise OSError(f"cannot bind {self._what} health to {health_target}")
+            self.health_port = bound
+            self._health_server.start()
         self._port = port
         self._server.start()
         for service in ("", self._service_name):
@@ -121,6 +157,8 @@ class GrpcServer:
         The returned event is set once the server has fully stopped."""
         self.health.enter_graceful_shutdown()
         done: threading.Event = self._server.stop(grace)
+        if self._health_server is not None:
+            self._health_server.stop(grace)
         return done
 
     def wait(self, timeout: float | None = None) -> bool:

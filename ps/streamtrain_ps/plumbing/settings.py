@@ -25,6 +25,7 @@ I/O, no imports beyond the standard library.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import json
 import re
@@ -65,6 +66,17 @@ class ConfigError(ValueError):
 
     def __reduce__(self) -> tuple[Any, ...]:  # pickles with both arguments
         return (type(self), (self.path, self.message))
+
+
+def unknown_field(name: str, known: typing.Iterable[str]) -> str:
+    """The message for an unknown field: the closest known name first (a typo is the usual
+    cause; compared case-insensitively), then every known name."""
+    by_lower = {k.lower(): k for k in known}
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=1)
+    listed = ", ".join(sorted(by_lower.values()))
+    if close:
+        return f"unknown field; did you mean {by_lower[close[0]]}? (known: {listed})"
+    return f"unknown field (known: {listed})"
 
 
 #: Keyword arguments of :func:`setting` -> the metadata key (the OpenAPI keyword) they set.
@@ -228,9 +240,7 @@ def _section(cls: type[T], data: Any, path: str) -> T:
     known = {f.name: f for f in fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(data) - set(known))
     if unknown:
-        raise ConfigError(
-            f"{path}.{unknown[0]}", f"unknown field (known: {', '.join(sorted(known))})"
-        )
+        raise ConfigError(f"{path}.{unknown[0]}", unknown_field(unknown[0], known))
     hints = field_hints(cls)
     kwargs: dict[str, Any] = {}
     for name, f in known.items():

@@ -62,6 +62,8 @@ class TableStatsLike(Protocol):
     @property
     def evictions_total(self) -> int: ...
     @property
+    def refused_total(self) -> int: ...
+    @property
     def ram_bytes(self) -> int: ...
     @property
     def disk_keys(self) -> int: ...
@@ -102,7 +104,7 @@ class ShardCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         families = self._families()
-        keys, expanded, memory, admissions, evictions = families
+        keys, expanded, memory, admissions, evictions, refused = families
         stats = self._stats()
         for t in stats.tables:
             labels = [t.name, self._shard]
@@ -111,6 +113,7 @@ class ShardCollector(Collector):
             memory.add_metric(labels, t.memory_bytes)
             admissions.add_metric(labels, t.admissions_total)
             evictions.add_metric(labels, t.evictions_total)
+            refused.add_metric(labels, t.refused_total)
         last_save, last_load = self._last_families()
         last_save.add_metric([self._shard], stats.last_save_seconds)
         last_load.add_metric([self._shard], stats.last_load_seconds)
@@ -187,6 +190,7 @@ class ShardCollector(Collector):
         GaugeMetricFamily,
         CounterMetricFamily,
         CounterMetricFamily,
+        CounterMetricFamily,
     ]:
         labels = ["table", "shard"]
         return (
@@ -206,6 +210,11 @@ class ShardCollector(Collector):
             ),
             CounterMetricFamily(
                 "streamtrain_ps_evictions", "Keys deleted by shrink.", labels=labels
+            ),
+            CounterMetricFamily(
+                "streamtrain_ps_refused_updates",
+                "Key updates of pushes refused because the row would hold inf or NaN.",
+                labels=labels,
             ),
         )
 

@@ -23,12 +23,14 @@ from prometheus_client import CollectorRegistry
 
 import streamtrain_ps
 from streamtrain_ps.config import ConfigError, PSConfig
+from streamtrain_ps.plumbing import tls as tls_flags
 from streamtrain_ps.plumbing.grpc_serving import serve_metrics, started, stop_on_signals
 from streamtrain_ps.plumbing.heap import reuse_large_buffers
 from streamtrain_ps.plumbing.launch import Launched, launch, python_argv
 from streamtrain_ps.plumbing.startup import announce
-from streamtrain_ps.plumbing.tls import TLSConfigError, TLSFiles
+from streamtrain_ps.plumbing.tls import TLSConfigError
 from streamtrain_ps.service.server import DEFAULT_WORKERS, PSServer, serve_until
+from streamtrain_ps.service.servicer import CONTROL_METHODS
 from streamtrain_ps.shard import Shard
 from streamtrain_ps.tier.memory_limit import MemoryLimitError
 from streamtrain_ps.tier.warmup import start_warm_up
@@ -56,9 +58,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=DEFAULT_WORKERS, help="RPC thread pool size")
     p.add_argument("--grace", type=float, default=10.0, help="seconds to drain RPCs on SIGTERM")
     p.add_argument("--log-level", default="INFO")
-    p.add_argument("--tls-cert", type=Path, help="PEM certificate chain: serve TLS")
-    p.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
-    p.add_argument("--tls-ca", type=Path, help="PEM CA: require client certificates it signed")
+    tls_flags.add_arguments(p)
     p.add_argument(
         "--memory-limit",
         type=int,
@@ -102,14 +102,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # (streamtrain_ps.plumbing.heap). A capped shard gives freed memory back instead: its limit
         # is on its resident memory.
         reuse_large_buffers()
-    tls = None
-    if args.tls_cert or args.tls_key or args.tls_ca:
-        try:
-            tls = TLSFiles(cert=args.tls_cert, key=args.tls_key, ca=args.tls_ca)
-            tls.server_credentials()  # read and check the files before building the shard
-        except TLSConfigError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+    try:
+        tls = tls_flags.from_args(args)
+    except TLSConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     try:
         shard = Shard(config, shard_index=args.shard_index, num_shards=args.num_shards)
     except MemoryLimitError as exc:
@@ -126,6 +123,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         registry=registry,
         shard_index=args.shard_index,
         tls=tls,
+        peers=tls_flags.policy_from_args(args, CONTROL_METHODS),
+        health_port=args.health_port,
     )
     # Signals are handled before the address is announced: a launcher may stop the shard
     # the moment it learns the address, and that SIGTERM must drain, not kill.

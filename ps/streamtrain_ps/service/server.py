@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 from streamtrain_ps.config import PSConfig
 from streamtrain_ps.plumbing.grpc_serving import GrpcServer, message_options
 from streamtrain_ps.plumbing.heap import ScratchReleasingExecutor, release_scratch_memory
-from streamtrain_ps.plumbing.tls import TLSFiles
+from streamtrain_ps.plumbing.tls import PeerPolicy, TLSFiles, authorising_interceptor
 from streamtrain_ps.proto import ps_pb2, ps_pb2_grpc
 from streamtrain_ps.service.metrics import PSMetrics
 from streamtrain_ps.service.servicer import PSServicer, ShardLike
@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME: str = ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"].full_name
 DEFAULT_WORKERS = 16
+#: RPCs queued or running per RPC thread before grpc answers RESOURCE_EXHAUSTED (retried).
+QUEUED_PER_THREAD = 4
 
 
 def channel_options(config: PSConfig) -> list[tuple[str, int]]:
@@ -51,9 +53,12 @@ class PSServer(GrpcServer):
         registry: CollectorRegistry | None = None,
         shard_index: int = 0,
         tls: TLSFiles | None = None,
+        peers: PeerPolicy | None = None,
+        health_port: int | None = None,
     ) -> None:
         # Credentials are built first, so a bad TLS file fails before anything binds.
         credentials = tls.server_credentials() if tls is not None else None
+        interceptors = [authorising_interceptor(peers)] if peers is not None else []
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = PSMetrics(self.registry, shard_index, stats=shard.stats)
         super().__init__(
@@ -65,6 +70,11 @@ class PSServer(GrpcServer):
             thread_name_prefix="ps-rpc",
             max_message_bytes=config.maxMessageBytes,
             credentials=credentials,
+            interceptors=interceptors,
+            health_port=health_port,
+            max_inflight_bytes=config.inflight_bytes,
+            # Queued RPCs hold no message yet (only a flow-control window): a few per thread.
+            max_concurrent_rpcs=QUEUED_PER_THREAD * max_workers,
             # Bulk requests trim the heap once their buffers are freed (heap.py); a capped
             # shard then checks its RSS against its memory split (``Shard.release_memory``).
             pool_class=functools.partial(

@@ -42,10 +42,12 @@ from streamtrain_ps.errors import (
     RequestTooLargeError,
     UnknownTableError,
 )
+from streamtrain_ps.plumbing.tls import describe_peer
 from streamtrain_ps.proto import ps_pb2, ps_pb2_grpc
 from streamtrain_ps.service import metrics, wire
 from streamtrain_ps.service.idempotency import RecentRequests
 from streamtrain_ps.service.metrics import PSMetrics
+from streamtrain_ps.service.storage_policy import check_uri
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +58,10 @@ R = TypeVar("R")
 FIELD_KEY = "streamtrain-field-bin"
 KIND_KEY = "streamtrain-kind-bin"
 NAME_KEY = "streamtrain-name-bin"
+
+
+#: Methods only the operator's identity may call over mutual TLS (``tls.PeerPolicy``).
+CONTROL_METHODS = frozenset({"Save", "FinishSave", "Load", "Shrink"})
 
 
 class ShardStatsLike(metrics.ShardStatsLike, Protocol):
@@ -275,7 +281,8 @@ class PSServicer(ps_pb2_grpc.ParameterServerServicer):
         self, request: ps_pb2.SaveRequest, context: grpc.ServicerContext
     ) -> ps_pb2.SaveResponse:
         def run() -> ps_pb2.SaveResponse:
-            uri = "" if request.snapshot else _uri(request.uri)
+            uri = "" if request.snapshot else self._uri(request.uri)
+            _audit("Save", uri or f"snapshot {request.save_id}", context)
             try:
                 mode = api.SaveMode(request.mode)
             except ValueError:
@@ -309,7 +316,7 @@ class PSServicer(ps_pb2_grpc.ParameterServerServicer):
         self, request: ps_pb2.FinishSaveRequest, context: grpc.ServicerContext
     ) -> ps_pb2.FinishSaveResponse:
         def run() -> ps_pb2.FinishSaveResponse:
-            _uri(request.uri)
+            _audit("FinishSave", self._uri(request.uri), context)
             if not request.save_id:
                 raise InvalidRequestError("save_id", "must name a staged save")
             if not request.commit:  # also frees a snapshot of that id (published or not)
@@ -323,7 +330,8 @@ class PSServicer(ps_pb2_grpc.ParameterServerServicer):
         self, request: ps_pb2.LoadRequest, context: grpc.ServicerContext
     ) -> ps_pb2.LoadResponse:
         def run() -> ps_pb2.LoadResponse:
-            uri = _uri(request.uri)
+            uri = self._uri(request.uri)
+            _audit("Load", uri, context)
             start = time.perf_counter()
             phase = request.phase
             discard = request.discard_live
@@ -348,6 +356,7 @@ class PSServicer(ps_pb2_grpc.ParameterServerServicer):
     ) -> ps_pb2.ShrinkResponse:
         def run() -> ps_pb2.ShrinkResponse:
             table = self._table(request.table).name if request.table else None
+            _audit("Shrink", table or "all tables", context)
             r = self._shard.shrink(table)
             return ps_pb2.ShrinkResponse(
                 keys_before=r.keys_before, deleted=r.deleted, keys_after=r.keys_after
@@ -387,6 +396,10 @@ class PSServicer(ps_pb2_grpc.ParameterServerServicer):
         except KeyError:
             raise UnknownTableError("table", name) from None
 
+    def _uri(self, uri: str) -> str:
+        """A Save/Load URI the job's allow-list admits (``storage_policy``)."""
+        return check_uri(uri, self._config.storageRoots, self._config.storageSchemes)
+
     def _serve(self, method: str, context: grpc.ServicerContext, run: Callable[[], R]) -> R:
         """Run one RPC body, recording its latency, and turn any exception into a status."""
         start = time.perf_counter()
@@ -403,6 +416,11 @@ class PSServicer(ps_pb2_grpc.ParameterServerServicer):
             _abort(context, code, details, metadata)
         self._metrics.observe_rpc(method, "OK", time.perf_counter() - start)
         return result
+
+
+def _audit(method: str, what: str, context: grpc.ServicerContext) -> None:
+    """One INFO line per control call: what, and who asked (address and certificate)."""
+    log.info("%s %s requested by %s", method, what, describe_peer(context))
 
 
 def _abort(
@@ -425,12 +443,6 @@ def _dense_name(name: str) -> str:
     if not name:
         raise InvalidRequestError("name", "must name a dense vector")
     return name
-
-
-def _uri(uri: str) -> str:
-    if not uri:
-        raise InvalidRequestError("uri", "must be a non-empty fsspec URL")
-    return uri
 
 
 def save_response(result: api.SaveResult) -> ps_pb2.SaveResponse:

@@ -38,7 +38,7 @@ from streamtrain_ps.engine import index as ix
 from streamtrain_ps.engine import kernels as kn
 from streamtrain_ps.engine import snapshot as sn
 from streamtrain_ps.engine.kernels import EVICTIONS
-from streamtrain_ps.engine.slabs import HotCounters, TableContent
+from streamtrain_ps.engine.slabs import HotCounters, TableContent, require_finite_rows
 from streamtrain_ps.engine.table import Merged, SparseTable
 from streamtrain_ps.tier import compaction
 from streamtrain_ps.tier import disk_rows as dr
@@ -284,7 +284,11 @@ class TieredTable(SparseTable):
                 self._shadows.append(k)
             else:
                 self._flush_shadows_locked()
-                store.delete(k, int(hot.positions.size))
+                try:
+                    store.delete(k, int(hot.positions.size))
+                except BaseException:
+                    self._shadows.append(k)  # in RAM now: the disk copy is a shadow
+                    raise
         return found, full, hot
 
     def _moved(self) -> None:
@@ -295,17 +299,19 @@ class TieredTable(SparseTable):
         self, keys: npt.NDArray[np.uint64], full: npt.NDArray[np.float32], hot: HotCounters
     ) -> None:
         """Put promoted keys' full rows into RAM, marked touched (a demotion right after
-        must not send them straight back)."""
+        must not send them straight back). Pulls run meanwhile (they do not wait for the
+        writer lock): the rows are filled first and put in the index last, so a pull sees
+        a key absent (and looks on disk, waiting for this writer) or its whole row."""
         lay = self.layout
         a = self._reserve(int(keys.size))
         rows = np.empty(keys.size, dtype=np.int64)
-        created = np.empty(keys.size, dtype=np.bool_)
-        ix.insert_many(a.slots, a.keys, self._meta, keys, rows, created)
+        ix.take_rows(a.keys, self._meta, keys, rows)
         admitted = int(np.count_nonzero(full[:, lay.xflag] >= 0))
         a = self._reserve_x(admitted, int(hot.positions.size))
         tk.place(a, self._meta, rows, full, hot, lay)
         self._touched.cover(self._arrays.keys.shape[0])
         self._touched.mark(rows)
+        ix.publish_rows(a.slots, a.keys, self._meta, rows)
 
     def _flush_shadows_locked(self) -> None:
         """Delete disk copies of keys promoted during a save (no save runs now)."""
@@ -335,27 +341,35 @@ class TieredTable(SparseTable):
                 rows = coldest_rows(self._arrays, len(self), self._ap, self._touched, salt, n)
                 self._touched.clear()
             evict = rows.size - min(rows.size, store.room())  # the coldest go first
-            evicted = 0
-            for lo in range(0, rows.size, MOVE_CHUNK):
-                chunk = rows[lo : lo + MOVE_CHUNK]
-                keys, full, hot = self._gather(chunk)
-                out = max(0, min(chunk.size, evict - lo))  # evicted, not stored
-                try:
-                    store.put(keys[out:], full[out:], dr.shift_hot(hot, out))
-                    self._filter.add(keys[out:])
-                except DiskFullError as exc:
-                    log.warning("table %s: %s; evicting instead", self.name, exc)
-                    out = chunk.size
-                tk.release(self._arrays, self._meta, chunk)
-                self._moved()
-                if out:
-                    self._tombstones.append(keys[:out].copy())
-                    self._meta[EVICTIONS] += out
-                    self.pressure_evictions_total += out
-                    evicted += out
-            compaction.compact(self._arrays, self._meta, self._touched.bits)
-            self.demotions_total += rows.size - evicted
-            self.moves += 1
+            evicted = released = 0
+            try:
+                for lo in range(0, rows.size, MOVE_CHUNK):
+                    chunk = rows[lo : lo + MOVE_CHUNK]
+                    keys, full, hot = self._gather(chunk)
+                    out = max(0, min(chunk.size, evict - lo))  # evicted, not stored
+                    try:
+                        store.put(keys[out:], full[out:], dr.shift_hot(hot, out))
+                        self._filter.add(keys[out:])
+                    except DiskFullError as exc:
+                        log.warning("table %s: %s; evicting instead", self.name, exc)
+                        out = chunk.size
+                    tk.release(self._arrays, self._meta, chunk)
+                    released += chunk.size
+                    self._moved()
+                    if out:
+                        self._tombstones.append(keys[:out].copy())
+                        self._meta[EVICTIONS] += out
+                        self.pressure_evictions_total += out
+                        evicted += out
+            finally:
+                # Also when a chunk failed (a storage error other than a full disk): the
+                # chunks before it moved, so the demotion ends as if it had finished with
+                # them: rows compacted and ``moves`` bumped, or a staged save's commit would
+                # apply its effects by row ids that new keys reuse.
+                if released:
+                    compaction.compact(self._arrays, self._meta, self._touched.bits)
+                    self.demotions_total += released - evicted
+                    self.moves += 1
             return int(rows.size)
 
     # -- shrink -----------------------------------------------------------------------------
@@ -464,6 +478,7 @@ class TieredTable(SparseTable):
         """``build`` that keeps the hottest keys in RAM up to ``ram_budget`` bytes (0 = all)
         and spills the rest into a fresh disk store (a load). Nothing is swapped in."""
         hot = hot or dr.no_hot()
+        require_finite_rows(rows, hot.counts)  # spilled rows are not built below
         coeffs = (self.config.nonclkCoeff, self.config.clickCoeff)
         split = dr.ram_split(self.layout, coeffs, (keys, rows, hot), ram_budget)
         if split is None or self._disk_opts is None:

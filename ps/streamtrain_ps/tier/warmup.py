@@ -20,8 +20,10 @@ import tempfile
 import threading
 from concurrent import futures
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from streamtrain_ps.api import SaveMode
 from streamtrain_ps.config import PSConfig
@@ -111,6 +113,14 @@ def warm_rpc() -> None:
         pool.shutdown()
 
 
+def _frozen(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """A read-only view, as ``wire`` decodes a request (``np.frombuffer``): numba compiles a
+    kernel once per argument type, and read-only arrays are a type of their own."""
+    view = a.view()
+    view.setflags(write=False)
+    return view
+
+
 def _exercise(t: TieredTable, logical_shards: int, tiers: bool = True) -> None:
     n = 2048
     keys = np.arange(1, n + 1, dtype=np.uint64)
@@ -119,6 +129,11 @@ def _exercise(t: TieredTable, logical_shards: int, tiers: bool = True) -> None:
     no_slots = np.empty(0, np.uint32)
     t.push_merged(t.merge(keys, grads, big, big, no_slots, (logical_shards, 1, 0)), False)
     t.pull(keys)
+    # The same calls with the request's arrays read-only, as a shard's RPCs make them.
+    ro_keys, ro_grads, ro_big, ro_slots = (_frozen(x) for x in (keys, grads, big, no_slots))
+    merged = t.merge(ro_keys, ro_grads, ro_big, ro_big, ro_slots, (logical_shards, 1, 0))
+    t.push_merged(merged, False)
+    t.pull(ro_keys)
     if tiers:
         t.demote(0)  # every key to disk
         t.pull(keys)  # promoted back
@@ -129,4 +144,7 @@ def _exercise(t: TieredTable, logical_shards: int, tiers: bool = True) -> None:
     for mode in (SaveMode.DELTA, SaveMode.CHECKPOINT):
         rows, offsets = t.rows_by_logical_shard(logical_shards, mode)
         for s in range(logical_shards):
-            t.snapshot_part(rows[offsets[s] : offsets[s + 1]], mode, s)
+            part_rows, part_keys, _, _ = t.snapshot_part(rows[offsets[s] : offsets[s + 1]], mode, s)
+            # A committed save's side effect (nothing saved: a zero delta changes nothing).
+            zero = np.zeros(part_rows.size, np.float64)
+            t.apply_save(part_keys, part_rows, zero, False, t.moves)

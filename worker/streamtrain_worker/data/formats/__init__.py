@@ -17,8 +17,12 @@ from streamtrain_worker.data.formats.slot import SlotFormat
 __all__ = ["REASONS", "Format", "ParsedBlock", "make_format"]
 
 
-def make_format(config: DataConfig) -> Format:
-    """The parser for ``config.format`` (loads the libSVM field map, if any, once)."""
+def make_format(config: DataConfig, labels_optional: bool = False) -> Format:
+    """The parser for ``config.format`` (loads the libSVM field map, if any, once).
+
+    ``labels_optional`` (scoring, not training): a slot line without its label token is an
+    example with a NaN label instead of a bad line; other formats keep the label required.
+    """
     if config.format == "criteo":
         return CriteoFormat()
     if config.format == "avazu":
@@ -27,4 +31,4 @@ def make_format(config: DataConfig) -> Format:
         return CsvFormat(config)
     if config.format == "libsvm":
         return LibsvmFormat(config)
-    return SlotFormat(config)
+    return SlotFormat(config, labels_optional)

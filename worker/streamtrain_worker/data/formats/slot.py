@@ -6,7 +6,9 @@ kept). The label is the token whose slot is ``labelSlot`` (its feasign is the cl
 When ``labelSlot`` is not a number (default ``click``) the slot-first form ``click:0`` is
 accepted too, since no feasign can be a non-number. Tokens of slots not in the config are
 ignored (PaddleRec does the same); a token without ``:`` or with a non-integer feasign makes
-the line bad; a line without a label token is bad. Slot names are matched by their 64-bit
+the line bad; a line without a label token is bad, unless the format was made with
+``labels_optional`` (the predictor and the server score unlabelled rows): its label is then
+NaN. Slot names are matched by their 64-bit
 text hash (a binary search per token, no Python dict on the hot path).
 """
 
@@ -41,7 +43,7 @@ class SlotFormat:
 
     has_header = False
 
-    def __init__(self, config: DataConfig) -> None:
+    def __init__(self, config: DataConfig, labels_optional: bool = False) -> None:
         names = config.slot_names
         self.num_slots = len(names)
         hashes = np.array([token_value(name) for name in names], dtype=np.uint64)
@@ -56,6 +58,7 @@ class SlotFormat:
             sorted_hashes,
             order.astype(np.int32),
             self.num_slots,
+            labels_optional,
         )
 
     def for_file(self, path: str, header: bytes | None) -> SlotFormat:
@@ -129,7 +132,7 @@ def _tokenize(
         line_keys[m] = sign_of(slot, value)
         m += 1
     if label < 0:
-        return 0, MISSING_LABEL, 0
+        return m, MISSING_LABEL, 0
     return m, OK, label
 
 
@@ -142,6 +145,7 @@ def _kernel(
     slot_hashes: npt.NDArray[np.uint64],
     slot_index: npt.NDArray[np.int32],
     num_slots: int,
+    labels_optional: bool,
     labels: npt.NDArray[np.float32],
     keys: npt.NDArray[np.uint64],
     offsets: npt.NDArray[np.int64],
@@ -168,9 +172,11 @@ def _kernel(
                 data, pos, stop, label_hash, label_first, slot_hashes, slot_index,
                 line_slots, line_keys,
             )  # fmt: skip
+            unlabelled = status == MISSING_LABEL and labels_optional  # scoring, not training
             fits, examples, nkeys, nbad = settle_line(
-                status, m, label, line_slots, line_keys, num_slots, counts, labels, keys,
-                offsets, bad_lines, bad_reasons, first_line + physical, examples, nkeys, nbad,
+                OK if unlabelled else status, m, np.nan if unlabelled else label,
+                line_slots, line_keys, num_slots, counts, labels, keys, offsets, bad_lines,
+                bad_reasons, first_line + physical, examples, nkeys, nbad,
             )  # fmt: skip
             if not fits:
                 break
