@@ -76,6 +76,16 @@ test: $(STAMP) test-deps proto-check lint typecheck pytest ## Everything CI chec
 test-faults: $(STAMP) ## Fault-injection suite (also part of `make test`)
 	$(PY) -m pytest -q -m faults
 
+# MUTANTS: which mutants to run (mutmut's name globs), e.g.
+# `make test-mutants MUTANTS='streamtrain_operator.job.scheduler*'`; default: every one of
+# the modules [tool.mutmut] lists (hours on two cores). Runs in .mutation/ (see
+# tools/streamtrain_tools/mutation.py); the survivors are listed at the end.
+# MUTANT_TESTS: test files to run instead of [tool.mutmut]'s selection (a short run).
+MUTANTS ?=
+MUTANT_TESTS ?=
+test-mutants: $(STAMP) ## Mutation run over the core invariants ([tool.mutmut] in pyproject.toml)
+	$(PY) -m streamtrain_tools.mutation $(MUTANTS) $(if $(MUTANT_TESTS),--tests $(MUTANT_TESTS))
+
 bench: bench-ps bench-worker bench-e2e bench-load bench-quality ## All benchmarks (results go in docs/benchmarks.md)
 
 bench-ps: $(STAMP) ## PS shard throughput and memory per key
@@ -113,6 +123,9 @@ $(PEER_VENV)/.installed:
 bench-peer: $(STAMP) $(PEER_VENV)/.installed ## Ours vs PaddlePaddle's PS, alternating (opt-in: not in `make bench`)
 	$(PY) -m streamtrain_tools.bench.peer --json --peer-python $(PEER_VENV)/bin/python
 
+bench-tls: $(STAMP) ## What mutual TLS costs a worker's pull and push (plain vs TLS shard, alternating)
+	$(PY) -m streamtrain_tools.bench.tls_cost --json
+
 bench-ps-scale: $(STAMP) ## One PS shard at the long tail: bytes/key, peaks, unique keys/s, saves
 	$(PY) -m streamtrain_tools.bench.ps_scale --json
 
@@ -139,12 +152,21 @@ images: ## Build the ps, operator and worker images (docker, else buildah)
 	$$B -f Dockerfile.ps --target operator -t $(IMAGE_PREFIX)-operator:$(IMAGE_TAG) . && \
 	$$B -f Dockerfile.worker -t $(IMAGE_PREFIX)-worker:$(IMAGE_TAG) .
 
-lint-manifests: $(STAMP) test-deps ## hadolint, chart lint/render, kubernetes-validate, promtool on the alerts
+# checkov pins its own dependency tree (boto3, networkx, pydantic ...) against the project's
+# constraints.txt: it lives in a virtualenv of its own, like the peer.
+CHECKOV_VENV := .venv-checkov
+$(CHECKOV_VENV)/.installed:
+	test -x $(CHECKOV_VENV)/bin/python || $(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/python -m pip install -q checkov==3.3.30
+	touch $@
+
+lint-manifests: $(STAMP) test-deps $(CHECKOV_VENV)/.installed ## hadolint, chart lint/render, kubernetes-validate, promtool, checkov (accepted checks: docs/security.md)
 	$(VENV)/bin/hadolint Dockerfile.ps Dockerfile.worker
 	$(PY) -m pytest -q tests/contract/test_chart.py tests/contract/test_manifests.py \
 	  tests/contract/test_images.py tests/contract/test_alerts.py
+	$(PY) -m streamtrain_tools.lint_manifests --checkov $(CHECKOV_VENV)/bin/checkov
 
 clean: ## Remove caches and demo output (keeps .venv)
 	rm -rf .pytest_cache .mypy_cache .ruff_cache demo-run chart-render
 
-.PHONY: help install proto proto-check lint fmt typecheck test-deps pytest test test-faults bench bench-ps bench-worker bench-e2e bench-read-ahead bench-load bench-serving bench-ps-scale bench-quality bench-peer demo chart crds crds-check images lint-manifests clean
+.PHONY: help install proto proto-check lint fmt typecheck test-deps pytest test test-faults test-mutants bench bench-ps bench-worker bench-e2e bench-read-ahead bench-load bench-serving bench-tls bench-ps-scale bench-quality bench-peer demo chart crds crds-check images lint-manifests clean

@@ -114,7 +114,9 @@ def test_a_limit_too_small_for_a_pass_ends_the_run_with_a_condition(tmp_path: Pa
     )
     assert re.search(r"Set spec\.ps\.memoryLimit to at least \d+ bytes \(\d+Mi\)", run.stderr)
     status = streamtrain("status", str(root / "job.yaml"), cwd=root)
-    assert "condition Failed: MemoryLimitTooSmall: pass " in status.stdout, status.stdout
+    # The failure is said once: in the phase line, not again as a condition line.
+    assert "Failed (MemoryLimitTooSmall: pass " in status.stdout, status.stdout
+    assert status.stdout.count("MemoryLimitTooSmall") == 1, status.stdout
     logs = "".join(p.read_text() for p in root.rglob("logs/worker-*.log"))
     assert logs.count("MemoryLimitError") >= 1
     assert "restor" not in run.stdout.lower(), run.stdout  # no restore and retry of the pass

@@ -50,6 +50,7 @@ CHILDREN = {
     "apps/v1/statefulsets": "StatefulSet",
     "networking.k8s.io/v1/networkpolicies": "NetworkPolicy",
     "coordination.k8s.io/v1/leases": "Lease",
+    "cert-manager.io/v1/certificates": "Certificate",
 }
 
 

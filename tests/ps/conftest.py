@@ -31,6 +31,8 @@ from streamtrain_ps.service.server import PSServer
 from streamtrain_ps.shard import Shard
 from streamtrain_ps.tier.memory_limit import MemoryBudget
 
+from . import faultfs
+
 PS_SOURCE_ROOT = Path(streamtrain_ps.__file__).resolve().parents[1]
 
 
@@ -234,7 +236,11 @@ def two_phase_config(**table: Any) -> PSConfig:
         "baseThreshold": 0.0,
     }
     base.update(table)
-    return PSConfig(tables=(TableConfig(name=TWO_PHASE_TABLE, **base),), logicalShards=8)
+    return PSConfig(
+        tables=(TableConfig(name=TWO_PHASE_TABLE, **base),),
+        logicalShards=8,
+        storageSchemes=faultfs.SCHEMES,  # shards served over gRPC admit failfs:// URIs
+    )
 
 
 def spread_keys(lo: int, hi: int) -> np.ndarray:

@@ -23,7 +23,11 @@ from typing import Any, ClassVar
 
 from fsspec.implementations.memory import MemoryFileSystem
 
+from streamtrain_ps.config import PSConfig
+
 PROTOCOL = "failfs"
+#: A shard's storage schemes plus this one: shards served over gRPC admit failfs:// URIs.
+SCHEMES = (*PSConfig().storageSchemes, PROTOCOL)
 
 
 @dataclass

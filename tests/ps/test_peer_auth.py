@@ -6,7 +6,7 @@ health answers in plaintext on its own port for kubelet."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -15,6 +15,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pki import JOB, OPERATOR, PKI, make_pki
+from streamtrain_operator.job.spec import load_job
+from streamtrain_operator.kube import resources as r
 from streamtrain_ps.api import SaveMode
 from streamtrain_ps.client.remote import RemotePS, RetryPolicy
 from streamtrain_ps.errors import PSError
@@ -23,8 +25,9 @@ from streamtrain_ps.service.server import SERVICE_NAME, PSServer
 from streamtrain_ps.service.servicer import CONTROL_METHODS
 from streamtrain_ps.shard import Shard
 
-from .conftest import small_config
+from .conftest import SpawnedPS, small_config
 
+ROOT = Path(__file__).resolve().parents[2]
 T = "embedding"
 # One attempt; the first pull may compile kernels, so no short deadline.
 FAIL_FAST = RetryPolicy(max_attempts=1, initial_backoff=0.01, total_seconds=1, rpc_timeout=60)
@@ -117,3 +120,36 @@ def test_health_answers_in_plaintext_on_its_own_port_only(server: PSServer) -> N
         with pytest.raises(grpc.RpcError) as err:  # nothing but health on that port
             channel.unary_unary(f"/{SERVICE_NAME}/Stats")(b"", timeout=5)
         assert err.value.code() is grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_the_operators_rendered_tls_flags_run_a_shard_process(
+    spawn_ps: Callable[..., SpawnedPS], pki: PKI, tmp_path: Path
+) -> None:
+    """``python -m streamtrain_ps`` with the TLS flags exactly as the operator renders them
+    (the mount path pointed at this test's certificates, the job's identity this test's):
+    the job certificate pulls but may not save, the operator's saves (the health port is
+    bound to a free one here; health over it is covered above, in process)."""
+    job = load_job(ROOT / "crds/examples/minimal.yaml")
+    options = r.Options(tls="cert-manager", operator_identity=OPERATOR)
+    mount = {
+        f"{r.TLS_DIR}/tls.crt": str(pki.server.cert),
+        f"{r.TLS_DIR}/tls.key": str(pki.server.key),
+        f"{r.TLS_DIR}/ca.crt": str(pki.ca),
+        r.job_identity(job): JOB,
+        str(options.health_port): "0",
+    }
+    args = [mount.get(a, a) for a in r.tls_args(job, "ps", options)]
+    assert "--tls-data-peer" in args and OPERATOR in args
+    ps = spawn_ps(small_config(), *args)
+    for tls, allowed in ((pki.job, False), (pki.operator, True)):
+        client = RemotePS([ps.address], small_config(), retry=FAIL_FAST, tls=tls)
+        try:
+            client.pull_sparse(T, np.arange(1, 9, dtype=np.uint64))
+            uri = str(tmp_path / f"ckpt-{allowed}")
+            if allowed:
+                assert client.save(uri, SaveMode.CHECKPOINT).files
+            else:
+                with pytest.raises(PSError, match="PERMISSION_DENIED"):
+                    client.save(uri, SaveMode.CHECKPOINT)
+        finally:
+            client.close()

@@ -57,6 +57,7 @@ def config() -> PSConfig:
     return PSConfig(
         tables=(TableConfig(name=T, embedxDim=D, embedxThreshold=0.0, baseThreshold=0.0),),
         logicalShards=8,
+        storageSchemes=faultfs.SCHEMES,
     )
 
 

@@ -216,8 +216,8 @@ uris = st.one_of(
 def test_random_export_uris(live: Live, uri: str) -> None:
     code = live.call("ExportDense", worker_pb2.ExportDenseRequest(uri=uri))
     assert code in EXPECTED
-    if not uri.strip("/"):
-        assert code is grpc.StatusCode.FAILED_PRECONDITION  # never the filesystem root
+    if not uri.strip("/"):  # never the filesystem root: refused by the URI check or export
+        assert code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION)
     live.assert_alive()
 
 

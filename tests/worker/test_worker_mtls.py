@@ -84,3 +84,36 @@ def test_the_operator_client_is_accepted(server: WorkerServer, pki: PKI) -> None
             await worker.close()
 
     asyncio.run(reset())
+
+
+def test_export_dense_is_held_to_the_jobs_storage_roots(pki: PKI, tmp_path: Path) -> None:
+    """The worker checks an ExportDense URI as a PS shard checks a Save: the roots and
+    schemes of the PS config the operator renders into the worker's (``storage_policy``)."""
+    config = WorkerConfig.from_dict(
+        {
+            **CONFIG,
+            "ps": {
+                **CONFIG["ps"],
+                "config": {"logicalShards": 8, "storageRoots": [str(tmp_path / "export")]},
+            },
+        }
+    )
+    ps = LocalPS(config.ps.config)
+    server = WorkerServer(WorkerServicer(config, ps))
+    server.start()
+    try:
+        with grpc.insecure_channel(server.address) as channel:
+            stub = worker_pb2_grpc.WorkerStub(channel)
+            for uri in (
+                str(tmp_path / "elsewhere"),
+                f"{tmp_path}/export/d?x=",
+                "http://169.254.169.254/x",
+            ):
+                with pytest.raises(grpc.RpcError) as err:
+                    stub.ExportDense(worker_pb2.ExportDenseRequest(uri=uri), timeout=30)
+                assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+                assert repr(uri) in (err.value.details() or "")
+        assert not (tmp_path / "elsewhere").exists()
+    finally:
+        server.close(grace=0)
+        ps.close()

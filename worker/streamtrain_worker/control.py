@@ -52,9 +52,15 @@ from typing import Any, NoReturn
 import grpc
 
 from streamtrain_ps.api import PSLike
-from streamtrain_ps.errors import MemoryLimitError, PSError, PSUnavailableError
+from streamtrain_ps.errors import (
+    InvalidRequestError,
+    MemoryLimitError,
+    PSError,
+    PSUnavailableError,
+)
 from streamtrain_ps.plumbing.grpc_serving import GrpcServer
 from streamtrain_ps.plumbing.tls import PeerPolicy, TLSFiles, authorising_interceptor, describe_peer
+from streamtrain_ps.service.storage_policy import check_uri
 from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.data.batch import Batch
 from streamtrain_worker.data.errors import DataError
@@ -258,6 +264,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self, request: Any, context: grpc.ServicerContext
     ) -> Any:
         log.info("ExportDense %s requested by %s", request.uri, describe_peer(context))
+        ps = self.config.ps.config
+        try:  # the job's export and checkpoint roots, as on the PS (storage_policy)
+            check_uri(request.uri, ps.storageRoots, ps.storageSchemes)
+        except InvalidRequestError as exc:
+            _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
         def run() -> Any:
             trainer = self.trainer

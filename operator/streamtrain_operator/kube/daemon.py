@@ -442,6 +442,8 @@ class JobSupervisor:
                     await asyncio.to_thread(self._merge_conditions, patch)
                     waiting = True
                 continue
+            if stopped.is_set():  # stopped while waiting: the pods did not answer
+                return False
             patch = st.pods_ready(
                 True, "AllReady", "every PS shard and worker answers", self.rt.clock(), {}
             )

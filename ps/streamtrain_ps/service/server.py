@@ -31,7 +31,9 @@ log = logging.getLogger(__name__)
 SERVICE_NAME: str = ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"].full_name
 DEFAULT_WORKERS = 16
 #: RPCs queued or running per RPC thread before grpc answers RESOURCE_EXHAUSTED (retried).
-QUEUED_PER_THREAD = 4
+#: Generous: one client's big pull is many chunks sent at once, and a queued RPC holds only
+#: its flow-control window; the request-bytes cap is what bounds memory.
+QUEUED_PER_THREAD = 64
 
 
 def channel_options(config: PSConfig) -> list[tuple[str, int]]:
@@ -73,7 +75,6 @@ class PSServer(GrpcServer):
             interceptors=interceptors,
             health_port=health_port,
             max_inflight_bytes=config.inflight_bytes,
-            # Queued RPCs hold no message yet (only a flow-control window): a few per thread.
             max_concurrent_rpcs=QUEUED_PER_THREAD * max_workers,
             # Bulk requests trim the heap once their buffers are freed (heap.py); a capped
             # shard then checks its RSS against its memory split (``Shard.release_memory``).
