@@ -73,6 +73,9 @@ pytest: $(STAMP) test-deps ## Only the test suite
 
 test: $(STAMP) test-deps proto-check lint typecheck pytest ## Everything CI checks: generated code, lint, types, tests
 
+test-deep: $(STAMP) ## The model and property tests with many more examples (minutes)
+	STREAMTRAIN_DEEP=1 $(PY) -m pytest -q -o timeout=3600 tests/ps/test_table_model.py tests/ps/test_finite_rows.py
+
 test-faults: $(STAMP) ## Fault-injection suite (also part of `make test`)
 	$(PY) -m pytest -q -m faults
 
@@ -100,7 +103,7 @@ bench-e2e: $(STAMP) ## Criteo sample as 24 hourly passes, end to end
 bench-read-ahead: $(STAMP) ## A RunPass's fixed cost with and without the next pass read ahead
 	$(PY) -m streamtrain_tools.bench.read_ahead --json
 
-bench-quality: $(STAMP) ## streamtrain's defaults vs Vowpal Wabbit vs plain PyTorch on 3 streams
+bench-quality: $(STAMP) ## streamtrain's defaults vs Vowpal Wabbit vs plain PyTorch: samples, long-tail stream, families (fresh seed)
 	$(PY) -m streamtrain_tools.bench.quality --json
 
 bench-serving: $(STAMP) test-deps ## Online serving: freshness, delta apply, latency, exactness, Redis memory
@@ -169,4 +172,4 @@ lint-manifests: $(STAMP) test-deps $(CHECKOV_VENV)/.installed ## hadolint, chart
 clean: ## Remove caches and demo output (keeps .venv)
 	rm -rf .pytest_cache .mypy_cache .ruff_cache demo-run chart-render
 
-.PHONY: help install proto proto-check lint fmt typecheck test-deps pytest test test-faults test-mutants bench bench-ps bench-worker bench-e2e bench-read-ahead bench-load bench-serving bench-tls bench-ps-scale bench-quality bench-peer demo chart crds crds-check images lint-manifests clean
+.PHONY: help install proto proto-check lint fmt typecheck test-deps pytest test test-faults test-deep test-mutants bench bench-ps bench-worker bench-e2e bench-read-ahead bench-load bench-serving bench-tls bench-ps-scale bench-quality bench-peer demo chart crds crds-check images lint-manifests clean

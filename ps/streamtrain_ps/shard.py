@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
@@ -115,6 +116,7 @@ class Shard:
                     config.diskLimit,
                     config.logicalShards,
                     plan.store,
+                    volume=Path(config.diskPath) if config.diskPath else None,
                 ),
             )
             for t in config.tables
@@ -380,9 +382,36 @@ class Shard:
         return k
 
 
+#: A shard's spill root without ``diskPath``: in the temporary directory, by process id.
+_TEMP_ROOT = "streamtrain-ps-{pid}-shard-{index}"
+
+
 def _disk_root(config: PSConfig, shard_index: int) -> Path:
     """Where this shard's disk tier lives: ``diskPath/shard-<i>``, or a fresh temporary
-    directory (created only when a table first spills)."""
+    directory (created only when a table first spills).
+
+    A starting shard owns nothing there yet: whatever it finds is a killed predecessor's
+    spill (``gen-*`` stores no one deletes, outside any cap: the road to a full volume),
+    so it is removed: the whole ``diskPath/shard-<i>``, and in the temporary directory the
+    roots of processes that no longer run."""
     if config.diskPath:
-        return Path(config.diskPath) / f"shard-{shard_index}"
-    return Path(tempfile.gettempdir()) / f"streamtrain-ps-{os.getpid()}-shard-{shard_index}"
+        root = Path(config.diskPath) / f"shard-{shard_index}"
+        shutil.rmtree(root, ignore_errors=True)
+        return root
+    tmp = Path(tempfile.gettempdir())
+    for old in tmp.glob(_TEMP_ROOT.format(pid="*", index="*")):
+        pid = old.name.split("-")[2]
+        if pid.isdigit() and not _running(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    return tmp / _TEMP_ROOT.format(pid=os.getpid(), index=shard_index)
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists (signal 0 checks without sending anything)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True

@@ -48,8 +48,10 @@ NON_DEFAULT: dict[str, Any] = {
         "normalizeEmbeddings": False,
         "summaryDecayRate": 0.999,
         "dataNormPrior": 50.0,
-        "crossLayers": 2,
+        "crossLayers": 1,
         "crossRank": 16,
+        "fmInteractions": True,
+        "priorClickRate": 0.05,
         "ordinalInputs": False,
         "baseRateOffset": False,
         "targetSlot": 0,
@@ -91,7 +93,14 @@ NON_DEFAULT: dict[str, Any] = {
         }
     },
     "ps": {"replicas": 3, "logicalShards": 12},
-    "workers": {"replicas": 2, "numThreads": 3},
+    "workers": {
+        "replicas": 2,
+        "numThreads": 3,
+        "prefetchBatches": 3,
+        "pushQueueDepth": 2,
+        "inOrderExamples": 0,
+        "maxMergedPushes": 4,
+    },
     "checkpoint": {"path": "s3://models/ckpt", "everyPasses": 2},
     "export": {"path": "s3://models/serving", "deltaEveryPasses": 2},
     "seed": 7,
@@ -128,7 +137,7 @@ def test_ps_parses_what_the_operator_renders(raw: dict[str, Any]) -> None:
     (table,) = parsed.tables
     assert table.embedxDim == spec.model.embeddingDim
     assert _same_named_fields(spec.sparse, table, skip={"optimizer"}) == 9
-    assert _same_named_fields(spec.sparse.optimizer, table.optimizer) == 15
+    assert _same_named_fields(spec.sparse.optimizer, table.optimizer) == 16
     assert _same_named_fields(spec.dense.optimizer, parsed.dense.optimizer) == 5
     assert (parsed.logicalShards, parsed.seed) == (spec.ps.logicalShards, spec.seed)
     # Every field is explicit in the JSON: nothing is left to the PS's defaults.
@@ -141,12 +150,13 @@ def test_worker_parses_what_the_operator_renders(raw: dict[str, Any]) -> None:
     text = render.render_worker(spec, ENDPOINTS)
     parsed = WorkerConfig.from_json(text)
     assert parsed == render.worker_config(spec, ENDPOINTS)
-    assert _same_named_fields(spec.model, parsed.model) == 16
+    assert _same_named_fields(spec.model, parsed.model) == 18
     data = parsed.data
     assert _same_named_fields(spec.data, data) == len(dataclasses.fields(spec.data))
     assert parsed.ps.endpoints == ENDPOINTS
     assert parsed.ps.config == render.ps_config(spec)
-    assert parsed.runtime.numThreads == spec.workers.numThreads
+    # Every runtime setting the manifest names reaches the worker (the rest: metrics only).
+    assert _same_named_fields(spec.workers, parsed.runtime) == 6
     assert parsed.seed == spec.seed
     rendered = json.loads(text)
     assert set(rendered) == {f.name for f in dataclasses.fields(WorkerConfig)}

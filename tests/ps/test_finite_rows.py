@@ -12,6 +12,7 @@ over gRPC and check every stored row stays finite.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -149,8 +150,9 @@ grads = st.one_of(
     st.floats(-F32_MAX, F32_MAX, width=32, allow_nan=False, allow_infinity=False),
 )
 pushes = st.lists(st.tuples(st.integers(1, 6), grads, shows, shows), min_size=1, max_size=12)
+DEEP = os.environ.get("STREAMTRAIN_DEEP") == "1"  # make test-deep
 PROPERTY = settings(
-    max_examples=25,
+    max_examples=500 if DEEP else 25,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
@@ -205,7 +207,9 @@ def served() -> Iterator[tuple[Shard, RemotePS]]:
         shard.close()
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=200 if DEEP else 15, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(batch=pushes)
 def test_extreme_finite_pushes_over_grpc_keep_every_row_finite(
     served: tuple[Shard, RemotePS], batch: list

@@ -50,8 +50,12 @@ class Reference:
         self.o = opt
         self.t = table
 
-    def rule(self, w, state, g, part="embedx"):  # type: ignore[no-untyped-def]
+    def rule(self, w, state, g, shows, part="embedx"):  # type: ignore[no-untyped-def]
+        """One step, or with ``occurrenceSteps`` covering the part one per occurrence:
+        ``shows`` rounded, at least 1, steps of the same mean gradient."""
         o = self.o
+        covered = o.occurrenceSteps == "all" or (o.occurrenceSteps == "embed" and part == "embed")
+        steps = np.maximum(np.rint(shows), 1) if covered else np.ones(len(shows))
         if part == "embed":  # the embed part's own rule, step size and G0, where set
             o = replace(
                 o,
@@ -61,30 +65,38 @@ class Reference:
             )
         lo, hi = o.weightBounds
         d = w.shape[1]
-        if o.type == "ftrl":  # McMahan et al. 2013, Algorithm 1 per coordinate
+        if o.type == "ftrl":  # McMahan et al. 2013, Algorithm 1 per coordinate, per step
             z, n = state[:, :d], state[:, d:]
-            n_new = n + g * g
-            z = z + g - (np.sqrt(n_new) - np.sqrt(n)) / o.ftrlAlpha * w
-            closed = -(z - np.sign(z) * o.ftrlL1) / (
-                (o.ftrlBeta + np.sqrt(n_new)) / o.ftrlAlpha + o.ftrlL2
-            )
-            w = np.clip(np.where(np.abs(z) <= o.ftrlL1, 0.0, closed), lo, hi)
-            state = np.concatenate([z, n_new], axis=1)
+            for k in range(int(steps.max())):
+                on = (k < steps)[:, None]
+                n_new = n + g * g
+                z_new = z + g - (np.sqrt(n_new) - np.sqrt(n)) / o.ftrlAlpha * w
+                closed = -(z_new - np.sign(z_new) * o.ftrlL1) / (
+                    (o.ftrlBeta + np.sqrt(n_new)) / o.ftrlAlpha + o.ftrlL2
+                )
+                w_new = np.clip(np.where(np.abs(z_new) <= o.ftrlL1, 0.0, closed), lo, hi)
+                z, n, w = np.where(on, z_new, z), np.where(on, n_new, n), np.where(on, w_new, w)
+            state = np.concatenate([z, n], axis=1)
         elif o.type == "adagrad":
             G = state[:, 0]
-            w = np.clip(
-                w - o.learningRate * g * np.sqrt(o.initialG2sum / (o.initialG2sum + G))[:, None],
-                lo,
-                hi,
+            a = np.mean(g * g, axis=1)
+            g0 = o.initialG2sum
+            ratio = sum(
+                np.where(k < steps, np.sqrt(g0 / (g0 + G + k * a)), 0.0)
+                for k in range(int(steps.max()))
             )
+            w = np.clip(w - o.learningRate * g * ratio[:, None], lo, hi)
             state = state.copy()
-            state[:, 0] = G + np.mean(g * g, axis=1)
+            state[:, 0] = G + steps * a
         elif o.type == "std_adagrad":
             G = state
-            w = np.clip(
-                w - o.learningRate * g * np.sqrt(o.initialG2sum / (o.initialG2sum + G)), lo, hi
+            g0 = o.initialG2sum
+            ratio = sum(
+                np.where((k < steps)[:, None], np.sqrt(g0 / (g0 + G + k * g * g)), 0.0)
+                for k in range(int(steps.max()))
             )
-            state = G + g * g
+            w = np.clip(w - o.learningRate * g * ratio, lo, hi)
+            state = G + steps[:, None] * g * g
         else:
             m, v = state[:, :d], state[:, d : 2 * d]
             p1 = state[:, 2 * d] * o.beta1
@@ -200,8 +212,8 @@ def _check_against_reference(cfg: PSConfig, bounds: tuple[float, float]) -> None
         show[idx] += s
         click[idx] += c
         delta[idx] += (s - c) * tc.nonclkCoeff + c * tc.clickCoeff
-        ew[idx], es[idx] = ref.rule(ew[idx], es[idx], g[:, :1], part="embed")
-        xw[idx], xs[idx] = ref.rule(xw[idx], xs[idx], g[:, 1:])
+        ew[idx], es[idx] = ref.rule(ew[idx], es[idx], g[:, :1], s, part="embed")
+        xw[idx], xs[idx] = ref.rule(xw[idx], xs[idx], g[:, 1:], s)
 
         pulled = shard.pull_sparse("embedding", keys)
         np.testing.assert_allclose(pulled[:, 0], show, rtol=1e-6)
@@ -280,3 +292,28 @@ def test_init_part_writes_only_its_own_weights_and_state(rule: str, dim: int) ->
     assert (slab[1, used:] == 7.0).all(), slab[1]
     assert (slab[[0, 2]] == 7.0).all()
     assert (slab[1, :used] != 7.0).all()
+
+
+@pytest.mark.parametrize("steps", ["embed", "all"])
+@pytest.mark.parametrize("kind", ["adagrad", "std_adagrad", "adam", "ftrl"])
+def test_one_step_per_occurrence_where_occurrence_steps_say_so(kind: str, steps: str) -> None:
+    cfg = _config(kind, (-10.0, 10.0), 0.05, **FTRL_CASES[0], occurrenceSteps=steps)
+    _check_against_reference(cfg, (-10.0, 10.0))
+
+
+def test_a_key_in_every_row_learns_as_much_as_its_occurrences_would() -> None:
+    """With occurrence steps, a key pushed once with show n moves as far as n pushes of
+    show 1 with the same mean gradient (AdaGrad), and about n times further than one such
+    push would move it on its own while G is still small."""
+    key = np.array([7], np.uint64)
+    grad = np.full((1, D + 1), 0.2, np.float32)
+    moved = {}
+    for label, pushes, show in (("batch", 1, 32.0), ("online", 32, 1.0), ("one", 1, 1.0)):
+        shard = Shard(_config("adagrad", (-10.0, 10.0), 0.05, occurrenceSteps="all"))
+        for _ in range(pushes):
+            shard.push_sparse(
+                "embedding", key, grad * show, np.array([show], np.float32), np.zeros(1, np.float32)
+            )
+        moved[label] = float(shard.pull_sparse("embedding", key)[0, 2])
+    np.testing.assert_allclose(moved["batch"], moved["online"], rtol=1e-5)
+    assert moved["batch"] < 25 * moved["one"] < 0  # ~32 steps, each a little smaller

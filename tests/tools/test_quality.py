@@ -115,3 +115,62 @@ def test_vw_sees_the_tokens_the_slots_hold(tmp_path: Path) -> None:
     tokens = features.split()
     assert len([t for t in tokens if t.startswith("C")]) == 26
     assert all(t.split("_")[1].lstrip("n").isdigit() for t in tokens if t.startswith("I"))
+
+
+def test_families_draw_a_printed_seed_that_reproduces_them(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    argv = ["--streams", "hourly", "lowctr", "--learners", "vw"]
+    first = run(capsys, [*argv, "--workdir", str(tmp_path / "a")])
+    seed = first["family_seed"]
+    again = run(capsys, [*argv, "--workdir", str(tmp_path / "b"), "--family-seed", str(seed)])
+    other = run(capsys, [*argv, "--workdir", str(tmp_path / "c"), "--family-seed", str(seed + 7)])
+    for name in ("hourly", "lowctr"):
+        stream = first["streams"][name]
+        assert stream["windows"] == ["day 1", "day 2"]
+        repeat = again["streams"][name]
+        assert stream["oracle_auc"] == repeat["oracle_auc"]
+        best = stream["learners"]["vw_best"]
+        assert repeat["learners"]["vw_best"] == best
+        # VW is deterministic: the same seed gives the same scores.
+        assert stream["learners"][best]["windows"] == repeat["learners"][best]["windows"]
+        assert stream["oracle_auc"] != other["streams"][name]["oracle_auc"]
+    # The families differ in kind: the low-CTR family clicks far less than the hourly one
+    # (over all passes of a fixed draw: one hour's offset can take either rate far off).
+    rates = {}
+    for name in ("hourly", "lowctr"):
+        data = build(name, tmp_path / "d", quick=True, family_seed=0)
+        lines = [
+            line
+            for _, folder in data.passes
+            for part in folder.glob("part-*")
+            for line in part.read_text().splitlines()
+        ]
+        rates[name] = sum(line.startswith("click:1") for line in lines) / len(lines)
+    assert rates["lowctr"] < 0.05 and rates["hourly"] > 0.1, rates
+
+
+def test_the_table_has_a_row_per_stream_and_window(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert (
+        quality.main(
+            [
+                "--quick",
+                "--streams",
+                "pairs",
+                "--learners",
+                "vw",
+                "--family-seed",
+                "3",
+                "--workdir",
+                str(tmp_path / "t"),
+            ]
+        )
+        == 0
+    )
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "family seed: 3 (--family-seed 3 reproduces)"
+    rows = [line for line in lines if line.startswith("| pairs day")]
+    assert [r.split(" | ")[0] for r in rows] == ["| pairs day 1", "| pairs day 2"]
+    assert all("of 4 |" in r for r in rows)

@@ -107,3 +107,21 @@ def test_a_summary_vector_written_without_the_offset_is_refused_naming_the_setti
     Trainer(old, ps, num_slots=4).close()
     with pytest.raises(ValueError, match=r"model\.baseRateOffset"):
         Trainer(_config(base_rate=True), ps, num_slots=4)
+
+
+def test_a_fresh_model_starts_from_the_prior_click_rate_not_one_half() -> None:
+    cfg = WorkerConfig.from_dict(
+        {
+            "data": {"format": "slot", "numSlots": 4},
+            "model": {"hiddenUnits": [16], "priorClickRate": 0.04},
+            "runtime": {"overlap": False},
+            "ps": {"config": {"logicalShards": 2}},
+        }
+    )
+    trainer = Trainer(cfg, LocalPS(cfg.ps.config), num_slots=4)
+    try:
+        first = trainer.run_pass(_stream(0, 1))
+    finally:
+        trainer.close()
+    # The first batch is scored before anything was learned: at about the prior.
+    assert 0.02 < first.predicted_ctr < 0.08, first.predicted_ctr

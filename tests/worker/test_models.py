@@ -108,6 +108,20 @@ def test_slot_dnn_wide_part_adds_every_slots_embed_w_to_the_logit(cvm: bool) -> 
     assert not diff.any(), "only the embed_w column gains the wide gradient"
 
 
+@pytest.mark.parametrize("cvm", [True, False])
+def test_slot_dnn_fm_term_adds_the_pairwise_dot_products_of_the_embedx_vectors(cvm: bool) -> None:
+    plain = dataclasses.replace(spec_for("slot_dnn", cvm), wide=True)
+    fm = dataclasses.replace(plain, fm=True)
+    model, reference = build_model("slot_dnn", fm, seed=1), build_model("slot_dnn", plain, seed=1)
+    pooled, _, _ = inputs(fm)
+    with torch.no_grad():
+        v = pooled[:, :, fm.embed_offset + 1 :]
+        pairs = sum((v[:, s] * v[:, t]).sum(1) for s in range(S) for t in range(s + 1, S))
+        expected = reference(pooled) + pairs
+        torch.testing.assert_close(model(pooled), expected)
+        torch.testing.assert_close(script(model)(pooled), expected)
+
+
 def _cross_matrix(layer: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``W``, ``b`` of one cross layer, whether full rank or factored as ``U V``."""
     if isinstance(layer, torch.nn.Linear):

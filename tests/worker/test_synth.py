@@ -156,3 +156,54 @@ def test_group_interaction_adds_signal_only_when_asked(tmp_path: Path) -> None:
 def test_cli_rejects_a_negative_group_count(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="num_groups"):
         synth.main(["--out", str(tmp_path), "--num-groups", "-1"])
+
+
+def test_hour_effect_and_base_rate_are_settable(tmp_path: Path) -> None:
+    plain = synth.generate(small(tmp_path / "plain", seed=5))
+    same = synth.generate(small(tmp_path / "same", seed=5, hour_strength=0.0))
+    hourly = synth.generate(
+        small(
+            tmp_path / "hourly",
+            seed=5,
+            days=1,
+            split_interval_minutes=60,
+            splits_per_pass=1,
+            rows_per_folder=2000,
+            hour_strength=1.5,
+        )
+    )
+    rare = synth.generate(small(tmp_path / "rare", seed=5, base_logit=-4.5))
+    assert [p.oracle_auc for p in same.passes] == [p.oracle_auc for p in plain.passes]
+    # A strong per-hour offset: the click rate of adjacent hours differs by several points
+    # somewhere in the day (the mild sine of the default moves it by ~1 point an hour).
+    rates = np.array([p.positives / p.rows for p in hourly.passes])
+    assert np.abs(np.diff(rates)).max() > 0.1
+    rare_rate = sum(p.positives for p in rare.passes) / sum(p.rows for p in rare.passes)
+    plain_rate = sum(p.positives for p in plain.passes) / sum(p.rows for p in plain.passes)
+    assert rare_rate < 0.05 < plain_rate
+
+
+def test_cli_takes_the_hour_effect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    synth.main(
+        [
+            "--out",
+            str(tmp_path),
+            "--days",
+            "1",
+            "--split-interval-minutes",
+            "720",
+            "--rows-per-folder",
+            "50",
+            "--num-users",
+            "100",
+            "--num-items",
+            "50",
+            "--hour-strength",
+            "1.0",
+            "--base-logit",
+            "-3",
+        ]
+    )
+    oracle = json.loads((tmp_path / "oracle.json").read_text())
+    assert oracle["config"]["hour_strength"] == 1.0
+    assert oracle["config"]["base_logit"] == -3.0

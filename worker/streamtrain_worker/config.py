@@ -93,15 +93,24 @@ class ModelConfig:
         "regression learned on the PS beside the MLP: a rare id then learns from the loss "
         "itself, not through the MLP (docs/decisions.md).",
     )
+    # Two low-rank layers paid on every stream family (+0.003..+0.018 AUC a day, the pairs
+    # a linear learner needs -q for), Criteo and Avazu level (docs/decisions.md, issue 26).
     crossLayers: int = setting(
-        0,
+        2,
         "slot_dnn only: DCN-v2 cross layers over the MLP input (x <- x0 * (W x + b) + x), "
         "their output's linear read-out added to the logit: pairwise (and higher) feature "
         "interactions learned densely. 0: none.",
         minimum=0,
     )
+    # VW's -q ui learns a weight per user-item pair; a factorisation machine's pairwise
+    # term learns the same products through the PS embeddings, with no dense weight.
+    fmInteractions: bool = setting(
+        False,
+        "slot_dnn only: add the factorisation machine's pairwise term over the slots' raw "
+        "embedx vectors, sum over slot pairs of <v_i, v_j>, to the logit (docs/decisions.md).",
+    )
     crossRank: int = setting(
-        0,
+        32,
         "slot_dnn only: rank of each cross layer's W, factored as U V (2 * width * rank "
         "weights instead of width**2). 0: full rank.",
         minimum=0,
@@ -123,6 +132,15 @@ class ModelConfig:
         "Add to the logit the log-odds of the click rate of all the data trained so far "
         "(summed on the PS like the data norm's statistics): a fresh model is calibrated "
         "from its first batches, and an id never seen is predicted at the base rate.",
+    )
+    # Before any data a fresh model predicted 0.5 for every example (a flat first batch,
+    # COPC 0.03 on a 1 % stream's first pass); one pseudo-example at a typical CTR instead.
+    priorClickRate: float = setting(
+        0.1,
+        "With baseRateOffset: the click rate a fresh model starts from, as one "
+        "pseudo-example (the counted rate takes over from the first batch).",
+        exclusive_minimum=0,
+        exclusive_maximum=1,
     )
     targetSlot: int = setting(0, "DIN only: the slot holding the target item.", minimum=0)
     attentionUnits: tuple[int, ...] = setting(

@@ -167,8 +167,8 @@ class Trainer:
                 f"the PS holds {name!r} in another shape than this worker's "
                 f"{self.config.model.type} model ({offered.size} values): {exc}. Restored from "
                 "a checkpoint of another model shape? model.hiddenUnits, model.embeddingDim, "
-                "model.ordinalInputs and model.baseRateOffset change it (docs/operations.md, "
-                "Upgrades)"
+                "model.crossLayers, model.crossRank, model.ordinalInputs and "
+                "model.baseRateOffset change it (docs/operations.md, Upgrades)"
             ) from exc
 
     def _load_summary(self, values: npt.NDArray[np.float32]) -> None:

@@ -78,7 +78,14 @@ def worker_config(spec: JobSpec, ps_endpoints: Sequence[str]) -> WorkerConfig:
         ps=PSClientConfig(endpoints=tuple(ps_endpoints), config=ps_config(spec)),
         seed=spec.seed,
         metrics=MetricsConfig(),
-        runtime=RuntimeConfig(numThreads=spec.workers.numThreads, overlap=spec.workers.overlap),
+        runtime=RuntimeConfig(
+            numThreads=spec.workers.numThreads,
+            overlap=spec.workers.overlap,
+            prefetchBatches=spec.workers.prefetchBatches,
+            pushQueueDepth=spec.workers.pushQueueDepth,
+            inOrderExamples=spec.workers.inOrderExamples,
+            maxMergedPushes=spec.workers.maxMergedPushes,
+        ),
     )
 
 

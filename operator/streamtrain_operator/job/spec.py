@@ -173,6 +173,12 @@ class WorkersSpec:
     )
     numThreads: int = same_as(RuntimeConfig, "numThreads")
     overlap: bool = same_as(RuntimeConfig, "overlap")
+    # Every runtime setting that changes what a worker learns (how stale its pulls may be,
+    # how its first batches and queued pushes are applied) is the job's to set.
+    prefetchBatches: int = same_as(RuntimeConfig, "prefetchBatches")
+    pushQueueDepth: int = same_as(RuntimeConfig, "pushQueueDepth")
+    inOrderExamples: int = same_as(RuntimeConfig, "inOrderExamples")
+    maxMergedPushes: int = same_as(RuntimeConfig, "maxMergedPushes")
     passRetries: int = setting(
         2,
         "Times a worker's share of a pass is retried after an error before the job fails.",

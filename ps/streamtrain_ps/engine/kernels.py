@@ -275,9 +275,9 @@ def update_rows(
         code = slots[i] if has_slots else pk.code_of(pk.word_of(slab_u32, xslab_u32, row))
         pk.set_word(slab_u32, xslab_u32, row, pk.pack(code, 0))
         scale = grad_scale(show)
-        update_part(slab, row, P_EMBED_W, P_EMBED_STATE, 1, ekind, grads, i, 0, scale, embed)
+        update_part(slab, row, P_EMBED_W, P_EMBED_STATE, 1, ekind, grads, i, 0, scale, embed, show)
         if xr >= 0:
-            update_part(xslab, xr, 0, dim, dim, kind, grads, i, 1, scale, fp[PART_EMBEDX])
+            update_part(xslab, xr, 0, dim, dim, kind, grads, i, 1, scale, fp[PART_EMBEDX], show)
         if not finite_or_restore(
             slab, xslab, hot, slab_u32, xslab_u32, row, xr, p_keep, x_keep, h_keep
         ):

@@ -37,6 +37,14 @@ key. With the floor and the clip a step's g^2 is at most 1e12, so float32 state 
 ~1e26 pushes to overflow; the caller still checks each updated row is finite and leaves a
 row that would not be unchanged (``kernels.update_rows``), so no input reaches inf or NaN.
 
+Per occurrence (``occurrenceSteps``; off by default, it overshoots: docs/decisions.md): a
+key that occurs ``n`` times in the batch takes ``n`` steps of that mean gradient, as a
+per-coordinate online learner would take ``n`` steps of its per-example gradients: AdaGrad moves by
+``lr * g * sum_{k<n} sqrt(G0 / (G0 + G + k g^2))`` and adds ``n g^2`` to G; FTRL runs its
+update ``n`` times; Adam takes one step. With ``n = 1`` nothing changes; a key in every
+row of a batch of 64 (an hour-of-day key) learns ~64 steps' worth instead of one — and so
+does every head key of every slot, all correcting the same error from the same prediction.
+
 Initialisation is a counter-based hash of ``(seed, table, key, column)``, not a stateful
 RNG: the same key gets the same initial weights whatever the shard layout, the batch order
 or the thread that created it, so runs are reproducible.
@@ -73,7 +81,8 @@ FP_ALPHA = 8
 FP_BETA = 9
 FP_L1 = 10
 FP_L2 = 11
-FP_SIZE = 12
+FP_PER_OCCURRENCE = 12  # 1.0: one step per occurrence of the key in the batch
+FP_SIZE = 13
 
 # Rows of the ``(2, FP_SIZE)`` parameter array a table passes its kernels: the embed part
 # and the embedx part may have their own learning rate and G0 (``SparseOptimizerConfig``).
@@ -205,30 +214,43 @@ def update_part(
     goff: Int,
     scale: Float,
     fp: npt.NDArray[np.float64],
+    occurrences: Float,
 ) -> None:
     """Apply ``grads[gi, goff:goff+dim] * scale`` (each clipped, ``scaled_grad``) to one
-    part of ``row``."""
+    part of ``row``: one step, or one per occurrence of the key in the batch
+    (``occurrences``, the pushed show) when the part's ``FP_PER_OCCURRENCE`` is set."""
     lr = fp[FP_LR]
     g0 = fp[FP_G0]
     lo = fp[FP_WLO]
     hi = fp[FP_WHI]
+    steps = 1
+    if fp[FP_PER_OCCURRENCE] > 0.0 and occurrences > 1.5:
+        steps = int(occurrences + 0.5)
     if kind == ADAGRAD:
         G = np.float64(slab[row, scol])
-        ratio = math.sqrt(g0 / (g0 + G))
         acc = 0.0
+        for j in range(dim):
+            g = scaled_grad(grads[gi, goff + j], scale)
+            acc += g * g
+        acc /= dim
+        ratio = 0.0  # the steps' summed AdaGrad factors, G growing by acc per occurrence
+        for k in range(steps):
+            ratio += math.sqrt(g0 / (g0 + G + k * acc))
         for j in range(dim):
             g = scaled_grad(grads[gi, goff + j], scale)
             w = np.float64(slab[row, wcol + j]) - lr * g * ratio
             slab[row, wcol + j] = min(max(w, lo), hi)
-            acc += g * g
-        slab[row, scol] = G + acc / dim
+        slab[row, scol] = G + steps * acc
     elif kind == STD_ADAGRAD:
         for j in range(dim):
             g = scaled_grad(grads[gi, goff + j], scale)
             G = np.float64(slab[row, scol + j])
-            w = np.float64(slab[row, wcol + j]) - lr * g * math.sqrt(g0 / (g0 + G))
+            ratio = 0.0
+            for k in range(steps):
+                ratio += math.sqrt(g0 / (g0 + G + k * g * g))
+            w = np.float64(slab[row, wcol + j]) - lr * g * ratio
             slab[row, wcol + j] = min(max(w, lo), hi)
-            slab[row, scol + j] = G + g * g
+            slab[row, scol + j] = G + steps * g * g
     elif kind == FTRL:
         alpha = fp[FP_ALPHA]
         beta = fp[FP_BETA]
@@ -236,16 +258,21 @@ def update_part(
         l2 = fp[FP_L2]
         for j in range(dim):
             g = scaled_grad(grads[gi, goff + j], scale)
+            w = np.float64(slab[row, wcol + j])
+            z = np.float64(slab[row, scol + j])
             n = np.float64(slab[row, scol + dim + j])
-            n_new = n + g * g
-            sigma = (math.sqrt(n_new) - math.sqrt(n)) / alpha
-            z = np.float64(slab[row, scol + j]) + g - sigma * np.float64(slab[row, wcol + j])
-            w = 0.0
-            if abs(z) > l1:
-                w = -(z - math.copysign(l1, z)) / ((beta + math.sqrt(n_new)) / alpha + l2)
-            slab[row, wcol + j] = min(max(w, lo), hi)
+            for _ in range(steps):
+                n_new = n + g * g
+                sigma = (math.sqrt(n_new) - math.sqrt(n)) / alpha
+                z = z + g - sigma * w
+                n = n_new
+                w = 0.0
+                if abs(z) > l1:
+                    w = -(z - math.copysign(l1, z)) / ((beta + math.sqrt(n)) / alpha + l2)
+                w = min(max(w, lo), hi)
+            slab[row, wcol + j] = w
             slab[row, scol + j] = z
-            slab[row, scol + dim + j] = n_new
+            slab[row, scol + dim + j] = n
     else:
         b1 = fp[FP_BETA1]
         b2 = fp[FP_BETA2]
@@ -274,9 +301,10 @@ def params_vector(
     beta2: float,
     epsilon: float,
     ftrl: tuple[float, float, float, float] = (0.05, 1.0, 0.0, 0.0),
+    per_occurrence: bool = False,
 ) -> npt.NDArray[np.float64]:
     """The ``fp`` vector the kernels read (one array instead of a dozen scalar arguments);
-    ``ftrl`` is (alpha, beta, l1, l2)."""
+    ``ftrl`` is (alpha, beta, l1, l2); ``per_occurrence``: one step per occurrence."""
     fp = np.zeros(FP_SIZE, dtype=np.float64)
     fp[FP_LR] = learning_rate
     fp[FP_G0] = initial_g2sum
@@ -286,6 +314,7 @@ def params_vector(
     fp[FP_BETA2] = beta2
     fp[FP_EPS] = epsilon
     fp[FP_ALPHA], fp[FP_BETA], fp[FP_L1], fp[FP_L2] = ftrl
+    fp[FP_PER_OCCURRENCE] = 1.0 if per_occurrence else 0.0
     return fp
 
 
@@ -296,11 +325,25 @@ def table_params(opt: SparseOptimizerConfig) -> npt.NDArray[np.float64]:
 
     ftrl = (opt.ftrlAlpha, opt.ftrlBeta, opt.ftrlL1, opt.ftrlL2)
 
-    def part(lr: float, g0: float) -> npt.NDArray[np.float64]:
+    def part(lr: float, g0: float, per_occurrence: bool) -> npt.NDArray[np.float64]:
         return params_vector(
-            lr, g0, opt.initialRange, opt.weightBounds, opt.beta1, opt.beta2, opt.epsilon, ftrl
+            lr,
+            g0,
+            opt.initialRange,
+            opt.weightBounds,
+            opt.beta1,
+            opt.beta2,
+            opt.epsilon,
+            ftrl,
+            per_occurrence,
         )
 
     embed_lr = opt.learningRate if opt.embedLearningRate is None else opt.embedLearningRate
     embed_g0 = opt.initialG2sum if opt.embedInitialG2sum is None else opt.embedInitialG2sum
-    return np.stack([part(embed_lr, embed_g0), part(opt.learningRate, opt.initialG2sum)])
+    steps = opt.occurrenceSteps
+    return np.stack(
+        [
+            part(embed_lr, embed_g0, steps in ("embed", "all")),
+            part(opt.learningRate, opt.initialG2sum, steps == "all"),
+        ]
+    )

@@ -89,8 +89,12 @@ class ShardSaves:
             effects = self.staged.take(save_id, commit)
             if effects is None or not commit:
                 return commit
-            for e in effects.tables:
-                e.apply_locked()
+            for i, e in enumerate(effects.tables):
+                try:
+                    e.apply_locked()
+                except BaseException:  # a disk-tier error: this table's part unapplied
+                    self.staged.restore(save_id, replace(effects, tables=effects.tables[i:]))
+                    raise
         return True
 
     def snapshot_save(
@@ -135,6 +139,7 @@ class ShardSaves:
                     files += saving.write_dense(buffer, self.dense.snapshot())
                 for e in effects:
                     e.apply_locked()
+                self._supersede_staged(mode)
                 dense = self.dense.pull_all()  # the model's dense part, same moment
             seconds = time.perf_counter() - start
             result = api.SaveResult("", mode, tuple(files), saved, tombs, seconds)
@@ -194,6 +199,7 @@ class ShardSaves:
                 else:
                     for e in staged.tables:
                         e.apply_locked()
+                    self._supersede_staged(mode)
         except PSError:
             raise
         except Exception as exc:  # storage errors of any fsspec backend
@@ -201,6 +207,18 @@ class ShardSaves:
         seconds = time.perf_counter() - start
         self.last_seconds = seconds
         return api.SaveResult(uri, mode, tuple(files), saved, tombs, seconds), staged.save_id
+
+    def _supersede_staged(self, mode: api.SaveMode) -> None:
+        """A delta or base just applied its effects at once: a pending staged delta or base
+        is dropped, its late commit refused. It would clear the first tombstone batches
+        *now* pending (deleted after this save, never published) and subtract the
+        delta_score this save already subtracted (keys pushed since missing from the next
+        delta); this save read everything it did, so nothing of it is lost
+        (``docs/decisions.md``, issue 25 (a)). Hold the tables' ``maintenance``."""
+        if mode in (api.SaveMode.DELTA, api.SaveMode.BASE):
+            self.staged.drop_if(
+                SaveEffects.resets_deltas, f"a later {mode.name.lower()} save applied its effects"
+            )
 
     def forget(self, table: TieredTable, gone: npt.NDArray[np.uint64]) -> None:
         """Drop the keys a shrink of ``table`` deleted from the staged save's effects (their

@@ -87,6 +87,10 @@ class SaveEffects:
     uri: str
     tables: tuple[TableEffects, ...]
 
+    def resets_deltas(self) -> bool:
+        """Whether it is a delta or base (subtracts delta_score, clears tombstones)."""
+        return any(e.tombstone_mark >= 0 for e in self.tables)
+
 
 class Pending(Generic[T]):
     """One pending item per shard, by id, with the id of the last one committed.
@@ -142,6 +146,21 @@ class Pending(Generic[T]):
         with self._lock:
             if self._item is not None:
                 self._item = fn(self._item)
+
+    def restore(self, item_id: str, item: T) -> None:
+        """Make ``item`` pending again after its commit failed before applying (a retried
+        commit then applies it)."""
+        with self._lock:
+            if self._committed == item_id:
+                self._committed = None
+            self._id, self._item = item_id, item
+
+    def drop_if(self, pred: Callable[[T], bool], reason: str) -> None:
+        """Drop the pending item if ``pred(item)`` (a later save's effects cover it)."""
+        with self._lock:
+            if self._item is not None and pred(self._item):
+                log.warning("%s %s dropped: %s", self._what, self._id, reason)
+                self._id = self._item = None
 
     def clear(self, reason: str) -> None:
         """Drop the pending item (a load replaced the content it refers to)."""

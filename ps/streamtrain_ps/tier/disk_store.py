@@ -26,6 +26,8 @@ shard's memory limit counts (``memory_limit``).
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -99,7 +101,11 @@ class DiskStore:
         logical_shards: int,
         limit_bytes: int = 0,
         memory: StoreMemory | None = None,
+        foreign_bytes: int = 0,
     ) -> None:
+        """``foreign_bytes``: bytes on the tier's volume that are not this store's (other
+        files, other tables' stores, as measured when it opens): the cap counts them too,
+        since the volume is sized for the cap and fills up whoever wrote the bytes."""
         from rocksdict import BlockBasedIndexType, BlockBasedOptions, Options, Rdict, WriteOptions
 
         shutil.rmtree(path, ignore_errors=True)  # a spill area: nothing to recover
@@ -107,6 +113,7 @@ class DiskStore:
         self.path = path
         self.width = width
         self.limit_bytes = limit_bytes
+        self.foreign_bytes = foreign_bytes
         self._L = logical_shards
         opts = Options(raw_mode=True)
         opts.create_if_missing(True)
@@ -154,7 +161,8 @@ class DiskStore:
         """How many more ordinary keys fit under the cap (a large number when uncapped)."""
         if self.limit_bytes <= 0:
             return 1 << 62
-        return max(0, (self.limit_bytes - self.stored_bytes()) // self.row_bytes)
+        used = self.stored_bytes() + self.foreign_bytes
+        return max(0, (self.limit_bytes - used) // self.row_bytes)
 
     # -- rows -------------------------------------------------------------------------------
 
@@ -180,8 +188,12 @@ class DiskStore:
         if not keys.size:
             return
         extra = keys.size * self.row_bytes + hot.positions.size * HOT_BYTES
-        if self.limit_bytes > 0 and self.stored_bytes() + extra > self.limit_bytes:
-            raise DiskFullError(f"disk tier {self.path} at its cap of {self.limit_bytes} bytes")
+        used = self.stored_bytes() + self.foreign_bytes
+        if self.limit_bytes > 0 and used + extra > self.limit_bytes:
+            raise DiskFullError(
+                f"disk tier {self.path} at its cap of {self.limit_bytes} bytes "
+                f"({self.foreign_bytes} of them held by other files on its volume)"
+            )
         # Written in store order: sorted inserts into the memtable are 2-2.5x faster than
         # random ones (measured with 8k-key batches of random keys).
         order = self._store_order(keys)
@@ -205,13 +217,13 @@ class DiskStore:
     ) -> None:
         """Overwrite stored keys' rows (a shrink or a save's side effects on disk rows)."""
         old_hot = self.get(keys)[2].positions.size
-        self._count -= int(keys.size)
-        self._hot -= old_hot
         limit, self.limit_bytes = self.limit_bytes, 0  # rewriting never needs more room
         try:
-            self.put(keys, rows, hot)
+            self.put(keys, rows, hot)  # counts them again only once all is written
         finally:
             self.limit_bytes = limit
+        self._count -= int(keys.size)
+        self._hot -= old_hot
 
     def get(
         self, keys: npt.NDArray[np.uint64]
@@ -311,6 +323,17 @@ class DiskStore:
         self._db.close()
         if remove:
             shutil.rmtree(self.path, ignore_errors=True)
+
+
+def tree_bytes(path: Path) -> int:
+    """Bytes of the files below ``path`` (0 if it does not exist); what a spill volume
+    holds besides a store."""
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):  # removed meanwhile
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
 
 
 def _encode(rows: npt.NDArray[np.float32], hot: HotCounters) -> list[bytes]:

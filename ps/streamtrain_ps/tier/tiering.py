@@ -45,7 +45,7 @@ from streamtrain_ps.tier import disk_rows as dr
 from streamtrain_ps.tier import tier_kernels as tk
 from streamtrain_ps.tier.demotion_order import ClockHand, TouchedBits, coldest_rows, sweep_cold
 from streamtrain_ps.tier.disk_filter import DiskKeyFilter
-from streamtrain_ps.tier.disk_store import DiskFullError, DiskStore, StoreMemory
+from streamtrain_ps.tier.disk_store import DiskFullError, DiskStore, StoreMemory, tree_bytes
 
 log = logging.getLogger(__name__)
 
@@ -54,15 +54,34 @@ log = logging.getLogger(__name__)
 MOVE_CHUNK = 8_192
 
 
+#: Attempts of a store call that must not leave a shrink half done (``_retried``).
+STORE_ATTEMPTS = 3
+
+
+def _retried(call: Callable[[], object], what: str) -> None:
+    """``call()``, again after a storage error, up to ``STORE_ATTEMPTS`` times."""
+    for attempt in range(1, STORE_ATTEMPTS + 1):
+        try:
+            call()
+            return
+        except Exception as exc:
+            if attempt == STORE_ATTEMPTS:
+                raise
+            log.warning("%s: disk store call failed (%s); retrying", what, exc)
+
+
 @dataclass(frozen=True)
 class DiskOptions:
     """Where a table's disk tier lives, its cap (0 = only the filesystem's size) and the
-    shard's RocksDB memory budget its store shares (None: a small one of its own)."""
+    shard's RocksDB memory budget its store shares (None: a small one of its own).
+    ``volume``: the directory the cap covers (the shard's ``diskPath``): a store opened
+    counts every byte there outside ``path`` against the cap (None: only its own)."""
 
     path: Path
     limit_bytes: int
     logical_shards: int
     memory: StoreMemory | None = None
+    volume: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -169,7 +188,11 @@ class TieredTable(SparseTable):
             raise RuntimeError(f"table {self.name!r} has no disk tier configured")
         self._generation += 1
         path = o.path / f"gen-{self._generation}"
-        return DiskStore(path, self.layout.width, o.logical_shards, o.limit_bytes, o.memory)
+        foreign = 0
+        if o.volume is not None and o.limit_bytes > 0:  # this table's stores count apart
+            foreign = max(0, tree_bytes(o.volume) - tree_bytes(o.path))
+        width, shards = self.layout.width, o.logical_shards
+        return DiskStore(path, width, shards, o.limit_bytes, o.memory, foreign)
 
     # -- promotion --------------------------------------------------------------------------
 
@@ -399,13 +422,18 @@ class TieredTable(SparseTable):
     ) -> npt.NDArray[np.uint64]:
         """Shrink one logical shard's disk rows; appends the keys left to ``live_keys``."""
         store = self._store()
-        rows = store.shard_rows(logical)
+        read: list[tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32], HotCounters]] = []
+        _retried(lambda: read.append(store.shard_rows(logical)), f"table {self.name}: shrink")
+        rows = read[-1]
         if not rows[0].size:
             return np.empty(0, np.uint64)
         gone, kept = dr.shrink(self.layout, self._ap, rows)
+        # Retried: RAM and the shards before this one are shrunk already, so a transient
+        # storage error must not leave this shard's rows undecayed (both writes are safe
+        # to repeat: counts change only once a write succeeded).
+        _retried(lambda: store.delete(gone), f"table {self.name}: shrink")
+        _retried(lambda: store.replace(*kept), f"table {self.name}: shrink")
         self._meta[EVICTIONS] += gone.size
-        store.delete(gone)
-        store.replace(*kept)
         live_keys.append(kept[0])
         return gone
 
@@ -453,17 +481,17 @@ class TieredTable(SparseTable):
             cur = np.empty(keys.size, dtype=np.int64)
             ix.lookup_many(a.slots, a.keys, keys, cur)
             ram = cur >= 0
+            # Disk rows first: a storage error there leaves the RAM rows untouched too, so a
+            # failed commit changes nothing (it is retried whole).
+            if self._disk is not None and not ram.all():
+                found, full, hot = self._disk.get(keys[~ram])
+                if found.any():
+                    delta = saved_delta[~ram][found]
+                    disk_rows = (keys[~ram][found], full, hot)
+                    self._disk.replace(*dr.after_save(self.layout, disk_rows, delta, unseen_inc))
             sn.after_save(
                 a.slab, a.slab_u32, a.xslab_u32, a.hot, cur[ram], saved_delta[ram], unseen_inc
             )
-            if self._disk is None or ram.all():
-                return
-            found, full, hot = self._disk.get(keys[~ram])
-            if not found.any():
-                return
-            delta = saved_delta[~ram][found]
-            done = dr.after_save(self.layout, (keys[~ram][found], full, hot), delta, unseen_inc)
-            self._disk.replace(*done)
 
     # -- load -------------------------------------------------------------------------------
 

@@ -1,9 +1,10 @@
 """``make bench-quality``: streamtrain with its defaults vs Vowpal Wabbit vs plain PyTorch.
 
 Side by side on the same streams (``streamtrain_tools.bench.quality_streams``: the Criteo
-protocol, the Avazu sample, a long-tail synthetic stream with its oracle AUC; the iPinYou
-sample on request), every
-learner progressive and scored pass by pass alike (``quality_learners``):
+protocol, the Avazu sample, a long-tail synthetic stream with its oracle AUC, the synthetic
+stream families the defaults are judged on — hour of day, low CTR, half-hour passes, strong
+id pairs, fast drift — each on a fresh seed; the iPinYou sample on request), every learner
+progressive and scored pass by pass alike (``quality_learners``):
 
 - **streamtrain**: ``streamtrain run``'s code on a manifest naming the data and
   ``model.type: slot_dnn`` only (every other setting the CRD default);
@@ -14,17 +15,20 @@ learner progressive and scored pass by pass alike (``quality_learners``):
 Printed per stream and learner: per report window (passes 13-24 of the one-day samples,
 each day of the long-tail stream) the mean progressive AUC, log loss and COPC; per pass the
 COPC, and the spread: how many passes with at least 500 clicks have a COPC within 0.9-1.1.
-The last line is one JSON object with all of it.
+Then a Markdown table (per stream and window: AUC of each learner, streamtrain minus VW's
+best, passes with COPC in the band); the last line is one JSON object with all of it.
 
 ``--quick`` shrinks every stream (a smoke run); ``--st-overrides`` deep-merges a JSON
 object into the streamtrain job's ``spec`` to measure an alternative setting;
-``--longtail-seed`` draws another long-tail stream of the same kind.
+``--longtail-seed`` draws another long-tail stream of the same kind. The stream families
+are drawn with a fresh seed every run (printed first); ``--family-seed`` reproduces a run.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import secrets
 import sys
 import tempfile
 import time
@@ -43,6 +47,7 @@ from streamtrain_tools.bench.quality_streams import (
     DEFAULT_STREAMS,
     LONGTAIL_SEED,
     STREAMS,
+    VW_COMMON,
     Stream,
     build,
 )
@@ -63,6 +68,10 @@ def summarise(stream: Stream, scores: list[PassScore], seconds: float) -> dict[s
     big = [s.copc for s in scores if s.clicks >= MIN_CLICKS and s.copc is not None]
     copcs = [s.copc for s in scores if s.copc is not None]
     lo, hi = COPC_BAND
+    days = {
+        name: sum(lo <= c <= hi for i in idx if (c := scores[i].copc) is not None)
+        for name, idx in stream.windows.items()
+    }
     return {
         "windows": windows,
         "copc_per_pass": [_r(s.copc) for s in scores],
@@ -71,6 +80,8 @@ def summarise(stream: Stream, scores: list[PassScore], seconds: float) -> dict[s
             "within_band": sum(lo <= c <= hi for c in big),
             "min": _r(min(copcs)) if copcs else None,
             "max": _r(max(copcs)) if copcs else None,
+            "all_passes_within_band": sum(lo <= c <= hi for c in copcs),
+            "within_band_per_window": days,
         },
         "seconds": round(seconds, 1),
     }
@@ -96,7 +107,9 @@ def _print(stream: str, name: str, summary: dict[str, Any]) -> None:
         f"[{stream}] {'':<48} copc per pass: "
         + " ".join(_f(c, ".2f") for c in summary["copc_per_pass"])
         + f"  | {spread['within_band']}/{spread['passes_min_clicks']} passes with >= "
-        f"{MIN_CLICKS} clicks in {COPC_BAND[0]}-{COPC_BAND[1]} ({summary['seconds']}s)",
+        f"{MIN_CLICKS} clicks in {COPC_BAND[0]}-{COPC_BAND[1]}, "
+        f"{spread['all_passes_within_band']}/{len(summary['copc_per_pass'])} of all passes "
+        f"({summary['seconds']}s)",
         flush=True,
     )
 
@@ -125,11 +138,49 @@ def compare(stream: Stream, learners: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def table(streams: dict[str, Any]) -> list[str]:
+    """The per-stream, per-window summary as Markdown rows: AUC of streamtrain, VW's best
+    setting and torch, streamtrain minus VW best, and the passes with COPC in the band."""
+    lines = [
+        "| stream / window | streamtrain | VW best | torch | vs VW best | COPC in band: "
+        "streamtrain / VW best / torch |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, result in streams.items():
+        learners = result["learners"]
+        best = learners.get("vw_best")
+        refs = [learners.get("streamtrain"), learners.get(best) if best else None]
+        refs.append(learners.get("torch"))
+        for w in result["windows"]:
+            aucs = [None if r is None else r["windows"][w]["auc"] for r in refs]
+            bands = [
+                "-" if r is None else str(r["copc_spread"]["within_band_per_window"][w])
+                for r in refs
+            ]
+            diff = None if aucs[0] is None or aucs[1] is None else _r(aucs[0] - aucs[1])
+            setting = best.removeprefix("vw ").replace(VW_COMMON, "").strip() if best else ""
+            lines.append(
+                f"| {name} {w} | {_f(aucs[0])} | {_f(aucs[1])} `{setting or 'plain'}` | "
+                f"{_f(aucs[2])} | {_f(diff, '+.4f')} | {' / '.join(bands)} "
+                f"of {len(result['windows_passes'][w])} |"
+            )
+    return lines
+
+
 def run_stream(name: str, root: Path, args: argparse.Namespace) -> dict[str, Any]:
     stream = build(
-        name, root, quick=args.quick, data_dir=args.data_dir, longtail_seed=args.longtail_seed
+        name,
+        root,
+        quick=args.quick,
+        data_dir=args.data_dir,
+        longtail_seed=args.longtail_seed,
+        family_seed=args.family_seed,
     )
-    result: dict[str, Any] = {"passes": len(stream.passes), "windows": list(stream.windows)}
+    result: dict[str, Any] = {
+        "passes": len(stream.passes),
+        "windows": list(stream.windows),
+        "windows_passes": stream.windows,
+    }
     if stream.oracle_auc is not None:
         oracle = {
             w: _r(sum(stream.oracle_auc[i] for i in idx) / len(idx))
@@ -188,14 +239,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the long-tail generator's seed (another draw of the same kind of stream)",
     )
     p.add_argument(
+        "--family-seed",
+        type=int,
+        help="the stream families' seed (family k draws with seed + k; default: a fresh one)",
+    )
+    p.add_argument(
         "--st-overrides", type=json.loads, default={}, help="JSON merged into the job's spec"
     )
     p.add_argument(
         "--workdir", type=Path, help="keep the streams and runs here (default: a temp dir)"
     )
     args = p.parse_args(argv)
+    if args.family_seed is None:
+        args.family_seed = secrets.randbelow(1_000_000)
+    print(f"family seed: {args.family_seed} (--family-seed {args.family_seed} reproduces)")
     result: dict[str, Any] = {
         "quick": args.quick,
+        "family_seed": args.family_seed,
         "st_overrides": args.st_overrides,
         "streams": {},
     }
@@ -203,6 +263,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         root = args.workdir or Path(tmp)
         for name in args.streams:
             result["streams"][name] = run_stream(name, root / name, args)
+    for line in table(result["streams"]):
+        print(line)
     print(json.dumps(result))
     return 0
 

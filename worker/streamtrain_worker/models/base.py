@@ -38,6 +38,8 @@ class ModelSpec:
     wide: bool = False
     #: slot_dnn only: DCN-v2 cross layers over the MLP input, added to the logit.
     cross_layers: int = 0
+    #: slot_dnn only: the FM pairwise term over the slots' embedx vectors.
+    fm: bool = False
     #: Rank of each cross layer's matrix; 0: full rank.
     cross_rank: int = 0
     #: Slots whose ``[value, missing]`` inputs (``data.ordinal``) the model takes, in order.
@@ -45,6 +47,8 @@ class ModelSpec:
     #: Add the base rate's log-odds to the logit (``models.base_rate``); a plain network
     #: (the benchmarks' PyTorch references) has none.
     base_rate: bool = False
+    #: The base rate's pseudo-example label (``model.priorClickRate``).
+    prior_rate: float = 0.5
 
     @classmethod
     def from_config(
@@ -72,8 +76,10 @@ class ModelSpec:
             wide=model.wide,
             cross_layers=model.crossLayers,
             cross_rank=model.crossRank,
+            fm=model.fmInteractions,
             ordinal_slots=tuple(ordinal_slots) if takes_ordinal else (),
             base_rate=model.baseRateOffset,
+            prior_rate=model.priorClickRate,
         )
 
     @property
@@ -159,7 +165,7 @@ class DenseModel(nn.Module):
         super().__init__()
         self.spec = spec
         # Zero or one base-rate offset (TorchScript: a list, not an Optional).
-        self.base_rate = nn.ModuleList([BaseRate()] if spec.base_rate else [])
+        self.base_rate = nn.ModuleList([BaseRate(spec.prior_rate)] if spec.base_rate else [])
 
     def offset_by_base_rate(self, logits: torch.Tensor) -> torch.Tensor:
         """``logits`` plus the base rate's log-odds, with ``spec.base_rate``."""

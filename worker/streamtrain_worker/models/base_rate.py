@@ -11,8 +11,9 @@ start but jitters later; a counted one does not: the click rate is a summary sta
 (``models.summary``), summed on the PS over every worker's trained batches like the data
 norm's moments, and the learned bias and weights then only learn what differs from it.
 
-The rate starts from one pseudo-example of label 0.5 (offset 0: a model that has seen no
-data predicts 0.5, as before). Unlike the data norm's moments, a worker adds its own
+The rate starts from one pseudo-example whose label is the prior click rate
+(``model.priorClickRate``, 0.1: a model that has seen no data predicts about a typical CTR,
+not 0.5). Unlike the data norm's moments, a worker adds its own
 batches to its local ``stats`` at once: the offset is what most of a fresh model's first
 batches need, and the next dense sync replaces the local sums by the PS's anyway. A batch
 is counted after it is scored, so no prediction sees its own labels.
@@ -30,8 +31,8 @@ class BaseRate(SummaryLayer):
     """``logits -> logits + log(r / (1 - r))`` with ``r`` the click rate in ``stats``
     (``[examples, clicks]``)."""
 
-    def __init__(self) -> None:
-        super().__init__(torch.tensor([1.0, 0.5]))
+    def __init__(self, prior: float = 0.5) -> None:
+        super().__init__(torch.tensor([1.0, prior]))
         self.floor = RATE_FLOOR  # an attribute: TorchScript cannot read module globals
 
     def forward(self, logits: torch.Tensor) -> torch.Tensor:

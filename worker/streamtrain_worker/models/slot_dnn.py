@@ -27,6 +27,12 @@ cross layers predicts exactly as one without them until it has trained. A full-r
 PS updates and the worker pulls); ``model.crossRank`` r factors it as ``U V`` (DCN-v2's
 low-rank form, ``2 * width * r`` weights), which kept the long-tail stream's gain at r 32
 (``docs/decisions.md``).
+
+``model.fmInteractions`` adds a factorisation machine's pairwise term (Rendle, 2010) over
+the slots' raw embedx vectors: ``sum_{i<j} <v_i, v_j>``, computed as
+``((sum v)^2 - sum v^2) / 2``. A user x item interaction no single id carries is then
+learned in the PS embeddings themselves, each pair's product with its own gradient, as
+VW's ``-q`` learns a weight per pair.
 """
 
 from __future__ import annotations
@@ -62,6 +68,8 @@ class SlotDNN(DenseModel):
         # Column of embed_w in a pooled slot, or -1 without the wide part (TorchScript
         # wants a plain int, not an Optional).
         self.wide_col = spec.embed_offset if spec.wide else -1
+        # First embedx column for the FM term, or -1 without it.
+        self.fm_col = spec.embed_offset + 1 if spec.fm else -1
 
     def forward(
         self,
@@ -83,6 +91,10 @@ class SlotDNN(DenseModel):
             logits = logits + out(x).squeeze(1)
         if self.wide_col >= 0:
             logits = logits + pooled[:, :, self.wide_col].sum(dim=1)
+        if self.fm_col >= 0:
+            v = pooled[:, :, self.fm_col :]
+            pairs = v.sum(dim=1).square() - v.square().sum(dim=1)
+            logits = logits + 0.5 * pairs.sum(dim=1)
         return self.offset_by_base_rate(logits)
 
 
