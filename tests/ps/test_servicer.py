@@ -45,6 +45,12 @@ class FakeContext:
         self.code, self.details = code, details
         raise AbortError(details)
 
+    def peer(self) -> str:  # the control RPCs' audit line names the caller
+        return "ipv4:127.0.0.1:1"
+
+    def auth_context(self) -> dict[str, list[bytes]]:  # plaintext: no certificate
+        return {}
+
 
 def make(shard: Any = None) -> tuple[PSServicer, CollectorRegistry]:
     cfg = small_config(maxKeysPerRequest=100)
