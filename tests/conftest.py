@@ -2,7 +2,7 @@
 
 numba's on-disk cache checks only the timestamp of the file that holds a jitted function,
 not of the functions it inlines from other modules, so after an edit to a callee (say
-``streamtrain_ps.optim``) a warm cache can keep running the old machine code. A run of the
+``streamtrain_ps.engine.optim``) a warm cache can keep running the old machine code. A run of the
 tests therefore caches kernels under a directory named by a hash of every source file of
 the packages (the PS and worker processes the tests start inherit it): the same sources
 share a warm cache, changed ones compile afresh. A ``NUMBA_CACHE_DIR`` set by the caller

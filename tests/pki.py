@@ -12,7 +12,7 @@ from pathlib import Path
 
 import trustme
 
-from streamtrain_ps.tls import TLSFiles
+from streamtrain_ps.plumbing.tls import TLSFiles
 
 OPERATOR = "streamtrain-operator"
 JOB = "demo.default.job.streamtrain.io"

@@ -45,7 +45,7 @@ from streamtrain_operator.local.reporting import format_pass
 from streamtrain_operator.local.runner import HOST, RunOptions, run_job
 from streamtrain_operator.run.hooks import NO_HOOK, StepHook
 from streamtrain_operator.run.state import LocalStateFile, StateError
-from streamtrain_ps.launch import LaunchError
+from streamtrain_ps.plumbing.launch import LaunchError
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2

@@ -2,7 +2,7 @@
 
 Only wiring lives here (the crate-operator layout): settings are read from the environment
 once, at startup, into a validated :class:`OperatorConfig` (each declared once with its
-variable, parsed by ``streamtrain_ps.settings.parse_env``); kopf is configured (our own
+variable, parsed by ``streamtrain_ps.plumbing.settings.parse_env``); kopf is configured (our own
 finalizer and annotation prefixes, chosen once and never changed — changing them would
 orphan every existing job's finalizer; watch and request timeouts; no cluster scanning, so
 the RBAC stays minimal); the :class:`~streamtrain_operator.kube.daemon.Runtime` is built and
@@ -33,8 +33,8 @@ from streamtrain_operator.kube.api import GROUP, PLURAL, VERSION, Kube
 from streamtrain_operator.kube.daemon import GrpcConnector, Runtime
 from streamtrain_operator.kube.metrics import OperatorMetrics
 from streamtrain_operator.kube.resources import Options, TLSMode
-from streamtrain_ps.settings import ConfigError, parse_env, same_as, setting
-from streamtrain_ps.tls import TLSFiles
+from streamtrain_ps.plumbing.settings import ConfigError, parse_env, same_as, setting
+from streamtrain_ps.plumbing.tls import TLSFiles
 
 PREFIX = "streamtrain.io"
 FINALIZER = f"{PREFIX}/finalizer"

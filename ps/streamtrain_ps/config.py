@@ -2,10 +2,10 @@
 
 The JSON uses the same camelCase names as the ``StreamingTrainingJob`` spec
 (``spec.sparse`` and ``spec.dense``), so a PaddleRec user recognises every field. Defaults
-and bounds are declared here, once, with :func:`streamtrain_ps.settings.setting`: the job
+and bounds are declared here, once, with :func:`streamtrain_ps.plumbing.settings.setting`: the job
 spec composes :class:`SparseConfig` and :class:`DenseConfig` as its ``sparse`` and ``dense``
 sections (so the CRD is generated from these declarations), the operator renders every
-field explicitly, and one parser (:func:`streamtrain_ps.settings.parse`) reads both the
+field explicitly, and one parser (:func:`streamtrain_ps.plumbing.settings.parse`) reads both the
 manifest and this JSON.
 
 Example::
@@ -18,11 +18,10 @@ Example::
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, fields
-from typing import Any, Literal
+from typing import ClassVar, Literal
 
-from streamtrain_ps.settings import ConfigError, as_json, parse, setting
+from streamtrain_ps.plumbing.settings import ConfigError, Document, setting
 from streamtrain_ps.sharding import DEFAULT_LOGICAL_SHARDS
 
 __all__ = [
@@ -200,8 +199,10 @@ class DenseConfig:
 
 
 @dataclass(frozen=True)
-class PSConfig:
+class PSConfig(Document):
     """Everything one shard needs besides its index and the shard count (command line)."""
+
+    document: ClassVar[str] = "ps"
 
     tables: tuple[TableConfig, ...] = setting(
         (TableConfig(),), "The sparse tables; names are unique.", min_items=1
@@ -232,7 +233,7 @@ class PSConfig:
         (),
         "URIs under which Save and Load may write and read (the operator sets the job's "
         "checkpoint and export roots); empty: anywhere the schemes allow "
-        "(streamtrain_ps.storage_policy).",
+        "(streamtrain_ps.service.storage_policy).",
     )
     storageSchemes: tuple[str, ...] = setting(
         ("file", "s3", "s3a", "gs", "gcs", "abfs", "abfss", "az", "hdfs", "memory"),
@@ -277,22 +278,3 @@ class PSConfig:
             if t.name == name:
                 return t
         raise KeyError(name)
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = as_json(self)
-        return out
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True)
-
-    @classmethod
-    def from_dict(cls, data: Any, path: str = "ps") -> PSConfig:
-        return parse(cls, data, path)
-
-    @classmethod
-    def from_json(cls, text: str) -> PSConfig:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError("ps config", f"not valid JSON: {exc}") from exc
-        return cls.from_dict(data)

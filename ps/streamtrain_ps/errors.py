@@ -14,8 +14,8 @@
   - ``PSUnavailableError``: (client side) the servers did not answer after the configured
     retries. Retry later or fail the pass.
 
-One place (``streamtrain_ps.servicer``) maps these to gRPC status codes, and one place
-(``streamtrain_ps.remote``) maps status codes back, so local and remote PS raise alike.
+One place (``streamtrain_ps.service.servicer``) maps these to gRPC status codes, and one place
+(``streamtrain_ps.client.remote``) maps status codes back, so local and remote PS raise alike.
 """
 
 from __future__ import annotations

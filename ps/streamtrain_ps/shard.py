@@ -3,8 +3,12 @@
 This is the object the gRPC servicer wraps (and ``LocalPS`` uses in-process). Every public
 method validates its arguments and raises only the ``streamtrain_ps.errors`` tree, so the
 servicer can map errors to status codes without knowing the engine. All methods are
-thread-safe; see ``streamtrain_ps.table`` for what concurrent pulls, pushes, saves and
+thread-safe; see ``streamtrain_ps.engine.table`` for what concurrent pulls, pushes, saves and
 shrinks see of each other.
+
+What ``memoryLimit`` makes of the shard is sized in one place (``tier.memory_plan``); saves
+and loads are collaborators holding the shard's tables (``saves.shard_saves``,
+``saves.shard_loads``), and the methods here that name them forward to them.
 """
 
 from __future__ import annotations
@@ -13,46 +17,31 @@ import functools
 import os
 import shutil
 import tempfile
-import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, ExitStack
-from dataclasses import dataclass, replace
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
-from streamtrain_ps import api, checkpoint, saving, sharding
-from streamtrain_ps.accessor import RowLayout
+from streamtrain_ps import api, sharding
 from streamtrain_ps.config import PSConfig
-from streamtrain_ps.dense import DenseState, DenseStore
-from streamtrain_ps.disk_store import StoreMemory
+from streamtrain_ps.engine.dense import DenseState, DenseStore
+from streamtrain_ps.engine.push_errors import raise_push_errors
 from streamtrain_ps.errors import (
-    CheckpointError,
     InvalidRequestError,
-    PSError,
     RequestTooLargeError,
     UnknownTableError,
 )
-from streamtrain_ps.heap import note_request_scratch
-from streamtrain_ps.held_save import DenseValues, SnapshotSlot
-from streamtrain_ps.memory_limit import (
-    MemoryBudget,
-    MemoryGovernor,
-    bound_allocator,
-    capped_request_keys,
-    peak_rss_bytes,
-    request_bytes_per_key,
-    request_scratch_bytes,
-)
-from streamtrain_ps.push_errors import raise_push_errors
-from streamtrain_ps.request_gate import RequestGate
-from streamtrain_ps.shard_loads import PreparedLoad, ShardLoads
-from streamtrain_ps.staging import Pending, SaveEffects
-from streamtrain_ps.tiering import DiskOptions, TieredTable
-from streamtrain_ps.validation import contiguous_array, dense_name, require_finite, save_mode
-from streamtrain_ps.warmup import warm_kernels
+from streamtrain_ps.plumbing.heap import note_request_scratch
+from streamtrain_ps.saves.held_save import SnapshotSlot
+from streamtrain_ps.saves.shard_loads import PreparedLoad, ShardLoads
+from streamtrain_ps.saves.shard_saves import ShardSaves
+from streamtrain_ps.tier.memory_limit import MemoryBudget, peak_rss_bytes
+from streamtrain_ps.tier.memory_plan import MemoryPlan
+from streamtrain_ps.tier.tiering import DiskOptions, TieredTable
+from streamtrain_ps.validation import contiguous_array, dense_name, require_finite
 
 
 @dataclass(frozen=True)
@@ -91,7 +80,7 @@ class ShardStats:
 _NO_SLOTS = np.empty(0, dtype=np.uint32)
 
 
-class Shard(ShardLoads):
+class Shard:
     """Shard ``shard_index`` of ``num_shards``: owns the logical shards
     ``sharding.owned_logical_shards(shard_index, num_shards, config.logicalShards)``."""
 
@@ -103,22 +92,10 @@ class Shard(ShardLoads):
         memory_budget: MemoryBudget | None = None,
     ) -> None:
         """``memory_budget``: how ``config.memoryLimit`` is split; default measured here
-        (``MemoryBudget.measure`` after warming the kernels: a process budget)."""
+        (``MemoryPlan.of``: the one place the limit sizes the shard's parts)."""
         if not 0 <= shard_index < num_shards:
             raise ValueError(f"shard_index {shard_index} not in [0, {num_shards})")
-        limit = config.memoryLimit or 0
-        if memory_budget is None:
-            memory_budget = MemoryBudget.unlimited()
-            if limit:
-                bound_allocator()
-                warm_kernels(config)
-                memory_budget = MemoryBudget.measure(
-                    limit, num_tables=len(config.tables), request=request_scratch_bytes(config)
-                )
-        store_memory = StoreMemory(memory_budget.store) if limit else None
-        # Slabs sized for the table budget up front (untouched pages are not resident), so
-        # reaching the budget never copies a slab (a copy would hold old and new at once).
-        per_table = memory_budget.tables // max(1, len(config.tables)) if limit else 0
+        plan = MemoryPlan.of(config, memory_budget)
         self.config = config
         self.shard_index = shard_index
         self.num_shards = num_shards
@@ -132,44 +109,43 @@ class Shard(ShardLoads):
             t.name: TieredTable(
                 t,
                 seed=config.seed,
-                capacity=per_table // (8 + 4 * RowLayout.of(t).primary_width),
+                capacity=plan.table_capacity(t),
                 helpers=self._helpers,
                 disk=DiskOptions(
                     self._disk_root / t.name.encode().hex(),
                     config.diskLimit,
                     config.logicalShards,
-                    store_memory,
+                    plan.store,
                     volume=Path(config.diskPath) if config.diskPath else None,
                 ),
             )
             for t in config.tables
         }
-        #: Sparse requests served at once: as many as the scratch reserve holds, by bytes
-        #: (a capped shard; the servicer holds it around a request's decode, work, encode).
-        self._gate = RequestGate(
-            memory_budget.requests_in_flight * memory_budget.request_bytes,
-            request_bytes_per_key(config),
-        )
-        self._memory = MemoryGovernor(
-            memory_budget,
-            list(self._tables.values()),
-            disk_limit=config.diskLimit,
-            store=store_memory,
-            in_flight=lambda: self._gate.used,
-        )
-        #: Most keys of one request (0: ``maxKeysPerRequest``): a process budget's reserve
-        #: holds ``capped_request_keys`` (a table-only budget reserves nothing).
-        self._max_keys = capped_request_keys(config) if memory_budget.request_bytes else 0
+        self._gate = plan.request_gate()
+        self._memory = plan.governor(list(self._tables.values()), lambda: self._gate.used)
+        self._max_keys = plan.max_request_keys
         self._dense = DenseStore(config.dense.optimizer)
-        self._last_save = 0.0
-        self._last_load = 0.0
-        #: Staged saves and prepared loads (two-phase, see ``streamtrain_ps.staging``).
-        self._saves: Pending[SaveEffects] = Pending("staged save")
         #: The snapshot save taken but maybe not yet written (``snapshot_save``).
         self._snapshot = SnapshotSlot(shard_index)
-        self._loads: Pending[PreparedLoad] = Pending("prepared load")
-        #: Orders a commit's apply against a shrink's ``forget`` (taken before table locks).
-        self._effects_lock = threading.Lock()
+        self._saving = ShardSaves(
+            config,
+            shard_index,
+            self.owned,
+            self._tables,
+            self._dense,
+            self._selected,
+            self._snapshot,
+        )
+        self._loading = ShardLoads(
+            config,
+            shard_index,
+            num_shards,
+            self._tables,
+            self._memory,
+            self._dense,
+            self._saving.staged,
+            self._snapshot,
+        )
 
     # -- sparse -----------------------------------------------------------------------------
 
@@ -252,25 +228,18 @@ class Shard(ShardLoads):
     def shrink(self, table: str | None = None) -> api.ShrinkResult:
         """Decay show/click and delete stale keys of one table (or all)."""
         before = deleted = 0
-        with self._effects_lock:
+        with self._saving.effects_lock:
             for t in self._selected(table):
                 b, gone = t.shrink_keys()
                 before += b
                 deleted += int(gone.size)
-                self._saves.update(functools.partial(_forget, table=t, gone=gone))
+                self._saving.forget(t, gone)
         return api.ShrinkResult(keys_before=before, deleted=deleted, keys_after=before - deleted)
 
     def save(self, uri: str, mode: api.SaveMode | int, table: str | None = None) -> api.SaveResult:
-        """Write this shard's parts of a save (no manifest: the caller publishes it) and apply
-        its side effects at once.
-
-        Modes 1 and 2 reset the saved keys' delta_score, mode 3 ages unseen_days, and 1/2
-        clear tombstones — only after every part was written, so a failed save changes
-        nothing. Dense vectors are written by mode 0 saves of all tables. With several
-        shards use ``stage_save`` + ``finish_save`` instead: a failure on *another* shard
-        must not leave this one's effects applied.
-        """
-        return self._save(uri, mode, table, stage=False)[0]
+        """Write this shard's parts of a save and apply its side effects at once
+        (``ShardSaves.save``; with several shards use ``stage_save`` + ``finish_save``)."""
+        return self._saving.save(uri, mode, table)
 
     def stage_save(
         self,
@@ -279,155 +248,59 @@ class Shard(ShardLoads):
         table: str | None = None,
         save_id: str | None = None,
     ) -> tuple[api.SaveResult, str]:
-        """``save`` whose side effects stay pending until ``finish_save(id, commit=True)``
-        (after the manifest is published). Returns the result and the save id (``save_id``
-        if given — the caller's, so it can abort everywhere — else the data directory). A
-        newer staged save replaces an older pending one (whose effects are dropped)."""
-        return self._save(uri, mode, table, stage=True, save_id=save_id)
+        """``save`` whose side effects stay pending until ``finish_save(id, commit=True)``."""
+        return self._saving.stage_save(uri, mode, table, save_id)
 
     def finish_save(self, save_id: str, commit: bool) -> bool:
-        """Apply (``commit``) or drop a staged save's side effects. Returns whether the
-        effects are applied (now or by an earlier call: a retried commit is a no-op).
-        Committing an id that is not pending and was not committed is ``CheckpointError``."""
-        if not isinstance(save_id, str) or not save_id:
-            raise InvalidRequestError("save_id", "must name a staged save")
-        tables = list(self._tables.values())
-        with self._effects_lock, ExitStack() as stack:
-            for t in tables:
-                stack.enter_context(t.lock.maintenance)
-            effects = self._saves.take(save_id, commit)
-            if effects is None or not commit:
-                return commit
-            for i, e in enumerate(effects.tables):
-                try:
-                    e.apply_locked()
-                except BaseException:  # a disk-tier error: this table's part unapplied
-                    self._saves.restore(save_id, replace(effects, tables=effects.tables[i:]))
-                    raise
-        return True
+        """Apply (``commit``) or drop a staged save's side effects."""
+        return self._saving.finish_save(save_id, commit)
 
     def snapshot_save(
         self, mode: api.SaveMode | int, snapshot_id: str, table: str | None = None
     ) -> api.SaveResult:
-        """Take a save of the current content now and write it later (``write_snapshot``).
-
-        The parts are copied and encoded into memory and the save's side effects are applied
-        at once, as one consistent moment of the model: the scheduler takes it between two
-        passes and lets the next pass train while the parts are written, so they stay the
-        model of the pass before. (A write that fails for good fails the job, whose next
-        run reloads a checkpoint: an applied effect never outlives its save.) One snapshot
-        per shard, replaced by the next; taking the same ``snapshot_id`` again returns it
-        without applying anything twice (a retried call). A checkpoint (mode 0, every table:
-        with the dense vectors) holds an encoded copy of every row until it is written —
-        the shard's memory doubles meanwhile, so the scheduler asks for one only when the
-        job opts in (``checkpoint.besideTraining``).
-        """
-        mode = save_mode(mode)
-        if mode == api.SaveMode.CHECKPOINT and table is not None:
-            raise InvalidRequestError("table", "a checkpoint snapshot takes every table")
-        if not isinstance(snapshot_id, str) or not snapshot_id:
-            raise InvalidRequestError("save_id", "must name the snapshot")
-        if mode == api.SaveMode.CHECKPOINT and self.config.memoryLimit:
-            raise InvalidRequestError(
-                "mode",
-                "a checkpoint snapshot holds a copy of every row (the disk tier's too) in "
-                "memory, outside this shard's memoryLimit: write the checkpoint directly",
-            )
-
-        def take() -> tuple[checkpoint.PartBuffer, api.SaveResult, dict[str, DenseValues]]:
-            tables = self._selected(table)
-            start = time.perf_counter()
-            buffer = checkpoint.PartBuffer(self.shard_index)
-            with ExitStack() as stack:
-                for t in tables:
-                    stack.enter_context(t.lock.maintenance)
-                files, effects, saved, tombs = saving.write_tables(
-                    buffer, tables, mode, self.config.logicalShards, self.owned
-                )
-                if mode == api.SaveMode.CHECKPOINT:
-                    files += saving.write_dense(buffer, self._dense.snapshot())
-                for e in effects:
-                    e.apply_locked()
-                self._supersede_staged(mode)
-                dense = self._dense.pull_all()  # the model's dense part, same moment
-            seconds = time.perf_counter() - start
-            result = api.SaveResult("", mode, tuple(files), saved, tombs, seconds)
-            return buffer, result, dense
-
-        return self._snapshot.take(snapshot_id, take)
+        """Take a save of the current content now and write it later (``write_snapshot``)."""
+        return self._saving.snapshot_save(mode, snapshot_id, table)
 
     def write_snapshot(self, uri: str, snapshot_id: str) -> api.SaveResult:
-        """Write the parts of snapshot ``snapshot_id`` below ``uri`` (no manifest: the caller
-        publishes it); can be repeated after a failure. ``CheckpointError`` if this shard
-        does not hold it (replaced by a newer one, or lost in a restart)."""
-        if not isinstance(uri, str) or not uri:
-            raise InvalidRequestError("uri", "must be a non-empty fsspec URL")
-        start = time.perf_counter()
-        try:
-            result = self._snapshot.write(uri, snapshot_id)
-        except PSError:
-            raise
-        except Exception as exc:  # storage errors of any fsspec backend
-            raise CheckpointError(f"save to {uri} failed: {type(exc).__name__}: {exc}") from exc
-        seconds = time.perf_counter() - start
-        self._last_save = seconds
-        return replace(result, seconds=result.seconds + seconds)
+        """Write the parts of snapshot ``snapshot_id`` below ``uri`` (no manifest)."""
+        return self._saving.write_snapshot(uri, snapshot_id)
 
     def drop_snapshot(self, snapshot_id: str) -> None:
-        """Free the memory of snapshot ``snapshot_id`` once it is published (no-op otherwise)."""
-        self._snapshot.drop(snapshot_id)
+        """Free the memory of snapshot ``snapshot_id`` once it is published."""
+        self._saving.drop_snapshot(snapshot_id)
 
-    def _save(
-        self,
-        uri: str,
-        mode: api.SaveMode | int,
-        table: str | None,
-        stage: bool,
-        save_id: str | None = None,
-    ) -> tuple[api.SaveResult, str]:
-        mode = save_mode(mode)
-        if not isinstance(uri, str) or not uri:
-            raise InvalidRequestError("uri", "must be a non-empty fsspec URL")
-        tables = self._selected(table)
-        start = time.perf_counter()
-        try:
-            with ExitStack() as stack:
-                for t in tables:
-                    stack.enter_context(t.lock.maintenance)
-                # Leaving the writer's block waits until every part is on storage: the
-                # effects below are staged or applied only after that.
-                with checkpoint.PartWriter(uri, self.shard_index) as writer:
-                    files, effects, saved, tombs = saving.write_tables(
-                        writer, tables, mode, self.config.logicalShards, self.owned
-                    )
-                    if mode == api.SaveMode.CHECKPOINT and table is None:
-                        files += saving.write_dense(writer, self._dense.snapshot())
-                staged = SaveEffects(save_id or writer.data_dir, uri, tuple(effects))
-                if stage:
-                    self._saves.put(staged.save_id, staged)
-                else:
-                    for e in staged.tables:
-                        e.apply_locked()
-                    self._supersede_staged(mode)
-        except PSError:
-            raise
-        except Exception as exc:  # storage errors of any fsspec backend
-            raise CheckpointError(f"save to {uri} failed: {type(exc).__name__}: {exc}") from exc
-        seconds = time.perf_counter() - start
-        self._last_save = seconds
-        return api.SaveResult(uri, mode, tuple(files), saved, tombs, seconds), staged.save_id
+    # -- loads ------------------------------------------------------------------------------
 
-    def _supersede_staged(self, mode: api.SaveMode) -> None:
-        """A delta or base just applied its effects at once: a pending staged delta or base
-        is dropped, its late commit refused. It would clear the first tombstone batches
-        *now* pending (deleted after this save, never published) and subtract the
-        delta_score this save already subtracted (keys pushed since missing from the next
-        delta); this save read everything it did, so nothing of it is lost
-        (``docs/decisions.md``, issue 25 (a)). Hold the tables' ``maintenance``."""
-        if mode in (api.SaveMode.DELTA, api.SaveMode.BASE):
-            self._saves.drop_if(
-                SaveEffects.resets_deltas, f"a later {mode.name.lower()} save applied its effects"
-            )
+    def load(self, uri: str, discard_live: bool = False) -> int:
+        """Replace this shard's content with its logical shards of a published save
+        (``ShardLoads.load``); returns the keys loaded."""
+        return self._loading.load(uri, discard_live)
+
+    def verify_save(self, uri: str) -> int:
+        """Check every part of a save this shard would load, keeping nothing."""
+        return self._loading.verify_save(uri)
+
+    def replace(self, uri: str) -> int:
+        """Discard the live tables, then build and swap in the save (after ``verify_save``)."""
+        return self._loading.replace(uri)
+
+    def read_save(self, uri: str) -> PreparedLoad:
+        """First half of ``load``: read, verify and build (nothing swapped in yet)."""
+        return self._loading.read_save(uri)
+
+    def install(self, prepared: PreparedLoad) -> int:
+        """Second half of ``load``: swap a prepared load in; returns keys installed."""
+        return self._loading.install(prepared)
+
+    def prepare_load(self, uri: str, load_id: str | None = None, discard_live: bool = False) -> int:
+        """First phase of a multi-server load; returns keys prepared."""
+        return self._loading.prepare_load(uri, load_id, discard_live)
+
+    def finish_load(self, uri: str, commit: bool, load_id: str | None = None) -> int:
+        """Second phase: swap the prepared load in (``commit``) or drop it."""
+        return self._loading.finish_load(uri, commit, load_id)
+
+    # -- state ------------------------------------------------------------------------------
 
     def stats(self) -> ShardStats:
         tables = tuple(
@@ -453,8 +326,8 @@ class Shard(ShardLoads):
             num_shards=self.num_shards,
             tables=tables,
             dense_names=self._dense.names(),
-            last_save_seconds=self._last_save,
-            last_load_seconds=self._last_load,
+            last_save_seconds=self._saving.last_seconds,
+            last_load_seconds=self._loading.last_seconds,
             memory_limit_bytes=self.config.memoryLimit or 0,
             peak_rss_bytes=peak_rss_bytes(),
             working_set_bytes=self._memory.working_set_bytes,
@@ -507,14 +380,6 @@ class Shard(ShardLoads):
                 "admits in one request (its scratch reserve holds that many)"
             )
         return k
-
-
-def _forget(
-    effects: SaveEffects, *, table: TieredTable, gone: npt.NDArray[np.uint64]
-) -> SaveEffects:
-    """``effects`` without the keys a shrink of ``t`` deleted (their rows get reused)."""
-    tables = tuple(e.forget(gone) if e.table is table else e for e in effects.tables)
-    return SaveEffects(effects.save_id, effects.uri, tables)
 
 
 #: A shard's spill root without ``diskPath``: in the temporary directory, by process id.

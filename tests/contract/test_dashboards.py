@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -33,8 +32,9 @@ from streamtrain_operator.job import render
 from streamtrain_operator.job.spec import load_job
 from streamtrain_operator.kube.metrics import OperatorMetrics
 from streamtrain_ps.api import SaveMode
-from streamtrain_ps.remote import RemotePS
-from streamtrain_ps.startup import LISTENING
+from streamtrain_ps.client.remote import RemotePS
+from streamtrain_ps.plumbing.launch import free_port
+from streamtrain_ps.plumbing.startup import LISTENING
 from streamtrain_tools.bench.serving_models import Export, keys_of, lines, rows_for
 from streamtrain_worker.model_folder import ModelKind
 from streamtrain_worker.serving.delivery import Delivery
@@ -67,12 +67,6 @@ class Process(OutputProcess):
                 if (m := p.search(line)) is not None:
                     found[p] = m.group(1)
         return [found[p] for p in patterns]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _get(url: str) -> Any:
@@ -234,7 +228,7 @@ def prometheus(
         check=False,
     )
     assert check.returncode == 0, check.stdout + check.stderr
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [binary, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
          f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],

@@ -16,7 +16,7 @@ from streamtrain_operator import main
 from streamtrain_operator.job import spec as S  # noqa: N812 -- short alias for a long module
 from streamtrain_operator.kube import resources
 from streamtrain_ps.config import DenseConfig, PSConfig, SparseConfig, SparseOptimizerConfig
-from streamtrain_ps.settings import as_json, field_hints, is_section, strip_optional
+from streamtrain_ps.plumbing.settings import as_json, field_hints, is_section, strip_optional
 from streamtrain_tools import crdgen
 from streamtrain_worker.config import ModelConfig, WorkerConfig
 from streamtrain_worker.data.config import DataConfig

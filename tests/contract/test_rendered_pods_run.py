@@ -33,7 +33,7 @@ from prometheus_client import CollectorRegistry
 from streamtrain_operator.kube import resources as r
 from streamtrain_operator.kube.daemon import GrpcConnector, JobSupervisor, Runtime
 from streamtrain_operator.kube.metrics import OperatorMetrics
-from streamtrain_ps.startup import listening_address
+from streamtrain_ps.plumbing.startup import listening_address
 from streamtrain_worker.synth import SynthConfig, generate
 
 from .processes import OutputProcess

@@ -28,7 +28,7 @@ from streamtrain_operator.job.spec import SpecError, load_job, parse_job
 from streamtrain_operator.kube import disk_tier
 from streamtrain_operator.kube import resources as r
 from streamtrain_ps.config import PSConfig
-from streamtrain_ps.server import channel_options
+from streamtrain_ps.service.server import channel_options
 from streamtrain_tools.chart import objects as chart_objects
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ import yaml
 from faults.harness import DETERMINISTIC, assert_same_model, checkpoint_of, read_checkpoint
 from streams import START, write_stream
 from streamtrain_ps.config import PSConfig, TableConfig
-from streamtrain_ps.memory_limit import MemoryBudget, request_scratch_bytes
+from streamtrain_ps.tier.memory_limit import MemoryBudget, request_scratch_bytes
 
 from .conftest import manifest, streamtrain
 
@@ -23,8 +23,8 @@ from .conftest import manifest, streamtrain
 OVERHEAD = (
     "import streamtrain_ps.__main__\n"  # what a shard process imports (gRPC, protobuf)
     "from streamtrain_ps.config import PSConfig, TableConfig\n"
-    "from streamtrain_ps.memory_limit import bound_allocator, current_rss_bytes\n"
-    "from streamtrain_ps.warmup import warm_kernels\n"
+    "from streamtrain_ps.tier.memory_limit import bound_allocator, current_rss_bytes\n"
+    "from streamtrain_ps.tier.warmup import warm_kernels\n"
     "bound_allocator()\n"
     "warm_kernels(PSConfig(tables=(TableConfig(name='embedding', embedxDim=64),)))\n"
     "print(current_rss_bytes())\n"

@@ -30,8 +30,8 @@ from streamtrain_operator.job import checkpoints
 from streamtrain_operator.job.checkpoints import CheckpointName
 from streamtrain_operator.job.plan import StepKind
 from streamtrain_operator.job.progress import Phase, Progress
-from streamtrain_ps import checkpoint
-from streamtrain_ps.launch import launch, python_argv
+from streamtrain_ps.plumbing.launch import launch, python_argv
+from streamtrain_ps.saves import checkpoint
 
 #: The folder holding the ``faults`` package: the test entry points' subprocesses import it.
 TESTS_ROOT = Path(__file__).resolve().parents[1]
@@ -101,7 +101,7 @@ def start_logged(
     pause: str | None,
     pause_file: Path,
 ) -> subprocess.Popen[str]:
-    """``python -m <module_args>`` in the background (``streamtrain_ps.launch``), as the
+    """``python -m <module_args>`` in the background (``streamtrain_ps.plumbing.launch``), as the
     fault tests start a scheduler or an operator (through ``faults.run_cli`` /
     ``faults.operator_main``, so ``tests`` is put on its ``PYTHONPATH``): in ``cwd``, its
     output to ``log``, no stdin, and the pause hook armed at ``pause`` (``after:train@1``

@@ -34,8 +34,6 @@ import contextlib
 import json
 import logging
 import os
-import random
-import socket
 import sys
 import threading
 import time
@@ -47,7 +45,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from streamtrain_ps.launch import Launched, launch
+from streamtrain_ps.plumbing.launch import Launched, free_port, launch
 
 log = logging.getLogger(__name__)
 
@@ -57,28 +55,9 @@ POLL_SECONDS = 0.1
 GRACE_SECONDS = 10.0
 
 
-def free_port() -> int:
-    """A port nobody uses right now, below the kernel's ephemeral range.
-
-    The pod binds it seconds later (and again after a restart), so it must not be handed
-    out meanwhile: ports of the ephemeral range are (to ``bind(0)`` and to every outgoing
-    connection on the machine), ports below it only to an explicit bind.
-    """
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    for _ in range(200):
-        port = random.randrange(max(1024, low - 12000), low)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise AssertionError(f"no free port below {low} after 200 tries")
-
-
 @dataclass
 class Container:
-    """One pod's process (``streamtrain_ps.launch``, the launcher of local mode, in a
+    """One pod's process (``streamtrain_ps.plumbing.launch``, the launcher of local mode, in a
     session of its own so a signal to the test's group does not reach it); ``restarts``
     counts how often the kubelet restarted it, each run logging to its own file."""
 
@@ -160,7 +139,7 @@ class Kubelet:
         operator gets as ``STREAMTRAIN_ENDPOINT_MAP``)."""
         with self._lock:
             for endpoint in endpoints:
-                self.endpoints.setdefault(endpoint, f"127.0.0.1:{free_port()}")
+                self.endpoints.setdefault(endpoint, f"127.0.0.1:{free_port(below_ephemeral=True)}")
             return dict(self.endpoints)
 
     def endpoint_map(self) -> str:

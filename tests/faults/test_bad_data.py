@@ -117,9 +117,10 @@ def test_a_small_garbage_file_beside_a_large_good_one_fails_per_file(job: Job) -
 
 
 def _pass_2_attempts(job: Job) -> int:
-    """How often the worker ran pass 2 (its log has one line per failed RunPass)."""
+    """How often the worker was asked to run pass 2 (its log has one audit line per
+    RunPass request, naming the caller)."""
     log = (job.root / ".streamtrain" / "faults" / "logs" / "worker-0.log").read_text()
-    return log.count(f"RunPass(day={START}, pass=2, ")
+    return len(re.findall(rf"RunPass\(day={START}, pass=2, [^)]*\) requested by ", log))
 
 
 @pytest.mark.faults

@@ -43,7 +43,7 @@ from streamtrain_operator.job.plan import StepKey, StepKind
 from streamtrain_operator.job.progress import Phase
 from streamtrain_operator.run.export import read_donefile, verify_model
 from streamtrain_operator.run.hooks import MANIFEST_POINT
-from streamtrain_ps.checkpoint import read_sparse
+from streamtrain_ps.saves.checkpoint import read_sparse
 from streamtrain_worker.model_folder import DONEFILE, MODEL_MANIFEST
 from streamtrain_worker.predict import ModelNotFoundError, load_model, model_chain
 

@@ -52,8 +52,8 @@ from streamtrain_operator.job.spec import Job, parse_job
 from streamtrain_operator.run.driver import Driver
 from streamtrain_operator.run.export import read_donefile, verify_model
 from streamtrain_operator.run.state import MemoryStateStore
-from streamtrain_ps.checkpoint import read_sparse
-from streamtrain_ps.local import LocalPS
+from streamtrain_ps.client.local import LocalPS
+from streamtrain_ps.saves.checkpoint import read_sparse
 from streamtrain_worker.metrics import PassMetrics
 from streamtrain_worker.predict import apply_chain, model_chain
 

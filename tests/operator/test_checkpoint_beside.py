@@ -25,9 +25,9 @@ from streamtrain_operator.job.progress import Phase, Progress
 from streamtrain_operator.job.spec import Job, parse_job
 from streamtrain_operator.run.driver import Driver, Observer
 from streamtrain_operator.run.state import MemoryStateStore
-from streamtrain_ps import checkpoint
 from streamtrain_ps.api import SaveMode, SaveResult
-from streamtrain_ps.local import LocalPS
+from streamtrain_ps.client.local import LocalPS
+from streamtrain_ps.saves import checkpoint
 from streamtrain_ps.shard import Shard
 
 DAY = "20261101"

@@ -27,10 +27,11 @@ from streamtrain_operator.run.driver import Driver, Observer
 from streamtrain_operator.run.export import read_donefile, verify_model
 from streamtrain_operator.run.hooks import BEFORE, MANIFEST_POINT
 from streamtrain_operator.run.state import MemoryStateStore
-from streamtrain_ps import checkpoint, sharding
-from streamtrain_ps.checkpoint import read_sparse
+from streamtrain_ps import sharding
+from streamtrain_ps.client.local import LocalPS
 from streamtrain_ps.errors import MemoryLimitError
-from streamtrain_ps.local import LocalPS
+from streamtrain_ps.saves import checkpoint
+from streamtrain_ps.saves.checkpoint import read_sparse
 from streamtrain_ps.shard import Shard
 from streamtrain_worker import model_folder
 from streamtrain_worker.metrics import PassMetrics

@@ -31,7 +31,7 @@ from streamtrain_operator.kube.metrics import OperatorMetrics
 from streamtrain_operator.local.reporting import EMPTY_PASS, format_pass
 from streamtrain_operator.run.driver import Driver
 from streamtrain_operator.run.export import verify_model
-from streamtrain_ps.local import LocalPS
+from streamtrain_ps.client.local import LocalPS
 from streamtrain_worker.metrics import PassMetrics
 
 DAY = "20261101"

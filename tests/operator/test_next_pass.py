@@ -14,7 +14,7 @@ from streamtrain_operator.job.plan import PassPlan, StepKey, StepKind
 from streamtrain_operator.job.progress import Phase
 from streamtrain_operator.run import next_pass, passfiles
 from streamtrain_operator.run.state import MemoryStateStore
-from streamtrain_ps.local import LocalPS
+from streamtrain_ps.client.local import LocalPS
 from streamtrain_worker.data.sharding import assign_files
 
 DAY = "20261101"

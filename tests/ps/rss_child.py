@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 
 from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
-from streamtrain_ps.memory_limit import current_rss_bytes
 from streamtrain_ps.shard import Shard
-from streamtrain_ps.warmup import warm_kernels
+from streamtrain_ps.tier.memory_limit import current_rss_bytes
+from streamtrain_ps.tier.warmup import warm_kernels
 
 BATCH = 65_536
 

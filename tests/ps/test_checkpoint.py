@@ -11,13 +11,13 @@ import fsspec
 import numpy as np
 import pytest
 
-from streamtrain_ps import checkpoint, partfile
-from streamtrain_ps.accessor import DELTA
 from streamtrain_ps.api import SaveMode
+from streamtrain_ps.client.local import LocalPS
 from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
+from streamtrain_ps.engine.accessor import DELTA
+from streamtrain_ps.engine.packed import SLOT_CODES
 from streamtrain_ps.errors import CheckpointError
-from streamtrain_ps.local import LocalPS
-from streamtrain_ps.packed import SLOT_CODES
+from streamtrain_ps.saves import checkpoint, partfile
 from streamtrain_ps.shard import Shard
 
 D = 3

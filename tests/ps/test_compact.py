@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamtrain_ps import checkpoint
-from streamtrain_ps.accessor import RowLayout, save_filter
 from streamtrain_ps.api import SaveMode
 from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
+from streamtrain_ps.engine.accessor import RowLayout, save_filter
+from streamtrain_ps.engine.packed import SLOT_CODES, UNSEEN_MAX
 from streamtrain_ps.errors import CheckpointError, InvalidRequestError
-from streamtrain_ps.packed import SLOT_CODES, UNSEEN_MAX
+from streamtrain_ps.saves import checkpoint
 from streamtrain_ps.shard import Shard
 
 D = 8

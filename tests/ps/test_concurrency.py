@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamtrain_ps import checkpoint
-from streamtrain_ps import table as table_module
 from streamtrain_ps.api import SaveMode
 from streamtrain_ps.config import PSConfig, TableConfig
+from streamtrain_ps.engine import table as table_module
 from streamtrain_ps.errors import InvalidRequestError
+from streamtrain_ps.saves import checkpoint
 from streamtrain_ps.shard import Shard
 
 D = 4

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
-from streamtrain_ps import checkpoint
 from streamtrain_ps.api import SaveMode
 from streamtrain_ps.config import PSConfig, TableConfig
-from streamtrain_ps.kernels import HOT_BACK, HOT_FROM
+from streamtrain_ps.engine.kernels import HOT_BACK, HOT_FROM
+from streamtrain_ps.saves import checkpoint
 from streamtrain_ps.shard import Shard
 
 D = 2

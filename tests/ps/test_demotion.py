@@ -9,10 +9,12 @@ from pathlib import Path
 
 import numpy as np
 
-from streamtrain_ps import memory_limit as ml
-from streamtrain_ps.memory_limit import MemoryBudget, MemoryGovernor
+from streamtrain_ps.tier import memory_limit as ml
+from streamtrain_ps.tier.memory_limit import MemoryBudget, MemoryGovernor
 
-from .test_disk_tier import D, T, capped_shard
+from .conftest import TIER_DIM as D
+from .conftest import TIER_TABLE as T
+from .conftest import capped_shard
 
 
 def test_a_sweep_takes_cold_keys_and_leaves_hot_ones(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from streamtrain_ps.config import DenseOptimizerConfig, DenseOptimizerType
-from streamtrain_ps.dense import DenseVector
+from streamtrain_ps.engine.dense import DenseVector
 
 
 def reference(
@@ -69,7 +69,7 @@ def test_summary_vector_adds_pushes_with_decay() -> None:
 
 
 def test_summary_rule_is_part_of_a_vectors_identity() -> None:
-    from streamtrain_ps.dense import DenseStore
+    from streamtrain_ps.engine.dense import DenseStore
     from streamtrain_ps.errors import InvalidRequestError
 
     store = DenseStore(DenseOptimizerConfig())

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from streamtrain_ps import wire
-from streamtrain_ps.dense_push import DensePush
+from streamtrain_ps.client.dense_push import DensePush
 from streamtrain_ps.proto import ps_pb2
+from streamtrain_ps.service import wire
 
 
 def rows_request() -> ps_pb2.PushSparseRequest:

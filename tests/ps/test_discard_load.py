@@ -14,14 +14,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-from streamtrain_ps import checkpoint
 from streamtrain_ps.api import SaveMode
+from streamtrain_ps.client.local import LocalPS
 from streamtrain_ps.errors import CheckpointError
-from streamtrain_ps.local import LocalPS
+from streamtrain_ps.saves import checkpoint
 from streamtrain_ps.shard import Shard
 
+from .conftest import TWO_PHASE_TABLE as T
 from .conftest import Cluster
-from .test_two_phase import T, config, keys, push
+from .conftest import spread_keys as keys
+from .conftest import two_phase_config as config
+from .conftest import two_phase_push as push
 
 
 def corrupt(uri: str, shard_index: int) -> tuple[Path, bytes]:

@@ -8,11 +8,13 @@ from pathlib import Path
 
 import numpy as np
 
-from streamtrain_ps.disk_filter import BITS_PER_KEY, MIN_CAPACITY, DiskKeyFilter
-from streamtrain_ps.disk_store import DiskStore
-from streamtrain_ps.slabs import HotCounters
+from streamtrain_ps.engine.slabs import HotCounters
+from streamtrain_ps.tier.disk_filter import BITS_PER_KEY, MIN_CAPACITY, DiskKeyFilter
+from streamtrain_ps.tier.disk_store import DiskStore
 
-from .test_disk_tier import T, capped_shard, step
+from .conftest import TIER_TABLE as T
+from .conftest import capped_shard
+from .conftest import tier_step as step
 
 
 def test_every_added_key_may_be_on_disk_and_few_others_do() -> None:

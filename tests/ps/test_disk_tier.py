@@ -11,63 +11,20 @@ import fsspec
 import numpy as np
 import pytest
 
-from streamtrain_ps import checkpoint, load_plan
 from streamtrain_ps.api import SaveMode
-from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
+from streamtrain_ps.client.local import LocalPS
 from streamtrain_ps.errors import CheckpointError
-from streamtrain_ps.local import LocalPS
-from streamtrain_ps.memory_limit import MemoryBudget, MemoryLimitError
+from streamtrain_ps.saves import checkpoint, load_plan
 from streamtrain_ps.shard import Shard
+from streamtrain_ps.tier.memory_limit import MemoryLimitError
 
 from . import faultfs
-
-T = "embedding"
-D = 4
-KEYS = 6_000
-
-
-def config(
-    tmp: Path | None = None, limit: int = 0, disk: int = 0, kind: str = "adagrad"
-) -> PSConfig:
-    table = TableConfig(
-        name=T,
-        embedxDim=D,
-        embedxThreshold=3.0,
-        deleteThreshold=0.3,
-        baseThreshold=0.5,
-        deltaThreshold=0.2,
-        # kind: a rule, or embed_rule/embedx_rule for the two parts apart
-        optimizer=SparseOptimizerConfig(
-            type=kind.rpartition("/")[2],  # type: ignore[arg-type]
-            embedType=kind.rpartition("/")[0] or None,  # type: ignore[arg-type]
-            initialRange=0.01,
-        ),
-    )
-    return PSConfig(
-        tables=(table,),
-        logicalShards=8,
-        memoryLimit=limit,
-        diskLimit=disk,
-        diskPath=str(tmp) if tmp else "",
-    )
-
-
-def capped_shard(tmp: Path, limit: int, disk: int = 0, kind: str = "adagrad") -> Shard:
-    """A shard whose whole ``limit`` is table budget (tier moves with tiny tables; the
-    process budget is tested in test_memory_cap.py)."""
-    cfg = config(tmp / "disk", limit, disk, kind)
-    return Shard(cfg, memory_budget=MemoryBudget.tables_only(limit))
-
-
-def step(shards: list[Shard], rng: np.random.Generator, n: int = 400) -> None:
-    """One random push (Zipf-ish keys, some hot counters) into every shard alike."""
-    keys = (rng.zipf(1.2, n) % KEYS + 1).astype(np.uint64)
-    grads = rng.normal(0, 1, (n, D + 1)).astype(np.float32)
-    shows = rng.integers(0, 3, n).astype(np.float32)
-    shows[:3] = 2.0**21  # a few keys with counters past float32's exact range
-    clicks = np.minimum(shows, rng.integers(0, 2, n)).astype(np.float32)
-    for s in shards:
-        s.push_sparse(T, keys, grads, shows, clicks)
+from .conftest import TIER_DIM as D
+from .conftest import TIER_KEYS as KEYS
+from .conftest import TIER_TABLE as T
+from .conftest import capped_shard
+from .conftest import tier_config as config
+from .conftest import tier_step as step
 
 
 def pull_all(shard: Shard | LocalPS) -> np.ndarray:

@@ -22,14 +22,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from streamtrain_ps import checkpoint
-from streamtrain_ps.accessor import P_EMBED_W
 from streamtrain_ps.api import SaveMode
+from streamtrain_ps.client.remote import RemotePS, RetryPolicy
 from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
+from streamtrain_ps.engine.accessor import P_EMBED_W
 from streamtrain_ps.errors import CheckpointError, InvalidRequestError
-from streamtrain_ps.metrics import PSMetrics
-from streamtrain_ps.remote import RemotePS, RetryPolicy
-from streamtrain_ps.server import PSServer
+from streamtrain_ps.saves import checkpoint
+from streamtrain_ps.service.metrics import PSMetrics
+from streamtrain_ps.service.server import PSServer
 from streamtrain_ps.shard import Shard
 
 T = "embedding"

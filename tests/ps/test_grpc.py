@@ -15,7 +15,9 @@ import numpy.typing as npt
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from streamtrain_ps import api, sharding, wire
+from streamtrain_ps import api, sharding
+from streamtrain_ps.client.local import LocalPS
+from streamtrain_ps.client.remote import RemotePS, RetryPolicy
 from streamtrain_ps.errors import (
     InvalidRequestError,
     PSError,
@@ -23,10 +25,9 @@ from streamtrain_ps.errors import (
     RequestTooLargeError,
     UnknownTableError,
 )
-from streamtrain_ps.local import LocalPS
 from streamtrain_ps.proto import ps_pb2, ps_pb2_grpc
-from streamtrain_ps.remote import RemotePS, RetryPolicy
-from streamtrain_ps.server import SERVICE_NAME, PSServer
+from streamtrain_ps.service import wire
+from streamtrain_ps.service.server import SERVICE_NAME, PSServer
 from streamtrain_ps.shard import Shard
 
 from .conftest import Cluster, SpawnedPS, small_config

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from streamtrain_ps.heap import ScratchReleasingExecutor, note_request_scratch
+from streamtrain_ps.plumbing.heap import ScratchReleasingExecutor, note_request_scratch
 
 
 class Releases:
@@ -80,7 +80,7 @@ def test_a_busy_pool_still_trims_once_four_times_the_threshold_is_noted() -> Non
 RESIDENT_BYTES_GIVEN_BACK = """
 import os, sys
 import numpy as np
-from streamtrain_ps.heap import reuse_large_buffers
+from streamtrain_ps.plumbing.heap import reuse_large_buffers
 if sys.argv[1] == "tuned":
     assert reuse_large_buffers()
 def resident():

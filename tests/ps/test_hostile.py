@@ -17,9 +17,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streamtrain_ps import wire
 from streamtrain_ps.proto import ps_pb2, ps_pb2_grpc
-from streamtrain_ps.server import SERVICE_NAME, PSServer
+from streamtrain_ps.service import wire
+from streamtrain_ps.service.server import SERVICE_NAME, PSServer
 from streamtrain_ps.shard import Shard
 
 from .conftest import small_config

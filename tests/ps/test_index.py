@@ -6,7 +6,7 @@ import mmap
 
 import numpy as np
 
-from streamtrain_ps.index import (
+from streamtrain_ps.engine.index import (
     EMPTY,
     OWN_MAPPING_BYTES,
     HashIndex,

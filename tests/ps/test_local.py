@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from streamtrain_ps import api
+from streamtrain_ps.client.local import LocalPS
 from streamtrain_ps.config import PSConfig, TableConfig
 from streamtrain_ps.errors import InvalidRequestError, UnknownTableError
-from streamtrain_ps.local import LocalPS
 from streamtrain_ps.sharding import server_of_dense, server_of_key
 
 D = 4

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from streamtrain_ps import memory_limit as ml
+from streamtrain_ps.tier import memory_limit as ml
 
 #: Measured: peak RSS 0.9-1.45 % past a 236 MB limit (docs/benchmarks.md, issue 12).
 TOLERANCE = 0.02

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamtrain_ps import memory_limit as ml
 from streamtrain_ps.config import SparseOptimizerConfig, TableConfig
-from streamtrain_ps.disk_store import MIN_STORE_MEMORY, StoreMemory
-from streamtrain_ps.memory_feedback import SplitCorrection
-from streamtrain_ps.tiering import DiskOptions, TieredTable
+from streamtrain_ps.tier import memory_limit as ml
+from streamtrain_ps.tier.disk_store import MIN_STORE_MEMORY, StoreMemory
+from streamtrain_ps.tier.memory_feedback import SplitCorrection
+from streamtrain_ps.tier.tiering import DiskOptions, TieredTable
 
 MIB = 1 << 20
 

@@ -12,15 +12,19 @@ import grpc
 import numpy as np
 import pytest
 
-from streamtrain_ps import wire
+from streamtrain_ps.client.remote import RemotePS, RetryPolicy
 from streamtrain_ps.errors import MEMORY_LIMIT_REASON, REASON_KEY, MemoryLimitError, WorkingSet
-from streamtrain_ps.memory_limit import MemoryBudget
 from streamtrain_ps.proto import ps_pb2, ps_pb2_grpc
-from streamtrain_ps.remote import RemotePS, RetryPolicy
-from streamtrain_ps.server import PSServer
+from streamtrain_ps.service import wire
+from streamtrain_ps.service.server import PSServer
 from streamtrain_ps.shard import Shard
+from streamtrain_ps.tier.memory_limit import MemoryBudget
 
-from .test_disk_tier import D, T, capped_shard, config, step
+from .conftest import TIER_DIM as D
+from .conftest import TIER_TABLE as T
+from .conftest import capped_shard
+from .conftest import tier_config as config
+from .conftest import tier_step as step
 
 MIB = 1 << 20
 

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 
 from streamtrain_ps.errors import UnknownTableError
-from streamtrain_ps.metrics import PSMetrics
+from streamtrain_ps.service.metrics import PSMetrics
 from streamtrain_ps.shard import Shard
 
 from .conftest import Cluster, SpawnedPS, small_config

@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from streamtrain_ps.client.remote import RemotePS, RetryPolicy
 from streamtrain_ps.errors import InvalidRequestError
-from streamtrain_ps.idempotency import RecentRequests
-from streamtrain_ps.remote import RemotePS, RetryPolicy
+from streamtrain_ps.service.idempotency import RecentRequests
 
 from .conftest import Cluster, small_config
 from .netproxy import NetProxy

@@ -13,11 +13,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamtrain_ps import checkpoint
-from streamtrain_ps.accessor import CLICK, DELTA, EMBED_STATE, EMBED_W, SHOW, UNSEEN, RowLayout
 from streamtrain_ps.api import SaveMode
+from streamtrain_ps.client.local import LocalPS
 from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
-from streamtrain_ps.local import LocalPS
+from streamtrain_ps.engine.accessor import (
+    CLICK,
+    DELTA,
+    EMBED_STATE,
+    EMBED_W,
+    SHOW,
+    UNSEEN,
+    RowLayout,
+)
+from streamtrain_ps.saves import checkpoint
 from streamtrain_ps.shard import Shard
 
 D = 4
@@ -274,7 +282,7 @@ def test_an_ftrl_warm_start_keeps_the_weights_it_loaded(
 def test_init_part_writes_only_its_own_weights_and_state(rule: str, dim: int) -> None:
     """A part's init stays inside ``dim`` weights and ``state_width`` state columns: the
     rest of the row (the packed word, a neighbour row) keeps what it held."""
-    from streamtrain_ps.optim import OPTIMIZER_CODES, init_part, state_width, table_params
+    from streamtrain_ps.engine.optim import OPTIMIZER_CODES, init_part, state_width, table_params
 
     kind = OPTIMIZER_CODES[rule]
     used = dim + state_width(kind, dim)

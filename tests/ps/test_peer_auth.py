@@ -1,5 +1,5 @@
-"""Mutual TLS with authorisation on a PS shard (``streamtrain_ps.tls.PeerPolicy``): a client
-without a certificate is refused at the handshake, a job pod's certificate pulls and pushes
+"""Mutual TLS with authorisation on a PS shard (``streamtrain_ps.plumbing.tls.PeerPolicy``):
+a client without a certificate is refused at the handshake, a job pod's certificate pulls and pushes
 but is refused the control methods (PERMISSION_DENIED), the operator's is accepted for both;
 health answers in plaintext on its own port for kubelet."""
 
@@ -18,12 +18,12 @@ from pki import JOB, OPERATOR, PKI, make_pki
 from streamtrain_operator.job.spec import load_job
 from streamtrain_operator.kube import resources as r
 from streamtrain_ps.api import SaveMode
+from streamtrain_ps.client.remote import RemotePS, RetryPolicy
 from streamtrain_ps.errors import PSError
-from streamtrain_ps.remote import RemotePS, RetryPolicy
-from streamtrain_ps.server import SERVICE_NAME, PSServer
-from streamtrain_ps.servicer import CONTROL_METHODS
+from streamtrain_ps.plumbing.tls import PeerPolicy
+from streamtrain_ps.service.server import SERVICE_NAME, PSServer
+from streamtrain_ps.service.servicer import CONTROL_METHODS
 from streamtrain_ps.shard import Shard
-from streamtrain_ps.tls import PeerPolicy
 
 from .conftest import SpawnedPS, small_config
 
@@ -99,7 +99,7 @@ def test_the_operator_certificate_is_accepted_for_control_and_audited(
     client = _client(server, pki.operator)
     try:
         client.pull_sparse(T, np.arange(1, 9, dtype=np.uint64))
-        with caplog.at_level(logging.INFO, logger="streamtrain_ps.servicer"):
+        with caplog.at_level(logging.INFO, logger="streamtrain_ps.service.servicer"):
             result = client.save(str(tmp_path / "ckpt"), SaveMode.CHECKPOINT)
             client.shrink()
         assert result.files

@@ -1,4 +1,4 @@
-"""Bounded requests (``streamtrain_ps.request_budget``): a shard process hit by N
+"""Bounded requests (``streamtrain_ps.plumbing.request_budget``): a shard process hit by N
 concurrent maximum-size pushes stays under a stated RSS bound, answering what does not fit
 with RESOURCE_EXHAUSTED (overloaded) that ``RemotePS`` retries; random bytes are
 INVALID_ARGUMENT, logged once per peer and interval."""
@@ -16,11 +16,11 @@ import grpc
 import numpy as np
 import pytest
 
-from streamtrain_ps import wire
+from streamtrain_ps.client.remote import RemotePS, RetryPolicy
+from streamtrain_ps.plumbing.request_budget import RequestBudget, ThrottledLog, is_overloaded
 from streamtrain_ps.proto import ps_pb2, ps_pb2_grpc
-from streamtrain_ps.remote import RemotePS, RetryPolicy
-from streamtrain_ps.request_budget import RequestBudget, ThrottledLog, is_overloaded
-from streamtrain_ps.server import PSServer
+from streamtrain_ps.service import wire
+from streamtrain_ps.service.server import PSServer
 from streamtrain_ps.shard import Shard
 
 from .conftest import SpawnedPS, small_config

@@ -11,15 +11,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamtrain_ps import memory_limit as ml
+from streamtrain_ps.client.remote import RemotePS
 from streamtrain_ps.config import CAPPED_REQUEST_KEYS, PSConfig, TableConfig
 from streamtrain_ps.errors import MemoryLimitError, RequestTooLargeError
-from streamtrain_ps.remote import RemotePS
-from streamtrain_ps.request_gate import RequestGate
-from streamtrain_ps.server import PSServer
+from streamtrain_ps.service.server import PSServer
 from streamtrain_ps.shard import Shard
+from streamtrain_ps.tier import memory_limit as ml
+from streamtrain_ps.tier.request_gate import RequestGate
 
-from .test_disk_tier import D, T, config
+from .conftest import TIER_DIM as D
+from .conftest import TIER_TABLE as T
+from .conftest import tier_config as config
 
 MIB = 1 << 20
 

@@ -28,11 +28,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamtrain_ps import checkpoint, sharding
+from streamtrain_ps import sharding
 from streamtrain_ps.api import SaveMode
+from streamtrain_ps.client.local import LocalPS
+from streamtrain_ps.client.remote import RemotePS, RetryPolicy
 from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
-from streamtrain_ps.local import LocalPS
-from streamtrain_ps.remote import RemotePS, RetryPolicy
+from streamtrain_ps.saves import checkpoint
 
 from .conftest import Cluster
 

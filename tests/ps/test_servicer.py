@@ -15,12 +15,13 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from streamtrain_ps import checkpoint, wire
 from streamtrain_ps.api import SaveMode
-from streamtrain_ps.metrics import PSMetrics
+from streamtrain_ps.client.remote import save_result
 from streamtrain_ps.proto import ps_pb2
-from streamtrain_ps.remote import save_result
-from streamtrain_ps.servicer import FIELD_KEY, KIND_KEY, NAME_KEY, PSServicer
+from streamtrain_ps.saves import checkpoint
+from streamtrain_ps.service import wire
+from streamtrain_ps.service.metrics import PSMetrics
+from streamtrain_ps.service.servicer import FIELD_KEY, KIND_KEY, NAME_KEY, PSServicer
 from streamtrain_ps.shard import Shard
 
 from .conftest import small_config
@@ -43,6 +44,12 @@ class FakeContext:
     def abort(self, code: grpc.StatusCode, details: str) -> None:
         self.code, self.details = code, details
         raise AbortError(details)
+
+    def peer(self) -> str:  # the control RPCs' audit line names the caller
+        return "ipv4:127.0.0.1:1"
+
+    def auth_context(self) -> dict[str, list[bytes]]:  # plaintext: no certificate
+        return {}
 
 
 def make(shard: Any = None) -> tuple[PSServicer, CollectorRegistry]:
@@ -200,7 +207,7 @@ class ExplodingShard(Shard):
 
 def test_unexpected_exception_is_internal_and_logged(caplog: pytest.LogCaptureFixture) -> None:
     servicer, registry = make(ExplodingShard(small_config()))
-    with caplog.at_level(logging.ERROR, logger="streamtrain_ps.servicer"):
+    with caplog.at_level(logging.ERROR, logger="streamtrain_ps.service.servicer"):
         ctx = call(servicer.Stats, ps_pb2.StatsRequest())
     assert ctx.code is grpc.StatusCode.INTERNAL
     assert "RuntimeError: disk on fire" in ctx.details

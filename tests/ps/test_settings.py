@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 import pytest
 
-from streamtrain_ps.settings import (
+from streamtrain_ps.plumbing.settings import (
     ConfigError,
     as_json,
     parse,

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import numpy as np
 
-from streamtrain_ps import checkpoint
-from streamtrain_ps.accessor import DELTA, UNSEEN
 from streamtrain_ps.api import SaveMode
 from streamtrain_ps.config import PSConfig, TableConfig
+from streamtrain_ps.engine.accessor import DELTA, UNSEEN
+from streamtrain_ps.saves import checkpoint
 from streamtrain_ps.shard import Shard
 
 D = 2

@@ -9,14 +9,18 @@ from pathlib import Path
 
 import numpy as np
 
-from streamtrain_ps import address_space, compaction
-from streamtrain_ps import index as ix
-from streamtrain_ps import kernels as kn
-from streamtrain_ps import tier_kernels as tk
-from streamtrain_ps.memory_limit import current_rss_bytes
+from streamtrain_ps.engine import address_space
+from streamtrain_ps.engine import index as ix
+from streamtrain_ps.engine import kernels as kn
 from streamtrain_ps.shard import Shard
+from streamtrain_ps.tier import compaction
+from streamtrain_ps.tier import tier_kernels as tk
+from streamtrain_ps.tier.memory_limit import current_rss_bytes
 
-from .test_disk_tier import D, T, capped_shard, config
+from .conftest import TIER_DIM as D
+from .conftest import TIER_TABLE as T
+from .conftest import capped_shard
+from .conftest import tier_config as config
 
 
 def _push(shards: list[Shard], keys: np.ndarray, shows: float) -> None:

@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from streamtrain_ps.startup import LISTENING, announce, listening_address
+from streamtrain_ps.plumbing.startup import LISTENING, announce, listening_address
 
 
 @pytest.mark.parametrize("address", ["127.0.0.1:50051", "[::]:7000", "ps-0.ps.ns.svc:9000"])

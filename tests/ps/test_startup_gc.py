@@ -27,7 +27,7 @@ def test_the_imports_run_uncollected_and_stay_out_of_later_collections() -> None
     seen = run_python(
         """
         import gc, json
-        from streamtrain_ps.startup_gc import collector_paused
+        from streamtrain_ps.plumbing.startup_gc import collector_paused
         frozen_before = gc.get_freeze_count()
         with collector_paused():
             inside = gc.isenabled()
@@ -52,7 +52,7 @@ def test_a_failed_start_up_leaves_the_collector_as_it_found_it() -> None:
     seen = run_python(
         """
         import gc, json
-        from streamtrain_ps.startup_gc import collector_paused
+        from streamtrain_ps.plumbing.startup_gc import collector_paused
         states = []
         for enabled in (True, False):
             (gc.enable if enabled else gc.disable)()

@@ -28,11 +28,11 @@ import numpy as np
 import pytest
 
 from streamtrain_operator.run import export
-from streamtrain_ps import checkpoint
 from streamtrain_ps.api import SaveMode, SaveResult
+from streamtrain_ps.client.local import LocalPS
 from streamtrain_ps.config import PSConfig, TableConfig
 from streamtrain_ps.errors import CheckpointError
-from streamtrain_ps.local import LocalPS
+from streamtrain_ps.saves import checkpoint
 from streamtrain_worker.model_folder import MODEL_MANIFEST, DoneLine, ModelKind
 
 from . import faultfs

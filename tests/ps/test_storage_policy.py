@@ -1,5 +1,5 @@
 """Save and Load URIs are allow-listed at the shard's gRPC boundary
-(``streamtrain_ps.storage_policy``): outside the job's roots, a query string, a chained or
+(``streamtrain_ps.service.storage_policy``): outside the job's roots, a query string, a chained or
 http URL, a ``..`` segment are refused with INVALID_ARGUMENT naming the URI, before any
 storage is touched (a loopback HTTP server standing in for a metadata service sees nothing)."""
 
@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 from streamtrain_ps.api import SaveMode
+from streamtrain_ps.client.remote import RemotePS, RetryPolicy
 from streamtrain_ps.errors import InvalidRequestError
-from streamtrain_ps.remote import RemotePS, RetryPolicy
-from streamtrain_ps.server import PSServer
+from streamtrain_ps.service.server import PSServer
+from streamtrain_ps.service.storage_policy import check_uri
 from streamtrain_ps.shard import Shard
-from streamtrain_ps.storage_policy import check_uri
 
 from .conftest import small_config
 

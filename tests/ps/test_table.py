@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from streamtrain_ps.accessor import SLOT
 from streamtrain_ps.config import DenseConfig, DenseOptimizerConfig, PSConfig, TableConfig
+from streamtrain_ps.engine.accessor import SLOT
 from streamtrain_ps.errors import InvalidRequestError, RequestTooLargeError, UnknownTableError
 from streamtrain_ps.shard import Shard
 from streamtrain_ps.sharding import server_of_key

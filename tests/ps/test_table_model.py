@@ -47,13 +47,14 @@ from hypothesis.stateful import (
     rule,
 )
 
-from streamtrain_ps import checkpoint, compaction, load_plan, tiering
 from streamtrain_ps.api import SaveMode
+from streamtrain_ps.client.local import LocalPS
 from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
-from streamtrain_ps.disk_store import DiskFullError, DiskStore
-from streamtrain_ps.local import LocalPS
-from streamtrain_ps.memory_limit import MemoryBudget
+from streamtrain_ps.saves import checkpoint, load_plan
 from streamtrain_ps.shard import Shard
+from streamtrain_ps.tier import compaction, tiering
+from streamtrain_ps.tier.disk_store import DiskFullError, DiskStore
+from streamtrain_ps.tier.memory_limit import MemoryBudget
 
 T = "embedding"
 D = 3

@@ -15,13 +15,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from streamtrain_ps import checkpoint, tiering
 from streamtrain_ps.api import SaveMode
 from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
+from streamtrain_ps.engine.table import SparseTable
 from streamtrain_ps.errors import CheckpointError
+from streamtrain_ps.saves import checkpoint
 from streamtrain_ps.shard import Shard
-from streamtrain_ps.table import SparseTable
-from streamtrain_ps.tiering import DiskOptions, TieredTable
+from streamtrain_ps.tier import tiering
+from streamtrain_ps.tier.tiering import DiskOptions, TieredTable
 
 T = "embedding"
 D = 4

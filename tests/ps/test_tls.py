@@ -1,4 +1,4 @@
-"""Optional TLS between RemotePS and PS servers (``streamtrain_ps.tls``), with certificates
+"""Optional TLS between RemotePS and PS servers (``streamtrain_ps.plumbing.tls``), with certificates
 made in the test by ``cryptography``: a CA, a server certificate for 127.0.0.1, a client
 certificate, and an unrelated CA. Plain clients, clients that trust the wrong CA and (with
 mutual TLS) clients without a certificate are refused; the right client pulls and pushes."""
@@ -20,11 +20,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from streamtrain_ps.client.remote import RemotePS, RetryPolicy
 from streamtrain_ps.errors import PSError
-from streamtrain_ps.remote import RemotePS, RetryPolicy
-from streamtrain_ps.server import PSServer
+from streamtrain_ps.plumbing.tls import TLSConfigError, TLSFiles
+from streamtrain_ps.service.server import PSServer
 from streamtrain_ps.shard import Shard
-from streamtrain_ps.tls import TLSConfigError, TLSFiles
 
 from .conftest import PS_SOURCE_ROOT, SpawnedPS, small_config
 

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from streamtrain_ps.process import parse_args, shard_index_from_hostname
+from streamtrain_ps.service.process import parse_args, shard_index_from_hostname
 from streamtrain_tools.bench import ps as bench
 from streamtrain_tools.bench import ps_dense as bench_dense
 

@@ -19,43 +19,21 @@ import fsspec
 import numpy as np
 import pytest
 
-from streamtrain_ps import checkpoint
 from streamtrain_ps.api import SaveMode
-from streamtrain_ps.config import PSConfig, TableConfig
+from streamtrain_ps.client.local import LocalPS
 from streamtrain_ps.errors import CheckpointError
-from streamtrain_ps.local import LocalPS
+from streamtrain_ps.saves import checkpoint
 from streamtrain_ps.shard import Shard
 
 from . import faultfs
+from .conftest import TWO_PHASE_TABLE as T
 from .conftest import Cluster
+from .conftest import spread_keys as keys
+from .conftest import two_phase_config as config
+from .conftest import two_phase_push as push
 from .faultfs import Faults
 
-T = "embedding"
-D = 2
 pytestmark = pytest.mark.faults
-
-
-def config(**table: Any) -> PSConfig:
-    base: dict[str, Any] = {"embedxDim": D, "embedxThreshold": 0.0, "baseThreshold": 0.0}
-    base.update(table)
-    return PSConfig(
-        tables=(TableConfig(name=T, **base),), logicalShards=8, storageSchemes=faultfs.SCHEMES
-    )
-
-
-def keys(lo: int, hi: int) -> np.ndarray:
-    return np.arange(lo, hi, dtype=np.uint64) * np.uint64(2654435761) + np.uint64(7)
-
-
-def push(ps: Any, k: np.ndarray, show: float, click: float, seed: int = 0) -> None:
-    rng = np.random.default_rng(seed)
-    ps.push_sparse(
-        T,
-        k,
-        rng.normal(size=(k.size, D + 1)).astype(np.float32),
-        np.full(k.size, show, np.float32),
-        np.full(k.size, click, np.float32),
-    )
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The shard's kernel warm-up after start-up (``streamtrain_ps.warmup``): it runs beside
+"""The shard's kernel warm-up after start-up (``streamtrain_ps.tier.warmup``): it runs beside
 real calls and changes nothing a shard computes."""
 
 from __future__ import annotations
@@ -11,12 +11,15 @@ from pathlib import Path
 
 import numpy as np
 
-from streamtrain_ps import checkpoint
 from streamtrain_ps.api import SaveMode
+from streamtrain_ps.saves import checkpoint
 from streamtrain_ps.shard import Shard
-from streamtrain_ps.warmup import start_warm_up
+from streamtrain_ps.tier.warmup import start_warm_up
 
-from .test_two_phase import T, config, keys, push
+from .conftest import TWO_PHASE_TABLE as T
+from .conftest import spread_keys as keys
+from .conftest import two_phase_config as config
+from .conftest import two_phase_push as push
 
 
 def trained(tmp_path: Path, name: str, warm: bool) -> tuple[np.ndarray, list[str]]:
@@ -57,8 +60,9 @@ def test_an_uncapped_shard_warms_the_kernels_it_calls_and_not_the_disk_tiers() -
     # In a fresh process: numba's dispatchers list the signatures loaded so far.
     code = textwrap.dedent(
         """
-        from streamtrain_ps import kernels, tier_kernels
-        from streamtrain_ps.warmup import warm_table_kernels
+        from streamtrain_ps.engine import kernels
+        from streamtrain_ps.tier import tier_kernels
+        from streamtrain_ps.tier.warmup import warm_table_kernels
         from tests.ps.test_two_phase import config
 
         warm_table_kernels(config())

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamtrain_ps import wire
 from streamtrain_ps.errors import InvalidRequestError, RequestTooLargeError
+from streamtrain_ps.service import wire
 
 
 @given(st.lists(st.integers(min_value=0, max_value=2**64 - 1), max_size=50))

@@ -1,18 +1,30 @@
-"""Helpers the worker's parser tests share: where the sample data is, and how one block
-of text is parsed and read back per slot.
+"""Helpers the worker's tests share.
 
-``test_formats.py`` (every format on real rows) and ``test_quoting.py`` (RFC 4180 quoting)
-drive the parsers the same way; one copy keeps their notion of "a parsed block" the same.
+- The parser tests: where the sample data is, and how one block of text is parsed and read
+  back per slot (``test_formats.py``, every format on real rows, and ``test_quoting.py``,
+  RFC 4180 quoting, drive the parsers the same way).
+- The training tests: a small worker config, the Criteo sample as six 'hourly' files
+  (``chunks``) and one pass over them (``run``), for ``test_train.py`` and the tests built
+  on it (dense refresh, ordinal slots, data norm).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+import pytest
 
 from streamtrain_tools.samples import SAMPLES_DIR
+from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.data.formats import Format, ParsedBlock
+from streamtrain_worker.data.reader import PassReader
+
+if TYPE_CHECKING:  # the parser tests never import torch
+    from streamtrain_worker.train import Trainer
 
 AVAZU = SAMPLES_DIR / "avazu_sample_train.csv"
+CRITEO = SAMPLES_DIR / "criteo_kaggle_sample_train.txt"
 #: The key a missing numeric value hashes from (the kernels' sentinel).
 MISSING = 1 << 63
 
@@ -35,3 +47,37 @@ def bags(parsed: ParsedBlock, example: int) -> list[list[int]]:
         b.keys[b.offsets[example * s + k] : b.offsets[example * s + k + 1]].tolist()
         for k in range(s)
     ]
+
+
+# -- training -------------------------------------------------------------------------------
+
+
+def worker_config(**model: object) -> WorkerConfig:
+    return WorkerConfig.from_dict(
+        {
+            "data": {"format": "criteo"},
+            "model": {"hiddenUnits": [32, 16], "batchSize": 200, "denseSyncSteps": 2, **model},
+            "metrics": {"numBuckets": 4096},
+            "ps": {"config": {"logicalShards": 8}},
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def chunks(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """The 7,200 chronological rows as six 1,200-row 'hourly' files."""
+    lines = CRITEO.read_text().splitlines(keepends=True)
+    assert len(lines) == 7200, f"{CRITEO}: expected the 7,200-row sample"
+    root = tmp_path_factory.mktemp("criteo")
+    paths = []
+    for i in range(6):
+        path = root / f"part-{i:02d}"
+        path.write_text("".join(lines[i * 1200 : (i + 1) * 1200]))
+        paths.append(str(path))
+    return paths
+
+
+def run(trainer: Trainer, files: list[str], train: bool = True):  # type: ignore[no-untyped-def]
+    cfg = trainer.config
+    with PassReader(files, cfg.data, cfg.model.batchSize) as reader:
+        return trainer.run_pass(reader, train=train)

@@ -24,13 +24,13 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from streamtrain_ps.api import SaveMode
+from streamtrain_ps.client.local import LocalPS
+from streamtrain_ps.client.remote import RemotePS, RetryPolicy
 from streamtrain_ps.errors import WorkingSet
-from streamtrain_ps.local import LocalPS
-from streamtrain_ps.memory_limit import MemoryBudget
-from streamtrain_ps.remote import RemotePS, RetryPolicy
-from streamtrain_ps.server import PSServer
+from streamtrain_ps.plumbing.startup import listening_address
+from streamtrain_ps.service.server import PSServer
 from streamtrain_ps.shard import Shard
-from streamtrain_ps.startup import listening_address
+from streamtrain_ps.tier.memory_limit import MemoryBudget
 from streamtrain_tools.samples import SAMPLES_DIR
 from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.control import SERVICE_NAME, WorkerServer, WorkerServicer

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from streamtrain_ps.local import LocalPS
+from streamtrain_ps.client.local import LocalPS
 from streamtrain_worker.export import export_dense, load_dense, script
 from streamtrain_worker.models.data_norm import DEFAULT_EPSILON, DataNorm
 from streamtrain_worker.models.summary import (
@@ -25,7 +25,7 @@ from streamtrain_worker.models.summary import (
 )
 from streamtrain_worker.train import Trainer
 
-from .test_train import chunks, run, worker_config  # noqa: F401 - chunks is a fixture
+from .conftest import run, worker_config
 
 
 def test_training_forward_accumulates_the_batch_statistics_exactly() -> None:
@@ -103,7 +103,7 @@ def test_a_feature_constant_in_every_batch_stays_finite_and_informative() -> Non
 
 
 def test_statistics_are_summed_over_every_worker_on_the_ps(
-    chunks: list[str],  # noqa: F811 - the fixture
+    chunks: list[str],
     tmp_path: Path,
 ) -> None:
     cfg = worker_config(summaryDecayRate=1.0, dataNormPrior=100.0, normalizeEmbeddings=True)
@@ -147,7 +147,7 @@ def test_statistics_are_summed_over_every_worker_on_the_ps(
 
 
 def test_each_export_writes_the_current_weights_and_statistics(
-    chunks: list[str],  # noqa: F811 - the fixture
+    chunks: list[str],
     tmp_path: Path,
 ) -> None:
     """The scripted module is built once per model (it shares the model's tensors): an

@@ -7,11 +7,11 @@ import threading
 
 import numpy as np
 
-from streamtrain_ps.local import LocalPS
+from streamtrain_ps.client.local import LocalPS
 from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.train import Trainer
 
-from .test_train import chunks, run, worker_config  # noqa: F401 - chunks is a fixture
+from .conftest import run, worker_config
 
 
 class HeldDensePS:
@@ -50,7 +50,7 @@ def _trainer(overlap: bool, ps_wrapper: HeldDensePS | None = None) -> tuple[Trai
 
 
 def test_a_training_pass_pulls_dense_beside_its_steps_and_loads_every_pull(
-    chunks: list[str],  # noqa: F811 - the fixture
+    chunks: list[str],
 ) -> None:
     trainer, ps = _trainer(overlap=True)
     try:
@@ -66,7 +66,7 @@ def test_a_training_pass_pulls_dense_beside_its_steps_and_loads_every_pull(
 
 
 def test_the_steps_go_on_while_a_dense_pull_waits(
-    chunks: list[str],  # noqa: F811 - the fixture
+    chunks: list[str],
 ) -> None:
     """The pass-start pull is answered only after three batches were pushed: a training
     thread waiting for it would never push them."""
@@ -82,7 +82,7 @@ def test_the_steps_go_on_while_a_dense_pull_waits(
 
 
 def test_without_overlap_and_in_evaluation_the_training_thread_pulls(
-    chunks: list[str],  # noqa: F811 - the fixture
+    chunks: list[str],
 ) -> None:
     for overlap, train in ((False, True), (True, False)):
         trainer, ps = _trainer(overlap)

@@ -23,8 +23,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from streamtrain_ps.remote import RemotePS, RetryPolicy
-from streamtrain_ps.server import PSServer
+from streamtrain_ps.client.remote import RemotePS, RetryPolicy
+from streamtrain_ps.service.server import PSServer
 from streamtrain_ps.shard import Shard
 from streamtrain_tools.samples import SAMPLES_DIR
 from streamtrain_worker.config import WorkerConfig

@@ -12,7 +12,7 @@ import math
 import numpy as np
 from prometheus_client import CollectorRegistry
 
-from streamtrain_ps.local import LocalPS
+from streamtrain_ps.client.local import LocalPS
 from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.data.batch import Batch
 from streamtrain_worker.monitoring import WorkerMetrics

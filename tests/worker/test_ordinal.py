@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from streamtrain_ps.local import LocalPS
+from streamtrain_ps.client.local import LocalPS
 from streamtrain_worker.data.batch import Batch
 from streamtrain_worker.data.config import AVAZU_SLOTS, DataConfig
 from streamtrain_worker.data.formats import make_format
@@ -23,8 +23,7 @@ from streamtrain_worker.models import ModelSpec, build_model
 from streamtrain_worker.predict import LoadedModel, SparseModel, score
 from streamtrain_worker.train import Trainer
 
-from .conftest import MISSING, parse
-from .test_train import chunks, run, worker_config  # noqa: F401 - chunks is a fixture
+from .conftest import MISSING, parse, run, worker_config
 
 U64 = (1 << 64) - 1
 
@@ -143,7 +142,7 @@ def test_slot_dnn_reads_the_ordinal_inputs_and_scripts() -> None:
 
 
 def test_the_predictor_scores_like_an_evaluate_only_pass(
-    chunks: list[str],  # noqa: F811 - the fixture
+    chunks: list[str],
     tmp_path: Path,
 ) -> None:
     """Trained on Criteo (13 ordinal slots), exported, then scored by the predictor on

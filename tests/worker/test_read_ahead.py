@@ -14,7 +14,7 @@ import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 
-from streamtrain_ps.local import LocalPS
+from streamtrain_ps.client.local import LocalPS
 from streamtrain_tools.samples import SAMPLES_DIR
 from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.control import WorkerServer, WorkerServicer

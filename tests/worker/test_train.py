@@ -11,48 +11,15 @@ import numpy.typing as npt
 import pytest
 from prometheus_client import CollectorRegistry
 
+from streamtrain_ps.client.local import LocalPS
 from streamtrain_ps.errors import PSUnavailableError
-from streamtrain_ps.local import LocalPS
-from streamtrain_tools.samples import SAMPLES_DIR
 from streamtrain_worker import synth
 from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.data.batch import Batch
-from streamtrain_worker.data.reader import PassReader
 from streamtrain_worker.monitoring import WorkerMetrics
 from streamtrain_worker.train import Trainer
 
-CRITEO = SAMPLES_DIR / "criteo_kaggle_sample_train.txt"
-
-
-def worker_config(**model: object) -> WorkerConfig:
-    return WorkerConfig.from_dict(
-        {
-            "data": {"format": "criteo"},
-            "model": {"hiddenUnits": [32, 16], "batchSize": 200, "denseSyncSteps": 2, **model},
-            "metrics": {"numBuckets": 4096},
-            "ps": {"config": {"logicalShards": 8}},
-        }
-    )
-
-
-@pytest.fixture(scope="module")
-def chunks(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
-    """The 7,200 chronological rows as six 1,200-row 'hourly' files."""
-    lines = CRITEO.read_text().splitlines(keepends=True)
-    assert len(lines) == 7200, f"{CRITEO}: expected the 7,200-row sample"
-    root = tmp_path_factory.mktemp("criteo")
-    paths = []
-    for i in range(6):
-        path = root / f"part-{i:02d}"
-        path.write_text("".join(lines[i * 1200 : (i + 1) * 1200]))
-        paths.append(str(path))
-    return paths
-
-
-def run(trainer: Trainer, files: list[str], train: bool = True):  # type: ignore[no-untyped-def]
-    cfg = trainer.config
-    with PassReader(files, cfg.data, cfg.model.batchSize) as reader:
-        return trainer.run_pass(reader, train=train)
+from .conftest import run, worker_config
 
 
 @pytest.mark.parametrize("model", ["slot_dnn", "deepfm"])

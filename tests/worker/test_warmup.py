@@ -14,7 +14,7 @@ from streamtrain_worker.warmup import start_warm_up, warm_kernels
 # In a fresh interpreter (in this one other tests may have compiled the kernels already):
 # nothing is loaded before the warm-up, both kernels are afterwards.
 PROBE = """
-from streamtrain_ps import dedup
+from streamtrain_ps.client import dedup
 from streamtrain_worker.data.config import DataConfig
 from streamtrain_worker.data.formats import delimited
 from streamtrain_worker.warmup import start_warm_up

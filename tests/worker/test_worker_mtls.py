@@ -14,8 +14,8 @@ import pytest
 
 from pki import OPERATOR, PKI, make_pki
 from streamtrain_operator.run.worker_client import GrpcWorker
-from streamtrain_ps.local import LocalPS
-from streamtrain_ps.tls import PeerPolicy, TLSFiles
+from streamtrain_ps.client.local import LocalPS
+from streamtrain_ps.plumbing.tls import PeerPolicy, TLSFiles
 from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.control import CONTROL_METHODS, WorkerServer, WorkerServicer
 from streamtrain_worker.proto import worker_pb2, worker_pb2_grpc

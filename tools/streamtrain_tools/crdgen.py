@@ -2,7 +2,7 @@
 
 The CRD's openAPIV3Schema is *derived*, never hand-written: types from the type hints,
 ``default:`` from the declared defaults, enums from ``Literal`` types, bounds, patterns and
-descriptions from each ``setting(...)`` declaration (:mod:`streamtrain_ps.settings`) of the
+descriptions from each ``setting(...)`` declaration (:mod:`streamtrain_ps.plumbing.settings`) of the
 sections :mod:`streamtrain_operator.job.spec` composes — the PS's ``sparse``/``dense``, the
 worker's ``model``/``data``, the operator's own. So the defaults and bounds Kubernetes
 applies, the ones the local runner applies and the ones the PS and workers check are one
@@ -39,7 +39,7 @@ from streamtrain_operator.job import spec as specmod
 from streamtrain_operator.job.plan import StepKind
 from streamtrain_operator.job.progress import Phase
 from streamtrain_ps.config import SparseOptimizerConfig
-from streamtrain_ps.settings import enum_values, field_hints, is_section, strip_optional
+from streamtrain_ps.plumbing.settings import enum_values, field_hints, is_section, strip_optional
 from streamtrain_tools.crdref import render_reference
 
 GROUP = "streamtrain.io"

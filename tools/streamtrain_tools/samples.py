@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from streamtrain_operator.job.plan import day_str
 from streamtrain_operator.job.spec import parse_day
+from streamtrain_worker.data.timeslices import format_day
 
 #: The repository's real data samples (``data/samples/``, sources and licences in its README):
 #: the one place tests, tools and benchmarks find them.
@@ -75,7 +75,7 @@ def lay_out(
     folders: list[Path] = []
     for i in range(len(lines) // rows_per_folder):
         at = start + dt.timedelta(minutes=i * interval_minutes)
-        folder = out / day_str(at.date()) / at.strftime("%H%M")
+        folder = out / format_day(at.date()) / at.strftime("%H%M")
         folder.mkdir(parents=True, exist_ok=True)
         block = "".join(lines[i * rows_per_folder : (i + 1) * rows_per_folder])
         (folder / "part-00000").write_text(header + block * repeat)

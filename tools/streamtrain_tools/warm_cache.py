@@ -6,7 +6,7 @@ fresh clone that cache is empty, so the first pass of the first run compiled eve
 PS and the workers call (its examples/s a small fraction of the next passes'), with nothing
 on screen saying why. This runs those first calls on scratch inputs, with a line saying so:
 the PS's table kernels with and without the disk tier and its dense optimizers
-(``streamtrain_ps.warmup``), and every data format's parser plus the key dedup
+(``streamtrain_ps.tier.warmup``), and every data format's parser plus the key dedup
 (``streamtrain_worker.warmup``). Nothing here reads data or touches a model.
 """
 
@@ -35,8 +35,8 @@ FORMATS: tuple[dict[str, Any], ...] = (
 def warm_ps() -> None:
     """Every table kernel (both tiers), and the dense Adam, SGD and summary rules."""
     from streamtrain_ps.config import DenseOptimizerConfig, PSConfig
-    from streamtrain_ps.dense import DenseVector
-    from streamtrain_ps.warmup import warm_kernels
+    from streamtrain_ps.engine.dense import DenseVector
+    from streamtrain_ps.tier.warmup import warm_kernels
 
     warm_kernels(PSConfig())
     values = np.zeros(8, np.float32)

@@ -1,13 +1,13 @@
 """``python -m streamtrain_worker``: the worker process (``process.main``).
 
 Its imports (torch above all) run with the garbage collector paused
-(``streamtrain_ps.startup_gc``): they are the longest part of a job's start-up.
+(``streamtrain_ps.plumbing.startup_gc``): they are the longest part of a job's start-up.
 """
 
-from streamtrain_ps.startup_gc import collector_paused
+from streamtrain_ps.plumbing.startup_gc import collector_paused
 
 with collector_paused():
-    from streamtrain_ps.grpc_serving import exit_now
+    from streamtrain_ps.plumbing.grpc_serving import exit_now
     from streamtrain_worker.process import main
 
 if __name__ == "__main__":

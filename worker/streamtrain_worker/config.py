@@ -1,7 +1,7 @@
 """Validated settings of one worker, parsed from the JSON the operator renders.
 
 The JSON uses the camelCase names of the ``StreamingTrainingJob`` spec. Every setting is
-declared here once with :func:`streamtrain_ps.settings.setting` (type, default, bounds,
+declared here once with :func:`streamtrain_ps.plumbing.settings.setting` (type, default, bounds,
 doc); :class:`ModelConfig` and :class:`~streamtrain_worker.data.config.DataConfig` *are*
 the spec's ``model`` and ``data`` sections (the CRD is generated from them), and the
 operator renders every field explicitly, so there is never a second, silently different
@@ -26,12 +26,11 @@ Example::
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import ClassVar, Literal
 
 from streamtrain_ps.config import ConfigError, PSConfig, TableConfig
-from streamtrain_ps.settings import as_json, parse, same_as, setting
+from streamtrain_ps.plumbing.settings import Document, same_as, setting
 from streamtrain_worker.data.config import DataConfig
 
 __all__ = [
@@ -254,8 +253,10 @@ class RuntimeConfig:
 
 
 @dataclass(frozen=True)
-class WorkerConfig:
+class WorkerConfig(Document):
     """Everything a worker needs besides its index (command line)."""
+
+    document: ClassVar[str] = "worker"
 
     data: DataConfig = setting(
         doc="The data section: format, slots, bad-line limit. Required: there is no "
@@ -294,22 +295,3 @@ class WorkerConfig:
         (``models.summary``). It is named after the data norm, its first use: checkpoints
         hold it under this name."""
         return f"{self.table}.{self.model.type}.datanorm"
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = as_json(self)
-        return out
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True)
-
-    @classmethod
-    def from_dict(cls, data: Any, path: str = "worker") -> WorkerConfig:
-        return parse(cls, data, path)
-
-    @classmethod
-    def from_json(cls, text: str) -> WorkerConfig:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError("worker config", f"not valid JSON: {exc}") from exc
-        return cls.from_dict(data)

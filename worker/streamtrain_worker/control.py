@@ -36,8 +36,8 @@ reader if it names the same files, unchanged since (``read_ahead.py``); a ``Rese
 The trainer (and with it ``init_dense`` on the PS) is built lazily on the first call, so a
 worker that starts before its PS comes up still starts, serves health, and trains once the
 PS answers. ``WorkerServer`` wires the servicer into the serving skeleton it shares with the PS
-(``streamtrain_ps.grpc_serving``: health service, message limits, and ``stop(grace)`` flipping
-health to NOT_SERVING first for a graceful SIGTERM).
+(``streamtrain_ps.plumbing.grpc_serving``: health service, message limits, and
+``stop(grace)`` flipping health to NOT_SERVING first for a graceful SIGTERM).
 """
 
 from __future__ import annotations
@@ -58,9 +58,9 @@ from streamtrain_ps.errors import (
     PSError,
     PSUnavailableError,
 )
-from streamtrain_ps.grpc_serving import GrpcServer
-from streamtrain_ps.storage_policy import check_uri
-from streamtrain_ps.tls import PeerPolicy, TLSFiles, authorising_interceptor, describe_peer
+from streamtrain_ps.plumbing.grpc_serving import GrpcServer
+from streamtrain_ps.plumbing.tls import PeerPolicy, TLSFiles, authorising_interceptor, describe_peer
+from streamtrain_ps.service.storage_policy import check_uri
 from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.data.batch import Batch
 from streamtrain_worker.data.errors import DataError
@@ -78,7 +78,7 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME: str = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
 #: Every method of the worker is the scheduler's: over mutual TLS only the operator's
-#: identity may call them (``streamtrain_ps.tls.PeerPolicy``).
+#: identity may call them (``streamtrain_ps.plumbing.tls.PeerPolicy``).
 CONTROL_METHODS = frozenset(worker_pb2.DESCRIPTOR.services_by_name["Worker"].methods_by_name)
 #: PassResults carry two histograms of ``numBuckets`` uint64s; leave room for large ones.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -350,7 +350,7 @@ class WorkerServer(GrpcServer):
     """The control service and health on a ``grpc.server``; ``start()`` returns the port.
 
     Binding, health, message limits and the graceful stop (NOT_SERVING first, then let an
-    in-flight pass finish within ``grace``) are ``streamtrain_ps.grpc_serving.GrpcServer``.
+    in-flight pass finish within ``grace``) are ``streamtrain_ps.plumbing.grpc_serving.GrpcServer``.
     """
 
     def __init__(

@@ -41,7 +41,7 @@ import torch
 from torch.nn import functional as nnf
 
 from streamtrain_ps.api import PSLike
-from streamtrain_ps.dedup import unique_inverse
+from streamtrain_ps.client.dedup import unique_inverse
 from streamtrain_worker.data.batch import Batch
 from streamtrain_worker.data.ordinal import ordinal_inputs
 from streamtrain_worker.pooling import KeyBags, sum_pool

@@ -13,7 +13,7 @@ one JSON line per published model; the folder's format is ``model_folder``):
   tombstones are deleted first, then its keys are inserted or replaced.
 
 The sparse rows ``[show, click, embed_w, embedx...]`` come from the PS save readers
-(``streamtrain_ps.checkpoint.read_sparse``, checksums verified) and serve as a read-only
+(``streamtrain_ps.saves.checkpoint.read_sparse``, checksums verified) and serve as a read-only
 table; examples are parsed by the data layer with the data config the model was trained
 with (stored in ``MODEL.json``), pooled exactly as in training (``embedding.prepare`` and
 ``Lookup``), and scored by the exported TorchScript network. So on the same examples and the
@@ -37,8 +37,8 @@ import numpy.typing as npt
 import torch
 
 from streamtrain_ps.api import PSLike
-from streamtrain_ps.checkpoint import read_sparse
 from streamtrain_ps.errors import CheckpointError
+from streamtrain_ps.saves.checkpoint import read_sparse
 from streamtrain_worker.data.batch import Batch
 from streamtrain_worker.data.config import DataConfig
 from streamtrain_worker.data.errors import DataError

@@ -1,7 +1,7 @@
 """The worker process (``python -m streamtrain_worker``): one worker's control server until
 SIGTERM.
 
-Prints ``listening on HOST:PORT`` (flushed, ``streamtrain_ps.startup``) once the server
+Prints ``listening on HOST:PORT`` (flushed, ``streamtrain_ps.plumbing.startup``) once the server
 accepts RPCs, so a launcher that passes ``--port 0`` reads the bound port from the first
 line of output; with ``--metrics-port`` (0 picks a free one) the next line is ``metrics on
 http://HOST:PORT/metrics``. The PS servers are reached through ``RemotePS`` at
@@ -20,13 +20,13 @@ from pathlib import Path
 import torch
 from prometheus_client import CollectorRegistry
 
-from streamtrain_ps import tls as tls_flags
+from streamtrain_ps.client.remote import RemotePS, RetryPolicy
 from streamtrain_ps.config import ConfigError
-from streamtrain_ps.grpc_serving import serve_metrics, started, stop_on_signals
-from streamtrain_ps.heap import reuse_large_buffers
-from streamtrain_ps.remote import RemotePS, RetryPolicy
-from streamtrain_ps.startup import announce
-from streamtrain_ps.tls import TLSConfigError
+from streamtrain_ps.plumbing import tls as tls_flags
+from streamtrain_ps.plumbing.grpc_serving import serve_metrics, started, stop_on_signals
+from streamtrain_ps.plumbing.heap import reuse_large_buffers
+from streamtrain_ps.plumbing.startup import announce
+from streamtrain_ps.plumbing.tls import TLSConfigError
 from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.control import CONTROL_METHODS, WorkerServer, WorkerServicer
 from streamtrain_worker.monitoring import WorkerMetrics
@@ -85,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(config.runtime.numThreads)
     torch.set_num_interop_threads(1)
     # Every batch sends a dense gradient of 1-2 MB and every sync receives the parameters:
-    # glibc's defaults fault each such buffer in afresh (streamtrain_ps.heap).
+    # glibc's defaults fault each such buffer in afresh (streamtrain_ps.plumbing.heap).
     reuse_large_buffers()
     ps = RemotePS(config.ps.endpoints, config.ps.config, retry=retry_policy(config), tls=tls)
     registry = CollectorRegistry()

@@ -22,7 +22,7 @@ import threading
 
 import numpy as np
 
-from streamtrain_ps.dedup import unique_inverse
+from streamtrain_ps.client.dedup import unique_inverse
 from streamtrain_worker.data.config import DataConfig
 from streamtrain_worker.data.formats import make_format
 

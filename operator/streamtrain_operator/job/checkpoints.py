@@ -3,7 +3,7 @@
 One folder per (day, pass) *and* scheduler generation: a driver that took over a job writes
 its checkpoints under its own generation, so it never overwrites a save an earlier driver
 may still be publishing, and a published checkpoint is never rewritten. The folder holds a
-PS save, complete once its ``MANIFEST.json`` exists (``streamtrain_ps.checkpoint``).
+PS save, complete once its ``MANIFEST.json`` exists (``streamtrain_ps.saves.checkpoint``).
 
 ``CheckpointName.path`` builds the name (``plan.PassPlan.checkpoint_uri``) and
 ``CheckpointName.parse`` reads it back (the driver's pruning orders checkpoints by it); the

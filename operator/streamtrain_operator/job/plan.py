@@ -26,13 +26,13 @@ This module has no I/O and no clock.
 
 from __future__ import annotations
 
-import datetime as dt
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 from streamtrain_operator.job.checkpoints import CheckpointName
-from streamtrain_operator.job.spec import JobSpec, parse_day
+from streamtrain_operator.job.spec import JobSpec
+from streamtrain_worker.data.timeslices import next_day
 from streamtrain_worker.model_folder import ModelKind, model_key
 
 
@@ -76,14 +76,6 @@ class StepKey:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StepKey:
         return cls(str(data["day"]), int(data["pass"]), StepKind(data["step"]))
-
-
-def day_str(day: dt.date) -> str:
-    return day.strftime("%Y%m%d")
-
-
-def next_day(day: str) -> str:
-    return day_str(parse_day(day, "day") + dt.timedelta(days=1))
 
 
 def join_uri(root: str, *parts: str) -> str:

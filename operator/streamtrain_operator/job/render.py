@@ -31,7 +31,7 @@ def ps_config(spec: JobSpec) -> PSConfig:
         seed=spec.seed,
         memoryLimit=ps_memory_limit(spec),
         diskLimit=spec.ps.diskLimit,
-        # Save and Load only below the job's own roots (streamtrain_ps.storage_policy).
+        # Save and Load only below the job's own roots (streamtrain_ps.service.storage_policy).
         storageRoots=(spec.checkpoint.path, spec.export.path),
     )
 

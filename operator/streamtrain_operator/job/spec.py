@@ -1,7 +1,7 @@
 """The ``StreamingTrainingJob`` manifest, parsed once into frozen, typed dataclasses.
 
 The job spec is *composed*: each package declares the sections it owns with
-:func:`streamtrain_ps.settings.setting` (one declaration per setting: type, default,
+:func:`streamtrain_ps.plumbing.settings.setting` (one declaration per setting: type, default,
 bounds, doc) and this module puts them together —
 
 - ``spec.sparse`` and ``spec.dense``: the PS's :class:`~streamtrain_ps.config.SparseConfig`
@@ -16,7 +16,7 @@ bounds, doc) and this module puts them together —
 The CRD schema (``crds/``) and ``docs/crd-reference.md`` are generated from these
 declarations (``streamtrain_tools.crdgen``); the local runner and the Kubernetes operator
 both parse manifests with :func:`parse_job`, the one parser
-(:func:`streamtrain_ps.settings.parse`) that the PS and the workers use for the JSON
+(:func:`streamtrain_ps.plumbing.settings.parse`) that the PS and the workers use for the JSON
 :mod:`streamtrain_operator.job.render` gives them. Every error is a :class:`SpecError`
 whose ``path`` is the field's full path, e.g. ``spec.data.splitIntervalMinutes``.
 
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from streamtrain_ps.config import DenseConfig, PSConfig, SparseConfig
-from streamtrain_ps.settings import (
+from streamtrain_ps.plumbing.settings import (
     ConfigError,
     enum_values,
     field_hints,
@@ -44,7 +44,9 @@ from streamtrain_ps.settings import (
     setting,
 )
 from streamtrain_worker.config import ModelConfig, RuntimeConfig
+from streamtrain_worker.data import timeslices
 from streamtrain_worker.data.config import DAY_PATTERN, MINUTES_PER_DAY, DataConfig
+from streamtrain_worker.data.errors import LayoutError
 
 __all__ = [
     "API_VERSION",
@@ -75,8 +77,8 @@ def parse_day(value: str, path: str) -> dt.date:
     if not re.fullmatch(DAY_PATTERN, value):
         raise SpecError(path, f"must be a day YYYYMMDD, got {value!r}")
     try:
-        return dt.datetime.strptime(value, "%Y%m%d").date()
-    except ValueError as exc:
+        return timeslices.parse_day(value)
+    except LayoutError as exc:
         raise SpecError(path, f"not a calendar day: {value!r}") from exc
 
 

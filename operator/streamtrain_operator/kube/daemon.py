@@ -51,7 +51,7 @@ from streamtrain_operator.run.connection import Connection, dial
 from streamtrain_operator.run.driver import Driver, Observer
 from streamtrain_operator.run.hooks import NO_HOOK, StepHook
 from streamtrain_operator.run.state import StateStore
-from streamtrain_ps.tls import TLSFiles
+from streamtrain_ps.plumbing.tls import TLSFiles
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The PS pods' disk tier volume (pure, like ``resources``, which mounts it).
 
 A shard whose RAM tier reaches its memory limit moves its coldest keys to an embedded
-RocksDB store under ``--disk-path`` (``streamtrain_ps.tiering``). Its pods' root filesystem is
+RocksDB store under ``--disk-path`` (``streamtrain_ps.tier.tiering``). Its pods' root filesystem is
 read-only and ``/tmp`` a 1 GiB emptyDir, so the tier gets a volume of its own, sized from
 ``spec.ps.diskLimit`` plus headroom for compactions: a generic ephemeral volume (one PVC per
 pod, of ``spec.ps.diskStorageClass``) or an emptyDir with that ``sizeLimit``.

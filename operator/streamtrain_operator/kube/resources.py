@@ -39,8 +39,8 @@ from typing import Any, Literal
 from streamtrain_operator.job.render import ps_memory_limit
 from streamtrain_operator.job.spec import API_VERSION, KIND, Job, ResourcesSpec, SpecError
 from streamtrain_operator.kube.disk_tier import DISK_DIR, disk_volume
+from streamtrain_ps.plumbing.settings import setting
 from streamtrain_ps.proto import ps_pb2
-from streamtrain_ps.settings import setting
 from streamtrain_worker.proto import worker_pb2
 
 #: Pods of every image run as this uid/gid (the images create it; see docs/images.md).

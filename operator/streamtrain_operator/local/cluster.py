@@ -1,6 +1,6 @@
 """Local mode: the job's PS shards and workers as child processes of ``streamtrain run``.
 
-Each child is started (``streamtrain_ps.launch``) with ``--port 0`` on 127.0.0.1 and
+Each child is started (``streamtrain_ps.plumbing.launch``) with ``--port 0`` on 127.0.0.1 and
 announces its bound address (``listening on HOST:PORT``); everything it prints goes to
 ``<workdir>/logs/<name>.log``. Children are tied to this process three ways, so none
 outlives it: a normal exit stops them (SIGTERM, then SIGKILL after a grace period), a signal
@@ -24,7 +24,7 @@ from pathlib import Path
 from streamtrain_operator.job import render
 from streamtrain_operator.job.spec import Job
 from streamtrain_operator.run.connection import GrpcConnection, dial
-from streamtrain_ps.launch import Launched, LaunchError, launch, python_argv, stop_all
+from streamtrain_ps.plumbing.launch import Launched, LaunchError, launch, python_argv, stop_all
 
 
 @dataclass

@@ -17,9 +17,9 @@ from typing import Protocol
 from streamtrain_operator.run.driver import WorkerClient
 from streamtrain_operator.run.worker_client import GrpcWorker
 from streamtrain_ps.api import PSLike
+from streamtrain_ps.client.remote import RemotePS
 from streamtrain_ps.config import PSConfig
-from streamtrain_ps.remote import RemotePS
-from streamtrain_ps.tls import TLSFiles
+from streamtrain_ps.plumbing.tls import TLSFiles
 
 
 class Connection(Protocol):

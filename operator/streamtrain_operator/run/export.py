@@ -13,20 +13,19 @@ part from an empty directory, so a published model holds exactly the files its m
 
 from __future__ import annotations
 
-import os
-import tempfile
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import fsspec
-from fsspec.implementations.local import LocalFileSystem
 
 from streamtrain_operator.job.plan import StepKey, StepKind
 from streamtrain_operator.run.hooks import MANIFEST_POINT, NO_HOOK, PARTS, StepHook
 from streamtrain_ps.api import SaveResult
-from streamtrain_ps.checkpoint import MANIFEST
+from streamtrain_ps.plumbing import storage
+from streamtrain_ps.plumbing.retry import backoff_delay
+from streamtrain_ps.saves.checkpoint import MANIFEST
 from streamtrain_worker import model_folder
 from streamtrain_worker.model_folder import (
     DONEFILE,
@@ -68,41 +67,13 @@ async def with_retries(
         except policy.retry_on as exc:
             if attempt == policy.retries:
                 raise ExportError(f"{what}: {exc} (after {attempt + 1} attempts)") from exc
-            await sleep(policy.backoff_seconds * 2**attempt)
+            await sleep(backoff_delay(attempt, policy.backoff_seconds))
     raise AssertionError("unreachable")  # pragma: no cover
-
-
-def _fs(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
-    fs, path = fsspec.core.url_to_fs(uri)
-    return fs, str(path).rstrip("/")
-
-
-def _atomic_write(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
-    """Replace ``path`` so readers see old or new bytes, never a mix.
-
-    Local disks: temporary file + fsync + rename. Object stores: one PUT is atomic.
-    """
-    if isinstance(fs, LocalFileSystem):
-        directory = os.path.dirname(path)
-        os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-    else:
-        fs.pipe_file(path, data)
 
 
 def read_donefile(root: str) -> list[DoneLine]:
     """Every published model below the export ``root`` URL, oldest first (none yet: [])."""
-    return model_folder.read_donefile(*_fs(root))
+    return model_folder.read_donefile(*storage.filesystem(root))
 
 
 def published(root: str, key: str) -> DoneLine | None:
@@ -197,7 +168,7 @@ async def write_parts(
             return existing
 
         return already
-    fs, model_dir = _fs(target.uri)
+    fs, model_dir = storage.filesystem(target.uri)
 
     async def clear() -> None:
         _remove(fs, model_dir)
@@ -262,18 +233,18 @@ async def write_parts(
             files=tuple(files),
             serving=serving,
         )
-        _atomic_write(fs, f"{model_dir}/{MODEL_MANIFEST}", manifest.render())
+        storage.write_durable(fs, f"{model_dir}/{MODEL_MANIFEST}", manifest.render())
 
     async def append_line() -> DoneLine:
         line = DoneLine(
             target.key, target.kind, target.day, target.pass_index, target.base, clock()
         )
-        rfs, root = _fs(target.root)
+        rfs, root = storage.filesystem(target.root)
         path = f"{root}/{DONEFILE}"
         old = rfs.cat_file(path).decode() if rfs.exists(path) else ""
         new = model_folder.with_line(old, line, path)
         if new is not None:
-            _atomic_write(rfs, path, new.encode())
+            storage.write_durable(rfs, path, new.encode())
         return line
 
     async def publish() -> DoneLine:
@@ -325,7 +296,7 @@ def _names(fs: fsspec.AbstractFileSystem, directory: str) -> list[str]:
 def verify_model(root: str, key: str) -> ModelManifest:
     """Read a published model's manifest and check every listed file (size and sha256);
     ``model_folder.ModelFormatError`` names what does not match."""
-    fs, base = _fs(root)
+    fs, base = storage.filesystem(root)
     manifest = model_folder.read_manifest(fs, base, key)
     model_folder.verify_files(fs, base, manifest)
     return manifest

@@ -21,9 +21,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-import fsspec
-
 from streamtrain_operator.job.plan import StepKey, join_uri
+from streamtrain_ps.plumbing import storage
 from streamtrain_worker.data.layout import DataFile, scan_folder
 
 #: Sub-directory of ``checkpoint.path`` holding the recorded file lists.
@@ -113,7 +112,7 @@ def verify(recorded: PassFiles, donefile: str, where: str, uri: str) -> None:
 def load(uri: str) -> PassFiles | None:
     """The recorded list, or ``None`` when the pass was never dispatched (or recorded by
     an operator from before these records)."""
-    fs, path = fsspec.core.url_to_fs(uri)
+    fs, path = storage.filesystem(uri)
     try:
         with fs.open(path, "rb") as f:
             return PassFiles.from_dict(json.loads(f.read()))
@@ -122,10 +121,6 @@ def load(uri: str) -> PassFiles | None:
 
 
 def save(uri: str, files: PassFiles) -> None:
-    """Write the record atomically (a temporary object renamed over it)."""
-    fs, path = fsspec.core.url_to_fs(uri)
-    parent = str(path).rsplit("/", 1)[0]
-    fs.makedirs(parent, exist_ok=True)
-    tmp = f"{parent}/.{str(path).rsplit('/', 1)[1]}.tmp"
-    fs.pipe_file(tmp, json.dumps(files.to_dict(), indent=1).encode())
-    fs.mv(tmp, path)
+    """Write the record durably (``storage.write_durable``: readers see it whole or not)."""
+    fs, path = storage.filesystem(uri)
+    storage.write_durable(fs, path, json.dumps(files.to_dict(), indent=1).encode())

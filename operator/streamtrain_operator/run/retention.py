@@ -14,7 +14,7 @@ import fsspec
 from streamtrain_operator.job import checkpoints
 from streamtrain_operator.job.checkpoints import CheckpointName
 from streamtrain_operator.run import passfiles
-from streamtrain_ps.checkpoint import MANIFEST
+from streamtrain_ps.saves.checkpoint import MANIFEST
 
 
 def prune_checkpoints(checkpoint_root: str, newest: str, keep: int) -> None:

@@ -10,12 +10,11 @@ power cut. On Kubernetes, the operator implements the same protocol with a statu
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Protocol
 
 from streamtrain_operator.job.progress import Progress
+from streamtrain_ps.plumbing import storage
 
 
 class StateError(RuntimeError):
@@ -56,23 +55,8 @@ class LocalStateFile:
     def save(self, progress: Progress) -> None:
         if progress == self._last:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         data = json.dumps(progress.to_dict(), indent=1, sort_keys=True).encode()
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        dir_fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        storage.write_local_durable(self.path, data)
         self._last = progress
 
 

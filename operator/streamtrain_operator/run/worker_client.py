@@ -14,7 +14,8 @@ from typing import Any
 
 import grpc
 
-from streamtrain_ps.tls import TLSFiles
+from streamtrain_ps.plumbing.grpc_serving import RECONNECT_OPTIONS
+from streamtrain_ps.plumbing.tls import TLSFiles
 from streamtrain_worker.proto import worker_pb2, worker_pb2_grpc
 
 #: PassResult carries two histograms of up to 2^20 buckets x 8 bytes each.
@@ -39,10 +40,7 @@ class GrpcWorker:
         options: list[tuple[str, Any]] = [
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            # A restarted worker (same address) is found within ~1 s, not grpc's 120 s.
-            ("grpc.initial_reconnect_backoff_ms", 100),
-            ("grpc.min_reconnect_backoff_ms", 100),
-            ("grpc.max_reconnect_backoff_ms", 1000),
+            *RECONNECT_OPTIONS,
         ]
         if tls is None:
             self._channel = grpc.aio.insecure_channel(endpoint, options=options)

@@ -127,7 +127,7 @@ class ParameterServerServicer:
     def Save(self, request, context):
         """Write this shard's parts of a model (mode: 0 checkpoint, 1 delta, 2 base, 3 batch) under
         `uri`. Returns the parts written; the caller publishes the manifest once every shard
-        answered (streamtrain_ps.checkpoint.publish).
+        answered (streamtrain_ps.saves.checkpoint.publish).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -69,7 +69,7 @@ from streamtrain_operator.job.progress import Phase, Progress
 from streamtrain_operator.job.render import worker_config
 from streamtrain_operator.job.spec import load_job, parse_job
 from streamtrain_operator.local.runner import RunOptions, run_job
-from streamtrain_ps.heap import reuse_large_buffers
+from streamtrain_ps.plumbing.heap import reuse_large_buffers
 from streamtrain_tools.bench import worker as bench_worker
 from streamtrain_tools.samples import SAMPLES_DIR, lay_out
 from streamtrain_worker.models import ModelSpec
@@ -240,7 +240,7 @@ def torch_reference(
     """
     torch.set_num_threads(1)
     torch.sparse.check_sparse_tensor_invariants.disable()
-    reuse_large_buffers()  # the heap the job's workers run with (streamtrain_ps.heap)
+    reuse_large_buffers()  # the heap the job's workers run with (streamtrain_ps.plumbing.heap)
     config = bench_worker.bench_config(1)
     data = bench_worker.criteo(data_dir, config, repeat)
     # The textbook network has no summary layers: the decay only reaches the job's.

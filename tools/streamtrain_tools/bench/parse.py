@@ -7,6 +7,10 @@ format has no public sample here, so it is measured on a synthetic stream (``syn
 
 ``python -m streamtrain_tools.bench.parse --json`` prints one JSON object as its last line:
 ``{"parse_lines_per_s": {"criteo": …, "avazu": …, "libsvm": …, "csv": …, "slot": …}}``.
+
+``--kernel`` times the format kernels alone instead (``measure_kernel``: the best of 7 parses
+of one block, in CPU seconds of the process, so other work on the machine disturbs it less):
+what a change to a kernel costs, compared between two checkouts run alternately.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import json
 import tempfile
 import time
 from pathlib import Path
+
+import numpy as np
 
 from streamtrain_tools.samples import SAMPLES_DIR
 from streamtrain_worker import synth
@@ -90,6 +96,26 @@ def measure(
     return lines / elapsed
 
 
+def measure_kernel(config: DataConfig, path: Path, *, copies: int = 4, runs: int = 7) -> float:
+    """Lines per CPU second of the format's kernel alone over ``copies`` of ``path`` in one
+    block (the best of ``runs``; the first parse, which compiles or loads it, untimed)."""
+    raw = path.read_bytes()
+    fmt = make_format(config)
+    header = None
+    if fmt.has_header:
+        header, _, raw = raw.partition(b"\n")
+    parser = fmt.for_file(str(path), header)
+    block = np.frombuffer(raw * copies, dtype=np.uint8)
+    lines = raw.count(b"\n") * copies
+    parser.parse(block, 1)
+    best = float("inf")
+    for _ in range(runs):
+        start = time.process_time()
+        parser.parse(block, 1)
+        best = min(best, time.process_time() - start)
+    return lines / best
+
+
 def measure_slot(workdir: Path, *, min_seconds: float = 0.5) -> float:
     """Slot-format throughput on one synthetic folder (20,000 rows with a sequence slot)."""
     cfg = synth.SynthConfig(
@@ -123,8 +149,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", action="store_true", help="only the JSON result line")
     parser.add_argument("--data-dir", type=Path, default=SAMPLES_DIR)
     parser.add_argument("--min-seconds", type=float, default=1.0)
+    parser.add_argument("--kernel", action="store_true", help="the format kernels alone")
     args = parser.parse_args(argv)
-    results = measure_all(args.data_dir, min_seconds=args.min_seconds)
+    if args.kernel:
+        results = {
+            name: measure_kernel(cfg, path)
+            for name, (cfg, path) in sample_configs(args.data_dir).items()
+        }
+    else:
+        results = measure_all(args.data_dir, min_seconds=args.min_seconds)
     if not args.json:
         for name, rate in results.items():
             print(f"{name:>7}: {rate:,.0f} lines/s")

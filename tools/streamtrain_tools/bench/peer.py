@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -43,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from streamtrain_ps.plumbing.launch import free_port, launch
 from streamtrain_tools.samples import SAMPLES_DIR, lay_out
 from streamtrain_worker.metrics import auc_from_histograms
 
@@ -168,13 +168,6 @@ def summarize(rounds: Sequence[Mapping[str, Mapping[str, Any]]]) -> dict[str, An
     }
 
 
-def free_port() -> int:
-    """A port nothing listens on now (the peer's processes bind it a moment later)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def run_peer(
     python: Path, data: Path, work: Path, saves: bool, args: argparse.Namespace
 ) -> PeerRun:
@@ -201,15 +194,17 @@ def run_peer(
     base["PYTHONPATH"] = ""  # the peer's interpreter must not see this repository's packages
     launched = time.time()
     started = time.perf_counter()
-    with (work / "server.log").open("w") as server_log, (work / "worker.log").open("w") as log:
-        server = subprocess.Popen(
-            cmd,
-            cwd=work,
-            env={**base, **role_env("PSERVER", server_port, worker_port)},
-            stdout=server_log,
-            stderr=subprocess.STDOUT,
-        )
-        try:
+    (work / "server.log").unlink(missing_ok=True)
+    server = launch(
+        "peer-server",
+        cmd,
+        work / "server.log",
+        merge_stderr=True,
+        env={**base, **role_env("PSERVER", server_port, worker_port)},
+        cwd=work,
+    )
+    try:
+        with (work / "worker.log").open("w") as log:
             code = subprocess.run(
                 cmd,
                 check=False,
@@ -219,15 +214,13 @@ def run_peer(
                 stderr=subprocess.STDOUT,
                 timeout=TIMEOUT,
             ).returncode
-            # The server serves until it is stopped, as ``fleetrun`` stops it once the
-            # workers are done: launch to finish ends when both processes are gone.
-            server.terminate()
-            server.wait(timeout=60)
-            wall = time.perf_counter() - started
-        finally:
-            if server.poll() is None:
-                server.kill()
-            server.wait()
+        # The server serves until it is stopped, as ``fleetrun`` stops it once the
+        # workers are done: launch to finish ends when both processes are gone.
+        server.stop(grace=60)
+        wall = time.perf_counter() - started
+    finally:
+        server.kill()
+        server.process.wait()
     if code != 0 or not out.exists():
         tail = (work / "worker.log").read_text().splitlines()[-20:]
         raise RuntimeError(f"the peer's worker exited {code}:\n" + "\n".join(tail))

@@ -34,10 +34,10 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from streamtrain_ps.client.remote import RemotePS
 from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
-from streamtrain_ps.heap import release_scratch_memory
-from streamtrain_ps.launch import shard_process
-from streamtrain_ps.remote import RemotePS
+from streamtrain_ps.plumbing.heap import release_scratch_memory
+from streamtrain_ps.service.process import shard_process
 from streamtrain_ps.shard import Shard
 
 TABLE = "embedding"

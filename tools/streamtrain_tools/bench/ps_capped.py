@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -52,14 +51,15 @@ import numpy as np
 
 import streamtrain_ps
 import streamtrain_tools as bench
+from streamtrain_ps.client.remote import RemotePS
 from streamtrain_ps.config import CAPPED_REQUEST_KEYS, PSConfig
-from streamtrain_ps.launch import Launched, shard_process
-from streamtrain_ps.memory_limit import (
+from streamtrain_ps.plumbing.launch import Launched, free_port
+from streamtrain_ps.service.process import shard_process
+from streamtrain_ps.tier.memory_limit import (
     SPARE_RPC_THREADS,
     STORE_OUTSIDE_CACHE,
     request_scratch_bytes,
 )
-from streamtrain_ps.remote import RemotePS
 from streamtrain_tools.bench.ps_scale import DIM, TABLE, config, rss, spread, throughput, zipf_ranks
 
 #: Share of the table pushed again (more shows): the Zipf head the capped RAM tier keeps.
@@ -69,8 +69,8 @@ SAMPLE_SECONDS = 0.05
 #: as the shard measures it (the allocator bounded, every kernel warm, RocksDB loaded).
 OVERHEAD = (
     "import streamtrain_ps.__main__\n"
-    "from streamtrain_ps.memory_limit import bound_allocator, current_rss_bytes\n"
-    "from streamtrain_ps.warmup import warm_kernels\n"
+    "from streamtrain_ps.tier.memory_limit import bound_allocator, current_rss_bytes\n"
+    "from streamtrain_ps.tier.warmup import warm_kernels\n"
     "from streamtrain_tools.bench.ps_scale import config\n"
     "bound_allocator()\n"
     "warm_kernels(config())\n"
@@ -126,14 +126,6 @@ def fixed_overhead() -> int:
         [sys.executable, "-c", OVERHEAD], capture_output=True, text=True, check=True, env=env
     )
     return int(out.stdout.strip().splitlines()[-1])
-
-
-def free_port() -> int:
-    """A port nothing listens on now (for the capped shard's metrics)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def promotions(port: int) -> int:

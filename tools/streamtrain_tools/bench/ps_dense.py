@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from streamtrain_ps.config import DenseOptimizerConfig
-from streamtrain_ps.dense import DenseVector
+from streamtrain_ps.engine.dense import DenseVector
 
 
 def mlp_parameters(layers: Sequence[int]) -> int:

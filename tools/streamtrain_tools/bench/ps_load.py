@@ -43,9 +43,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from streamtrain_ps.client.remote import RemotePS, RetryPolicy
 from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
-from streamtrain_ps.launch import shard_process
-from streamtrain_ps.remote import RemotePS, RetryPolicy
+from streamtrain_ps.service.process import shard_process
 from streamtrain_tools.bench.ps import all_keys, rss_bytes
 
 TABLE = "embedding"

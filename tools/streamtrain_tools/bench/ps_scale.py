@@ -49,12 +49,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from streamtrain_ps import checkpoint
 from streamtrain_ps.api import SaveMode
+from streamtrain_ps.client.remote import RemotePS
 from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
-from streamtrain_ps.heap import MAX_RELEASE_DELAY, release_scratch_memory
-from streamtrain_ps.launch import shard_process
-from streamtrain_ps.remote import RemotePS
+from streamtrain_ps.plumbing.heap import MAX_RELEASE_DELAY, release_scratch_memory
+from streamtrain_ps.saves import checkpoint
+from streamtrain_ps.service.process import shard_process
 from streamtrain_ps.shard import Shard
 
 TABLE = "embedding"
@@ -98,7 +98,7 @@ def rss(pid: int | None = None, field: str = "VmRSS") -> int:
 
 def settled_rss(pid: int) -> int:
     """RSS of a shard process once it stops falling: its server trims the heap within a
-    second of a bulk load (``streamtrain_ps.heap``), as a pod's memory would settle."""
+    second of a bulk load (``streamtrain_ps.plumbing.heap``), as a pod's memory would settle."""
     time.sleep(MAX_RELEASE_DELAY + 0.25)
     last = rss(pid)
     for _ in range(12):

@@ -27,7 +27,7 @@ from pathlib import Path
 import grpc
 import torch
 
-from streamtrain_ps.local import LocalPS
+from streamtrain_ps.client.local import LocalPS
 from streamtrain_tools.samples import SAMPLES_DIR
 from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.control import WorkerServer, WorkerServicer

@@ -37,7 +37,7 @@ import torch
 from torch import nn
 from torch.nn import functional as nnf
 
-from streamtrain_ps.local import LocalPS
+from streamtrain_ps.client.local import LocalPS
 from streamtrain_tools.bench.e2e import SUMMARY_DECAY
 from streamtrain_tools.samples import SAMPLES_DIR
 from streamtrain_worker.config import WorkerConfig

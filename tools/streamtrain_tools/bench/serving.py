@@ -36,7 +36,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -53,6 +52,7 @@ import redis
 import torch
 import yaml
 
+from streamtrain_ps.plumbing.launch import free_port
 from streamtrain_tools.bench.serving_models import Export, keys_of, lines, rows_for
 from streamtrain_worker.model_folder import ModelKind
 from streamtrain_worker.predict import RowWriter, load_model, score
@@ -79,12 +79,6 @@ class Settings:
     seconds: float = 8.0
     folders: int = 30
     folder_seconds: float = 6.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_redis(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:

@@ -15,9 +15,9 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from streamtrain_ps import partfile
 from streamtrain_ps.api import SavedFile, SaveMode, SaveResult
-from streamtrain_ps.checkpoint import publish
+from streamtrain_ps.saves import partfile
+from streamtrain_ps.saves.checkpoint import publish
 from streamtrain_worker.data.config import DataConfig
 from streamtrain_worker.data.hashing import feature_sign
 from streamtrain_worker.export import export_dense

@@ -36,9 +36,9 @@ from typing import Any
 
 import numpy as np
 
+from streamtrain_ps.client.remote import RemotePS
 from streamtrain_ps.config import PSConfig
-from streamtrain_ps.launch import shard_process
-from streamtrain_ps.remote import RemotePS
+from streamtrain_ps.service.process import shard_process
 from streamtrain_tools.bench.worker import process_cpu_seconds
 
 WORKERS = (1, 2, 4, 8, 16, 32, 64)

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
+from streamtrain_ps.client.remote import RemotePS
 from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
-from streamtrain_ps.launch import launch, python_argv, stop_all
-from streamtrain_ps.remote import RemotePS
-from streamtrain_ps.tls import TLSFiles
+from streamtrain_ps.plumbing.launch import launch, python_argv, stop_all
+from streamtrain_ps.plumbing.tls import TLSFiles
 
 TABLE = "embedding"
 JOB = "bench.default.job.streamtrain.io"

@@ -2,7 +2,7 @@
 
 Counted per call family, requests and responses together: the arrays' ``nbytes`` as they
 cross the ``PSLike`` interface (keys, rows, gradients, shows, clicks, slots, dense vectors),
-which is what ``streamtrain_ps.wire`` puts in the messages' ``bytes`` fields; gRPC/HTTP2
+which is what ``streamtrain_ps.service.wire`` puts in the messages' ``bytes`` fields; gRPC/HTTP2
 framing and the small scalar fields (a few dozen bytes a message) are not included.
 """
 

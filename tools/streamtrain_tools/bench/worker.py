@@ -11,7 +11,7 @@ hidden units 512-256-128, batch 512, one torch thread:
     batch key dedup, pull, pooled autograd bridge, progressive-validation metrics, sparse
     push with show/click, dense push and periodic dense pull, prefetch and push threads.
 (c) ``grpc``: the same ``Trainer`` against ``RemotePS`` and one shard in its own process
-    (``python -m streamtrain_ps`` on 127.0.0.1, started by ``streamtrain_ps.launch``): what
+    (``python -m streamtrain_ps`` on 127.0.0.1, started by ``streamtrain_ps.plumbing.launch``): what
     a worker pod does, on the same cores.
 
 Two data sets: ``criteo`` (the Criteo sample repeated, a table that fits in a cache) and
@@ -54,11 +54,11 @@ import torch
 from torch import nn
 
 from streamtrain_ps.api import PSLike
-from streamtrain_ps.dedup import unique_inverse
-from streamtrain_ps.heap import reuse_large_buffers
-from streamtrain_ps.launch import shard_process
-from streamtrain_ps.local import LocalPS
-from streamtrain_ps.remote import RemotePS
+from streamtrain_ps.client.dedup import unique_inverse
+from streamtrain_ps.client.local import LocalPS
+from streamtrain_ps.client.remote import RemotePS
+from streamtrain_ps.plumbing.heap import reuse_large_buffers
+from streamtrain_ps.service.process import shard_process
 from streamtrain_tools.bench import long_tail
 from streamtrain_tools.bench import parse as bench_parse
 from streamtrain_tools.bench.wire_count import CountingPS
@@ -385,7 +385,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # Plain PyTorch as people run it: no per-step sparse invariant checks in Adagrad.
     torch.sparse.check_sparse_tensor_invariants.disable()
     # This process trains every side, so it keeps large buffers for reuse as a worker
-    # process does (``streamtrain_ps.heap``): plain PyTorch gets the same heap.
+    # process does (``streamtrain_ps.plumbing.heap``): plain PyTorch gets the same heap.
     reuse_large_buffers()
     config = bench_config(args.threads)
     result: dict[str, Any] = {}

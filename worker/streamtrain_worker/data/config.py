@@ -1,7 +1,7 @@
 """The ``data`` section of a job, declared once and parsed into a frozen dataclass.
 
 :class:`DataConfig` *is* the job's ``spec.data``: every field is declared here with
-:func:`streamtrain_ps.settings.setting` (type, default, bounds, doc), the operator's spec
+:func:`streamtrain_ps.plumbing.settings.setting` (type, default, bounds, doc), the operator's spec
 composes this class (the CRD is generated from it) and renders it verbatim to the workers,
 and both parse it with the one parser. The scheduling fields (path, days, splits, donefile)
 are the operator's to use and the reader ignores them; the format options are the data
@@ -24,9 +24,9 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from streamtrain_ps.settings import as_json, parse, setting
+from streamtrain_ps.plumbing.settings import ConfigError, Document, parse, setting
 from streamtrain_worker.data.errors import DataConfigError
 
 DataFormat = Literal["slot", "criteo", "avazu", "libsvm", "csv"]
@@ -93,13 +93,16 @@ class CsvColumnOptions:
 
 
 @dataclass(frozen=True)
-class DataConfig:
+class DataConfig(Document):
     """Where the logs land and how they are cut into passes (docs/design.md §3).
 
     The worker reads only the format options; the scheduling fields (path, days, splits,
     donefile, deadlines) are the operator's, declared here so ``spec.data`` has one owner.
     See the module docstring for slot naming per format.
     """
+
+    document: ClassVar[str] = "data"
+    errors: ClassVar[type[ConfigError]] = DataConfigError
 
     path: str | None = setting(
         None,
@@ -191,16 +194,6 @@ class DataConfig:
     sequenceSlot: int | None = setting(
         None, "DIN only: index of the slot holding the behaviour sequence.", minimum=0
     )
-
-    @classmethod
-    def from_dict(cls, data: Any, path: str = "data") -> DataConfig:
-        """Parse the rendered JSON object; errors carry ``<path>.<field>``."""
-        return parse(cls, data, path, error=DataConfigError)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The camelCase JSON form (round-trips through ``from_dict``)."""
-        out: dict[str, Any] = as_json(self)
-        return out
 
     def _validate(self, path: str) -> None:
         """Cross-field rules (the declarations checked each field alone)."""

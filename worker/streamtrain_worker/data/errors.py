@@ -8,8 +8,8 @@
     not name the configured columns); names the file.
 - ``LayoutError`` (also a ``ValueError``) — an invalid pass plan or day string
   (``splitIntervalMinutes`` not dividing a day, day ``20261131``); names the field.
-- ``DataConfigError`` (a ``streamtrain_ps.settings.ConfigError``) — the rendered ``data`` JSON
-  is invalid; carries the field's path (``exc.path``).
+- ``DataConfigError`` (a ``streamtrain_ps.plumbing.settings.ConfigError``) — the rendered
+  ``data`` JSON is invalid; carries the field's path (``exc.path``).
 
 The pure modules (``layout``, ``sharding``) import only this module, so the scheduler can
 catch these errors without importing anything heavy.
@@ -17,7 +17,7 @@ catch these errors without importing anything heavy.
 
 from __future__ import annotations
 
-from streamtrain_ps.settings import ConfigError
+from streamtrain_ps.plumbing.settings import ConfigError
 
 
 class DataError(Exception):

@@ -4,7 +4,7 @@ Each column ``j`` is standardised as ``y = (x - mean_j) / sqrt(var_j + epsilon)`
 ``mean_j = sum_j / count_j`` and ``var_j = squares_j / count_j - mean_j**2``, where
 ``count``, ``sum`` and ``squares`` (the sum of ``x**2``) are summed over *all* the training
 data seen so far, by every worker: they live in a PS dense vector with the summary rule
-(``streamtrain_ps.dense``: ``values = decay * values + pushed``), and each worker pushes its
+(``streamtrain_ps.engine.dense``: ``values = decay * values + pushed``), and each worker pushes its
 batches' contributions with the dense gradients and pulls the sums when it syncs.
 
 Why not ``BatchNorm``: streaming CTR batches are not i.i.d. A batch comes from one time

@@ -29,8 +29,8 @@ import fsspec
 import numpy as np
 import torch
 
-from streamtrain_ps.checkpoint import read_sparse
 from streamtrain_ps.errors import CheckpointError
+from streamtrain_ps.saves.checkpoint import read_sparse
 from streamtrain_worker.export import load_dense
 from streamtrain_worker.model_folder import (
     DoneLine,

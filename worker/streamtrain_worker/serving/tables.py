@@ -37,7 +37,7 @@ from streamtrain_worker.serving.versions import (
 
 log = logging.getLogger(__name__)
 
-#: One save: keys, their rows, tombstones (``streamtrain_ps.checkpoint.read_sparse``).
+#: One save: keys, their rows, tombstones (``streamtrain_ps.saves.checkpoint.read_sparse``).
 Part = tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32], npt.NDArray[np.uint64]]
 Rows = tuple[npt.NDArray[np.float32], npt.NDArray[np.bool_]]
 #: Fields ``commit`` writes; ``pinned`` is only ever written by ``pin``.

@@ -39,10 +39,12 @@ from streamtrain_worker.data.formats.kernel import (
     UNTERMINATED_QUOTE,
     ParsedBlock,
     bucket,
-    commit_line,
+    line_scratch,
     parse_int,
     parse_label,
+    report,
     run_kernel,
+    settle_line,
 )
 from streamtrain_worker.data.hashing import hash_bytes, hash_unescaped, sign_of
 
@@ -274,16 +276,9 @@ def _kernel(
     stats: npt.NDArray[np.int64],
 ) -> None:
     n = data.shape[0]
-    # Per-line scratch; a line emits at most (its bytes + 2) keys, so grow it before a long one.
-    line_slots = np.empty(256, dtype=np.int32)
-    line_keys = np.empty(256, dtype=np.uint64)
+    line_slots, line_keys = line_scratch(126)
     counts = np.empty(num_slots, dtype=np.int64)
-    pos = 0
-    ne = 0
-    nk = 0
-    nlines = 0
-    nbad = 0
-    phys = 0
+    pos = examples = nkeys = lines = nbad = physical = 0
     while pos < n:
         end = pos
         while end < n and data[end] != 10:
@@ -293,43 +288,30 @@ def _kernel(
             stop -= 1
         nxt = end + 1 if end < n else n
         if stop - pos + 2 > line_slots.shape[0]:
-            line_slots = np.empty(2 * (stop - pos + 2), dtype=np.int32)
-            line_keys = np.empty(2 * (stop - pos + 2), dtype=np.uint64)
-        if stop == pos:
-            pos = nxt
-            phys += 1
-            continue
-        m, status, label = _tokenize(
-            data,
-            pos,
-            stop,
-            delimiter,
-            quote,
-            num_columns,
-            min_columns,
-            kinds,
-            slots,
-            slots2,
-            separators,
-            line_slots,
-            line_keys,
-        )
-        if status == OK:
-            if nk + m > keys.shape[0]:
+            line_slots, line_keys = line_scratch(stop - pos)
+        if stop > pos:
+            m, status, label = _tokenize(
+                data,
+                pos,
+                stop,
+                delimiter,
+                quote,
+                num_columns,
+                min_columns,
+                kinds,
+                slots,
+                slots2,
+                separators,
+                line_slots,
+                line_keys,
+            )
+            fits, examples, nkeys, nbad = settle_line(
+                status, m, label, line_slots, line_keys, num_slots, counts, labels, keys,
+                offsets, bad_lines, bad_reasons, first_line + physical, examples, nkeys, nbad,
+            )  # fmt: skip
+            if not fits:
                 break
-            labels[ne] = label
-            nk = commit_line(line_slots, line_keys, m, num_slots, counts, keys, nk, offsets, ne)
-            ne += 1
-        else:
-            bad_lines[nbad] = first_line + phys
-            bad_reasons[nbad] = status
-            nbad += 1
-        nlines += 1
-        phys += 1
+            lines += 1
+        physical += 1
         pos = nxt
-    stats[0] = ne
-    stats[1] = nk
-    stats[2] = nlines
-    stats[3] = nbad
-    stats[4] = pos
-    stats[5] = phys
+    report(stats, examples, nkeys, lines, nbad, pos, physical)

@@ -27,11 +27,13 @@ from streamtrain_worker.data.formats.kernel import (
     OK,
     U8,
     ParsedBlock,
-    commit_line,
     find_sorted,
+    line_scratch,
     parse_label,
     parse_uint64,
+    report,
     run_kernel,
+    settle_line,
 )
 from streamtrain_worker.data.hashing import hash_bytes, sign_of, token_value
 
@@ -69,6 +71,15 @@ class SlotFormat:
 @numba.njit(inline="always", cache=True)
 def _is_blank(c: np.uint8) -> bool:
     return c == 32 or c == 9  # noqa: PLR1714 -- numba-friendly
+
+
+@numba.njit(inline="always", cache=True)
+def _blank_line(data: U8, pos: int, stop: int) -> bool:
+    """Only spaces and tabs (a slot line of nothing is no data line)."""
+    j = pos
+    while j < stop and _is_blank(data[j]):
+        j += 1
+    return j == stop
 
 
 @numba.njit(nogil=True, cache=True)
@@ -143,16 +154,9 @@ def _kernel(
     stats: npt.NDArray[np.int64],
 ) -> None:
     n = data.shape[0]
-    # Per-line scratch; a line emits at most (its bytes + 2) keys, so grow it before a long one.
-    line_slots = np.empty(256, dtype=np.int32)
-    line_keys = np.empty(256, dtype=np.uint64)
+    line_slots, line_keys = line_scratch(126)
     counts = np.empty(num_slots, dtype=np.int64)
-    pos = 0
-    ne = 0
-    nk = 0
-    nlines = 0
-    nbad = 0
-    phys = 0
+    pos = examples = nkeys = lines = nbad = physical = 0
     while pos < n:
         end = pos
         while end < n and data[end] != 10:
@@ -162,37 +166,21 @@ def _kernel(
             stop -= 1
         nxt = end + 1 if end < n else n
         if stop - pos + 2 > line_slots.shape[0]:
-            line_slots = np.empty(2 * (stop - pos + 2), dtype=np.int32)
-            line_keys = np.empty(2 * (stop - pos + 2), dtype=np.uint64)
-        blank = True
-        for j in range(pos, stop):
-            if not _is_blank(data[j]):
-                blank = False
+            line_slots, line_keys = line_scratch(stop - pos)
+        if not _blank_line(data, pos, stop):
+            m, status, label = _tokenize(
+                data, pos, stop, label_hash, label_first, slot_hashes, slot_index,
+                line_slots, line_keys,
+            )  # fmt: skip
+            unlabelled = status == MISSING_LABEL and labels_optional  # scoring, not training
+            fits, examples, nkeys, nbad = settle_line(
+                OK if unlabelled else status, m, np.nan if unlabelled else label,
+                line_slots, line_keys, num_slots, counts, labels, keys, offsets, bad_lines,
+                bad_reasons, first_line + physical, examples, nkeys, nbad,
+            )  # fmt: skip
+            if not fits:
                 break
-        if blank:
-            pos = nxt
-            phys += 1
-            continue
-        m, status, label = _tokenize(
-            data, pos, stop, label_hash, label_first, slot_hashes, slot_index, line_slots, line_keys
-        )
-        unlabelled = status == MISSING_LABEL and labels_optional
-        if status == OK or unlabelled:
-            if nk + m > keys.shape[0]:
-                break
-            labels[ne] = np.nan if unlabelled else label
-            nk = commit_line(line_slots, line_keys, m, num_slots, counts, keys, nk, offsets, ne)
-            ne += 1
-        else:
-            bad_lines[nbad] = first_line + phys
-            bad_reasons[nbad] = status
-            nbad += 1
-        nlines += 1
-        phys += 1
+            lines += 1
+        physical += 1
         pos = nxt
-    stats[0] = ne
-    stats[1] = nk
-    stats[2] = nlines
-    stats[3] = nbad
-    stats[4] = pos
-    stats[5] = phys
+    report(stats, examples, nkeys, lines, nbad, pos, physical)
