@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from streamtrain_ps.api import SaveMode
-from streamtrain_ps.local import LocalPS
+from streamtrain_ps.client.local import LocalPS
 from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.data.batch import Batch
 from streamtrain_worker.export import export_dense, load_dense
