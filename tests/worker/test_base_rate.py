@@ -71,12 +71,7 @@ def _config(base_rate: bool) -> WorkerConfig:
     return WorkerConfig.from_dict(
         {
             "data": {"format": "slot", "numSlots": 4},
-            # The calibration window would correct the offset's absence too.
-            "model": {
-                "hiddenUnits": [16],
-                "baseRateOffset": base_rate,
-                "residualCalibration": False,
-            },
+            "model": {"hiddenUnits": [16], "baseRateOffset": base_rate},
             "runtime": {"overlap": False},
             "ps": {"config": {"logicalShards": 2}},
         }

@@ -194,9 +194,6 @@ class Trainer:
         self._fill(flat, params, f"snapshot {snapshot_id}'s {self.config.dense_name!r}")
         if stats is not None:
             scatter_stats(summaries, torch.from_numpy(np.asarray(stats, dtype=np.float32)))
-        # The calibration window is this worker's own (``models.calibration``): the export
-        # carries it as of now, right after the pass the snapshot ends.
-        model.take_calibration(self.model)
         return model
 
     def sync_dense(self) -> None:
@@ -274,7 +271,7 @@ class Trainer:
         if train:
             self._flat_grads.zero_()
             losses.sum().backward()
-            self.model.observe_labels(labels, logits)
+            self.model.observe_labels(labels)
             dense = self._flat_grads.numpy() * np.float32(1.0 / max(prepared.batch.size, 1))
             summary = drain_pending(self._summaries).numpy()
             pending = Pending(lookup.sparse_push(), dense, summary)

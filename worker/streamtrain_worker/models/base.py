@@ -17,7 +17,6 @@ from torch import nn
 
 from streamtrain_worker.config import ModelConfig
 from streamtrain_worker.models.base_rate import BaseRate
-from streamtrain_worker.models.calibration import ResidualCalibration
 from streamtrain_worker.models.data_norm import DEFAULT_PRIOR, DataNorm, slot_prior
 
 
@@ -50,10 +49,6 @@ class ModelSpec:
     base_rate: bool = False
     #: The base rate's pseudo-example label (``model.priorClickRate``).
     prior_rate: float = 0.5
-    #: Examples in the residual calibration's window (``models.calibration``); 0: none.
-    calibration_window: float = 0.0
-    #: Its pseudo-clicks (shrink toward no correction where the window has few clicks).
-    calibration_pseudo_clicks: float = 10.0
 
     @classmethod
     def from_config(
@@ -85,8 +80,6 @@ class ModelSpec:
             ordinal_slots=tuple(ordinal_slots) if takes_ordinal else (),
             base_rate=model.baseRateOffset,
             prior_rate=model.priorClickRate,
-            calibration_window=model.calibrationWindow if model.residualCalibration else 0.0,
-            calibration_pseudo_clicks=model.calibrationPseudoClicks,
         )
 
     @property
@@ -162,8 +155,7 @@ class DenseModel(nn.Module):
     ``(B, K, 2)`` holds the numeric inputs of ``spec.ordinal_slots`` (``data.ordinal``),
     given when that is not empty, which only a model with ``uses_ordinal`` asks for. The
     signature is the same for every model so the TorchScript export and the training loop
-    need no per-model branches. Every model ends its forward with ``offset_by_base_rate``
-    (the base rate's log-odds, then the residual calibration's correction).
+    need no per-model branches. Every model ends its forward with ``offset_by_base_rate``.
     """
 
     uses_sequence: bool = False
@@ -174,38 +166,18 @@ class DenseModel(nn.Module):
         self.spec = spec
         # Zero or one base-rate offset (TorchScript: a list, not an Optional).
         self.base_rate = nn.ModuleList([BaseRate(spec.prior_rate)] if spec.base_rate else [])
-        # Zero or one residual calibration, applied after the base rate.
-        self.calibration = nn.ModuleList(
-            [ResidualCalibration(spec.calibration_window, spec.calibration_pseudo_clicks)]
-            if spec.calibration_window > 0
-            else []
-        )
 
     def offset_by_base_rate(self, logits: torch.Tensor) -> torch.Tensor:
-        """``logits`` plus the base rate's log-odds (``spec.base_rate``), then the residual
-        calibration's correction (``spec.calibration_window``)."""
+        """``logits`` plus the base rate's log-odds, with ``spec.base_rate``."""
         for offset in self.base_rate:
             logits = offset(logits)
-        for correction in self.calibration:
-            logits = correction(logits)
         return logits
 
-    def observe_labels(self, labels: torch.Tensor, logits: torch.Tensor) -> None:
-        """Count a trained batch's labels into the base rate and the calibration window,
-        after the batch was scored: ``logits`` are the model's output for it."""
-        for correction in self.calibration:
-            assert isinstance(correction, ResidualCalibration)
-            correction.observe(labels, logits)
+    def observe_labels(self, labels: torch.Tensor) -> None:
+        """Count a trained batch's labels into the base rate (after they were scored)."""
         for offset in self.base_rate:
             assert isinstance(offset, BaseRate)
             offset.observe(labels)
-
-    def take_calibration(self, other: DenseModel) -> None:
-        """Copy ``other``'s calibration window (same spec) into this network."""
-        for mine, theirs in zip(self.calibration, other.calibration, strict=True):
-            assert isinstance(mine, ResidualCalibration)
-            assert isinstance(theirs, ResidualCalibration)
-            mine.copy_from(theirs)
 
     def forward(
         self,
