@@ -25,7 +25,7 @@ def test_warm_says_what_it_does_and_fills_the_cache() -> None:
         "them in milliseconds"
     )
     assert re.fullmatch(r"   kernels cached in \d+\.\ds", second), second
-    cached = {p.name.split("-")[0] for p in (ps_root / "__pycache__").glob("*.nbi")}
+    cached = {p.name.split("-")[0] for p in (ps_root / "engine" / "__pycache__").glob("*.nbi")}
     # The table, dense and save kernels a pass and its exports call.
     assert {"kernels.merge_push", "kernels.pull_kernel", "dense._adam_kernel"} <= cached
     assert {"snapshot.after_save", "index.homes_of"} <= cached
