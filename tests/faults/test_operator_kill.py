@@ -154,7 +154,7 @@ def test_a_job_runs_to_end_day_on_the_operator(clean: CleanRun) -> None:
 
 
 @pytest.mark.faults
-@pytest.mark.timeout(300)  # four operator kills, each a kopf start; 150 s was too tight on a loaded box
+@pytest.mark.timeout(300)  # four operator kills, each a kopf start: 150 s was tight when loaded
 def test_a_killed_operator_resumes_each_step_exactly_once(kube: KubeJob, clean: CleanRun) -> None:
     """SIGKILL the operator four times and start a new one each time; the worker pods
     keep running throughout:
