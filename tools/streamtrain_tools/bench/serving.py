@@ -195,16 +195,7 @@ def redis_memory(url: str, prefix: str) -> dict[str, Any]:
     """Bytes per row of the served version's buckets (MEMORY USAGE) and of the whole DB."""
     client = redis.Redis.from_url(url)
     table = RedisTable(client, prefix)
-    served = table.state().served
-    owners = table.bucket_map(served)
-    pipe = client.pipeline(transaction=False)
-    for b, owner in enumerate(owners.tolist()):
-        pipe.memory_usage(f"{prefix}r:{owner}:{b}", samples=0)
-        pipe.hlen(f"{prefix}r:{owner}:{b}")
-    replies = pipe.execute()
-    used = sum(int(x or 0) for x in replies[0::2])
-    used += int(client.memory_usage(f"{prefix}map:{served}", samples=0) or 0)
-    rows = sum(int(x) for x in replies[1::2])
+    used, rows = table.served_memory(table.state().served, 3 + DIM)
     raw = 8 + 4 * (3 + DIM)
     info = client.info("memory")
     return {
