@@ -580,6 +580,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--folders", type=int, default=Settings.folders)
     p.add_argument("--folder-seconds", type=float, default=Settings.folder_seconds)
     p.add_argument("--skip-job", action="store_true", help="skip phase 3 (the training job)")
+    p.add_argument(
+        "--phase",
+        choices=("all", "apply", "latency", "job"),
+        default="all",
+        help="run one phase only (to iterate; the figures of the others are null)",
+    )
     a = p.parse_args(argv)
     s = Settings(
         a.base_keys, a.delta_keys, a.passes, a.rate, a.seconds, a.folders, a.folder_seconds
@@ -589,45 +595,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         tmp = Path(tmp_name)
         proc, url = start_redis(tmp)
         try:
-            what = f"{s.passes} deltas of {s.delta_keys:,} keys on {s.base_keys:,}"
-            print(f"== publication to served, {what}", flush=True)
-            r = freshness(tmp / "redis-export", RedisTable.connect(url, "fresh:"), s, s.passes)
-            print(f"   redis: {r}", flush=True)
-            e = freshness(tmp / "embedded-export", EmbeddedTable(), s, s.passes)
-            print(f"   embedded: {e}", flush=True)
-            result.update(
-                publish_to_served_p50_s=r["publish_to_served_p50_s"],
-                publish_to_served_p99_s=r["publish_to_served_p99_s"],
-                delta_apply_seconds_per_100k_redis=r["delta_apply_seconds_per_100k"],
-                publish_to_served_p99_s_embedded=e["publish_to_served_p99_s"],
-                delta_apply_seconds_per_100k_embedded=e["delta_apply_seconds_per_100k"],
-                base_apply_seconds_redis=r["base_apply_seconds"],
-            )
-            print(f"== latency at {s.rate:g} req/s for {s.seconds:g}s per phase", flush=True)
-            lat = latency(tmp, url, s)
-            print(f"   {lat}", flush=True)
-            result.update(
-                latency_p50_ms_batch1=lat["batch1"]["p50_ms"],
-                latency_p99_ms_batch1=lat["batch1"]["p99_ms"],
-                latency_p50_ms_batch100=lat["batch100"]["p50_ms"],
-                latency_p99_ms_batch100=lat["batch100"]["p99_ms"],
-                latency_p99_ms_batch1_with_delta=lat["batch1_with_delta"]["p99_ms"],
-                latency_p99_ms_batch100_with_delta=lat["batch100_with_delta"]["p99_ms"],
-                latency_p99_ms_batch1_with_training=lat["batch1_with_training"]["p99_ms"],
-                latency_errors=sum(
-                    lat[k]["errors"] for k in lat if isinstance(lat[k], dict) and "errors" in lat[k]
-                ),
-                served_vs_predict_max_abs=lat["served_vs_predict_max_abs"],
-                torn_responses=lat["torn_responses"],
-                responses_checked=lat["responses_checked"],
-                redis_bytes_per_key=lat["memory"]["redis_bytes_per_key"],
-                redis_bytes_per_key_ratio=lat["memory"]["redis_bytes_per_key_ratio"],
-                redis_used_memory_per_served_key=lat["memory"]["redis_used_memory_per_served_key"],
-            )
+            if a.phase in ("all", "apply"):
+                result.update(apply_phase(tmp, url, s))
+            if a.phase in ("all", "latency"):
+                result.update(latency_phase(tmp, url, s))
         finally:
             proc.terminate()
             proc.wait(10)
-        if not a.skip_job:
+        if a.phase in ("all", "job") and not a.skip_job:
             print(
                 f"== a job: {s.folders} folders, a donefile every {s.folder_seconds:g}s", flush=True
             )
@@ -638,6 +613,47 @@ def main(argv: Sequence[str] | None = None) -> int:
             result.update(donefile_to_served_p99_s=None, pass_train_seconds_p50=None)
     print(json.dumps(result, sort_keys=True))
     return 0
+
+
+def apply_phase(tmp: Path, url: str, s: Settings) -> dict[str, Any]:
+    what = f"{s.passes} deltas of {s.delta_keys:,} keys on {s.base_keys:,}"
+    print(f"== publication to served, {what}", flush=True)
+    r = freshness(tmp / "redis-export", RedisTable.connect(url, "fresh:"), s, s.passes)
+    print(f"   redis: {r}", flush=True)
+    e = freshness(tmp / "embedded-export", EmbeddedTable(), s, s.passes)
+    print(f"   embedded: {e}", flush=True)
+    return {
+        "publish_to_served_p50_s": r["publish_to_served_p50_s"],
+        "publish_to_served_p99_s": r["publish_to_served_p99_s"],
+        "delta_apply_seconds_per_100k_redis": r["delta_apply_seconds_per_100k"],
+        "publish_to_served_p99_s_embedded": e["publish_to_served_p99_s"],
+        "delta_apply_seconds_per_100k_embedded": e["delta_apply_seconds_per_100k"],
+        "base_apply_seconds_redis": r["base_apply_seconds"],
+    }
+
+
+def latency_phase(tmp: Path, url: str, s: Settings) -> dict[str, Any]:
+    print(f"== latency at {s.rate:g} req/s for {s.seconds:g}s per phase", flush=True)
+    lat = latency(tmp, url, s)
+    print(f"   {lat}", flush=True)
+    return dict(
+        latency_p50_ms_batch1=lat["batch1"]["p50_ms"],
+        latency_p99_ms_batch1=lat["batch1"]["p99_ms"],
+        latency_p50_ms_batch100=lat["batch100"]["p50_ms"],
+        latency_p99_ms_batch100=lat["batch100"]["p99_ms"],
+        latency_p99_ms_batch1_with_delta=lat["batch1_with_delta"]["p99_ms"],
+        latency_p99_ms_batch100_with_delta=lat["batch100_with_delta"]["p99_ms"],
+        latency_p99_ms_batch1_with_training=lat["batch1_with_training"]["p99_ms"],
+        latency_errors=sum(
+            lat[k]["errors"] for k in lat if isinstance(lat[k], dict) and "errors" in lat[k]
+        ),
+        served_vs_predict_max_abs=lat["served_vs_predict_max_abs"],
+        torn_responses=lat["torn_responses"],
+        responses_checked=lat["responses_checked"],
+        redis_bytes_per_key=lat["memory"]["redis_bytes_per_key"],
+        redis_bytes_per_key_ratio=lat["memory"]["redis_bytes_per_key_ratio"],
+        redis_used_memory_per_served_key=lat["memory"]["redis_used_memory_per_served_key"],
+    )
 
 
 if __name__ == "__main__":
