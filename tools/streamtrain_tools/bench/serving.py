@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import multiprocessing
 import os
 import shutil
 import signal
@@ -306,6 +307,21 @@ def wait_http(port: int, key: str | None, timeout: float = 120) -> None:
     raise TimeoutError(f"server never served {key}")
 
 
+def publish_until(root: str, s: Settings, port: int, stop: Any) -> None:
+    """Publish the next delta once the last is served (one is always being applied) until
+    ``stop`` is set; runs in its own process."""
+    ex = Export(Path(root), dim=DIM)
+    keys = key_space(s)
+    p = 1
+    while not stop.is_set():
+        key = publish_delta(ex, keys, p, s)
+        p += 1
+        try:
+            wait_http(port, key, timeout=120)
+        except TimeoutError:
+            return
+
+
 def latency(tmp: Path, url: str, s: Settings) -> dict[str, Any]:
     root = tmp / "latency-export"
     redis.Redis.from_url(url).flushdb()  # phase 1's tables out of the memory figures
@@ -359,29 +375,20 @@ def latency(tmp: Path, url: str, s: Settings) -> dict[str, Any]:
             c.run(rate, s.seconds)
             out[name] = c.summary()
             seen += c.responses
-        # While deltas changing every requested key are applied.
-        stop = threading.Event()
-        published: list[str] = []
-
-        def publisher() -> None:
-            # The next delta once the last is served: one is always being applied.
-            p = 1
-            while not stop.is_set():
-                published.append(publish_delta(ex, keys, p, s))
-                p += 1
-                try:
-                    wait_http(port, published[-1], timeout=120)
-                except TimeoutError:
-                    return
-
-        t = threading.Thread(target=publisher)
+        # While deltas changing every requested key are applied: written by another process,
+        # so that writing 100k-row parts does not hold this client's GIL (that had delayed
+        # requests past their scheduled time and counted the delay as server latency).
+        spawn = multiprocessing.get_context("spawn")
+        stop = spawn.Event()
+        t = spawn.Process(target=publish_until, args=(str(root), s, port, stop))
         t.start()
         c = Client(port, rows, 1)
         c.run(s.rate, s.seconds)
         c100 = Client(port, rows, 100)
         c100.run(s.rate / 10, s.seconds)
         stop.set()
-        t.join()
+        t.join(180)
+        published = (root / "donefile.txt").read_text().splitlines()[1:]
         out["batch1_with_delta"] = c.summary()
         out["batch100_with_delta"] = c100.summary()
         seen += c.responses + c100.responses
