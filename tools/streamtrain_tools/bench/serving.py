@@ -307,14 +307,15 @@ def wait_http(port: int, key: str | None, timeout: float = 120) -> None:
     raise TimeoutError(f"server never served {key}")
 
 
-def publish_until(root: str, s: Settings, port: int, stop: Any) -> None:
+def publish_until(root: str, s: Settings, port: int, stop: Any, first: Any) -> None:
     """Publish the next delta once the last is served (one is always being applied) until
-    ``stop`` is set; runs in its own process."""
+    ``stop`` is set, ``first`` once the first is published; runs in its own process."""
     ex = Export(Path(root), dim=DIM)
     keys = key_space(s)
     p = 1
     while not stop.is_set():
         key = publish_delta(ex, keys, p, s)
+        first.set()
         p += 1
         try:
             wait_http(port, key, timeout=120)
@@ -379,9 +380,10 @@ def latency(tmp: Path, url: str, s: Settings) -> dict[str, Any]:
         # so that writing 100k-row parts does not hold this client's GIL (that had delayed
         # requests past their scheduled time and counted the delay as server latency).
         spawn = multiprocessing.get_context("spawn")
-        stop = spawn.Event()
-        t = spawn.Process(target=publish_until, args=(str(root), s, port, stop))
+        stop, first = spawn.Event(), spawn.Event()
+        t = spawn.Process(target=publish_until, args=(str(root), s, port, stop, first), daemon=True)
         t.start()
+        first.wait(300)  # its start-up (imports) is not a phase of the measure
         c = Client(port, rows, 1)
         c.run(s.rate, s.seconds)
         c100 = Client(port, rows, 100)

@@ -109,6 +109,9 @@ def cmd_serve(args: argparse.Namespace, hook: Hook) -> int:
     # Measured: batch-1 requests take ~50 ms with torch's default threads on a busy 2-core
     # machine, ~3 ms with one (docs/serving.md).
     torch.set_num_threads(max(1, args.torch_threads))
+    # A request waits at most this long for the GIL held by the delivery or refresh thread
+    # (Python's default: 5 ms, half the latency goal).
+    sys.setswitchinterval(0.001)
     table: VersionedTable = EmbeddedTable()
     if args.redis:
         table = RedisTable.connect(args.redis, args.prefix, args.bucket_cache_mb << 20)
