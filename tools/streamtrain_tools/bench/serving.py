@@ -245,14 +245,21 @@ class Client:
                 delay = scheduled - time.perf_counter()
                 if delay > 0:
                     time.sleep(delay)
-                conn.request(
-                    "POST",
-                    "/v2/models/bench/infer",
-                    self.body,
-                    {"Content-Type": "application/json"},
-                )
-                resp = conn.getresponse()
-                data = resp.read()
+                try:
+                    conn.request(
+                        "POST",
+                        "/v2/models/bench/infer",
+                        self.body,
+                        {"Content-Type": "application/json"},
+                    )
+                    resp = conn.getresponse()
+                    data = resp.read()
+                except OSError:  # a timeout: counted, and a new connection
+                    with lock:
+                        self.errors += 1
+                    conn.close()
+                    conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+                    continue
                 done = time.perf_counter()
                 with lock:
                     if resp.status != 200:
@@ -289,6 +296,12 @@ end = time.time() + float(__import__("sys").argv[1])
 while time.time() < end:
     opt.zero_grad(); loss = torch.nn.functional.mse_loss(net(x), y); loss.backward(); opt.step()
 """
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def wait_http(port: int, key: str | None, timeout: float = 120) -> None:
@@ -373,8 +386,13 @@ def latency(tmp: Path, url: str, s: Settings) -> dict[str, Any]:
             Client(port, rows, batch).run(20, 1.0)
         for name, batch, rate in (("batch1", 1, s.rate), ("batch100", 100, s.rate / 10)):
             c = Client(port, rows, batch)
+            used = cpu_seconds(serve.pid)
             c.run(rate, s.seconds)
             out[name] = c.summary()
+            # The server's CPU per request: what the box's load does not change (much).
+            out[name]["server_cpu_ms_per_request"] = (
+                (cpu_seconds(serve.pid) - used) * 1000 / max(1, len(c.latencies))
+            )
             seen += c.responses
         # While deltas changing every requested key are applied: written by another process,
         # so that writing 100k-row parts does not hold this client's GIL (that had delayed
@@ -648,6 +666,8 @@ def latency_phase(tmp: Path, url: str, s: Settings) -> dict[str, Any]:
     return dict(
         latency_p50_ms_batch1=lat["batch1"]["p50_ms"],
         latency_p99_ms_batch1=lat["batch1"]["p99_ms"],
+        server_cpu_ms_per_request_batch1=lat["batch1"]["server_cpu_ms_per_request"],
+        server_cpu_ms_per_request_batch100=lat["batch100"]["server_cpu_ms_per_request"],
         latency_p50_ms_batch100=lat["batch100"]["p50_ms"],
         latency_p99_ms_batch100=lat["batch100"]["p99_ms"],
         latency_p99_ms_batch1_with_delta=lat["batch1_with_delta"]["p99_ms"],
