@@ -143,3 +143,19 @@ def test_a_served_key_costs_under_1_5x_its_raw_bytes(redis_server: RedisProcess)
     used, rows = table.served_memory(1, WIDTH)
     assert rows == 20_000
     assert used / rows <= 1.5 * (8 + 4 * WIDTH)
+
+
+def test_warm_reads_ahead_the_buckets_lookups_read(redis_server: RedisProcess) -> None:
+    rng = np.random.default_rng(13)
+    keys = rng.integers(1, 2**64 - 1, 3000, dtype=np.uint64)
+    writer = RedisTable(redis_server.client, "warm:")
+    first, second = part(rng, keys, keys[:0]), part(rng, keys, keys[:0])
+    writer.write(version(1), None, [first])
+    writer.write(version(2), version(1, 3000), [second])
+    reader = RedisTable.connect(redis_server.url, "warm:")
+    reader.lookup(1, keys[:50])
+    reader.warm(2)
+    redis_server.client.delete(*redis_server.client.keys("warm:r:2:*"))  # Redis not asked again
+    rows, hit = reader.lookup(2, keys[:50])
+    assert hit.all()
+    np.testing.assert_array_equal(rows, second[1][:50])

@@ -105,6 +105,10 @@ class Scorer:
             log.warning("served version %s has no record", served)
             return self.current
         model = self._load(version)
+        try:
+            self.table.warm(version.id)
+        except Exception:  # a cold cache is slower, not wrong
+            log.exception("cannot read ahead version %s", version.id)
         self.current = model
         with self._lock:
             keep = {served, *state.kept()}

@@ -60,6 +60,10 @@ class VersionedTable(ABC):
         """``state().served`` alone (what a server polls for: cheaper than the state)."""
         return self.state().served
 
+    def warm(self, vid: int) -> None:
+        """Read ahead what requests will read from ``vid`` (before it is served)."""
+        del vid  # by default nothing to read ahead (the embedded table is in memory)
+
     @abstractmethod
     def write(self, version: Version, parent: Version | None, parts: Sequence[Part]) -> int:
         """Store ``version``'s rows: ``parts`` applied in order onto ``parent``'s rows (or an
@@ -233,6 +237,8 @@ _CHUNK = 512
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 #: Bytes of bucket strings a serving process keeps (``RedisTable``'s read cache).
 CACHE_BYTES = 256 << 20
+#: Buckets a server remembers reading, to read ahead for a new version (``RedisTable.warm``).
+_HOT_BUCKETS = 4096
 
 
 def _mix(keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
@@ -278,6 +284,8 @@ class RedisTable(VersionedTable):
         self._cache_bytes = 0
         self._cache_limit = cache_bytes
         self._cache_lock = threading.Lock()
+        #: Buckets lookups read (bounded like the cache): what ``warm`` reads ahead.
+        self._hot: OrderedDict[int, None] = OrderedDict()
 
     @classmethod
     def connect(cls, url: str, prefix: str = "st:", cache_bytes: int = CACHE_BYTES) -> RedisTable:
@@ -326,11 +334,27 @@ class RedisTable(VersionedTable):
     def _bucket_key(self, owner: int, bucket: int) -> str:
         return f"{self._p}r:{owner}:{bucket}"
 
-    def _cached_read(self, owners: npt.NDArray[np.uint32], buckets: Sequence[int]) -> bytes:
+    def warm(self, vid: int) -> None:
+        """Read the buckets lookups read lately, as ``vid`` owns them, into the cache: the
+        first requests on a new version then make no round trip either."""
+        if self._cache_limit:
+            with self._cache_lock:
+                hot = list(self._hot)
+            self._cached_read(self.bucket_map(vid), sorted(hot), note=False)
+
+    def _cached_read(
+        self, owners: npt.NDArray[np.uint32], buckets: Sequence[int], note: bool = True
+    ) -> bytes:
         """``_read`` through the cache (only committed versions are looked up, and their
         bucket keys are immutable; an absent bucket is not cached)."""
         names = [self._bucket_key(int(owners[b]), b) for b in buckets]
         with self._cache_lock:
+            if note and self._cache_limit:
+                for b in buckets:
+                    self._hot[b] = None
+                    self._hot.move_to_end(b)
+                while len(self._hot) > _HOT_BUCKETS:
+                    self._hot.popitem(last=False)
             found = [self._cache.get(n) for n in names]
             for n, blob in zip(names, found, strict=True):
                 if blob is not None:
