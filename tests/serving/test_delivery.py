@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from streamtrain_tools.bench.serving_models import Export, keys_of, rows_for
+from streamtrain_tools.bench.serving.models import Export, keys_of, rows_for
 from streamtrain_worker.model_folder import ModelKind
 from streamtrain_worker.predict import load_model
 from streamtrain_worker.serving.delivery import Delivery

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamtrain_tools.bench.serving_models import Export, keys_of, lines, rows_for
+from streamtrain_tools.bench.serving.models import Export, keys_of, lines, rows_for
 from streamtrain_worker import predict
 from streamtrain_worker.model_folder import ModelKind
 

@@ -6,10 +6,10 @@ key plus the 2 CVM columns a slot, MLP 512-256-128, one PS server and one worker
 127.0.0.1. Each round runs three things back to back, in an order reversed every other round
 so the load of other processes on the shared cores hits them alike:
 
-- **ours**: ``python -m streamtrain_tools.bench.e2e --json --skip-quality`` (its
+- **ours**: ``python -m streamtrain_tools.bench.worker.e2e --json --skip-quality`` (its
   ``train_ex_per_s``, training only, and ``e2e_ex_per_s``, launch to finish with the
   per-pass delta exports and checkpoints it always does);
-- **the peer, saves off** and **the peer, saves on**: ``peer_trainer.py`` under the peer's
+- **the peer, saves off** and **the peer, saves on**: ``peer/trainer.py`` under the peer's
   interpreter (``--peer-python``, a virtualenv with ``paddlepaddle``; ``make bench-peer``
   creates it), a server and a worker process with the role environment ``fleetrun`` sets.
   Its training-only figure is examples over its training passes' wall time: it excludes
@@ -46,9 +46,9 @@ from streamtrain_ps.plumbing.launch import free_port, launch
 from streamtrain_tools.samples import SAMPLES_DIR, lay_out
 from streamtrain_worker.metrics import auc_from_histograms
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 PEER_PYTHON = REPO / ".venv-peer" / "bin" / "python"
-TRAINER = Path(__file__).with_name("peer_trainer.py")
+TRAINER = Path(__file__).with_name("trainer.py")
 DAY = "20261101"
 SIDES = ("ours", "peer_saves_off", "peer_saves_on")
 #: Seconds a run may take before it is declared hung (a loaded box runs one in minutes).
@@ -94,7 +94,7 @@ class PeerRun:
 
     @classmethod
     def from_result(cls, result: Mapping[str, Any], wall: float, launched: float) -> PeerRun:
-        """Read the worker's JSON (``peer_trainer.py``); ``launched`` is the wall-clock time
+        """Read the worker's JSON (``peer/trainer.py``); ``launched`` is the wall-clock time
         the server was started, ``wall`` launch until both processes were gone."""
         passes = result["passes"]
         if not passes:
@@ -229,7 +229,7 @@ def run_peer(
 
 def run_ours(args: argparse.Namespace) -> dict[str, Any]:
     """``bench-e2e``'s throughput run in its own process; its JSON line."""
-    cmd = [sys.executable, "-m", "streamtrain_tools.bench.e2e", "--json", "--skip-quality"]
+    cmd = [sys.executable, "-m", "streamtrain_tools.bench.worker.e2e", "--json", "--skip-quality"]
     cmd += ["--batch-size", str(args.batch_size), "--repeat", str(args.repeat)]
     done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=TIMEOUT)
     if done.returncode != 0:

@@ -10,7 +10,7 @@ What it runs is the flow of PaddleRec's online trainer, written here from its de
 behind ``sparse_embedding`` with the CTR accessor (show/click statistics, AdaGrad on the
 1 + 8 weights, every key embedded from its first show), the CVM op, an MLP 512-256-128 under
 Adam. Per pass: the pass's files loaded into memory through the pipe command
-(``peer_format.py``, Criteo rows to the peer's text layout) with the next pass preloaded
+(``peer/pipe.py``, Criteo rows to the peer's text layout) with the next pass preloaded
 while this one trains, an evaluation pass over the data before training on it (progressive
 validation, the trainer's "infer" step), the training pass, and with ``--saves`` the
 per-pass delta inference model, a checkpoint every ``--checkpoint-every`` passes, and at the
@@ -120,7 +120,7 @@ def dataset(net: Net, files: list[str], args: argparse.Namespace) -> Any:
         batch_size=args.batch_size,
         thread_num=args.threads,
         use_var=net.feeds,
-        pipe_command=f"{sys.executable} {Path(__file__).with_name('peer_format.py')}",
+        pipe_command=f"{sys.executable} {Path(__file__).with_name('pipe.py')}",
     )
     ds.set_filelist(files)
     return ds
@@ -202,7 +202,7 @@ def run_worker(args: argparse.Namespace, net: Net) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="peer_trainer.py", description=__doc__)
+    p = argparse.ArgumentParser(prog="trainer.py", description=__doc__)
     p.add_argument("--data", required=True, help="pass folders <day>/<HHMM>/part-*")
     p.add_argument("--out", required=True, help="the worker's JSON result")
     p.add_argument("--model-dir", required=True)

@@ -12,7 +12,7 @@ column its own token; C-columns are their hex text, the empty one a token of its
 is ``(slot + 1) << 32 | crc32(token)``: stable across processes (the pipe runs once per file)
 and never 0, which the peer's embedding reserves for padding.
 
-Standard library only, and runnable as a script (``python peer_format.py < rows``): it runs
+Standard library only, and runnable as a script (``python pipe.py < rows``): it runs
 under the peer's own interpreter, in its own virtualenv, where this repository's packages are
 not installed. Running the conversion inside the peer's timed run (instead of converting the
 files beforehand) charges it the parsing ours pays too.
@@ -94,5 +94,5 @@ if __name__ == "__main__":
     try:
         pipe(sys.stdin, sys.stdout)
     except ValueError as exc:
-        print(f"peer_format: {exc}", file=sys.stderr)
+        print(f"pipe.py: {exc}", file=sys.stderr)
         sys.exit(2)

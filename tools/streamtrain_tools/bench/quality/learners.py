@@ -10,7 +10,7 @@ COPC streamtrain reports), so the numbers compare like for like:
   object deep-merged into ``spec``) measure alternatives.
 - **vw**: Vowpal Wabbit in-process through its Python API, one ``Workspace`` per setting,
   ``learn`` per example; the prediction read back is the one made before the update.
-- **torch**: the plain PyTorch reference of ``streamtrain_tools.bench.reference`` (sparse
+- **torch**: the plain PyTorch reference of ``streamtrain_tools.bench.quality.reference`` (sparse
   AdaGrad embeddings, Adam MLP, batch 32) on the batches the worker's reader parses.
 """
 
@@ -31,8 +31,8 @@ import yaml
 from streamtrain_operator.job.progress import Phase
 from streamtrain_operator.job.spec import load_job
 from streamtrain_operator.local.runner import RunOptions, run_job
-from streamtrain_tools.bench.quality_streams import Stream, part_files
-from streamtrain_tools.bench.reference import BATCH, NUM_BUCKETS, TorchReference
+from streamtrain_tools.bench.quality.reference import BATCH, NUM_BUCKETS, TorchReference
+from streamtrain_tools.bench.quality.streams import Stream, part_files
 from streamtrain_worker.data.batch import Batch
 from streamtrain_worker.data.config import DataConfig
 from streamtrain_worker.data.reader import iter_batches

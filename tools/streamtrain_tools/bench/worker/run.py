@@ -15,7 +15,7 @@ hidden units 512-256-128, batch 512, one torch thread:
     a worker pod does, on the same cores.
 
 Two data sets: ``criteo`` (the Criteo sample repeated, a table that fits in a cache) and
-``long_tail`` (``streamtrain_tools.bench.long_tail``: the same shape, keys drawn 1/r from
+``long_tail`` (``streamtrain_tools.bench.worker.long_tail``: the same shape, keys drawn 1/r from
 millions of ids; every id is created in every table before timing, so lookups hit a table
 of millions of rows). Each round runs the three sides back to back, in an order rotated per
 round, so load from other processes hits them alike; a pair's ratio is the median over
@@ -59,9 +59,9 @@ from streamtrain_ps.client.local import LocalPS
 from streamtrain_ps.client.remote import RemotePS
 from streamtrain_ps.plumbing.heap import reuse_large_buffers
 from streamtrain_ps.service.process import shard_process
-from streamtrain_tools.bench import long_tail
-from streamtrain_tools.bench import parse as bench_parse
-from streamtrain_tools.bench.wire_count import CountingPS
+from streamtrain_tools.bench.ps.wire_count import CountingPS
+from streamtrain_tools.bench.worker import long_tail
+from streamtrain_tools.bench.worker import parse as bench_parse
 from streamtrain_tools.samples import SAMPLES_DIR
 from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.data.batch import Batch
@@ -160,7 +160,7 @@ class TorchBaseline:
     """Side (a): the same network trained the textbook way, in one process.
 
     ``spec`` may be any ``slot_dnn`` shape the system trains; plain PyTorch then computes
-    the same inputs itself, so both sides run the same network (``bench.e2e`` compares its
+    the same inputs itself, so both sides run the same network (``bench.worker.e2e`` compares its
     job with plain PyTorch at the job's own shape):
 
     - CVM columns: per-id show and click counts in a ``(num_ids, 2)`` tensor, pooled per

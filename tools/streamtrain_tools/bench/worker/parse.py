@@ -5,7 +5,7 @@ kernel, re-chunking into batches of 512) over a sample file repeated until ``min
 have passed, after one untimed warm-up pass that compiles (or loads cached) kernels. The slot
 format has no public sample here, so it is measured on a synthetic stream (``synth``).
 
-``python -m streamtrain_tools.bench.parse --json`` prints one JSON object as its last line:
+``python -m streamtrain_tools.bench.worker.parse --json`` prints one JSON object as its last line:
 ``{"parse_lines_per_s": {"criteo": …, "avazu": …, "libsvm": …, "csv": …, "slot": …}}``.
 
 ``--kernel`` times the format kernels alone instead (``measure_kernel``: the best of 7 parses
@@ -145,7 +145,7 @@ def measure_all(data_dir: Path = SAMPLES_DIR, *, min_seconds: float = 0.5) -> di
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m streamtrain_tools.bench.parse")
+    parser = argparse.ArgumentParser(prog="python -m streamtrain_tools.bench.worker.parse")
     parser.add_argument("--json", action="store_true", help="only the JSON result line")
     parser.add_argument("--data-dir", type=Path, default=SAMPLES_DIR)
     parser.add_argument("--min-seconds", type=float, default=1.0)

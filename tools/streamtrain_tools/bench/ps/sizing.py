@@ -19,7 +19,7 @@ examples/s a job can reach is the smallest of
   only ``sparse_cpu / S`` and bind later);
 - the dense shard's network: ``nic_bytes_per_s / (dense_bytes + sparse_bytes / S)``.
 
-``python -m streamtrain_tools.bench.sizing --worker-json FILE``: reads a ``bench.worker``
+``python -m streamtrain_tools.bench.ps.sizing --worker-json FILE``: reads a ``bench.worker``
 JSON line, probes the dense cost, prints the inputs and the table as markdown, and one JSON
 object last.
 """
@@ -39,7 +39,7 @@ import numpy as np
 from streamtrain_ps.client.remote import RemotePS
 from streamtrain_ps.config import PSConfig
 from streamtrain_ps.service.process import shard_process
-from streamtrain_tools.bench.worker import process_cpu_seconds
+from streamtrain_tools.bench.worker.run import process_cpu_seconds
 
 WORKERS = (1, 2, 4, 8, 16, 32, 64)
 SHARDS = (1, 2, 4, 8, 16, 32)
@@ -126,7 +126,7 @@ def table(costs: Costs, res: Resources) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(
-        prog="python -m streamtrain_tools.bench.sizing", description=__doc__
+        prog="python -m streamtrain_tools.bench.ps.sizing", description=__doc__
     )
     p.add_argument("--worker-json", type=Path, required=True, help="a bench.worker JSON line")
     p.add_argument("--set", default="criteo", help="data set of the JSON to size")

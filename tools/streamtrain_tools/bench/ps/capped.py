@@ -60,7 +60,7 @@ from streamtrain_ps.tier.memory_limit import (
     STORE_OUTSIDE_CACHE,
     request_scratch_bytes,
 )
-from streamtrain_tools.bench.ps_scale import DIM, TABLE, config, rss, spread, throughput, zipf_ranks
+from streamtrain_tools.bench.ps.scale import DIM, TABLE, config, rss, spread, throughput, zipf_ranks
 
 #: Share of the table pushed again (more shows): the Zipf head the capped RAM tier keeps.
 HOT_SHARE = 0.1
@@ -71,7 +71,7 @@ OVERHEAD = (
     "import streamtrain_ps.__main__\n"
     "from streamtrain_ps.tier.memory_limit import bound_allocator, current_rss_bytes\n"
     "from streamtrain_ps.tier.warmup import warm_kernels\n"
-    "from streamtrain_tools.bench.ps_scale import config\n"
+    "from streamtrain_tools.bench.ps.scale import config\n"
     "bound_allocator()\n"
     "warm_kernels(config())\n"
     "print(current_rss_bytes())\n"

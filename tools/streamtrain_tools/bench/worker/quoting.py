@@ -9,7 +9,7 @@ The inputs and column plans are ``bench_parse.sample_configs``' real samples; th
 gets the same plan minus the quote byte (its signature before quoting existed).
 
     git show bb3c5c2:worker/streamtrain_worker/data/formats/delimited.py > /tmp/old_delimited.py
-    python -m streamtrain_tools.bench.quoting --old /tmp/old_delimited.py --json
+    python -m streamtrain_tools.bench.worker.quoting --old /tmp/old_delimited.py --json
 
 The last line is one JSON object: per format ``old_lines_per_s``, ``new_lines_per_s`` and
 ``ratio`` (new / old lines/s, median of pairs; > 0.95 is the target), an A/A control (the
@@ -33,7 +33,7 @@ from types import ModuleType
 
 import numpy as np
 
-from streamtrain_tools.bench import parse as bench_parse
+from streamtrain_tools.bench.worker import parse as bench_parse
 from streamtrain_tools.samples import SAMPLES_DIR
 from streamtrain_worker.data.formats import make_format
 from streamtrain_worker.data.formats.delimited import DelimitedParser
@@ -150,7 +150,7 @@ def run(old_path: Path, data_dir: Path, repeats: int, copies: int) -> dict[str, 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m streamtrain_tools.bench.quoting")
+    parser = argparse.ArgumentParser(prog="python -m streamtrain_tools.bench.worker.quoting")
     parser.add_argument("--old", type=Path, required=True, help="an older delimited.py")
     parser.add_argument("--data-dir", type=Path, default=SAMPLES_DIR)
     parser.add_argument("--repeats", type=int, default=40, help="timed pairs per format")

@@ -1,4 +1,4 @@
-"""``python -m streamtrain_tools.bench.disk_store --json``: choose the PS disk tier's store.
+"""``python -m streamtrain_tools.bench.ps.disk_store --json``: choose the PS disk tier's store.
 
 Batch put and batch get of ``--keys`` 64-bit keys with ``--value-bytes`` values (a PS full
 row is ~100 B at embedxDim 8) in RocksDB (``rocksdict``) and LMDB (``lmdb``); disk bytes

@@ -4,7 +4,7 @@ delta apply, latency, exactness and memory of the online predictor.
 Sized for a 2-core machine shared with other work; every phase runs its own processes and a
 ``redis-server`` of its own (free loopback port, a temporary directory):
 
-1. **delta apply + publication to served**: an export (``bench.serving_models``: the real
+1. **delta apply + publication to served**: an export (``bench.serving.models``: the real
    writers, embedxDim 8) with a base of ``--base-keys`` keys, then ``--passes`` deltas of
    ``--delta-keys`` changed keys each (plus 1% tombstones and 1% new keys); a server (the
    in-process ``Server``) delivering into Redis, then into the embedded table, notes when
@@ -53,7 +53,7 @@ import torch
 import yaml
 
 from streamtrain_ps.plumbing.launch import free_port
-from streamtrain_tools.bench.serving_models import Export, keys_of, lines, rows_for
+from streamtrain_tools.bench.serving.models import Export, keys_of, lines, rows_for
 from streamtrain_worker.model_folder import ModelKind
 from streamtrain_worker.predict import RowWriter, load_model, score
 from streamtrain_worker.serving.delivery import Applied, Delivery

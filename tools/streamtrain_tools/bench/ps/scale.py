@@ -1,4 +1,4 @@
-"""``python -m streamtrain_tools.bench.ps_scale --json`` (``make bench-ps-scale``): one PS
+"""``python -m streamtrain_tools.bench.ps.scale --json`` (``make bench-ps-scale``): one PS
 shard at the long tail.
 
 One shard, one table: embedxDim 8, SparseAdaGrad, ``embedxThreshold`` 10. Per table size
@@ -318,7 +318,7 @@ def over_rpc(n: int, args: argparse.Namespace, work: Path) -> dict[str, float]:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m streamtrain_tools.bench.ps_scale", description=__doc__
+        prog="python -m streamtrain_tools.bench.ps.scale", description=__doc__
     )
     p.add_argument(
         "--sizes",
@@ -383,7 +383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         capped: dict[str, float] = {}
         if args.capped_keys:
             # imported here: the capped phase builds on this module's helpers
-            from streamtrain_tools.bench.ps_capped import capped_phase
+            from streamtrain_tools.bench.ps.capped import capped_phase
 
             d = Path(tmp) / "capped"
             d.mkdir()

@@ -1,6 +1,6 @@
 """``make bench-quality``: streamtrain with its defaults vs Vowpal Wabbit vs plain PyTorch.
 
-Side by side on the same streams (``streamtrain_tools.bench.quality_streams``: the Criteo
+Side by side on the same streams (``streamtrain_tools.bench.quality.streams``: the Criteo
 protocol, the Avazu sample, a long-tail synthetic stream with its oracle AUC, the synthetic
 stream families the defaults are judged on — hour of day, low CTR, half-hour passes, strong
 id pairs, fast drift — each on a fresh seed; the iPinYou sample on request), every learner
@@ -36,14 +36,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from streamtrain_tools.bench.quality_learners import (
+from streamtrain_tools.bench.quality.learners import (
     PassScore,
     run_streamtrain,
     run_torch,
     run_vw,
     window_mean,
 )
-from streamtrain_tools.bench.quality_streams import (
+from streamtrain_tools.bench.quality.streams import (
     DEFAULT_STREAMS,
     LONGTAIL_SEED,
     STREAMS,

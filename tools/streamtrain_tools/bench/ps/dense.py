@@ -1,6 +1,6 @@
 """Time one dense push (``DenseVector.push``) for an MLP's parameters.
 
-``python -m streamtrain_tools.bench.ps_dense [--layers 512,256,128] [--pushes 200] [--optimizer
+``python -m streamtrain_tools.bench.ps.dense [--layers 512,256,128] [--pushes 200] [--optimizer
 adam]`` prints the median and p90 milliseconds per push and ends with one JSON line. The
 parameter count is that of a fully connected network over the given layer widths plus a
 one-unit output (weights and biases).

@@ -1,4 +1,4 @@
-"""``python -m streamtrain_tools.bench.tls_cost --json`` (``make bench-tls``): what mutual TLS
+"""``python -m streamtrain_tools.bench.ps.tls_cost --json`` (``make bench-tls``): what mutual TLS
 costs a worker's pull and push, against the same shard build with it off.
 
 Two ``python -m streamtrain_ps`` children on 127.0.0.1: one plaintext, one serving mutual TLS
@@ -51,7 +51,7 @@ def _pki(root: Path) -> tuple[TLSFiles, TLSFiles]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m streamtrain_tools.bench.tls_cost")
+    p = argparse.ArgumentParser(prog="python -m streamtrain_tools.bench.ps.tls_cost")
     p.add_argument("--batch", type=int, default=4096, help="keys per pull and push")
     p.add_argument("--steps", type=int, default=200, help="steps per round and mode")
     p.add_argument("--rounds", type=int, default=5)

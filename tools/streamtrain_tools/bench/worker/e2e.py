@@ -70,7 +70,7 @@ from streamtrain_operator.job.render import worker_config
 from streamtrain_operator.job.spec import load_job, parse_job
 from streamtrain_operator.local.runner import RunOptions, run_job
 from streamtrain_ps.plumbing.heap import reuse_large_buffers
-from streamtrain_tools.bench import worker as bench_worker
+from streamtrain_tools.bench.worker import run as bench_worker
 from streamtrain_tools.samples import SAMPLES_DIR, lay_out
 from streamtrain_worker.models import ModelSpec
 
@@ -107,7 +107,7 @@ def manifest(
                 # Off only for --no-cvm-side: then the input is plain PyTorch's, 39 x (1 + 8).
                 "cvm": cvm,
                 # The target is what plain PyTorch reaches (EmbeddingBag + MLP, the
-                # embeddings fed raw; streamtrain_tools.bench.reference): normalise only the
+                # embeddings fed raw; streamtrain_tools.bench.quality.reference): normalise only the
                 # CVM columns like it. Normalising the whole input cost ~0.01 AUC here
                 # (measured with batch norm; docs/decisions.md).
                 "normalizeEmbeddings": False,
@@ -307,7 +307,9 @@ def no_cvm_side(root: Path, args: argparse.Namespace, log: io.TextIOBase) -> dic
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m streamtrain_tools.bench.e2e", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m streamtrain_tools.bench.worker.e2e", description=__doc__
+    )
     p.add_argument("--json", action="store_true", help="(the JSON line is always printed last)")
     p.add_argument("--auc-batch-size", type=int, default=32)
     p.add_argument("--batch-size", type=int, default=512)

@@ -87,7 +87,7 @@ def measure(files: list[str]) -> tuple[list[float], list[float]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m streamtrain_tools.bench.read_ahead", description=__doc__
+        prog="python -m streamtrain_tools.bench.worker.read_ahead", description=__doc__
     )
     p.add_argument("--json", action="store_true", help="(the JSON line is always printed last)")
     p.add_argument("--passes", type=int, default=42)

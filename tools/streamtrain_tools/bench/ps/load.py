@@ -1,4 +1,4 @@
-"""``python -m streamtrain_tools.bench.ps_load --json`` (``make bench-load``): concurrent clients
+"""``python -m streamtrain_tools.bench.ps.load --json`` (``make bench-load``): concurrent clients
 against two PS shard processes — throughput, latency, memory, and proof that nothing is lost.
 
 Two ``python -m streamtrain_ps`` children (shard 0 and 1 of 2) run on 127.0.0.1 port 0. The
@@ -46,7 +46,7 @@ import numpy.typing as npt
 from streamtrain_ps.client.remote import RemotePS, RetryPolicy
 from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
 from streamtrain_ps.service.process import shard_process
-from streamtrain_tools.bench.ps import all_keys, rss_bytes
+from streamtrain_tools.bench.ps.run import all_keys, rss_bytes
 
 TABLE = "embedding"
 EMBEDX_DIM = 8
@@ -350,7 +350,7 @@ def print_table(result: dict[str, Any], clients: Sequence[int]) -> None:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m streamtrain_tools.bench.ps_load", description=__doc__
+        prog="python -m streamtrain_tools.bench.ps.load", description=__doc__
     )
     d = LoadSettings()
     p.add_argument("--clients", default=",".join(map(str, d.clients)), help="N values, e.g. 1,4,16")

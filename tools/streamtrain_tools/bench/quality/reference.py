@@ -14,13 +14,13 @@ module measures exactly that, side by side with the PS path on the same batches:
 (b) ``ps``: ``Trainer.run_pass`` against an in-process ``LocalPS`` with the settings the
     bench's manifest renders (CVM on and only CVM normalised, dense on the PS, async
     prefetch/push), the fast way to
-    iterate on the PS path before confirming through ``streamtrain_tools.bench.e2e``.
+    iterate on the PS path before confirming through ``streamtrain_tools.bench.worker.e2e``.
 
 Both sides parse with ``streamtrain_worker.data`` (identical keys) and score with
 ``PassMetrics`` (identical AUC histograms). 300-row passes make one pass's AUC noisy
 (+-0.03), so compare means over several seeds, run in the same process.
 
-``python -m streamtrain_tools.bench.reference --seeds 0 1 2 --json``: the last line is one
+``python -m streamtrain_tools.bench.quality.reference --seeds 0 1 2 --json``: the last line is one
 JSON object with each side's per-seed ``auc_mean_13_24``, their mean and spread.
 """
 
@@ -38,7 +38,7 @@ from torch import nn
 from torch.nn import functional as nnf
 
 from streamtrain_ps.client.local import LocalPS
-from streamtrain_tools.bench.e2e import SUMMARY_DECAY
+from streamtrain_tools.bench.worker.e2e import SUMMARY_DECAY
 from streamtrain_tools.samples import SAMPLES_DIR
 from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.data.batch import Batch, slice_batch
@@ -216,7 +216,7 @@ def _summary(values: list[float]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(
-        prog="python -m streamtrain_tools.bench.reference", description=__doc__
+        prog="python -m streamtrain_tools.bench.quality.reference", description=__doc__
     )
     p.add_argument("--data", type=Path, default=SAMPLES_DIR, help="folder of the samples")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
