@@ -46,7 +46,7 @@ from streamtrain_worker.data.config import DataConfig
 from streamtrain_worker.data.reader import iter_batches
 from streamtrain_worker.metrics import PassMetrics
 from streamtrain_worker.models import ModelSpec, build_model
-from streamtrain_worker.train import Trainer
+from streamtrain_worker.training.train import Trainer
 
 SAMPLE = "criteo_kaggle_sample_train.txt"
 ROWS_PER_PASS = 300

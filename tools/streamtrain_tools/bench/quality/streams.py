@@ -17,7 +17,7 @@ as a Vowpal Wabbit example (the linear baseline sees the same tokens the slots h
   defaults were not tuned on, but with ~10 clicks a pass every learner stays near AUC 0.55,
   so it checks the libSVM path more than it ranks learners. VW tokens: ``f<index>`` for
   every libSVM index, one namespace.
-- **longtail**: ``streamtrain_worker.synth`` with long-tail users and items (Zipf over
+- **longtail**: ``streamtrain_worker.data.synth`` with long-tail users and items (Zipf over
   200,000 and 50,000 ranks), 5% of the ranks taken by new ids every day, AR(1) drift and a
   hidden 8 x 8 user-group x item-group interaction; 3 days of 24 hourly passes of 4,000
   rows (288,000 rows); reported: each day. ``longtail_seed`` draws another stream of the
@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from streamtrain_tools.samples import IPINYOU_FIELD_MAP, SAMPLES_DIR, lay_out
-from streamtrain_worker import synth
+from streamtrain_worker.data import synth
 
 START_DAY = "20261101"
 #: Synthetic stream families (``family_config``), each drawn with a fresh seed per run.

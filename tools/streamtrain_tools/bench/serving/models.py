@@ -20,8 +20,9 @@ from streamtrain_ps.saves import partfile
 from streamtrain_ps.saves.checkpoint import publish
 from streamtrain_worker.data.config import DataConfig
 from streamtrain_worker.data.hashing import feature_sign
-from streamtrain_worker.export import export_dense
-from streamtrain_worker.model_folder import (
+from streamtrain_worker.models import ModelSpec, build_model
+from streamtrain_worker.publishing.export import export_dense
+from streamtrain_worker.publishing.model_folder import (
     DONEFILE,
     DoneLine,
     ModelFile,
@@ -30,7 +31,6 @@ from streamtrain_worker.model_folder import (
     Serving,
     model_key,
 )
-from streamtrain_worker.models import ModelSpec, build_model
 
 SLOTS = ["user", "item", "hist"]
 DIM = 4

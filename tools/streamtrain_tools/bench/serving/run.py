@@ -54,8 +54,8 @@ import yaml
 
 from streamtrain_ps.plumbing.launch import free_port
 from streamtrain_tools.bench.serving.models import Export, keys_of, lines, rows_for
-from streamtrain_worker.model_folder import ModelKind
-from streamtrain_worker.predict import RowWriter, load_model, score
+from streamtrain_worker.publishing.model_folder import ModelKind
+from streamtrain_worker.publishing.predict import RowWriter, load_model, score
 from streamtrain_worker.serving.delivery import Applied, Delivery
 from streamtrain_worker.serving.scoring import Scorer
 from streamtrain_worker.serving.server import Server
@@ -450,7 +450,7 @@ def exactness(
 
 
 def job_freshness(tmp: Path, s: Settings) -> dict[str, Any]:
-    from streamtrain_worker.synth import (
+    from streamtrain_worker.data.synth import (
         SEQUENCE_SLOT,
         SLOTS,
         DonefileWriter,

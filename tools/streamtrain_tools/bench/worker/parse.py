@@ -24,8 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from streamtrain_tools.samples import SAMPLES_DIR
-from streamtrain_worker import synth
-from streamtrain_worker.data import layout, timeslices
+from streamtrain_worker.data import layout, synth, timeslices
 from streamtrain_worker.data.config import AVAZU_CATEGORICAL, DataConfig
 from streamtrain_worker.data.formats import make_format
 from streamtrain_worker.data.reader import iter_batches

@@ -30,7 +30,7 @@ import torch
 from streamtrain_ps.client.local import LocalPS
 from streamtrain_tools.samples import SAMPLES_DIR
 from streamtrain_worker.config import WorkerConfig
-from streamtrain_worker.control import WorkerServer, WorkerServicer
+from streamtrain_worker.control.service import WorkerServer, WorkerServicer
 from streamtrain_worker.proto import worker_pb2, worker_pb2_grpc
 
 ROWS = 300  # rows of the sample per pass, repeated ``REPEAT`` times (bench-e2e's passes)

@@ -67,7 +67,6 @@ from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.data.batch import Batch
 from streamtrain_worker.data.ordinal import ordinal_inputs
 from streamtrain_worker.data.reader import iter_batches
-from streamtrain_worker.embedding import cvm_columns
 from streamtrain_worker.models import ModelSpec, build_model
 from streamtrain_worker.models.summary import (
     drain_pending,
@@ -75,7 +74,8 @@ from streamtrain_worker.models.summary import (
     scatter_stats,
     summary_layers,
 )
-from streamtrain_worker.train import Trainer
+from streamtrain_worker.training.embedding import cvm_columns
+from streamtrain_worker.training.train import Trainer
 
 SAMPLE = "criteo_kaggle_sample_train.txt"
 HIDDEN = (512, 256, 128)

@@ -44,7 +44,7 @@ from streamtrain_ps.api import PSLike
 from streamtrain_ps.client.dedup import unique_inverse
 from streamtrain_worker.data.batch import Batch
 from streamtrain_worker.data.ordinal import ordinal_inputs
-from streamtrain_worker.pooling import KeyBags, sum_pool
+from streamtrain_worker.training.pooling import KeyBags, sum_pool
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class PreparedBatch:
     shows: npt.NDArray[np.float32]  # (U,) occurrences in this batch
     clicks: npt.NDArray[np.float32]  # (U,) occurrences in clicked examples of this batch
     slots: npt.NDArray[np.uint32]  # (U,) slot of the key (its last occurrence)
-    #: The bags of every unique key (the backward of the pooling: ``streamtrain_worker.pooling``).
+    #: The bags of every unique key (the backward of the pooling: ``training.pooling``).
     by_key: KeyBags
     pull_seconds: float = 0.0
     #: ``(B*S, 2)`` CVM columns of every bag (``cvm_columns``), when prepared with ``cvm``.

@@ -1,6 +1,6 @@
 """A synthetic click stream with a known model, so learned AUC can be compared to the best.
 
-``python -m streamtrain_worker.synth --out DIR --days D --start 20261101 ...`` writes the
+``python -m streamtrain_worker.data.synth --out DIR --days D --start 20261101 ...`` writes the
 time-sliced layout ``DIR/<YYYYMMDD>/<HHMM>/part-NNNNN`` in the PaddleRec slot format (one
 example per line: ``click:<0|1>`` then ``<id>:<slot>`` tokens; ids are the raw integer feature
 ids, which the data layer salts with the slot), a donefile per folder, and:
@@ -342,7 +342,7 @@ def generate_delayed(cfg: SynthConfig, delay_seconds: float) -> tuple[SynthResul
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m streamtrain_worker.synth", description=__doc__.split("\n")[0]
+        prog="python -m streamtrain_worker.data.synth", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--out", required=True)
     parser.add_argument("--days", type=int, default=2)

@@ -1,6 +1,6 @@
 """The reference predictor: load a published inference model and score raw examples.
 
-``python -m streamtrain_worker.predict --export ROOT [--model KEY] FILE...`` (also
+``python -m streamtrain_worker.publishing.predict --export ROOT [--model KEY] FILE...`` (also
 ``streamtrain predict``). A model is found through the export donefile (``ROOT/donefile.txt``,
 one JSON line per published model; the folder's format is ``model_folder``):
 
@@ -44,10 +44,9 @@ from streamtrain_worker.data.config import DataConfig
 from streamtrain_worker.data.errors import DataError
 from streamtrain_worker.data.formats import make_format
 from streamtrain_worker.data.reader import PassReader
-from streamtrain_worker.embedding import Lookup, prepare
-from streamtrain_worker.export import load_dense
 from streamtrain_worker.metrics import DERIVED_METRICS, PassMetrics, format_metric
-from streamtrain_worker.model_folder import (
+from streamtrain_worker.publishing.export import load_dense
+from streamtrain_worker.publishing.model_folder import (
     MODEL_MANIFEST,
     DoneLine,
     ModelKind,
@@ -55,6 +54,7 @@ from streamtrain_worker.model_folder import (
     read_manifest,
     verify_files,
 )
+from streamtrain_worker.training.embedding import Lookup, prepare
 
 EPS = 1e-7
 

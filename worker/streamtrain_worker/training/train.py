@@ -19,7 +19,7 @@ pushes (async data-parallel training with bounded staleness). The counted statis
 in a second vector with the PS summary rule: each trained batch's counts are pushed with
 its dense gradient and summed on the PS, and the sums come back with every dense sync.
 
-Overlap (``streamtrain_worker.pipeline``): reading, parsing, key dedup and the sparse pull of
+Overlap (``training.pipeline``): reading, parsing, key dedup and the sparse pull of
 the next ``prefetchBatches`` batches run in a background thread while the current batch
 computes; pushes go through a bounded queue in another thread and are flushed at pass end.
 A prefetched batch may therefore miss the updates of the pushes still in flight: the
@@ -48,7 +48,6 @@ from streamtrain_ps.api import PSLike
 from streamtrain_ps.errors import InvalidRequestError, UnknownTableError
 from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.data.batch import Batch
-from streamtrain_worker.embedding import Lookup, PreparedBatch, SparsePush, prepare
 from streamtrain_worker.metrics import PassMetrics
 from streamtrain_worker.models import DenseModel, ModelSpec, build_model
 from streamtrain_worker.models.summary import (
@@ -59,7 +58,8 @@ from streamtrain_worker.models.summary import (
     summary_layers,
 )
 from streamtrain_worker.monitoring import WorkerMetrics
-from streamtrain_worker.pipeline import AsyncPusher, Prefetcher, SingleFlight
+from streamtrain_worker.training.embedding import Lookup, PreparedBatch, SparsePush, prepare
+from streamtrain_worker.training.pipeline import AsyncPusher, Prefetcher, SingleFlight
 
 
 class PassCancelledError(RuntimeError):

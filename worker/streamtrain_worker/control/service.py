@@ -30,8 +30,8 @@ that generation are refused as stale.
 
 A RunPass may name this worker's files of the next pass (``next_files``): they are read and
 parsed from the pass's last batch on (beside its end and the transition), and the next
-RunPass uses that
-reader if it names the same files, unchanged since (``read_ahead.py``); a ``Reset`` drops it.
+RunPass uses that reader if it names the same files, unchanged since
+(``training/read_ahead.py``); a ``Reset`` drops it.
 
 The trainer (and with it ``init_dense`` on the PS) is built lazily on the first call, so a
 worker that starts before its PS comes up still starts, serves health, and trains once the
@@ -62,17 +62,17 @@ from streamtrain_ps.plumbing.grpc_serving import GrpcServer
 from streamtrain_ps.plumbing.tls import PeerPolicy, TLSFiles, authorising_interceptor, describe_peer
 from streamtrain_ps.service.storage_policy import check_uri
 from streamtrain_worker.config import WorkerConfig
+from streamtrain_worker.control.refusals import Reason, trailing_metadata
 from streamtrain_worker.data.batch import Batch
 from streamtrain_worker.data.errors import DataError
 from streamtrain_worker.data.formats import make_format
 from streamtrain_worker.data.reader import PassReader
-from streamtrain_worker.export import export_dense
 from streamtrain_worker.metrics import format_metric
 from streamtrain_worker.monitoring import WorkerMetrics
 from streamtrain_worker.proto import worker_pb2, worker_pb2_grpc
-from streamtrain_worker.read_ahead import Outcome, ReadAhead
-from streamtrain_worker.refusals import Reason, trailing_metadata
-from streamtrain_worker.train import PassCancelledError, Trainer
+from streamtrain_worker.publishing.export import export_dense
+from streamtrain_worker.training.read_ahead import Outcome, ReadAhead
+from streamtrain_worker.training.train import PassCancelledError, Trainer
 
 log = logging.getLogger(__name__)
 

@@ -28,9 +28,9 @@ from streamtrain_ps.plumbing.heap import reuse_large_buffers
 from streamtrain_ps.plumbing.startup import announce
 from streamtrain_ps.plumbing.tls import TLSConfigError
 from streamtrain_worker.config import WorkerConfig
-from streamtrain_worker.control import CONTROL_METHODS, WorkerServer, WorkerServicer
+from streamtrain_worker.control.service import CONTROL_METHODS, WorkerServer, WorkerServicer
+from streamtrain_worker.control.warmup import start_warm_up
 from streamtrain_worker.monitoring import WorkerMetrics
-from streamtrain_worker.warmup import start_warm_up
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -5,14 +5,14 @@ Layout under an export root (any fsspec URL)::
     <root>/donefile.txt                  one JSON line per published model, in order
     <root>/<day>/delta-<pass>/MODEL.json the model's manifest, written after its parts
     <root>/<day>/delta-<pass>/sparse/    PS save (its own MANIFEST.json, streamtrain_ps)
-    <root>/<day>/delta-<pass>/dense/     dense.pt + dense.json (streamtrain_worker.export)
+    <root>/<day>/delta-<pass>/dense/     dense.pt + dense.json (publishing.export)
     <root>/<day>/base/                   the base published at the end of <day - 1>
     <root>/<day>/batch/                  the day's batch model
 
 A model exists for readers once its donefile line exists; the line names the manifest, and
 the manifest lists every file of the model with size and sha256. The operator writes this
 folder (``streamtrain_operator.run.export``), the predictor reads it
-(``streamtrain_worker.predict``); this module is the one place that knows the file names,
+(``streamtrain_worker.publishing.predict``); this module is the one place that knows the file names,
 the key shapes, the line and manifest fields, and how to check them. Bad input raises
 ``ModelFormatError`` naming the file (and the donefile line).
 
