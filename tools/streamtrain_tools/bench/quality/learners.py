@@ -168,8 +168,6 @@ def torch_passes(stream: Stream, batch_size: int = BATCH) -> list[list[Batch]]:
 def run_torch(stream: Stream, seed: int = 0) -> list[PassScore]:
     """The plain PyTorch reference over the stream; per-pass scores."""
     torch.set_num_threads(1)
-    # Opting out explicitly (torch's default) keeps torch from warning at every sparse step.
-    torch.sparse.check_sparse_tensor_invariants.disable()
     return [score(m) for m in TorchReference(torch_passes(stream), seed).run_metrics()]
 
 

@@ -124,6 +124,8 @@ class TorchReference:
             num_slots, DIM, cvm=False, hidden_units=HIDDEN, normalize_embeddings=False
         )
         torch.manual_seed(seed)
+        # Opting out explicitly (torch's default) keeps torch from warning at every sparse step.
+        torch.sparse.check_sparse_tensor_invariants.disable()
         self.embedding = nn.EmbeddingBag(len(vocab), 1 + DIM, mode="sum", sparse=True)
         if init_range is not None:  # None: torch's own N(0, 1)
             nn.init.uniform_(self.embedding.weight, -init_range, init_range)
