@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from streamtrain_worker.data.batch import Batch
-from streamtrain_worker.embedding import Lookup, prepare
+from streamtrain_worker.training.embedding import Lookup, prepare
 
 DIM = 4  # embedx dim
 
