@@ -67,6 +67,10 @@ class PreparedBatch:
     cvm: torch.Tensor | None = None
     #: ``(B, K, 2)`` ``[value, missing]`` of the K ordinal slots asked for, or None.
     ordinal: torch.Tensor | None = None
+    #: ``(U,)`` what each key's pushed gradient is multiplied by (``shared_step_scale``,
+    #: ``model.rowSharedSteps``) and which parts (``"embed"`` or ``"all"``), or None.
+    step_scale: npt.NDArray[np.float32] | None = None
+    step_parts: str = "none"
 
     @property
     def num_unique(self) -> int:
@@ -92,6 +96,33 @@ def count_keys(
     return shows, clicks, slots
 
 
+def shared_step_scale(
+    batch: Batch,
+    inverse: npt.NDArray[np.int64],
+    bag: npt.NDArray[np.int64],
+    occurrences: npt.NDArray[np.int64],
+) -> npt.NDArray[np.float32]:
+    """Per unique key ``max(1, n / C)``: ``n`` its occurrences in the batch, ``C`` the mean
+    over its occurrences of how many occurrences of batch-wide keys (``n > 1``) their row
+    holds.
+
+    The PS steps with a key's mean gradient, one step per batch: a key in every row (an
+    hour of day) learns ~batchSize times slower than an online learner. Taking ``n`` steps
+    overshoots, because every head key of a row corrects the row's error at once
+    (docs/decisions.md, issue 26). Scaled by this, a row's correction is shared among its
+    batch-wide keys: an hour key among rare ids steps with ~``n`` times its mean gradient,
+    each of 20 head keys of an Avazu row with ~``n / 20``; a key seen once keeps its
+    gradient, and no key steps less than with its mean.
+    """
+    example = bag // batch.num_slots
+    wide = occurrences[inverse] > 1
+    per_row = np.bincount(example[wide], minlength=batch.size).astype(np.float64)
+    summed = np.bincount(inverse, weights=per_row[example], minlength=occurrences.shape[0])
+    n = occurrences.astype(np.float64)
+    mean_wide = np.maximum(summed / np.maximum(n, 1.0), 1.0)
+    return np.where(n > 1, np.maximum(n / mean_wide, 1.0), 1.0).astype(np.float32)
+
+
 def cvm_columns(
     inverse: torch.Tensor, show_click: npt.NDArray[np.float32], offsets: torch.Tensor
 ) -> torch.Tensor:
@@ -112,12 +143,14 @@ def prepare(
     embedding_dim: int,
     cvm: bool = False,
     ordinal_slots: tuple[int, ...] = (),
+    step_parts: str = "none",
 ) -> PreparedBatch:
     """Deduplicate the batch's keys and pull their rows once (thread-safe, model-free).
 
     With ``cvm`` the CVM columns are computed here too: they depend on the pulled rows
     only, so a prefetch thread takes them off the training thread; likewise the inputs of
-    ``ordinal_slots`` (none: ``ordinal`` is None).
+    ``ordinal_slots`` (none: ``ordinal`` is None). ``step_parts`` (``model.rowSharedSteps``:
+    none, embed or all): which parts' gradients ``shared_step_scale`` scales.
     """
     # A linear-time hash dedup (first-seen order), not np.unique's sort: ~5x cheaper.
     unique_keys, inverse = unique_inverse(batch.keys)
@@ -151,6 +184,10 @@ def prepare(
         pull_seconds=pull_seconds,
         cvm=cvm_columns(inverse_t, show_click, offsets) if cvm else None,
         ordinal=(torch.from_numpy(ordinal_inputs(batch, ordinal_slots)) if ordinal_slots else None),
+        step_scale=(
+            None if step_parts == "none" else shared_step_scale(batch, inverse, bag, occurrences)
+        ),
+        step_parts=step_parts,
     )
 
 
@@ -202,6 +239,10 @@ class Lookup:
         p = self.prepared
         grad = self.weight.grad
         grads = np.zeros_like(p.weights) if grad is None else grad.numpy()
+        if p.step_scale is not None and grad is not None:
+            grads = grads.copy()
+            parts = slice(None) if p.step_parts == "all" else slice(0, 1)
+            grads[:, parts] *= p.step_scale[:, None]
         return SparsePush(p.unique_keys, grads, p.shows, p.clicks, p.slots)
 
 

@@ -248,6 +248,7 @@ class Trainer:
             model.embeddingDim,
             model.cvm,
             self.spec.ordinal_slots,
+            model.rowSharedSteps,
         )
 
     def forward(self, lookup: Lookup) -> torch.Tensor:
