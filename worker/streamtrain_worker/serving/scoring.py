@@ -23,9 +23,9 @@ from streamtrain_ps.api import PSLike
 from streamtrain_worker.data.batch import Batch
 from streamtrain_worker.data.config import DataConfig
 from streamtrain_worker.data.formats import REASONS, Format, make_format
-from streamtrain_worker.export import load_dense
-from streamtrain_worker.model_folder import read_manifest
-from streamtrain_worker.predict import forward
+from streamtrain_worker.publishing.export import load_dense
+from streamtrain_worker.publishing.model_folder import read_manifest
+from streamtrain_worker.publishing.predict import forward
 from streamtrain_worker.serving.tables import VersionedTable, VersionGoneError
 from streamtrain_worker.serving.versions import Version
 

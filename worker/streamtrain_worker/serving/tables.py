@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 import redis
 
-from streamtrain_worker.predict import SparseModel, apply_chain
+from streamtrain_worker.publishing.predict import SparseModel, apply_chain
 from streamtrain_worker.serving.versions import (
     DeliveryState,
     Version,
