@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import multiprocessing
 import os
 import shutil
 import signal
@@ -195,16 +196,7 @@ def redis_memory(url: str, prefix: str) -> dict[str, Any]:
     """Bytes per row of the served version's buckets (MEMORY USAGE) and of the whole DB."""
     client = redis.Redis.from_url(url)
     table = RedisTable(client, prefix)
-    served = table.state().served
-    owners = table.bucket_map(served)
-    pipe = client.pipeline(transaction=False)
-    for b, owner in enumerate(owners.tolist()):
-        pipe.memory_usage(f"{prefix}r:{owner}:{b}", samples=0)
-        pipe.hlen(f"{prefix}r:{owner}:{b}")
-    replies = pipe.execute()
-    used = sum(int(x or 0) for x in replies[0::2])
-    used += int(client.memory_usage(f"{prefix}map:{served}", samples=0) or 0)
-    rows = sum(int(x) for x in replies[1::2])
+    used, rows = table.served_memory(table.state().served, 3 + DIM)
     raw = 8 + 4 * (3 + DIM)
     info = client.info("memory")
     return {
@@ -253,14 +245,21 @@ class Client:
                 delay = scheduled - time.perf_counter()
                 if delay > 0:
                     time.sleep(delay)
-                conn.request(
-                    "POST",
-                    "/v2/models/bench/infer",
-                    self.body,
-                    {"Content-Type": "application/json"},
-                )
-                resp = conn.getresponse()
-                data = resp.read()
+                try:
+                    conn.request(
+                        "POST",
+                        "/v2/models/bench/infer",
+                        self.body,
+                        {"Content-Type": "application/json"},
+                    )
+                    resp = conn.getresponse()
+                    data = resp.read()
+                except OSError:  # a timeout: counted, and a new connection
+                    with lock:
+                        self.errors += 1
+                    conn.close()
+                    conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+                    continue
                 done = time.perf_counter()
                 with lock:
                     if resp.status != 200:
@@ -299,6 +298,12 @@ while time.time() < end:
 """
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def wait_http(port: int, key: str | None, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -313,6 +318,22 @@ def wait_http(port: int, key: str | None, timeout: float = 120) -> None:
             pass
         time.sleep(0.1)
     raise TimeoutError(f"server never served {key}")
+
+
+def publish_until(root: str, s: Settings, port: int, stop: Any, first: Any) -> None:
+    """Publish the next delta once the last is served (one is always being applied) until
+    ``stop`` is set, ``first`` once the first is published; runs in its own process."""
+    ex = Export(Path(root), dim=DIM)
+    keys = key_space(s)
+    p = 1
+    while not stop.is_set():
+        key = publish_delta(ex, keys, p, s)
+        first.set()
+        p += 1
+        try:
+            wait_http(port, key, timeout=120)
+        except TimeoutError:
+            return
 
 
 def latency(tmp: Path, url: str, s: Settings) -> dict[str, Any]:
@@ -365,32 +386,29 @@ def latency(tmp: Path, url: str, s: Settings) -> dict[str, Any]:
             Client(port, rows, batch).run(20, 1.0)
         for name, batch, rate in (("batch1", 1, s.rate), ("batch100", 100, s.rate / 10)):
             c = Client(port, rows, batch)
+            used = cpu_seconds(serve.pid)
             c.run(rate, s.seconds)
             out[name] = c.summary()
+            # The server's CPU per request: what the box's load does not change (much).
+            out[name]["server_cpu_ms_per_request"] = (
+                (cpu_seconds(serve.pid) - used) * 1000 / max(1, len(c.latencies))
+            )
             seen += c.responses
-        # While deltas changing every requested key are applied.
-        stop = threading.Event()
-        published: list[str] = []
-
-        def publisher() -> None:
-            # The next delta once the last is served: one is always being applied.
-            p = 1
-            while not stop.is_set():
-                published.append(publish_delta(ex, keys, p, s))
-                p += 1
-                try:
-                    wait_http(port, published[-1], timeout=120)
-                except TimeoutError:
-                    return
-
-        t = threading.Thread(target=publisher)
+        # While deltas changing every requested key are applied: written by another process,
+        # so that writing 100k-row parts does not hold this client's GIL (that had delayed
+        # requests past their scheduled time and counted the delay as server latency).
+        spawn = multiprocessing.get_context("spawn")
+        stop, first = spawn.Event(), spawn.Event()
+        t = spawn.Process(target=publish_until, args=(str(root), s, port, stop, first), daemon=True)
         t.start()
+        first.wait(300)  # its start-up (imports) is not a phase of the measure
         c = Client(port, rows, 1)
         c.run(s.rate, s.seconds)
         c100 = Client(port, rows, 100)
         c100.run(s.rate / 10, s.seconds)
         stop.set()
-        t.join()
+        t.join(180)
+        published = (root / "donefile.txt").read_text().splitlines()[1:]
         out["batch1_with_delta"] = c.summary()
         out["batch100_with_delta"] = c100.summary()
         seen += c.responses + c100.responses
@@ -589,6 +607,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--folders", type=int, default=Settings.folders)
     p.add_argument("--folder-seconds", type=float, default=Settings.folder_seconds)
     p.add_argument("--skip-job", action="store_true", help="skip phase 3 (the training job)")
+    p.add_argument(
+        "--phase",
+        choices=("all", "apply", "latency", "job"),
+        default="all",
+        help="run one phase only (to iterate; the figures of the others are null)",
+    )
     a = p.parse_args(argv)
     s = Settings(
         a.base_keys, a.delta_keys, a.passes, a.rate, a.seconds, a.folders, a.folder_seconds
@@ -598,45 +622,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         tmp = Path(tmp_name)
         proc, url = start_redis(tmp)
         try:
-            what = f"{s.passes} deltas of {s.delta_keys:,} keys on {s.base_keys:,}"
-            print(f"== publication to served, {what}", flush=True)
-            r = freshness(tmp / "redis-export", RedisTable.connect(url, "fresh:"), s, s.passes)
-            print(f"   redis: {r}", flush=True)
-            e = freshness(tmp / "embedded-export", EmbeddedTable(), s, s.passes)
-            print(f"   embedded: {e}", flush=True)
-            result.update(
-                publish_to_served_p50_s=r["publish_to_served_p50_s"],
-                publish_to_served_p99_s=r["publish_to_served_p99_s"],
-                delta_apply_seconds_per_100k_redis=r["delta_apply_seconds_per_100k"],
-                publish_to_served_p99_s_embedded=e["publish_to_served_p99_s"],
-                delta_apply_seconds_per_100k_embedded=e["delta_apply_seconds_per_100k"],
-                base_apply_seconds_redis=r["base_apply_seconds"],
-            )
-            print(f"== latency at {s.rate:g} req/s for {s.seconds:g}s per phase", flush=True)
-            lat = latency(tmp, url, s)
-            print(f"   {lat}", flush=True)
-            result.update(
-                latency_p50_ms_batch1=lat["batch1"]["p50_ms"],
-                latency_p99_ms_batch1=lat["batch1"]["p99_ms"],
-                latency_p50_ms_batch100=lat["batch100"]["p50_ms"],
-                latency_p99_ms_batch100=lat["batch100"]["p99_ms"],
-                latency_p99_ms_batch1_with_delta=lat["batch1_with_delta"]["p99_ms"],
-                latency_p99_ms_batch100_with_delta=lat["batch100_with_delta"]["p99_ms"],
-                latency_p99_ms_batch1_with_training=lat["batch1_with_training"]["p99_ms"],
-                latency_errors=sum(
-                    lat[k]["errors"] for k in lat if isinstance(lat[k], dict) and "errors" in lat[k]
-                ),
-                served_vs_predict_max_abs=lat["served_vs_predict_max_abs"],
-                torn_responses=lat["torn_responses"],
-                responses_checked=lat["responses_checked"],
-                redis_bytes_per_key=lat["memory"]["redis_bytes_per_key"],
-                redis_bytes_per_key_ratio=lat["memory"]["redis_bytes_per_key_ratio"],
-                redis_used_memory_per_served_key=lat["memory"]["redis_used_memory_per_served_key"],
-            )
+            if a.phase in ("all", "apply"):
+                result.update(apply_phase(tmp, url, s))
+            if a.phase in ("all", "latency"):
+                result.update(latency_phase(tmp, url, s))
         finally:
             proc.terminate()
             proc.wait(10)
-        if not a.skip_job:
+        if a.phase in ("all", "job") and not a.skip_job:
             print(
                 f"== a job: {s.folders} folders, a donefile every {s.folder_seconds:g}s", flush=True
             )
@@ -647,6 +640,49 @@ def main(argv: Sequence[str] | None = None) -> int:
             result.update(donefile_to_served_p99_s=None, pass_train_seconds_p50=None)
     print(json.dumps(result, sort_keys=True))
     return 0
+
+
+def apply_phase(tmp: Path, url: str, s: Settings) -> dict[str, Any]:
+    what = f"{s.passes} deltas of {s.delta_keys:,} keys on {s.base_keys:,}"
+    print(f"== publication to served, {what}", flush=True)
+    r = freshness(tmp / "redis-export", RedisTable.connect(url, "fresh:"), s, s.passes)
+    print(f"   redis: {r}", flush=True)
+    e = freshness(tmp / "embedded-export", EmbeddedTable(), s, s.passes)
+    print(f"   embedded: {e}", flush=True)
+    return {
+        "publish_to_served_p50_s": r["publish_to_served_p50_s"],
+        "publish_to_served_p99_s": r["publish_to_served_p99_s"],
+        "delta_apply_seconds_per_100k_redis": r["delta_apply_seconds_per_100k"],
+        "publish_to_served_p99_s_embedded": e["publish_to_served_p99_s"],
+        "delta_apply_seconds_per_100k_embedded": e["delta_apply_seconds_per_100k"],
+        "base_apply_seconds_redis": r["base_apply_seconds"],
+    }
+
+
+def latency_phase(tmp: Path, url: str, s: Settings) -> dict[str, Any]:
+    print(f"== latency at {s.rate:g} req/s for {s.seconds:g}s per phase", flush=True)
+    lat = latency(tmp, url, s)
+    print(f"   {lat}", flush=True)
+    return dict(
+        latency_p50_ms_batch1=lat["batch1"]["p50_ms"],
+        latency_p99_ms_batch1=lat["batch1"]["p99_ms"],
+        server_cpu_ms_per_request_batch1=lat["batch1"]["server_cpu_ms_per_request"],
+        server_cpu_ms_per_request_batch100=lat["batch100"]["server_cpu_ms_per_request"],
+        latency_p50_ms_batch100=lat["batch100"]["p50_ms"],
+        latency_p99_ms_batch100=lat["batch100"]["p99_ms"],
+        latency_p99_ms_batch1_with_delta=lat["batch1_with_delta"]["p99_ms"],
+        latency_p99_ms_batch100_with_delta=lat["batch100_with_delta"]["p99_ms"],
+        latency_p99_ms_batch1_with_training=lat["batch1_with_training"]["p99_ms"],
+        latency_errors=sum(
+            lat[k]["errors"] for k in lat if isinstance(lat[k], dict) and "errors" in lat[k]
+        ),
+        served_vs_predict_max_abs=lat["served_vs_predict_max_abs"],
+        torn_responses=lat["torn_responses"],
+        responses_checked=lat["responses_checked"],
+        redis_bytes_per_key=lat["memory"]["redis_bytes_per_key"],
+        redis_bytes_per_key_ratio=lat["memory"]["redis_bytes_per_key_ratio"],
+        redis_used_memory_per_served_key=lat["memory"]["redis_used_memory_per_served_key"],
+    )
 
 
 if __name__ == "__main__":
