@@ -159,3 +159,32 @@ def test_warm_reads_ahead_the_buckets_lookups_read(redis_server: RedisProcess) -
     rows, hit = reader.lookup(2, keys[:50])
     assert hit.all()
     np.testing.assert_array_equal(rows, second[1][:50])
+
+
+def test_a_flushed_and_rewritten_prefix_is_never_answered_from_the_caches(
+    redis_server: RedisProcess,
+) -> None:
+    # Version ids and bucket names repeat when the data under a prefix is flushed and a new
+    # delivery writes it again: a running server must not answer from what it cached before.
+    rng = np.random.default_rng(9)
+    keys = rng.integers(1, 2**64 - 1, 500, dtype=np.uint64)
+    server = RedisTable(redis_server.client, "flush:")
+    first = RedisTable(redis_server.client, "flush:")
+    first.write(version(1), None, [part(rng, keys, keys[:0])])
+    first.commit(version(1), cursor=1)
+    assert server.served() == 1
+    before, _ = server.lookup(1, keys)  # fills the map and bucket caches
+    redis_server.client.flushdb()
+    again = RedisTable(redis_server.client, "flush:")
+    rewritten = part(rng, keys, keys[:0])
+    again.write(version(1), None, [rewritten])
+    again.commit(version(1), cursor=1)
+    assert server.served() == 1
+    rows, hit = server.lookup(1, keys)
+    assert hit.all()
+    np.testing.assert_array_equal(rows, rewritten[1])
+    assert not np.array_equal(rows, before)
+    # The writer that knew the old data reads parents through its caches too.
+    first.write(version(2), version(1, keys=500), [part(rng, keys[:10], keys[:0])])
+    fresh, _ = RedisTable(redis_server.client, "flush:").lookup(2, keys[10:])
+    np.testing.assert_array_equal(fresh, again.lookup(1, keys[10:])[0])

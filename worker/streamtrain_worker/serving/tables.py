@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import uuid
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -257,7 +258,8 @@ class RedisTable(VersionedTable):
     """Versions in Redis under ``<prefix>`` (docs/serving.md, "Redis layout")::
 
     <prefix>meta            hash: the delivery state (versions.state_fields), stored,
-                            width (float32 values of a row)
+                            width (float32 values of a row), epoch (a random id set by
+                            the first write under the prefix)
     <prefix>map:<v>         string: uint32 owner version of each bucket of version v
     <prefix>r:<owner>:<b>   string: the bucket's records (8-byte key, float32 row) sorted
                             by the keys' hash; absent: an empty bucket
@@ -269,7 +271,10 @@ class RedisTable(VersionedTable):
 
     A committed bucket key never changes until it is deleted, so lookups keep the buckets
     they read in an LRU cache of ``cache_bytes``: a request whose buckets were read before
-    makes no Redis round trip (a round trip was ~90% of a batch-1 request's time).
+    makes no Redis round trip (a round trip was ~90% of a batch-1 request's time). A key
+    name is immutable only while the data under the prefix lives: if it is flushed and
+    written again, version ids and bucket names repeat with other rows, so the caches are
+    keyed to the prefix's ``epoch`` and emptied when a poll of ``served`` sees it change.
     """
 
     def __init__(
@@ -286,6 +291,8 @@ class RedisTable(VersionedTable):
         self._cache_lock = threading.Lock()
         #: Buckets lookups read (bounded like the cache): what ``warm`` reads ahead.
         self._hot: OrderedDict[int, None] = OrderedDict()
+        #: The prefix's epoch the caches hold rows of (``served`` empties them on a change).
+        self._epoch: bytes | None = None
 
     @classmethod
     def connect(cls, url: str, prefix: str = "st:", cache_bytes: int = CACHE_BYTES) -> RedisTable:
@@ -298,8 +305,20 @@ class RedisTable(VersionedTable):
         return state_from_fields({k.decode(): v for k, v in raw.items()})
 
     def served(self) -> int:
-        pinned, live = self._r.hmget(f"{self._p}meta", ["pinned", "live"])
+        pinned, live, epoch = self._r.hmget(f"{self._p}meta", ["pinned", "live", "epoch"])
+        if epoch != self._epoch:
+            self._forget(epoch)  # type: ignore[arg-type]
         return int(pinned or 0) or int(live or 0)
+
+    def _forget(self, epoch: bytes | None) -> None:
+        """Empty every cache: the data under the prefix is not the data they were read from."""
+        with self._maps_lock:
+            self._maps.clear()
+        with self._cache_lock:
+            self._cache.clear()
+            self._cache_bytes = 0
+            self._hot.clear()
+        self._epoch = epoch
 
     def _commit_fields(self, fields: Mapping[str, str]) -> None:
         # One HSET of every field: atomic in Redis (a single command).
@@ -393,6 +412,10 @@ class RedisTable(VersionedTable):
         self._clear_partial(vid)
         width = next((p[1].shape[1] for p in parts if p[1].ndim == 2), 0)
         stored = json.dumps(sorted(self.stored() | {vid}))
+        self._r.hsetnx(f"{self._p}meta", "epoch", uuid.uuid4().hex)
+        epoch = self._r.hget(f"{self._p}meta", "epoch")
+        if epoch != self._epoch:  # parents are read through the caches too
+            self._forget(epoch)  # type: ignore[arg-type]
         self._r.hset(f"{self._p}meta", mapping={"stored": stored, "width": width})
         self._width = width
         rec = _record(width)
