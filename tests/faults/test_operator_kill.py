@@ -31,7 +31,7 @@ from streams import write_stream
 from streamtrain_operator.job.progress import Phase, Progress
 from streamtrain_operator.run.export import read_donefile, verify_model
 from streamtrain_ps.saves import checkpoint
-from streamtrain_worker.predict import load_model
+from streamtrain_worker.publishing.predict import load_model
 
 from .harness import START, data_totals, read_sparse_table, wait_for
 from .on_kube import SPLIT_MINUTES, KubeJob

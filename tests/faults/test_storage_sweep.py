@@ -55,7 +55,7 @@ from streamtrain_operator.run.state import MemoryStateStore
 from streamtrain_ps.client.local import LocalPS
 from streamtrain_ps.saves.checkpoint import read_sparse
 from streamtrain_worker.metrics import PassMetrics
-from streamtrain_worker.predict import apply_chain, model_chain
+from streamtrain_worker.publishing.predict import apply_chain, model_chain
 
 pytestmark = pytest.mark.faults
 

@@ -15,14 +15,14 @@ from streamtrain_ps.api import SaveMode
 from streamtrain_ps.client.local import LocalPS
 from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.data.batch import Batch
-from streamtrain_worker.export import export_dense, load_dense
 from streamtrain_worker.models import ModelSpec, build_model
 from streamtrain_worker.models.calibration import (
     CALIBRATION_VECTOR,
     ResidualCalibration,
     window_decay,
 )
-from streamtrain_worker.train import Trainer
+from streamtrain_worker.publishing.export import export_dense, load_dense
+from streamtrain_worker.training.train import Trainer
 
 
 def test_an_empty_window_corrects_nothing_and_pseudo_clicks_shrink_the_correction() -> None:

@@ -44,6 +44,7 @@ __all__ = [
 ]
 
 ModelType = Literal["slot_dnn", "wide_deep", "deepfm", "din"]
+RowSharedSteps = Literal["none", "embed", "all"]
 
 
 @dataclass(frozen=True)
@@ -164,6 +165,15 @@ class ModelConfig:
         "With residualCalibration: pseudo-clicks added to both sums (k above), shrinking "
         "the correction toward 0 where the window holds few clicks.",
         exclusive_minimum=0,
+    )
+    # A key in n rows of a batch steps with its mean gradient once; sharing each row's
+    # correction among the row's batch-wide keys gives a context key (hour of day) ~n
+    # times that step and Avazu's ~20 head keys a row ~n/20 (docs/decisions.md, issue 26).
+    rowSharedSteps: RowSharedSteps = setting(
+        "none",
+        "Which parts of a key seen in n rows of a batch push n / C times its mean gradient "
+        "(at least the mean), C the mean over its rows of how many keys seen more than once "
+        "in the batch a row holds: none, embed (embed_w only) or all.",
     )
     targetSlot: int = setting(0, "DIN only: the slot holding the target item.", minimum=0)
     attentionUnits: tuple[int, ...] = setting(

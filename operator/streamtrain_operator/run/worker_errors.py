@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from streamtrain_operator.job.ps_limits import MEMORY_LIMIT_TOO_SMALL, memory_limit_message
 from streamtrain_ps.errors import WorkingSet
-from streamtrain_worker.refusals import Reason, reason_of
+from streamtrain_worker.control.refusals import Reason, reason_of
 
 
 def busy(exc: BaseException) -> bool:
-    """The worker refused a call because it runs another one (``control.py``: one call at
-    a time; ``refusals.Reason.BUSY``)."""
+    """The worker refused a call because it runs another one (``control/service.py``: one
+    call at a time; ``refusals.Reason.BUSY``)."""
     return reason_of(exc) is Reason.BUSY
 
 
@@ -34,7 +34,7 @@ def unavailable(exc: BaseException) -> bool:
 
 
 def refused(exc: BaseException) -> bool:
-    """The worker refused a ``RunPass`` before starting it (``control.py``): busy with
+    """The worker refused a ``RunPass`` before starting it (``control/service.py``): busy with
     another call, or a request of a stale generation. Nothing of that share was pushed."""
     return reason_of(exc) in (Reason.BUSY, Reason.STALE_GENERATION)
 
