@@ -80,8 +80,9 @@ def test_ps_killed_mid_pass_reloads_replays_and_ends_bit_identical(
     assert np.array_equal(got.keys, want.keys)
     assert got.rows.tobytes() == want.rows.tobytes()  # bit-identical, NaN-safe
     assert got.dense.keys() == want.dense.keys()
-    assert len(want.dense) == 9  # values, m, v, step of the parameters and the data-norm
-    # sums, plus their float64 accumulator
+    # values, m, v, step of the parameters, the data-norm sums and the calibration window,
+    # plus the two summary vectors' float64 accumulators
+    assert len(want.dense) == 14
     for name, values in want.dense.items():
         assert got.dense[name].tobytes() == values.tobytes(), name
     # The pass metrics of the redone pass are the clean run's too.

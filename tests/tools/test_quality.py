@@ -87,6 +87,9 @@ def test_the_three_learners_side_by_side_on_the_long_tail_stream(
     assert len(vw) >= 3 and learners["vw_best"] in vw
     for name in ["streamtrain", "torch", *vw]:
         check_learner(learners[name], ["day 1", "day 2"], 8)
+    # Every pass after the first scored by the delta published after the pass before.
+    following = learners["streamtrain"]["next_pass"]["copc_per_pass"]
+    assert following[0] is None and all(c is not None and c > 0 for c in following[1:])
     for key in ("streamtrain_minus_vw_best", "streamtrain_minus_torch"):
         assert set(stream[key]) == {"day 1", "day 2"}
 

@@ -71,7 +71,12 @@ def _config(base_rate: bool) -> WorkerConfig:
     return WorkerConfig.from_dict(
         {
             "data": {"format": "slot", "numSlots": 4},
-            "model": {"hiddenUnits": [16], "baseRateOffset": base_rate},
+            # The calibration window would correct the offset's absence too.
+            "model": {
+                "hiddenUnits": [16],
+                "baseRateOffset": base_rate,
+                "residualCalibration": False,
+            },
             "runtime": {"overlap": False},
             "ps": {"config": {"logicalShards": 2}},
         }

@@ -143,6 +143,29 @@ class ModelConfig:
         exclusive_minimum=0,
         exclusive_maximum=1,
     )
+    # A per-example correction of what the counted base rate leaves: passes with COPC in
+    # 0.9-1.1 on the hour-of-day families +2..+11 a day, Criteo/Avazu AUC -0.002
+    # (docs/decisions.md, issue 26). The window: 100 followed faster but cost Criteo/Avazu
+    # -0.003/-0.004; 1000 lagged half an hourly pass.
+    residualCalibration: bool = setting(
+        True,
+        "Add to the logit log((clicks + k) / (predicted + k)) over a recent window of the "
+        "trained examples (scored before they count): the output follows a click rate that "
+        "moves within a pass. The window's sums are a PS summary vector of their own, "
+        "checkpointed and exported with the model.",
+    )
+    calibrationWindow: float = setting(
+        300.0,
+        "With residualCalibration: the window's length in examples of all workers "
+        "(exponential decay once per batch, weights summing to about this many examples).",
+        minimum=1,
+    )
+    calibrationPseudoClicks: float = setting(
+        10.0,
+        "With residualCalibration: pseudo-clicks added to both sums (k above), shrinking "
+        "the correction toward 0 where the window holds few clicks.",
+        exclusive_minimum=0,
+    )
     # A key in n rows of a batch steps with its mean gradient once; sharing each row's
     # correction among the row's batch-wide keys gives a context key (hour of day) ~n
     # times that step and Avazu's ~20 head keys a row ~n/20 (docs/decisions.md, issue 26).
@@ -283,3 +306,8 @@ class WorkerConfig(Document):
         (``models.summary``). It is named after the data norm, its first use: checkpoints
         hold it under this name."""
         return f"{self.table}.{self.model.type}.datanorm"
+
+    def summary_vector_name(self, vector: str) -> str:
+        """Name of the PS summary vector ``vector`` (``SummaryLayer.vector``: "" the main
+        one, ``summary_name``; e.g. "calibration", the residual calibration's window)."""
+        return f"{self.table}.{self.model.type}.{vector}" if vector else self.summary_name

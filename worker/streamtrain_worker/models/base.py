@@ -17,6 +17,7 @@ from torch import nn
 
 from streamtrain_worker.config import ModelConfig
 from streamtrain_worker.models.base_rate import BaseRate
+from streamtrain_worker.models.calibration import ResidualCalibration, window_decay
 from streamtrain_worker.models.data_norm import DEFAULT_PRIOR, DataNorm, slot_prior
 
 
@@ -49,6 +50,12 @@ class ModelSpec:
     base_rate: bool = False
     #: The base rate's pseudo-example label (``model.priorClickRate``).
     prior_rate: float = 0.5
+    #: Examples in the residual calibration's window (``models.calibration``); 0: none.
+    calibration_window: float = 0.0
+    #: Its pseudo-clicks (shrink toward no correction where the window has few clicks).
+    calibration_pseudo_clicks: float = 10.0
+    #: Examples per batch: the window decays once per batch (``window_decay``).
+    batch_size: int = 64
 
     @classmethod
     def from_config(
@@ -80,6 +87,9 @@ class ModelSpec:
             ordinal_slots=tuple(ordinal_slots) if takes_ordinal else (),
             base_rate=model.baseRateOffset,
             prior_rate=model.priorClickRate,
+            calibration_window=model.calibrationWindow if model.residualCalibration else 0.0,
+            calibration_pseudo_clicks=model.calibrationPseudoClicks,
+            batch_size=model.batchSize,
         )
 
     @property
@@ -155,7 +165,8 @@ class DenseModel(nn.Module):
     ``(B, K, 2)`` holds the numeric inputs of ``spec.ordinal_slots`` (``data.ordinal``),
     given when that is not empty, which only a model with ``uses_ordinal`` asks for. The
     signature is the same for every model so the TorchScript export and the training loop
-    need no per-model branches. Every model ends its forward with ``offset_by_base_rate``.
+    need no per-model branches. Every model ends its forward with ``offset_by_base_rate``
+    (the base rate's log-odds, then the residual calibration's correction).
     """
 
     uses_sequence: bool = False
@@ -166,15 +177,33 @@ class DenseModel(nn.Module):
         self.spec = spec
         # Zero or one base-rate offset (TorchScript: a list, not an Optional).
         self.base_rate = nn.ModuleList([BaseRate(spec.prior_rate)] if spec.base_rate else [])
+        # Zero or one residual calibration, applied after the base rate.
+        self.calibration = nn.ModuleList(
+            [
+                ResidualCalibration(
+                    window_decay(spec.calibration_window, spec.batch_size),
+                    spec.calibration_pseudo_clicks,
+                )
+            ]
+            if spec.calibration_window > 0
+            else []
+        )
 
     def offset_by_base_rate(self, logits: torch.Tensor) -> torch.Tensor:
-        """``logits`` plus the base rate's log-odds, with ``spec.base_rate``."""
+        """``logits`` plus the base rate's log-odds (``spec.base_rate``), then the residual
+        calibration's correction (``spec.calibration_window``)."""
         for offset in self.base_rate:
             logits = offset(logits)
+        for correction in self.calibration:
+            logits = correction(logits)
         return logits
 
-    def observe_labels(self, labels: torch.Tensor) -> None:
-        """Count a trained batch's labels into the base rate (after they were scored)."""
+    def observe_labels(self, labels: torch.Tensor, logits: torch.Tensor) -> None:
+        """Count a trained batch's labels into the base rate and the calibration window,
+        after the batch was scored: ``logits`` are the model's output for it."""
+        for correction in self.calibration:
+            assert isinstance(correction, ResidualCalibration)
+            correction.observe(labels, logits)
         for offset in self.base_rate:
             assert isinstance(offset, BaseRate)
             offset.observe(labels)

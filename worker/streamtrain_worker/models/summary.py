@@ -10,6 +10,12 @@ batches), and loads the sums back into ``stats`` at every dense sync. The flat l
 the layers' ``stats`` in module registration order, so it is fixed by the model's
 structure; the buffers travel with the exported TorchScript, so serving applies the same
 statistics as training.
+
+A layer whose statistics need another decay than the model's ``summaryDecayRate`` (the
+calibration window of ``models.calibration``: a few hundred examples, not all the data)
+names its own vector (``vector``) and per-push ``decay``; ``summary_groups`` splits the
+layers by vector, and every batch's part of each vector is pushed on its own, so the PS
+decays once per batch whether or not pushes were merged.
 """
 
 import torch
@@ -25,8 +31,12 @@ class SummaryLayer(nn.Module):
     stats: torch.Tensor
     pending: torch.Tensor
 
-    def __init__(self, initial: torch.Tensor) -> None:
+    def __init__(self, initial: torch.Tensor, vector: str = "", decay: float = 0.0) -> None:
         super().__init__()
+        #: The PS summary vector holding ``stats``: "" the model's main one (decayed by
+        #: ``model.summaryDecayRate``), else a vector of its own decayed by ``decay``.
+        self.vector = vector
+        self.decay = float(decay)
         self.register_buffer("stats", initial.detach().clone().float())
         self.register_buffer("pending", torch.zeros_like(self.stats), persistent=False)
 
@@ -34,6 +44,20 @@ class SummaryLayer(nn.Module):
 def summary_layers(model: nn.Module) -> list[SummaryLayer]:
     """The model's summary layers, in a fixed order (module registration order)."""
     return [m for m in model.modules() if isinstance(m, SummaryLayer)]
+
+
+def summary_groups(layers: list[SummaryLayer]) -> dict[str, list[SummaryLayer]]:
+    """``layers`` by PS vector (``SummaryLayer.vector``), each list in module order; the
+    layers of one named vector must share its decay."""
+    groups: dict[str, list[SummaryLayer]] = {}
+    for layer in layers:
+        group = groups.setdefault(layer.vector, [])
+        if group and layer.vector and group[0].decay != layer.decay:
+            raise ValueError(
+                f"summary vector {layer.vector!r}: decays {group[0].decay} and {layer.decay}"
+            )
+        group.append(layer)
+    return groups
 
 
 def gather_stats(layers: list[SummaryLayer]) -> torch.Tensor:
@@ -48,8 +72,8 @@ def scatter_stats(layers: list[SummaryLayer], values: torch.Tensor) -> None:
     expected = sum(n.stats.numel() for n in layers)
     if values.shape != (expected,):
         raise ValueError(
-            f"summary statistics (data norm, base rate): expected {expected} values, got "
-            f"{tuple(values.shape)}"
+            f"summary statistics (data norm, base rate, calibration): expected {expected} "
+            f"values, got {tuple(values.shape)}"
         )
     offset = 0
     with torch.no_grad():

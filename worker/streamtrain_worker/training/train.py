@@ -15,9 +15,11 @@ every worker adopts the PS values). The local copy is refreshed at pass start an
 ``denseSyncSteps`` steps (with overlap, by a pull in the background that is loaded at the
 next batch boundary after it arrived); in between, the PS keeps applying every worker's
 pushes (async data-parallel training with bounded staleness). The counted statistics
-(``models.summary``: the data norm's moments, the base rate's clicks) travel the same way
-in a second vector with the PS summary rule: each trained batch's counts are pushed with
-its dense gradient and summed on the PS, and the sums come back with every dense sync.
+(``models.summary``: the data norm's moments, the base rate's clicks, the calibration
+window) travel the same way in vectors with the PS summary rule (one per decay): each
+trained batch's counts are pushed with its dense gradient and summed on the PS, and the
+sums come back with every dense sync; they are checkpointed and snapshotted with the
+dense parameters, so a restarted job and an exported model use the same sums.
 
 Overlap (``training.pipeline``): reading, parsing, key dedup and the sparse pull of
 the next ``prefetchBatches`` batches run in a background thread while the current batch
@@ -55,6 +57,7 @@ from streamtrain_worker.models.summary import (
     drain_pending,
     gather_stats,
     scatter_stats,
+    summary_groups,
     summary_layers,
 )
 from streamtrain_worker.monitoring import WorkerMetrics
@@ -73,16 +76,27 @@ class Pending:
     sparse: SparsePush
     dense: npt.NDArray[np.float32]
     #: The batch's summary statistics (``models.summary``: the data norm's count, sum and
-    #: squares per column, the base rate's examples and clicks); empty if none.
-    summary: npt.NDArray[np.float32]
+    #: squares per column, the base rate's examples and clicks, the calibration window's
+    #: sums), one array per summary vector (``Trainer.summary_vectors``' order).
+    summaries: tuple[npt.NDArray[np.float32], ...]
 
 
 @dataclass(frozen=True)
 class PulledDense:
-    """The PS's dense parameters and summary statistics (None without summary layers)."""
+    """The PS's dense parameters and summary vectors (``Trainer.summary_vectors``' order)."""
 
     params: npt.NDArray[np.float32]
-    summary: npt.NDArray[np.float32] | None
+    summaries: tuple[npt.NDArray[np.float32], ...]
+
+
+@dataclass(frozen=True)
+class SummaryVector:
+    """One PS summary vector and the summary layers whose ``stats`` it holds."""
+
+    name: str
+    #: The PS's per-push decay (``values = decay * values + pushed``).
+    decay: float
+    layers: list[SummaryLayer]
 
 
 @dataclass(frozen=True)
@@ -113,7 +127,7 @@ class Trainer:
         self.model: DenseModel = build_model(config.model.type, self.spec, seed=config.seed)
         self._params = list(self.model.parameters())
         self._flat_params, self._flat_grads = _flatten(self._params)
-        self._summaries = summary_layers(self.model)
+        self.summary_vectors = self._summary_vectors(self.model)
         self._pusher: AsyncPusher[Pending] = AsyncPusher(
             self._push, config.runtime.pushQueueDepth, config.runtime.maxMergedPushes
         )
@@ -123,8 +137,17 @@ class Trainer:
         self.trained_examples = 0  # trained by this worker (the in-order start counts them)
         self.init_dense()
         # The network an export of a PS snapshot fills (``snapshot_model``), built at its
-        # first use: its flat parameters and its summary layers.
-        self._snapshot_copy: tuple[DenseModel, torch.Tensor, list[SummaryLayer]] | None = None
+        # first use: its flat parameters and its summary vectors.
+        self._snapshot_copy: tuple[DenseModel, torch.Tensor, list[SummaryVector]] | None = None
+
+    def _summary_vectors(self, model: DenseModel) -> list[SummaryVector]:
+        """``model``'s summary layers by PS vector: the main one (``summary_name``, decayed
+        by ``model.summaryDecayRate``) first, then each layer group with its own decay."""
+        out = []
+        for vector, layers in summary_groups(summary_layers(model)).items():
+            decay = layers[0].decay if vector else self.config.model.summaryDecayRate
+            out.append(SummaryVector(self.config.summary_vector_name(vector), decay, layers))
+        return sorted(out, key=lambda v: v.name != self.config.summary_name)
 
     # --- dense parameters ------------------------------------------------------------
 
@@ -146,14 +169,13 @@ class Trainer:
         """Offer this worker's initial parameters; adopt whatever the PS holds."""
         offered = self._flat_params.numpy().copy()
         self._load_params(self._offer(self.config.dense_name, offered))
-        if self._summaries:
-            self._load_summary(self._init_summary())
+        for vector in self.summary_vectors:
+            _load_summary(vector, self._init_summary(vector))
 
-    def _init_summary(self) -> npt.NDArray[np.float32]:
-        """Create (or adopt) the PS summary vector of the summary layers' statistics."""
-        offered = gather_stats(self._summaries).numpy().copy()
-        decay = self.config.model.summaryDecayRate
-        return self._offer(self.config.summary_name, offered, summary_decay=decay)
+    def _init_summary(self, vector: SummaryVector) -> npt.NDArray[np.float32]:
+        """Create (or adopt) a PS summary vector from its layers' statistics."""
+        offered = gather_stats(vector.layers).numpy().copy()
+        return self._offer(vector.name, offered, summary_decay=vector.decay)
 
     def _offer(
         self, name: str, offered: npt.NDArray[np.float32], summary_decay: float | None = None
@@ -168,11 +190,9 @@ class Trainer:
                 f"{self.config.model.type} model ({offered.size} values): {exc}. Restored from "
                 "a checkpoint of another model shape? model.hiddenUnits, model.embeddingDim, "
                 "model.crossLayers, model.crossRank, model.ordinalInputs and "
-                "model.baseRateOffset change it (docs/operations.md, Upgrades)"
+                "model.baseRateOffset change it; model.calibrationWindow and model.batchSize "
+                "the calibration window's decay (docs/operations.md, Upgrades)"
             ) from exc
-
-    def _load_summary(self, values: npt.NDArray[np.float32]) -> None:
-        scatter_stats(self._summaries, torch.from_numpy(np.asarray(values, dtype=np.float32)))
 
     def snapshot_model(self, snapshot_id: str) -> DenseModel:
         """The network as the PS's snapshot save ``snapshot_id`` holds it (``PSLike.snapshot``:
@@ -183,17 +203,14 @@ class Trainer:
         so callers take turns with it (the worker exports one model at a time).
         """
         params = self.ps.pull_dense(self.config.dense_name, snapshot_id)
-        stats = (
-            self.ps.pull_dense(self.config.summary_name, snapshot_id) if self._summaries else None
-        )
         if self._snapshot_copy is None:
             model = build_model(self.config.model.type, self.spec, seed=self.config.seed)
             flat, _ = _flatten(list(model.parameters()))
-            self._snapshot_copy = (model, flat, summary_layers(model))
-        model, flat, summaries = self._snapshot_copy
+            self._snapshot_copy = (model, flat, self._summary_vectors(model))
+        model, flat, vectors = self._snapshot_copy
         self._fill(flat, params, f"snapshot {snapshot_id}'s {self.config.dense_name!r}")
-        if stats is not None:
-            scatter_stats(summaries, torch.from_numpy(np.asarray(stats, dtype=np.float32)))
+        for vector in vectors:
+            _load_summary(vector, self.ps.pull_dense(vector.name, snapshot_id))
         return model
 
     def sync_dense(self) -> None:
@@ -210,18 +227,18 @@ class Trainer:
             values = self.ps.pull_dense(self.config.dense_name)
         except UnknownTableError:
             values = self._offer(self.config.dense_name, self._flat_params.numpy().copy())
-        stats = None
-        if self._summaries:
+        stats = []
+        for vector in self.summary_vectors:
             try:
-                stats = self.ps.pull_dense(self.config.summary_name)
-            except UnknownTableError:
-                stats = self._init_summary()
-        return PulledDense(values, stats)
+                stats.append(self.ps.pull_dense(vector.name))
+            except UnknownTableError:  # also: a checkpoint written before this vector
+                stats.append(self._init_summary(vector))
+        return PulledDense(values, tuple(stats))
 
     def _load_pulled(self, pulled: PulledDense) -> None:
         self._load_params(pulled.params)
-        if pulled.summary is not None:
-            self._load_summary(pulled.summary)
+        for vector, values in zip(self.summary_vectors, pulled.summaries, strict=True):
+            _load_summary(vector, values)
 
     def _begin_sync(self, background: bool) -> None:
         """A dense sync: started in the background (loaded by ``_take_refresh``), or now."""
@@ -272,10 +289,10 @@ class Trainer:
         if train:
             self._flat_grads.zero_()
             losses.sum().backward()
-            self.model.observe_labels(labels)
+            self.model.observe_labels(labels, logits)
             dense = self._flat_grads.numpy() * np.float32(1.0 / max(prepared.batch.size, 1))
-            summary = drain_pending(self._summaries).numpy()
-            pending = Pending(lookup.sparse_push(), dense, summary)
+            summaries = tuple(drain_pending(v.layers).numpy() for v in self.summary_vectors)
+            pending = Pending(lookup.sparse_push(), dense, summaries)
             self.trained_examples += prepared.batch.size
             if self.config.runtime.overlap:
                 self._pusher.submit(pending)
@@ -289,18 +306,19 @@ class Trainer:
         Merging only happens when pushes queue up faster than the PS applies them: the
         sparse pushes are concatenated (the PS sums a key's rows within a request), the
         dense gradients averaged into one optimizer step — the larger-batch equivalent —
-        and the summary statistics summed (they are sums already).
+        and each batch's summary statistics pushed as a part of their own, in order, so
+        the PS decays a summary vector once per batch either way (the calibration window's
+        decay is per batch).
         """
         started = time.perf_counter()
         if len(pending) == 1:
-            sparse, dense, summary = pending[0].sparse, pending[0].dense, pending[0].summary
+            sparse, dense = pending[0].sparse, pending[0].dense
         else:
             sparse = SparsePush.concat([p.sparse for p in pending])
             dense = np.mean([p.dense for p in pending], axis=0, dtype=np.float32)
-            summary = np.sum([p.summary for p in pending], axis=0, dtype=np.float32)
         vectors = [(self.config.dense_name, dense)]
-        if summary.size:
-            vectors.append((self.config.summary_name, summary))
+        for i, vector in enumerate(self.summary_vectors):
+            vectors.extend((vector.name, p.summaries[i]) for p in pending)
         # One request per PS server involved (not one per vector): over gRPC each RPC costs
         # both sides a fixed ~0.1-0.3 ms of CPU on top of its bytes.
         s = sparse
@@ -414,6 +432,11 @@ class Trainer:
         finally:
             self._pusher.close()
             self._refresh.close()
+
+
+def _load_summary(vector: SummaryVector, values: npt.NDArray[np.float32]) -> None:
+    """Load a pulled summary vector into its layers' ``stats``."""
+    scatter_stats(vector.layers, torch.from_numpy(np.asarray(values, dtype=np.float32)))
 
 
 def _flatten(params: list[torch.nn.Parameter]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,7 +7,9 @@ COPC streamtrain reports), so the numbers compare like for like:
 - **streamtrain**: ``streamtrain run``'s code path (``run_job``: PS shard and worker as
   processes, the pass scheduler, exports, checkpoints) on a manifest that names the data and
   ``model.type`` only, so every other setting is the CRD default; ``overrides`` (a JSON
-  object deep-merged into ``spec``) measure alternatives.
+  object deep-merged into ``spec``) measure alternatives. Also scored: each pass's folder
+  by the model published after the pass before (``streamtrain predict``'s code): what a
+  serving system that picks up every delta would see (``next_pass_scores``).
 - **vw**: Vowpal Wabbit in-process through its Python API, one ``Workspace`` per setting,
   ``learn`` per example; the prediction read back is the one made before the update.
 - **torch**: the plain PyTorch reference of ``streamtrain_tools.bench.quality.reference`` (sparse
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +40,9 @@ from streamtrain_worker.data.batch import Batch
 from streamtrain_worker.data.config import DataConfig
 from streamtrain_worker.data.reader import iter_batches
 from streamtrain_worker.metrics import PassMetrics
+from streamtrain_worker.publishing.model_folder import ModelKind, model_key
+from streamtrain_worker.publishing.predict import load_model
+from streamtrain_worker.publishing.predict import score as predict_score
 
 #: Predictions are clipped here before the log loss (VW's logistic link can return 0 or 1).
 _EPS = 1e-7
@@ -104,9 +110,18 @@ def manifest(
     }
 
 
+@dataclass(frozen=True)
+class StreamtrainRun:
+    """streamtrain's progressive per-pass scores, and per pass the scores of the model
+    published after the pass before (``None``: the first pass, or no model published)."""
+
+    scores: list[PassScore]
+    next_pass: list[PassScore | None]
+
+
 def run_streamtrain(
     stream: Stream, workdir: Path, overrides: dict[str, Any] | None = None
-) -> list[PassScore]:
+) -> StreamtrainRun:
     """The job through ``run_job`` (what ``streamtrain run`` calls); per-pass scores."""
     workdir.mkdir(parents=True, exist_ok=True)
     path = workdir / "job.yaml"
@@ -128,7 +143,28 @@ def run_streamtrain(
         examples = int(m["examples"])
         clicks = round(m.get("actual_ctr", 0.0) * examples)
         scores.append(PassScore(examples, clicks, m.get("auc"), m.get("loss"), m.get("copc")))
-    return scores
+    passes = [(r.day, r.pass_index) for r in progress.history]
+    return StreamtrainRun(scores, next_pass_scores(stream, workdir / "models", passes))
+
+
+def next_pass_scores(
+    stream: Stream, export_root: Path, passes: list[tuple[str, int]]
+) -> list[PassScore | None]:
+    """Per pass ``i``: its folder scored by the delta published after pass ``i - 1``
+    (``passes``: the trained passes' day and index, in the stream's order)."""
+    published = set()
+    donefile = export_root / "donefile.txt"
+    if donefile.exists():
+        published = {json.loads(line)["key"] for line in donefile.read_text().splitlines()}
+    out: list[PassScore | None] = [None]
+    for (day, index), (_, folder) in zip(passes, stream.passes[1:], strict=False):
+        key = model_key(ModelKind.DELTA, day, index)
+        if key not in published:
+            out.append(None)
+            continue
+        model = load_model(str(export_root), key)
+        out.append(score(predict_score(model, [str(p) for p in part_files(folder)])))
+    return out
 
 
 def run_vw(stream: Stream, settings: str) -> list[PassScore]:

@@ -15,8 +15,11 @@ progressive and scored pass by pass alike (``quality_learners``):
 Printed per stream and learner: per report window (passes 13-24 of the one-day samples,
 each day of the long-tail stream) the mean progressive AUC, log loss and COPC; per pass the
 COPC, and the spread: how many passes with at least 500 clicks have a COPC within 0.9-1.1.
-Then a Markdown table (per stream and window: AUC of each learner, streamtrain minus VW's
-best, passes with COPC in the band); the last line is one JSON object with all of it.
+For streamtrain also the *next-pass COPC*: each pass's folder scored by the model published
+after the pass before, as serving would, and how many of those passes with at least 500
+clicks are within the band. Then a Markdown table (per stream and window: AUC of each
+learner, streamtrain minus VW's best, passes with COPC in the band, streamtrain's next-pass
+COPC in the band); the last line is one JSON object with all of it.
 
 ``--quick`` shrinks every stream (a smoke run); ``--st-overrides`` deep-merges a JSON
 object into the streamtrain job's ``spec`` to measure an alternative setting;
@@ -57,6 +60,26 @@ LEARNERS = ("streamtrain", "vw", "torch")
 #: COPC spread: passes with at least this many clicks are expected within the band.
 MIN_CLICKS = 500
 COPC_BAND = (0.9, 1.1)
+
+
+def next_pass_spread(stream: Stream, scores: list[PassScore | None]) -> dict[str, Any]:
+    """The next-pass COPC (``quality_learners.next_pass_scores``) per pass, and per window
+    the passes with at least ``MIN_CLICKS`` clicks scored, and those within the band."""
+    lo, hi = COPC_BAND
+    big = {
+        i: s.copc
+        for i, s in enumerate(scores)
+        if s is not None and s.clicks >= MIN_CLICKS and s.copc is not None
+    }
+    return {
+        "copc_per_pass": [None if s is None else _r(s.copc) for s in scores],
+        "passes_min_clicks": len(big),
+        "within_band": sum(lo <= c <= hi for c in big.values()),
+        "per_window": {
+            name: [sum(lo <= big[i] <= hi for i in idx if i in big), sum(i in big for i in idx)]
+            for name, idx in stream.windows.items()
+        },
+    }
 
 
 def summarise(stream: Stream, scores: list[PassScore], seconds: float) -> dict[str, Any]:
@@ -103,6 +126,15 @@ def _print(stream: str, name: str, summary: dict[str, Any]) -> None:
     )
     spread = summary["copc_spread"]
     print(f"[{stream}] {name:<48} {cells}", flush=True)
+    nxt = summary.get("next_pass")
+    if nxt is not None:
+        print(
+            f"[{stream}] {'':<48} next-pass copc: "
+            + " ".join(_f(c, ".2f") for c in nxt["copc_per_pass"])
+            + f"  | {nxt['within_band']}/{nxt['passes_min_clicks']} passes with >= "
+            f"{MIN_CLICKS} clicks in {COPC_BAND[0]}-{COPC_BAND[1]}",
+            flush=True,
+        )
     print(
         f"[{stream}] {'':<48} copc per pass: "
         + " ".join(_f(c, ".2f") for c in summary["copc_per_pass"])
@@ -143,8 +175,8 @@ def table(streams: dict[str, Any]) -> list[str]:
     setting and torch, streamtrain minus VW best, and the passes with COPC in the band."""
     lines = [
         "| stream / window | streamtrain | VW best | torch | vs VW best | COPC in band: "
-        "streamtrain / VW best / torch |",
-        "|---|---|---|---|---|---|",
+        "streamtrain / VW best / torch | next-pass COPC in band (>= 500 clicks) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, result in streams.items():
         learners = result["learners"]
@@ -158,11 +190,13 @@ def table(streams: dict[str, Any]) -> list[str]:
                 for r in refs
             ]
             diff = None if aucs[0] is None or aucs[1] is None else _r(aucs[0] - aucs[1])
+            nxt = refs[0].get("next_pass") if refs[0] is not None else None
+            next_cell = "-" if nxt is None else "{} of {}".format(*nxt["per_window"][w])
             setting = best.removeprefix("vw ").replace(VW_COMMON, "").strip() if best else ""
             lines.append(
                 f"| {name} {w} | {_f(aucs[0])} | {_f(aucs[1])} `{setting or 'plain'}` | "
                 f"{_f(aucs[2])} | {_f(diff, '+.4f')} | {' / '.join(bands)} "
-                f"of {len(result['windows_passes'][w])} |"
+                f"of {len(result['windows_passes'][w])} | {next_cell} |"
             )
     return lines
 
@@ -205,10 +239,12 @@ def run_stream(name: str, root: Path, args: argparse.Namespace) -> dict[str, Any
         else:
             started = time.perf_counter()
             if learner == "streamtrain":
-                scores = run_streamtrain(stream, root / f"{name}-job", args.st_overrides)
+                run = run_streamtrain(stream, root / f"{name}-job", args.st_overrides)
+                learners[learner] = summarise(stream, run.scores, time.perf_counter() - started)
+                learners[learner]["next_pass"] = next_pass_spread(stream, run.next_pass)
             else:
                 scores = run_torch(stream, seed=args.seed)
-            learners[learner] = summarise(stream, scores, time.perf_counter() - started)
+                learners[learner] = summarise(stream, scores, time.perf_counter() - started)
             _print(name, learner, learners[learner])
     result["learners"] = learners
     result.update(compare(stream, learners))

@@ -98,10 +98,11 @@ def bench_config(threads: int) -> WorkerConfig:
                 "batchSize": BATCH,
                 "cvm": False,
                 "denseSyncSteps": 10,
-                # The torch side has no ordinal inputs and counts no base rate: every side
-                # trains the same network.
+                # The torch side has no ordinal inputs, counts no base rate and keeps no
+                # calibration window: every side trains the same network.
                 "ordinalInputs": False,
                 "baseRateOffset": False,
+                "residualCalibration": False,
             },
             # embedx admitted at once, so the PS side does the full-width work from the start
             "ps": {"config": {"tables": [{"embedxDim": DIM, "embedxThreshold": 0}]}},
@@ -203,7 +204,7 @@ class TorchBaseline:
             if self.counts is not None and x.key_counts is not None:
                 self.counts.index_add_(0, x.ids, x.key_counts)
             if self.summaries:
-                self.dense.observe_labels(x.labels)
+                self.dense.observe_labels(x.labels, logits)
                 batch_stats = drain_pending(self.summaries)
                 stats = gather_stats(self.summaries) * self.summary_decay + batch_stats
                 scatter_stats(self.summaries, stats)
