@@ -70,6 +70,7 @@ from streamtrain_worker.export import export_dense
 from streamtrain_worker.metrics import format_metric
 from streamtrain_worker.monitoring import WorkerMetrics
 from streamtrain_worker.proto import worker_pb2, worker_pb2_grpc
+from streamtrain_worker.proto.share import PassShare
 from streamtrain_worker.read_ahead import Outcome, ReadAhead
 from streamtrain_worker.refusals import Reason, trailing_metadata
 from streamtrain_worker.train import PassCancelledError, Trainer
@@ -217,27 +218,28 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     def RunPass(  # noqa: N802 - gRPC method name
         self, request: Any, context: grpc.ServicerContext
     ) -> Any:
-        what = f"RunPass(day={request.day}, pass={request.pass_index}, gen={request.generation})"
+        share = PassShare.from_request(request)
+        what = f"RunPass(day={share.day}, pass={share.pass_index}, gen={share.generation})"
         log.info("%s requested by %s", what, describe_peer(context))
 
         def run() -> Any:
-            if request.generation < self._generation:
+            if share.generation < self._generation:
                 raise StaleGenerationError(
-                    f"stale generation {request.generation}: already at {self._generation}"
+                    f"stale generation {share.generation}: already at {self._generation}"
                 )
-            self._generation = request.generation
+            self._generation = share.generation
             self._cancel.clear()
-            self._running = request.generation
-            ahead = self.read_ahead.take(request.files)
-            reader = ahead or self._reader(request.files)
+            self._running = share.generation
+            ahead = self.read_ahead.take(share.files)
+            reader = ahead or self._reader(share.files)
             batches: Iterable[Batch] = reader
-            if request.next_files:
-                next_files = list(request.next_files)
+            if share.next_files:
+                next_files = list(share.next_files)
                 batches = _then(reader, lambda: self.read_ahead.begin(next_files))
             try:
                 with reader:
                     metrics = self.trainer.run_pass(
-                        batches, train=request.train, should_stop=self._cancel.is_set
+                        batches, train=share.train, should_stop=self._cancel.is_set
                     )
                     stats = reader.stats
             finally:
@@ -256,7 +258,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 format_metric(metrics.loss),
                 metrics.seconds,
             )
-            return metrics.to_proto(request.day, request.pass_index, request.generation)
+            return metrics.to_proto(share.day, share.pass_index, share.generation)
 
         return self._guarded(what, context, run)
 

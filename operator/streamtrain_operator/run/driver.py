@@ -57,6 +57,7 @@ from streamtrain_ps.errors import CheckpointError, PSUnavailableError
 from streamtrain_worker.data import layout
 from streamtrain_worker.data.sharding import assign_files
 from streamtrain_worker.metrics import PassMetrics
+from streamtrain_worker.proto.share import PassShare
 
 log = logging.getLogger(__name__)
 
@@ -73,17 +74,9 @@ class WorkerClient(Protocol):
 
     name: str
 
-    async def run_pass(
-        self,
-        day: str,
-        pass_index: int,
-        files: Sequence[str],
-        generation: int,
-        train: bool,
-        next_files: Sequence[str] = (),
-    ) -> Any:
-        """Returns a ``worker_pb2.PassResult``. ``next_files``: the worker's share of the
-        next pass, to read ahead (a hint, ``next_pass``)."""
+    async def run_pass(self, share: PassShare) -> Any:
+        """Returns a ``worker_pb2.PassResult``. ``share.next_files``: the worker's share of
+        the next pass, to read ahead (a hint, ``next_pass``)."""
         ...
 
     async def export_dense(self, uri: str, snapshot_id: str = "") -> list[str]:
@@ -420,10 +413,11 @@ class Driver:
         timeout = self.spec.workers.passTimeoutSeconds
 
         async def one(w: int) -> PassMetrics:
-            day, index = action.key.day, action.key.pass_index
-            call = self.workers[w].run_pass(
-                day, index, assignment[w], action.generation, True, next_files=ahead[w]
+            key = action.key
+            share = PassShare.of(
+                key.day, key.pass_index, assignment[w], action.generation, next_files=ahead[w]
             )
+            call = self.workers[w].run_pass(share)
             result = await (asyncio.wait_for(call, timeout) if timeout else call)
             if int(result.generation) != action.generation:
                 raise StaleResultError(
