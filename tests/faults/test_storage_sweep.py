@@ -52,6 +52,7 @@ from streamtrain_operator.job.spec import Job, parse_job
 from streamtrain_operator.run.driver import Driver
 from streamtrain_operator.run.export import read_donefile, verify_model
 from streamtrain_operator.run.state import MemoryStateStore
+from streamtrain_ps.api import SparsePush
 from streamtrain_ps.client.local import LocalPS
 from streamtrain_ps.saves.checkpoint import read_sparse
 from streamtrain_worker.metrics import PassMetrics
@@ -199,7 +200,9 @@ class Worker:
         if share.train and keys.size:
             grads = np.full((keys.size, 3), 0.25 * (self.index + 1), dtype=np.float32)
             ones = np.ones(keys.size, dtype=np.float32)
-            self.ps.push_sparse("embedding", keys, grads, ones, ones * (share.pass_index % 2))
+            self.ps.push_sparse(
+                "embedding", SparsePush(keys, grads, ones, ones * (share.pass_index % 2))
+            )
             self.ps.push_dense(DENSE, np.full(4, 0.5 * share.pass_index, dtype=np.float32))
         m = PassMetrics(num_buckets=10)
         m.add(

@@ -42,6 +42,7 @@ from streamtrain_operator.job.spec import Job, parse_job
 from streamtrain_operator.kube.daemon import Runtime
 from streamtrain_operator.run.driver import Driver
 from streamtrain_operator.run.state import MemoryStateStore
+from streamtrain_ps.api import SparsePush
 from streamtrain_ps.client.local import LocalPS
 from streamtrain_ps.shard import Shard
 from streamtrain_worker.metrics import PassMetrics
@@ -119,7 +120,7 @@ class FakeWorker:
         if share.train and keys.size:
             grads = np.zeros((keys.size, 3), dtype=np.float32)
             ones = np.ones(keys.size, dtype=np.float32)
-            self.ps.push_sparse("embedding", keys, grads, ones, ones * 0)
+            self.ps.push_sparse("embedding", SparsePush(keys, grads, ones, ones * 0))
         m = PassMetrics(num_buckets=100)
         m.add(
             np.full(len(share.files), 0.3),
@@ -197,7 +198,9 @@ class DenseWorker(FakeWorker):
         if share.train and keys.size:
             grads = np.full((keys.size, 3), 0.25 * (self.index + 1), dtype=np.float32)
             ones = np.ones(keys.size, dtype=np.float32)
-            self.ps.push_sparse("embedding", keys, grads, ones, ones * (share.pass_index % 2))
+            self.ps.push_sparse(
+                "embedding", SparsePush(keys, grads, ones, ones * (share.pass_index % 2))
+            )
             self.ps.push_dense(self.DENSE, np.full(4, 0.5 * share.pass_index, dtype=np.float32))
         if self.lose_shard is not None and share.pass_index == 1 and share.generation == 1:
             i = self.lose_shard

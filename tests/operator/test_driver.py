@@ -39,6 +39,7 @@ from streamtrain_operator.run.export import read_donefile, verify_model
 from streamtrain_operator.run.hooks import BEFORE, MANIFEST_POINT
 from streamtrain_operator.run.state import MemoryStateStore
 from streamtrain_ps import sharding
+from streamtrain_ps.api import SparsePush
 from streamtrain_ps.client.local import LocalPS
 from streamtrain_ps.errors import MemoryLimitError
 from streamtrain_ps.saves import checkpoint
@@ -272,7 +273,9 @@ class WideWorker(FakeWorker):
         keys = np.arange(1, n + 1, dtype=np.uint64) + 10**6 * self.index
         ones = np.ones(n, dtype=np.float32)
         try:
-            self.ps.push_sparse("embedding", keys, np.zeros((n, 3), np.float32), ones, ones * 0)
+            self.ps.push_sparse(
+                "embedding", SparsePush(keys, np.zeros((n, 3), np.float32), ones, ones * 0)
+            )
         except MemoryLimitError as exc:
             raise MemoryRefusal(exc) from exc
         return await super().run_pass(share)
@@ -461,7 +464,7 @@ class HangingWorker(DenseWorker):
         ones = np.ones(keys.size, dtype=np.float32)
         grads = np.full((keys.size, 3), 0.1, dtype=np.float32)
         while not self.cancelled and self.pushes < self.PUSHES:
-            self.ps.push_sparse("embedding", keys, grads, ones, ones * 0)
+            self.ps.push_sparse("embedding", SparsePush(keys, grads, ones, ones * 0))
             self.pushes += 1
             await asyncio.sleep(0.01)
 
@@ -689,7 +692,9 @@ class DayWorker(FakeWorker):
         if share.train and keys.size:
             grads = np.full((keys.size, 3), 0.25, dtype=np.float32)
             ones = np.ones(keys.size, dtype=np.float32)
-            self.ps.push_sparse("embedding", keys, grads, ones, ones * (share.pass_index % 2))
+            self.ps.push_sparse(
+                "embedding", SparsePush(keys, grads, ones, ones * (share.pass_index % 2))
+            )
         m = PassMetrics(num_buckets=100)
         m.add(
             np.full(len(share.files), 0.3),

@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 from streamtrain_operator.run import export
-from streamtrain_ps.api import SaveMode, SaveResult
+from streamtrain_ps.api import SaveMode, SaveResult, SparsePush
 from streamtrain_ps.client.local import LocalPS
 from streamtrain_ps.config import PSConfig, TableConfig
 from streamtrain_ps.errors import CheckpointError
@@ -68,10 +68,12 @@ def train(ps: Any, seed: int) -> None:
     rng = np.random.default_rng(seed)
     ps.push_sparse(
         T,
-        KEYS,
-        rng.normal(size=(KEYS.size, D + 1)).astype(np.float32),
-        np.ones(KEYS.size, np.float32),
-        (rng.random(KEYS.size) < 0.3).astype(np.float32),
+        SparsePush(
+            KEYS,
+            rng.normal(size=(KEYS.size, D + 1)).astype(np.float32),
+            np.ones(KEYS.size, np.float32),
+            (rng.random(KEYS.size) < 0.3).astype(np.float32),
+        ),
     )
     ps.init_dense("dense", np.zeros(16, np.float32))
     ps.push_dense("dense", rng.normal(size=16).astype(np.float32))

@@ -44,11 +44,11 @@ import numpy.typing as npt
 import torch
 from torch.nn import functional as nnf
 
-from streamtrain_ps.api import PSLike
+from streamtrain_ps.api import PSLike, SparsePush
 from streamtrain_ps.errors import InvalidRequestError, UnknownTableError
 from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.data.batch import Batch
-from streamtrain_worker.embedding import Lookup, PreparedBatch, SparsePush, prepare
+from streamtrain_worker.embedding import Lookup, PreparedBatch, prepare
 from streamtrain_worker.metrics import PassMetrics
 from streamtrain_worker.models import DenseModel, ModelSpec, build_model
 from streamtrain_worker.models.summary import (
@@ -302,10 +302,7 @@ class Trainer:
             vectors.append((self.config.summary_name, summary))
         # One request per PS server involved (not one per vector): over gRPC each RPC costs
         # both sides a fixed ~0.1-0.3 ms of CPU on top of its bytes.
-        s = sparse
-        self.ps.push_batch(
-            self.config.table, s.keys, s.grads, s.shows, s.clicks, s.slots, dense=vectors
-        )
+        self.ps.push_batch(self.config.table, sparse, dense=vectors)
         if self.monitoring is not None:
             self.monitoring.push_seconds.observe(time.perf_counter() - started)
 
