@@ -14,12 +14,13 @@ call (or an export) and maps failures to gRPC status codes in one place (``_stat
 - a PS shard's ``memoryLimit`` too small for a push of the pass (``MemoryLimitError`` with
   its ``WorkingSet``) -> ``RESOURCE_EXHAUSTED``, reason ``MEMORY_LIMIT``, the PS's numbers
   forwarded as they came (the driver ends the job with a condition naming them);
-- a data error — a file over the bad-line limit, a corrupt file — -> ``DATA_LOSS`` (the
-  scheduler treats it as permanent: the job fails, no retry); a missing file -> ``NOT_FOUND``
-  (the scheduler's ``DataChanged``); a listed path that is a directory or unreadable ->
-  ``FAILED_PRECONDITION``; anything else -> ``INTERNAL``. Every status carries a message
-  naming the cause (file, endpoint, field), for people; callers branch on the code and on the
-  ``refusals.Reason`` in the trailing metadata, never on the message.
+- a data error — a file over the bad-line limit, a corrupt file — -> ``DATA_LOSS``, reason
+  ``BAD_DATA`` (the scheduler treats it as permanent: the job fails, no retry); a missing
+  file -> ``NOT_FOUND``, reason ``FILE_GONE`` (the scheduler's ``DataChanged``); a listed
+  path that is a directory or unreadable -> ``FAILED_PRECONDITION``; anything else ->
+  ``INTERNAL``. Every status carries a message naming the cause (file, endpoint, field), for
+  people; callers branch on the ``refusals.Reason`` in the trailing metadata, never on the
+  message.
 
 ``Reset(generation)`` is how a new scheduler generation takes over (after an operator or PS
 restart the old one's ``RunPass`` may still be running here, pushing into a model that is
@@ -95,6 +96,10 @@ def _reason(exc: BaseException) -> Reason | None:
         return Reason.CANCELLED
     if isinstance(exc, StaleGenerationError):
         return Reason.STALE_GENERATION
+    if isinstance(exc, DataError):  # BadDataError, CorruptFileError
+        return Reason.BAD_DATA
+    if isinstance(exc, FileNotFoundError | NotADirectoryError):
+        return Reason.FILE_GONE
     return None
 
 
