@@ -69,7 +69,7 @@ def publish(parts: FakeParts, tgt: ModelTarget, sleeps: list[float], retries: in
             save_sparse=parts.save_sparse,
             export_dense=parts.export_dense,
             metrics={"auc": 0.75},
-            policy=RetryPolicy(retries=retries, backoff_seconds=0.5),
+            policy=RetryPolicy.storage(retries=retries, backoff_seconds=0.5),
             sleep=sleep,
             clock=lambda: 1000.0,
             serving=Serving(
@@ -196,7 +196,7 @@ def test_the_dense_part_is_exported_from_the_snapshot_beside_the_next_pass(
             save_sparse=save_sparse,
             export_dense=export_dense,
             metrics={},
-            policy=RetryPolicy(retries=0, backoff_seconds=0.5),
+            policy=RetryPolicy.storage(retries=0, backoff_seconds=0.5),
             sleep=sleep,
             snapshot=take(fail),
         )

@@ -54,6 +54,7 @@ from streamtrain_operator.run.hooks import AFTER, BEFORE, NO_HOOK, StepHook
 from streamtrain_operator.run.state import StateStore
 from streamtrain_ps.api import PSLike, SaveMode
 from streamtrain_ps.errors import CheckpointError, PSUnavailableError
+from streamtrain_ps.plumbing.retry import RetryPolicy
 from streamtrain_worker.data import layout
 from streamtrain_worker.data.sharding import assign_files
 from streamtrain_worker.metrics import PassMetrics
@@ -167,10 +168,8 @@ class Driver:
         self.sleep = sleep
         self.observer = observer or Observer()
         self.restart_watch = restarts
-        self.retry = export.RetryPolicy(
-            retries=spec.export.retries,
-            backoff_seconds=spec.export.retryBackoffSeconds,
-            retry_on=retry_on,
+        self.retry = RetryPolicy.storage(
+            spec.export.retries, spec.export.retryBackoffSeconds, retry_on
         )
         progress = store.load() or Progress()
         self.machine = Scheduler(self.plan, policy_from_spec(spec), progress)

@@ -24,7 +24,7 @@ from streamtrain_operator.job.plan import StepKey, StepKind
 from streamtrain_operator.run.hooks import MANIFEST_POINT, NO_HOOK, PARTS, StepHook
 from streamtrain_ps.api import SaveResult
 from streamtrain_ps.plumbing import storage
-from streamtrain_ps.plumbing.retry import backoff_delay
+from streamtrain_ps.plumbing.retry import RetryPolicy
 from streamtrain_ps.saves.checkpoint import MANIFEST
 from streamtrain_worker import model_folder
 from streamtrain_worker.model_folder import (
@@ -47,27 +47,18 @@ class ExportError(RuntimeError):
     """An export could not be published after its retries; nothing new is visible."""
 
 
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Storage retries: ``retries`` more attempts, delays ``backoff * 2**i``."""
-
-    retries: int = 5
-    backoff_seconds: float = 1.0
-    #: Exceptions worth retrying (storage and transient RPC errors).
-    retry_on: tuple[type[BaseException], ...] = (OSError,)
-
-
 async def with_retries(
     what: str, fn: Callable[[], Awaitable[T]], policy: RetryPolicy, sleep: Sleep
 ) -> T:
-    """Run ``fn``; on a retryable error wait and try again, then raise ``ExportError``."""
-    for attempt in range(policy.retries + 1):
+    """Run ``fn``; on an error of ``policy.retry_on`` wait and try again, at most
+    ``policy.max_attempts`` times in all, then raise ``ExportError``."""
+    for attempt in range(policy.max_attempts):
         try:
             return await fn()
         except policy.retry_on as exc:
-            if attempt == policy.retries:
+            if attempt == policy.max_attempts - 1:
                 raise ExportError(f"{what}: {exc} (after {attempt + 1} attempts)") from exc
-            await sleep(backoff_delay(attempt, policy.backoff_seconds))
+            await sleep(policy.delay(attempt))
     raise AssertionError("unreachable")  # pragma: no cover
 
 

@@ -43,6 +43,7 @@ from streamtrain_operator.job.spec import JobSpec
 from streamtrain_operator.run import export, retention
 from streamtrain_operator.run.hooks import NO_HOOK, StepHook
 from streamtrain_ps.api import PSLike, SaveMode
+from streamtrain_ps.plumbing.retry import RetryPolicy
 from streamtrain_worker.config import MetricsConfig
 from streamtrain_worker.model_folder import ModelKind, Serving
 
@@ -67,7 +68,7 @@ class Publisher:
     ps: PSLike
     #: Worker 0's ``ExportDense(uri, snapshot_id)`` (``driver.WorkerClient``).
     export_dense: Callable[[str, str], Awaitable[Sequence[str]]]
-    retry: export.RetryPolicy
+    retry: RetryPolicy
     sleep: Callable[[float], Awaitable[None]]
     clock: Callable[[], float] = time.time
     hook: StepHook = NO_HOOK

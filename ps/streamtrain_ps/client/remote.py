@@ -9,7 +9,8 @@ of the same key (sums of gradients, shows and clicks — what the server would d
 fewer bytes), then routes and fans out the same way.
 
 Retries and the status -> exception mapping live in ``streamtrain_ps.client.rpc`` (re-exported
-here: ``RetryPolicy``, ``RetryHook``, ``error_from_rpc``), so local and remote PS raise alike.
+here: ``RetryHook``, ``error_from_rpc``, and the ``RetryPolicy`` of ``plumbing.retry``), so
+local and remote PS raise alike.
 
 Exactly-once across failures: every push carries a request id (random client id, sequence
 number) so a retry of a push whose answer was lost is not applied again; saves are two-phase
@@ -36,9 +37,10 @@ import numpy.typing as npt
 from streamtrain_ps import api, sharding
 from streamtrain_ps.client.dedup import merge_duplicates, unique_inverse
 from streamtrain_ps.client.dense_push import DensePush
-from streamtrain_ps.client.rpc import FanOut, RetryHook, RetryPolicy, error_from_rpc
+from streamtrain_ps.client.rpc import FanOut, RetryHook, error_from_rpc
 from streamtrain_ps.config import REQUEST_KEYS, PSConfig, TableConfig
 from streamtrain_ps.errors import PSError, UnknownTableError
+from streamtrain_ps.plumbing.retry import RetryPolicy
 from streamtrain_ps.plumbing.tls import TLSFiles
 from streamtrain_ps.proto import ps_pb2
 from streamtrain_ps.saves import checkpoint
