@@ -243,11 +243,8 @@ def run_export(ps: LocalPS, pass_index: int, policy: RetryPolicy, sleeps: list[f
     return asyncio.run(
         export.publish_model(
             target,
-            save_sparse=save_sparse,
-            export_dense=export_dense,
-            metrics={"auc": 0.7},
-            policy=policy,
-            sleep=sleep,
+            export.ModelParts(save_sparse, export_dense, metrics={"auc": 0.7}),
+            export.StorageSteps(policy, sleep),
         )
     )
 

@@ -118,8 +118,7 @@ class Publisher:
         # Named once for the step's retries: a retried snapshot applies nothing twice.
         snapshot_id = uuid.uuid4().hex
         try:
-            publish = await export.write_parts(
-                target,
+            parts = export.ModelParts(
                 snapshot=lambda: asyncio.to_thread(self.ps.snapshot, mode, snapshot_id),
                 save_sparse=lambda uri: asyncio.to_thread(
                     self.ps.save_snapshot, uri, mode, snapshot_id
@@ -127,18 +126,21 @@ class Publisher:
                 # the dense vectors of the same snapshot, read beside the next pass
                 export_dense=lambda uri: self.export_dense(uri, snapshot_id),
                 metrics={} if record is None else record.metrics,
-                policy=self.retry,
-                sleep=self.sleep,
-                clock=self.clock,
                 serving=Serving(
                     data=self.spec.data.data_config().to_dict(),
                     table=render.TABLE,
                     num_buckets=MetricsConfig().numBuckets,
                     model=self.spec.model.type,
                 ),
+            )
+            steps = export.StorageSteps(
+                policy=self.retry,
+                sleep=self.sleep,
+                clock=self.clock,
                 hook=NO_HOOK if action.replay else self.hook,  # hooks hold first runs only
                 on_phase=self.on_phase,
             )
+            publish = await export.write_parts(target, parts, steps)
             if action.replay:  # recorded but never published (module docstring)
                 await publish()
         except Exception as exc:
