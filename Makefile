@@ -98,10 +98,10 @@ bench-worker: $(STAMP) ## Worker: plain PyTorch vs PS-backed training, parse thr
 	$(PY) -m streamtrain_tools.bench.worker --json
 
 bench-e2e: $(STAMP) ## Criteo sample as 24 hourly passes, end to end
-	$(PY) -m streamtrain_tools.bench.e2e --json
+	$(PY) -m streamtrain_tools.bench.worker.e2e --json
 
 bench-read-ahead: $(STAMP) ## A RunPass's fixed cost with and without the next pass read ahead
-	$(PY) -m streamtrain_tools.bench.read_ahead --json
+	$(PY) -m streamtrain_tools.bench.worker.read_ahead --json
 
 bench-quality: $(STAMP) ## streamtrain's defaults vs Vowpal Wabbit vs plain PyTorch: samples, long-tail stream, families (fresh seed)
 	$(PY) -m streamtrain_tools.bench.quality --json
@@ -110,7 +110,7 @@ bench-serving: $(STAMP) test-deps ## Online serving: freshness, delta apply, lat
 	$(PY) -m streamtrain_tools.bench.serving --json
 
 bench-load: $(STAMP) ## Concurrent clients against 2 PS shards
-	$(PY) -m streamtrain_tools.bench.ps_load --json
+	$(PY) -m streamtrain_tools.bench.ps.load --json
 
 # The peer (PaddlePaddle's parameter server) lives in a virtualenv of its own: nothing of it
 # enters .venv. Pins: paddle 2.6 reads protobuf's FieldDescriptor.label (gone in protobuf 7)
@@ -127,10 +127,10 @@ bench-peer: $(STAMP) $(PEER_VENV)/.installed ## Ours vs PaddlePaddle's PS, alter
 	$(PY) -m streamtrain_tools.bench.peer --json --peer-python $(PEER_VENV)/bin/python
 
 bench-tls: $(STAMP) ## What mutual TLS costs a worker's pull and push (plain vs TLS shard, alternating)
-	$(PY) -m streamtrain_tools.bench.tls_cost --json
+	$(PY) -m streamtrain_tools.bench.ps.tls_cost --json
 
 bench-ps-scale: $(STAMP) ## One PS shard at the long tail: bytes/key, peaks, unique keys/s, saves
-	$(PY) -m streamtrain_tools.bench.ps_scale --json
+	$(PY) -m streamtrain_tools.bench.ps.scale --json
 
 demo: $(STAMP) ## Two days of a synthetic stream through PS + workers on this machine (demo-run/)
 	$(PY) -m streamtrain_tools.demo

@@ -1,4 +1,4 @@
-"""The tests' one synthetic-stream writer: ``streamtrain_worker.synth`` with the small sizes
+"""The tests' one synthetic-stream writer: ``streamtrain_worker.data.synth`` with the small sizes
 the end-to-end and fault-injection jobs run on (importable as ``streams``: ``tests`` is on
 the path of pytest and of the fault tests' subprocesses)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from streamtrain_worker.synth import SynthConfig, generate
+from streamtrain_worker.data.synth import SynthConfig, generate
 
 #: The first day of every test stream.
 START = "20261101"

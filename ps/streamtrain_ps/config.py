@@ -50,7 +50,7 @@ REQUEST_KEYS = 16_384
 #: 12-26 MB past the limit, one for 65,536 within 4 MB).
 CAPPED_REQUEST_KEYS = 4 * REQUEST_KEYS
 
-SparseOptimizerType = Literal["adagrad", "std_adagrad", "adam", "ftrl"]
+SparseOptimizerType = Literal["adagrad", "std_adagrad", "adam", "ftrl", "scale_free_adagrad"]
 DenseOptimizerType = Literal["adam", "sgd"]
 OccurrenceSteps = Literal["none", "embed", "all"]
 
@@ -61,8 +61,9 @@ class SparseOptimizerConfig:
 
     type: SparseOptimizerType = setting(
         "adagrad",
-        "adagrad (one accumulator per part), std_adagrad (per dimension), adam or ftrl "
-        "(FTRL-Proximal, per dimension).",
+        "adagrad (one accumulator per part), std_adagrad (per dimension), adam, ftrl "
+        "(FTRL-Proximal, per dimension) or scale_free_adagrad (PyTorch's Adagrad: per "
+        "dimension, the step g / sqrt(G) with G from 0, so the first is learningRate * sign(g)).",
     )
     # embed_w is the per-key weight of the wide (linear) part: a per-coordinate linear
     # learner's rule (FTRL-Proximal) may suit it while embedx keeps AdaGrad (docs/decisions.md).
@@ -84,7 +85,7 @@ class SparseOptimizerConfig:
     weightBounds: tuple[float, float] = setting((-10.0, 10.0), "[low, high] clip of every weight.")
     beta1: float = setting(0.9, "Adam only.", minimum=0, exclusive_maximum=1)
     beta2: float = setting(0.999, "Adam only.", minimum=0, exclusive_maximum=1)
-    epsilon: float = setting(1e-8, "Adam only.", exclusive_minimum=0)
+    epsilon: float = setting(1e-8, "Adam and scale_free_adagrad only.", exclusive_minimum=0)
     ftrlAlpha: float = setting(0.05, "FTRL only: alpha (step size).", exclusive_minimum=0)
     ftrlBeta: float = setting(1.0, "FTRL only: beta (step smoothing).", exclusive_minimum=0)
     ftrlL1: float = setting(0.0, "FTRL only: L1 strength (exact zeros).", minimum=0)

@@ -35,8 +35,8 @@ from streamtrain_ps.api import SaveMode, SparsePush
 from streamtrain_ps.client.remote import RemotePS
 from streamtrain_ps.plumbing.launch import free_port
 from streamtrain_ps.plumbing.startup import LISTENING
-from streamtrain_tools.bench.serving_models import Export, keys_of, lines, rows_for
-from streamtrain_worker.model_folder import ModelKind
+from streamtrain_tools.bench.serving.models import Export, keys_of, lines, rows_for
+from streamtrain_worker.publishing.model_folder import ModelKind
 from streamtrain_worker.serving.delivery import Delivery
 from streamtrain_worker.serving.scoring import Scorer
 from streamtrain_worker.serving.server import Server

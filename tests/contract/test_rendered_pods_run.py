@@ -34,7 +34,7 @@ from streamtrain_operator.kube import resources as r
 from streamtrain_operator.kube.daemon import GrpcConnector, JobSupervisor, Runtime
 from streamtrain_operator.kube.metrics import OperatorMetrics
 from streamtrain_ps.plumbing.startup import listening_address
-from streamtrain_worker.synth import SynthConfig, generate
+from streamtrain_worker.data.synth import SynthConfig, generate
 
 from .processes import OutputProcess
 

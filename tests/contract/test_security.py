@@ -251,7 +251,7 @@ def test_images_run_as_the_fixed_non_root_uid(dockerfile: str) -> None:
 
 
 def test_grpc_servers_have_message_limits() -> None:
-    from streamtrain_worker.control import MAX_MESSAGE_BYTES
+    from streamtrain_worker.control.service import MAX_MESSAGE_BYTES
 
     config = PSConfig()
     options = dict(channel_options(config))

@@ -15,7 +15,7 @@ must hold:
   half-written directory is removed, not merged (a stray file planted in it is gone) —
   exactly once: one donefile
   line per model key, every file of the model directory listed in ``MODEL.json`` with its
-  size and sha256, loadable by ``streamtrain_worker.predict.load_model``;
+  size and sha256, loadable by ``streamtrain_worker.publishing.predict.load_model``;
 - the model state is unaffected: the final checkpoint is bit-identical to a run without the
   kill (the killed PS had already applied the delta save's side effect, ``delta_score``
   reset; the rerun reloads the checkpoint and replays, so it is applied once).
@@ -44,8 +44,8 @@ from streamtrain_operator.job.progress import Phase
 from streamtrain_operator.run.export import read_donefile, verify_model
 from streamtrain_operator.run.hooks import MANIFEST_POINT
 from streamtrain_ps.saves.checkpoint import read_sparse
-from streamtrain_worker.model_folder import DONEFILE, MODEL_MANIFEST
-from streamtrain_worker.predict import ModelNotFoundError, load_model, model_chain
+from streamtrain_worker.publishing.model_folder import DONEFILE, MODEL_MANIFEST
+from streamtrain_worker.publishing.predict import ModelNotFoundError, load_model, model_chain
 
 from .harness import (
     DETERMINISTIC,

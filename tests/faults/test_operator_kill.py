@@ -29,7 +29,7 @@ import pytest
 from streams import write_stream
 from streamtrain_operator.job.progress import Phase, Progress
 from streamtrain_operator.run.export import read_donefile, verify_model
-from streamtrain_worker.predict import load_model
+from streamtrain_worker.publishing.predict import load_model
 
 from .harness import START, data_totals, wait_for
 from .on_kube import ROWS, SPLIT_MINUTES, Counts, KubeJob, read_counts, same_counts, succeeded

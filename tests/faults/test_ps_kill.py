@@ -26,21 +26,33 @@ BIG = f"data/{START}/1800"
 REPEAT = 25
 
 
-def _write(job: Job, workers: dict[str, Any] | None = None) -> None:
+#: Learning options whose state must live in the PS too: the scale-free rule's per-dimension
+#: accumulators and the worker's row-shared gradient scale (a function of the batch alone).
+OPTIONS: dict[str, Any] = {
+    "sparse": {"optimizer": {"type": "scale_free_adagrad"}},
+    "model": {"rowSharedSteps": "all"},
+}
+
+
+def _write(
+    job: Job, workers: dict[str, Any] | None = None, options: dict[str, Any] | None = None
+) -> None:
     job.write(
         days=1,
         workers=workers or {"replicas": 1, "numThreads": 1, "overlap": False},
         checkpoint={"path": "ckpt", "everyPasses": 2, "keep": 10},
+        **(options or {}),
     )
     job.enlarge(BIG, REPEAT)
 
 
 @pytest.mark.faults
 @pytest.mark.timeout(150)
+@pytest.mark.parametrize("options", [None, OPTIONS], ids=["defaults", "scale-free-row-shared"])
 def test_ps_killed_mid_pass_reloads_replays_and_ends_bit_identical(
-    job: Job, tmp_path_factory: pytest.TempPathFactory
+    job: Job, tmp_path_factory: pytest.TempPathFactory, options: dict[str, Any] | None
 ) -> None:
-    _write(job)
+    _write(job, options=options)
     run = job.start()
     job.wait_training(run, 4)
     (ps,) = run.role_pids("streamtrain_ps")
@@ -59,7 +71,7 @@ def test_ps_killed_mid_pass_reloads_replays_and_ends_bit_identical(
     assert restored is not None and restored.reason == "PSRestarted"
 
     clean = Job(tmp_path_factory.mktemp("clean"), job._runs)
-    _write(clean)
+    _write(clean, options=options)
     code, clean_output = clean.run()
     assert code == 0, clean_output
     got = read_checkpoint(checkpoint_of(job.root, START, 4))

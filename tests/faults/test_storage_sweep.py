@@ -56,8 +56,8 @@ from streamtrain_ps.api import SparsePush
 from streamtrain_ps.client.local import LocalPS
 from streamtrain_ps.saves.checkpoint import read_sparse
 from streamtrain_worker.metrics import PassMetrics
-from streamtrain_worker.predict import apply_chain, model_chain
 from streamtrain_worker.proto.share import PassShare
+from streamtrain_worker.publishing.predict import apply_chain, model_chain
 
 pytestmark = pytest.mark.faults
 

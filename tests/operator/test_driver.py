@@ -44,10 +44,10 @@ from streamtrain_ps.client.local import LocalPS
 from streamtrain_ps.errors import MemoryLimitError
 from streamtrain_ps.saves import checkpoint
 from streamtrain_ps.saves.checkpoint import read_sparse
-from streamtrain_worker import model_folder
 from streamtrain_worker.metrics import PassMetrics
-from streamtrain_worker.predict import apply_chain, model_chain
 from streamtrain_worker.proto.share import PassShare
+from streamtrain_worker.publishing import model_folder
+from streamtrain_worker.publishing.predict import apply_chain, model_chain
 
 
 def test_a_day_runs_assigns_every_file_once_and_publishes_everything(tmp_path: Path) -> None:
@@ -246,7 +246,7 @@ def test_an_unforeseen_error_becomes_a_failed_condition_not_a_crash(tmp_path: Pa
 
 
 class MemoryRefusal(grpc.RpcError):
-    """A worker's RunPass ended by a PS memory-limit refusal (``control.py`` forwards the
+    """A worker's RunPass ended by a PS memory-limit refusal (``control/service.py`` forwards the
     PS's trailing metadata)."""
 
     def __init__(self, exc: MemoryLimitError) -> None:
@@ -443,7 +443,7 @@ def test_a_share_failing_after_its_pushes_is_applied_once(tmp_path: Path) -> Non
 class HangingWorker(DenseWorker):
     """Pass 2 of generation 1 never answers, and the worker keeps pushing after the call
     is cancelled (a worker finishes what it started) until a ``Reset`` of a newer
-    generation cancels it — as ``control.py`` does."""
+    generation cancels it — as ``control/service.py`` does."""
 
     PUSHES = 500  # 5 s of pushes at most: the test never hangs, even when nothing resets
 

@@ -22,7 +22,7 @@ from streamtrain_operator.run.export import (
     write_parts,
 )
 from streamtrain_ps.api import SavedFile, SaveMode, SaveResult
-from streamtrain_worker.model_folder import ModelFormatError, ModelKind, Serving
+from streamtrain_worker.publishing.model_folder import ModelFormatError, ModelKind, Serving
 
 
 class FakeParts:

@@ -10,7 +10,7 @@ import pytest
 from streamtrain_operator.job.ps_limits import MEMORY_LIMIT_TOO_SMALL
 from streamtrain_operator.run import worker_errors
 from streamtrain_ps.errors import WorkingSet
-from streamtrain_worker.refusals import Reason, trailing_metadata
+from streamtrain_worker.control.refusals import Reason, trailing_metadata
 
 
 class FakeRpcError(grpc.RpcError):

@@ -79,7 +79,9 @@ def test_shrink_frees_embedx_rows_and_admission_reuses_them() -> None:
     )
 
 
-@pytest.mark.parametrize("kind", ["adagrad", "std_adagrad", "adam", "ftrl", "ftrl/adagrad"])
+@pytest.mark.parametrize(
+    "kind", ["adagrad", "std_adagrad", "adam", "ftrl", "ftrl/adagrad", "adagrad/scale_free_adagrad"]
+)
 def test_a_checkpoint_round_trip_is_bit_identical_and_keeps_training_identically(
     tmp_path: Path, kind: str
 ) -> None:

@@ -50,7 +50,9 @@ def save(shard: Shard, uri: str, mode: SaveMode) -> None:
     checkpoint.publish(uri, [result], {}, config=shard.config)
 
 
-@pytest.mark.parametrize("kind", ["adagrad", "adam", "ftrl", "ftrl/adagrad"])
+@pytest.mark.parametrize(
+    "kind", ["adagrad", "adam", "ftrl", "ftrl/adagrad", "adagrad/scale_free_adagrad"]
+)
 def test_a_capped_shard_is_bit_identical_to_an_unlimited_one(tmp_path: Path, kind: str) -> None:
     ref = Shard(config(kind=kind))
     capped = capped_shard(tmp_path, 90_000, kind=kind)

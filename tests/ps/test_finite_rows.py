@@ -34,7 +34,7 @@ from streamtrain_ps.shard import Shard
 
 T = "embedding"
 D = 3
-KINDS = ["adagrad", "std_adagrad", "adam", "ftrl"]
+KINDS = ["adagrad", "std_adagrad", "adam", "ftrl", "scale_free_adagrad"]
 
 
 def config(kind: str = "ftrl", **table: object) -> PSConfig:

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamtrain_tools.bench.ps_load import LoadSettings, run, totals_of, zipf_pool
+from streamtrain_tools.bench.ps.load import LoadSettings, run, totals_of, zipf_pool
 
 
 def test_totals_of_counts_every_push_of_every_batch() -> None:

@@ -30,6 +30,7 @@ from streamtrain_ps.shard import Shard
 
 D = 4
 N_KEYS = 300
+KINDS = ["adagrad", "std_adagrad", "adam", "ftrl", "scale_free_adagrad"]
 
 
 def _merge(keys, grads, shows, clicks):  # type: ignore[no-untyped-def]
@@ -97,6 +98,14 @@ class Reference:
             )
             w = np.clip(w - o.learningRate * g * ratio, lo, hi)
             state = G + steps[:, None] * g * g
+        elif o.type == "scale_free_adagrad":  # PyTorch's Adagrad: G first, then the step
+            G = state
+            ratio = sum(
+                np.where((k <= steps)[:, None], 1.0 / (np.sqrt(G + k * g * g) + o.epsilon), 0.0)
+                for k in range(1, int(steps.max()) + 1)
+            )
+            w = np.clip(w - o.learningRate * g * ratio, lo, hi)
+            state = G + steps[:, None] * g * g
         else:
             m, v = state[:, :d], state[:, d : 2 * d]
             p1 = state[:, 2 * d] * o.beta1
@@ -134,7 +143,7 @@ FTRL_CASES: list[dict[str, object]] = [
 
 _RULE_CASES = [
     (kind, bounds, lr, embed, ftrl)
-    for kind in ["adagrad", "std_adagrad", "adam", "ftrl"]
+    for kind in KINDS
     for bounds, lr, embed in [
         ((-10.0, 10.0), 0.05, None),
         ((-0.02, 0.02), 0.5, None),
@@ -155,7 +164,7 @@ def test_update_rule_matches_numpy_transcription(
     _check_against_reference(_config(kind, bounds, lr, embed, **ftrl), bounds)
 
 
-@pytest.mark.parametrize("embedx_kind", ["adagrad", "adam"])
+@pytest.mark.parametrize("embedx_kind", ["adagrad", "adam", "scale_free_adagrad"])
 @pytest.mark.parametrize("ftrl", FTRL_CASES)
 def test_an_ftrl_embed_part_beside_another_embedx_rule(
     embedx_kind: str, ftrl: dict[str, object]
@@ -282,7 +291,7 @@ def test_an_ftrl_warm_start_keeps_the_weights_it_loaded(
     np.testing.assert_allclose(warm.pull_sparse("embedding", keys), loaded, rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("rule", ["adagrad", "std_adagrad", "adam", "ftrl"])
+@pytest.mark.parametrize("rule", KINDS)
 @pytest.mark.parametrize("dim", [1, 8])
 def test_init_part_writes_only_its_own_weights_and_state(rule: str, dim: int) -> None:
     """A part's init stays inside ``dim`` weights and ``state_width`` state columns: the
@@ -300,7 +309,7 @@ def test_init_part_writes_only_its_own_weights_and_state(rule: str, dim: int) ->
 
 
 @pytest.mark.parametrize("steps", ["embed", "all"])
-@pytest.mark.parametrize("kind", ["adagrad", "std_adagrad", "adam", "ftrl"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_one_step_per_occurrence_where_occurrence_steps_say_so(kind: str, steps: str) -> None:
     cfg = _config(kind, (-10.0, 10.0), 0.05, **FTRL_CASES[0], occurrenceSteps=steps)
     _check_against_reference(cfg, (-10.0, 10.0))
@@ -323,3 +332,26 @@ def test_a_key_in_every_row_learns_as_much_as_its_occurrences_would() -> None:
         moved[label] = float(shard.pull_sparse("embedding", key)[0, 2])
     np.testing.assert_allclose(moved["batch"], moved["online"], rtol=1e-5)
     assert moved["batch"] < 25 * moved["one"] < 0  # ~32 steps, each a little smaller
+
+
+def test_a_scale_free_embedx_moves_a_rare_id_as_far_as_a_frequent_one() -> None:
+    """The scale-free rule's first step is ``lr * sign(g)`` whatever the gradient's size,
+    where Paddle's AdaGrad moves by ``lr * g``: an embedx gradient damped to 0.01 by the
+    network moves the weight 100x less under the latter (docs/decisions.md, issue 26)."""
+    key = np.array([7], np.uint64)
+    moved = {}
+    for kind in ("adagrad", "scale_free_adagrad"):
+        for size in (1.0, 0.01):
+            shard = Shard(_config(kind, (-10.0, 10.0), 0.05))
+            one, no_click = np.ones(1, np.float32), np.zeros(1, np.float32)
+            zero = np.zeros((1, D + 1), np.float32)
+            # creates it, admits embedx
+            shard.push_sparse("embedding", SparsePush(key, zero, one, no_click))
+            before = shard.pull_sparse("embedding", key)
+            grad = np.full((1, D + 1), size, np.float32)
+            shard.push_sparse("embedding", SparsePush(key, grad, one, no_click))
+            after = shard.pull_sparse("embedding", key)
+            moved[kind, size] = float((before - after)[0, 3:].mean())
+    np.testing.assert_allclose(moved["scale_free_adagrad", 1.0], 0.05, rtol=1e-5)
+    np.testing.assert_allclose(moved["scale_free_adagrad", 0.01], 0.05, rtol=1e-5)
+    np.testing.assert_allclose(moved["adagrad", 0.01], 0.0005, rtol=1e-4)

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamtrain_tools.bench import ps_scale
+from streamtrain_tools.bench.ps import scale as ps_scale
 
 
 def test_the_last_line_is_the_json_summary(

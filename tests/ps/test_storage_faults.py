@@ -34,7 +34,7 @@ from streamtrain_ps.config import PSConfig, TableConfig
 from streamtrain_ps.errors import CheckpointError
 from streamtrain_ps.plumbing.retry import RetryPolicy
 from streamtrain_ps.saves import checkpoint
-from streamtrain_worker.model_folder import MODEL_MANIFEST, DoneLine, ModelKind
+from streamtrain_worker.publishing.model_folder import MODEL_MANIFEST, DoneLine, ModelKind
 
 from . import faultfs
 from .conftest import Cluster

@@ -9,8 +9,8 @@ import math
 import pytest
 
 from streamtrain_ps.service.process import parse_args, shard_index_from_hostname
-from streamtrain_tools.bench import ps as bench
-from streamtrain_tools.bench import ps_dense as bench_dense
+from streamtrain_tools.bench.ps import dense as bench_dense
+from streamtrain_tools.bench.ps import run as bench
 
 
 def test_bench_last_line_is_the_json_summary(capsys: pytest.CaptureFixture[str]) -> None:

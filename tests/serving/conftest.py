@@ -13,8 +13,8 @@ import pytest
 import redis
 
 from streamtrain_ps.plumbing.launch import free_port
-from streamtrain_tools.bench.serving_models import Export, keys_of, rows_for
-from streamtrain_worker.model_folder import ModelKind
+from streamtrain_tools.bench.serving.models import Export, keys_of, rows_for
+from streamtrain_worker.publishing.model_folder import ModelKind
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 

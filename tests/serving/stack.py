@@ -14,8 +14,8 @@ from typing import Any
 
 import grpc
 
-from streamtrain_worker.predict import RowWriter, load_model, score
 from streamtrain_worker.proto import serving_pb2_grpc
+from streamtrain_worker.publishing.predict import RowWriter, load_model, score
 from streamtrain_worker.serving.delivery import Delivery
 from streamtrain_worker.serving.scoring import Scorer
 from streamtrain_worker.serving.server import Server, run_http

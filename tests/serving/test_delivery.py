@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from streamtrain_tools.bench.serving_models import Export, keys_of, rows_for
-from streamtrain_worker.model_folder import ModelKind
-from streamtrain_worker.predict import load_model
+from streamtrain_tools.bench.serving.models import Export, keys_of, rows_for
+from streamtrain_worker.publishing.model_folder import ModelKind
+from streamtrain_worker.publishing.predict import load_model
 from streamtrain_worker.serving.delivery import Delivery
 from streamtrain_worker.serving.tables import EmbeddedTable, RedisTable, VersionedTable
 from streamtrain_worker.serving.versions import Guard

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamtrain_tools.bench.serving_models import Export, keys_of, rows_for
-from streamtrain_worker.model_folder import ModelKind
+from streamtrain_tools.bench.serving.models import Export, keys_of, rows_for
+from streamtrain_worker.publishing.model_folder import ModelKind
 from streamtrain_worker.serving.delivery import Delivery
 from streamtrain_worker.serving.tables import EmbeddedTable
 from streamtrain_worker.serving.versions import Guard, GuardError

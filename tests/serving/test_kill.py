@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamtrain_tools.bench.serving_models import Export, lines
+from streamtrain_tools.bench.serving.models import Export, lines
 from streamtrain_worker.serving.delivery import Delivery
 from streamtrain_worker.serving.tables import RedisTable
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamtrain_tools.bench.serving_models import Export, keys_of, lines, rows_for
-from streamtrain_worker import predict
-from streamtrain_worker.model_folder import ModelKind
+from streamtrain_tools.bench.serving.models import Export, keys_of, lines, rows_for
+from streamtrain_worker.publishing import predict
+from streamtrain_worker.publishing.model_folder import ModelKind
 
 
 @pytest.fixture

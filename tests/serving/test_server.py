@@ -13,9 +13,9 @@ import grpc
 import numpy as np
 import pytest
 
-from streamtrain_tools.bench.serving_models import Export, keys_of, lines, rows_for
-from streamtrain_worker.model_folder import ModelKind
+from streamtrain_tools.bench.serving.models import Export, keys_of, lines, rows_for
 from streamtrain_worker.proto import serving_pb2
+from streamtrain_worker.publishing.model_folder import ModelKind
 from streamtrain_worker.serving.tables import EmbeddedTable, RedisTable
 
 from .conftest import RedisProcess

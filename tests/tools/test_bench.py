@@ -10,8 +10,8 @@ import pytest
 import torch
 import yaml
 
-from streamtrain_tools.bench import read_ahead
-from streamtrain_tools.bench import worker as bench
+from streamtrain_tools.bench.worker import read_ahead
+from streamtrain_tools.bench.worker import run as bench
 
 
 def test_bench_prints_one_json_object_last(capsys: pytest.CaptureFixture[str]) -> None:
@@ -43,7 +43,7 @@ def test_bench_prints_one_json_object_last(capsys: pytest.CaptureFixture[str]) -
 
 
 def test_long_tail_keys_stay_in_each_slots_range() -> None:
-    from streamtrain_tools.bench import long_tail
+    from streamtrain_tools.bench.worker import long_tail
 
     (batch,) = long_tail.batches(count=1, batch_size=64, slots=3, keys_per_slot=16, ctr=0.5, seed=0)
     slot = batch.slot_of_key()
@@ -57,7 +57,7 @@ def test_long_tail_keys_stay_in_each_slots_range() -> None:
 def test_reference_protocol_and_both_sides_score_every_pass() -> None:
     """bench_reference cuts the sample like bench-e2e (24 x 300 rows, batches restart at
     every pass) and both sides return one progressive AUC per pass."""
-    from streamtrain_tools.bench import reference as ref
+    from streamtrain_tools.bench.quality import reference as ref
 
     passes = ref.load_passes(ref.SAMPLES_DIR)
     assert len(passes) == 24
@@ -75,8 +75,8 @@ def test_reference_ps_side_mirrors_the_bench_e2e_manifest(tmp_path: Path) -> Non
     it says nothing about the real benchmark."""
     from streamtrain_operator.job import render
     from streamtrain_operator.job.spec import load_job
-    from streamtrain_tools.bench import e2e as bench_e2e
-    from streamtrain_tools.bench import reference as ref
+    from streamtrain_tools.bench.quality import reference as ref
+    from streamtrain_tools.bench.worker import e2e as bench_e2e
 
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(bench_e2e.manifest(ref.BATCH, 1, 0.05)))
@@ -95,7 +95,7 @@ def test_bench_e2e_no_cvm_side_changes_only_the_cvm_columns(tmp_path: Path) -> N
 
     from streamtrain_operator.job import render
     from streamtrain_operator.job.spec import load_job
-    from streamtrain_tools.bench import e2e as bench_e2e
+    from streamtrain_tools.bench.worker import e2e as bench_e2e
 
     configs = []
     for cvm in (True, False):
@@ -111,7 +111,7 @@ def test_bench_e2e_no_cvm_side_changes_only_the_cvm_columns(tmp_path: Path) -> N
 def test_bench_e2e_plain_pytorch_trains_the_jobs_own_network() -> None:
     """``train_vs_torch`` compares like with like: plain PyTorch runs the network the job's
     workers build (CVM columns, ordinal inputs, base rate), fed by counts it keeps itself."""
-    from streamtrain_tools.bench import e2e as bench_e2e
+    from streamtrain_tools.bench.worker import e2e as bench_e2e
     from streamtrain_worker.models import build_model
     from streamtrain_worker.models.summary import gather_stats
 
@@ -141,7 +141,7 @@ def test_bench_e2e_plain_pytorch_trains_the_jobs_own_network() -> None:
 def test_step_timer_splits_training_from_the_transitions_between_passes() -> None:
     """bench-e2e's step accounting: start-up until the first step, each step until the next
     one starts, and everything but training counted as transition time."""
-    from streamtrain_tools.bench.e2e import StepTimer
+    from streamtrain_tools.bench.worker.e2e import StepTimer
 
     timer = StepTimer()
     timer.started = 0.0
@@ -164,7 +164,7 @@ def test_step_timer_splits_training_from_the_transitions_between_passes() -> Non
 
 
 def test_sizing_names_the_limit_that_binds_first() -> None:
-    from streamtrain_tools.bench.sizing import Costs, Resources, predict
+    from streamtrain_tools.bench.ps.sizing import Costs, Resources, predict
 
     costs = Costs(
         worker_cpu=100e-6, sparse_cpu=40e-6, dense_cpu=5e-6, sparse_bytes=1e3, dense_bytes=3e3

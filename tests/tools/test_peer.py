@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from streamtrain_tools.bench import peer, peer_format
+from streamtrain_tools.bench.peer import pipe as peer_format
+from streamtrain_tools.bench.peer import run as peer
 from streamtrain_tools.samples import SAMPLES_DIR
 from streamtrain_worker.data.formats.kernel import bucket
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from streamtrain_tools.bench import quality
-from streamtrain_tools.bench.quality_streams import build
+from streamtrain_tools.bench.quality import run as quality
+from streamtrain_tools.bench.quality.streams import build
 
 AVAZU_HEADER = (
     "id,click,hour,C1,banner_pos,site_id,site_domain,site_category,app_id,app_domain,"

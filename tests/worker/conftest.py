@@ -21,7 +21,7 @@ from streamtrain_worker.data.formats import Format, ParsedBlock
 from streamtrain_worker.data.reader import PassReader
 
 if TYPE_CHECKING:  # the parser tests never import torch
-    from streamtrain_worker.train import Trainer
+    from streamtrain_worker.training.train import Trainer
 
 AVAZU = SAMPLES_DIR / "avazu_sample_train.csv"
 CRITEO = SAMPLES_DIR / "criteo_kaggle_sample_train.txt"

@@ -15,7 +15,7 @@ from streamtrain_worker.data.batch import Batch
 from streamtrain_worker.models import ModelSpec, build_model
 from streamtrain_worker.models.base_rate import BaseRate
 from streamtrain_worker.models.summary import drain_pending, gather_stats, summary_layers
-from streamtrain_worker.train import Trainer
+from streamtrain_worker.training.train import Trainer
 
 CLICK_RATE = 0.02
 

@@ -33,13 +33,13 @@ from streamtrain_ps.shard import Shard
 from streamtrain_ps.tier.memory_limit import MemoryBudget
 from streamtrain_tools.samples import SAMPLES_DIR
 from streamtrain_worker.config import WorkerConfig
-from streamtrain_worker.control import SERVICE_NAME, WorkerServer, WorkerServicer
+from streamtrain_worker.control.refusals import Reason, is_busy, reason_of
+from streamtrain_worker.control.service import SERVICE_NAME, WorkerServer, WorkerServicer
 from streamtrain_worker.data.reader import PassReader
-from streamtrain_worker.embedding import Lookup, prepare
-from streamtrain_worker.export import load_dense
 from streamtrain_worker.metrics import PassMetrics
 from streamtrain_worker.proto import worker_pb2, worker_pb2_grpc
-from streamtrain_worker.refusals import Reason, is_busy, reason_of
+from streamtrain_worker.publishing.export import load_dense
+from streamtrain_worker.training.embedding import Lookup, prepare
 
 CRITEO = SAMPLES_DIR / "criteo_kaggle_sample_train.txt"
 CONFIG = {

@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from streamtrain_ps.client.local import LocalPS
-from streamtrain_worker.export import export_dense, load_dense, script
 from streamtrain_worker.models.data_norm import DEFAULT_EPSILON, DataNorm
 from streamtrain_worker.models.summary import (
     drain_pending,
@@ -23,7 +22,8 @@ from streamtrain_worker.models.summary import (
     scatter_stats,
     summary_layers,
 )
-from streamtrain_worker.train import Trainer
+from streamtrain_worker.publishing.export import export_dense, load_dense, script
+from streamtrain_worker.training.train import Trainer
 
 from .conftest import run, worker_config
 

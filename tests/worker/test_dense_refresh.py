@@ -9,7 +9,7 @@ import numpy as np
 
 from streamtrain_ps.client.local import LocalPS
 from streamtrain_worker.config import WorkerConfig
-from streamtrain_worker.train import Trainer
+from streamtrain_worker.training.train import Trainer
 
 from .conftest import run, worker_config
 

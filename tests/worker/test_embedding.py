@@ -9,7 +9,7 @@ import torch
 
 from streamtrain_ps.api import SparsePush
 from streamtrain_worker.data.batch import Batch
-from streamtrain_worker.embedding import Lookup, prepare
+from streamtrain_worker.training.embedding import Lookup, prepare
 
 DIM = 4  # embedx dim
 
@@ -169,3 +169,39 @@ def test_wrong_embedding_dim_is_a_clear_error(setup) -> None:  # type: ignore[no
     batch, ps, _, _ = setup
     with pytest.raises(ValueError, match="embeddingDim must equal"):
         prepare(batch, ps, "emb", DIM + 1)
+
+
+def test_row_shared_steps_scale_a_context_key_by_its_rows_and_leave_rare_keys(
+    setup,  # type: ignore[no-untyped-def]
+) -> None:
+    """An hour key in all 8 rows, beside a rare id per row and a head key in rows 0-3:
+    rows 0-3 hold two batch-wide keys, rows 4-7 one, so the hour key's C is 1.5 and its
+    gradient is scaled by 8 / 1.5; the head key's C is 2 (4 / 2 = 2); rare ids keep theirs."""
+    _, ps, _, _ = setup
+    hour, head = 1000, 2000
+    keys, offsets = [], [0]
+    for row in range(8):
+        bag = [[hour], [3000 + row], [head] if row < 4 else []]
+        for slot_keys in bag:
+            keys += slot_keys
+            offsets.append(len(keys))
+    batch = Batch(
+        labels=np.zeros(8, np.float32),
+        keys=np.asarray(keys, np.uint64),
+        offsets=np.asarray(offsets, np.int64),
+        num_slots=3,
+    )
+    expected = {hour: 8 / 1.5, head: 2.0, **{3000 + r: 1.0 for r in range(8)}}
+    pushed = {}
+    for parts in ("none", "embed", "all"):
+        prepared = prepare(batch, ps, "emb", DIM, step_parts=parts)
+        lookup = Lookup(prepared, cvm=False)
+        lookup.pooled.sum().backward()  # every occurrence's gradient is 1
+        push = lookup.sparse_push()
+        pushed[parts] = {int(k): g for k, g in zip(push.keys, push.grads, strict=True)}
+    for key, scale in expected.items():
+        plain = pushed["none"][key]
+        np.testing.assert_allclose(plain, float(keys.count(key)))  # the summed gradient
+        np.testing.assert_allclose(pushed["all"][key], plain * scale, rtol=1e-6)
+        np.testing.assert_allclose(pushed["embed"][key][0], plain[0] * scale, rtol=1e-6)
+        np.testing.assert_array_equal(pushed["embed"][key][1:], plain[1:])

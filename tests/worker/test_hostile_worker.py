@@ -28,7 +28,7 @@ from streamtrain_ps.service.server import PSServer
 from streamtrain_ps.shard import Shard
 from streamtrain_tools.samples import SAMPLES_DIR
 from streamtrain_worker.config import WorkerConfig
-from streamtrain_worker.control import (
+from streamtrain_worker.control.service import (
     MAX_MESSAGE_BYTES,
     SERVICE_NAME,
     WorkerServer,

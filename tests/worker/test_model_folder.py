@@ -9,7 +9,7 @@ from typing import Any
 import fsspec
 import pytest
 
-from streamtrain_worker.model_folder import (
+from streamtrain_worker.publishing.model_folder import (
     DONEFILE,
     MODEL_MANIFEST,
     DoneLine,

@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 import torch
 
-from streamtrain_worker.export import script
 from streamtrain_worker.models import DenseModel, ModelSpec, build_model, registered
 from streamtrain_worker.models.data_norm import norms_of
+from streamtrain_worker.publishing.export import script
 
 B, S, D, L = 6, 5, 4, 7
 

@@ -16,7 +16,7 @@ from streamtrain_ps.client.local import LocalPS
 from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.data.batch import Batch
 from streamtrain_worker.monitoring import WorkerMetrics
-from streamtrain_worker.train import Trainer
+from streamtrain_worker.training.train import Trainer
 
 SLOTS = 3
 

@@ -18,10 +18,10 @@ from streamtrain_worker.data.formats import make_format
 from streamtrain_worker.data.hashing import feature_signs, feature_values
 from streamtrain_worker.data.ordinal import ordinal_inputs
 from streamtrain_worker.data.reader import PassReader
-from streamtrain_worker.export import describe, export_dense, load_dense, script
 from streamtrain_worker.models import ModelSpec, build_model
-from streamtrain_worker.predict import LoadedModel, SparseModel, score
-from streamtrain_worker.train import Trainer
+from streamtrain_worker.publishing.export import describe, export_dense, load_dense, script
+from streamtrain_worker.publishing.predict import LoadedModel, SparseModel, score
+from streamtrain_worker.training.train import Trainer
 
 from .conftest import MISSING, parse, run, worker_config
 

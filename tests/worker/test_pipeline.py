@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from streamtrain_worker.pipeline import AsyncPusher, Prefetcher
+from streamtrain_worker.training.pipeline import AsyncPusher, Prefetcher
 
 
 def test_prefetcher_preserves_order_and_stays_bounded() -> None:

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.nn import functional as nnf
 
-from streamtrain_worker.pooling import KeyBags, sum_pool
+from streamtrain_worker.training.pooling import KeyBags, sum_pool
 
 
 def bags(rng: np.random.Generator, num_bags: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:

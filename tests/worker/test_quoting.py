@@ -14,7 +14,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from streamtrain_tools.bench import quoting as bench_quoting
+from streamtrain_tools.bench.worker import quoting as bench_quoting
 from streamtrain_tools.samples import SAMPLES_DIR
 from streamtrain_worker.data.config import AVAZU_CATEGORICAL, AVAZU_SLOTS, DataConfig
 from streamtrain_worker.data.errors import BadDataError, CorruptFileError, DataConfigError

@@ -17,11 +17,11 @@ from prometheus_client import CollectorRegistry
 from streamtrain_ps.client.local import LocalPS
 from streamtrain_tools.samples import SAMPLES_DIR
 from streamtrain_worker.config import WorkerConfig
-from streamtrain_worker.control import WorkerServer, WorkerServicer
+from streamtrain_worker.control.service import WorkerServer, WorkerServicer
 from streamtrain_worker.data.reader import PassReader
 from streamtrain_worker.monitoring import WorkerMetrics
 from streamtrain_worker.proto import worker_pb2, worker_pb2_grpc
-from streamtrain_worker.read_ahead import Outcome, ReadAhead
+from streamtrain_worker.training.read_ahead import Outcome, ReadAhead
 
 CRITEO = SAMPLES_DIR / "criteo_kaggle_sample_train.txt"
 CONFIG = {

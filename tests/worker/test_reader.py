@@ -10,7 +10,7 @@ import fsspec
 import numpy as np
 import pytest
 
-from streamtrain_tools.bench import parse as bench_parse
+from streamtrain_tools.bench.worker import parse as bench_parse
 from streamtrain_tools.samples import SAMPLES_DIR
 from streamtrain_worker.data import layout
 from streamtrain_worker.data.batch import Batch, concat_batches

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from streamtrain_worker.refusals import REASON_KEY, Reason, is_busy, reason_of, trailing_metadata
+from streamtrain_worker.control.refusals import (
+    REASON_KEY,
+    Reason,
+    is_busy,
+    reason_of,
+    trailing_metadata,
+)
 
 
 class FailedCallError(Exception):

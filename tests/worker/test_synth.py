@@ -10,8 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamtrain_worker import synth
-from streamtrain_worker.data import layout, timeslices
+from streamtrain_worker.data import layout, synth, timeslices
 from streamtrain_worker.data.config import DataConfig
 from streamtrain_worker.data.reader import iter_batches
 

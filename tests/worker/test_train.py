@@ -13,11 +13,11 @@ from prometheus_client import CollectorRegistry
 
 from streamtrain_ps.client.local import LocalPS
 from streamtrain_ps.errors import PSUnavailableError
-from streamtrain_worker import synth
 from streamtrain_worker.config import WorkerConfig
+from streamtrain_worker.data import synth
 from streamtrain_worker.data.batch import Batch
 from streamtrain_worker.monitoring import WorkerMetrics
-from streamtrain_worker.train import Trainer
+from streamtrain_worker.training.train import Trainer
 
 from .conftest import run, worker_config
 

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
+from streamtrain_worker.control.warmup import start_warm_up, warm_kernels
 from streamtrain_worker.data.config import DataConfig
-from streamtrain_worker.warmup import start_warm_up, warm_kernels
 
 # In a fresh interpreter (in this one other tests may have compiled the kernels already):
 # nothing is loaded before the warm-up, both kernels are afterwards.
@@ -17,7 +17,7 @@ PROBE = """
 from streamtrain_ps.client import dedup
 from streamtrain_worker.data.config import DataConfig
 from streamtrain_worker.data.formats import delimited
-from streamtrain_worker.warmup import start_warm_up
+from streamtrain_worker.control.warmup import start_warm_up
 before = (len(delimited._kernel.signatures), len(dedup._first_and_inverse.signatures))
 start_warm_up(DataConfig.from_dict({"format": "criteo"})).join()
 after = (len(delimited._kernel.signatures), len(dedup._first_and_inverse.signatures))

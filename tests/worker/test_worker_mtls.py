@@ -17,7 +17,7 @@ from streamtrain_operator.run.worker_client import GrpcWorker
 from streamtrain_ps.client.local import LocalPS
 from streamtrain_ps.plumbing.tls import PeerPolicy, TLSFiles
 from streamtrain_worker.config import WorkerConfig
-from streamtrain_worker.control import CONTROL_METHODS, WorkerServer, WorkerServicer
+from streamtrain_worker.control.service import CONTROL_METHODS, WorkerServer, WorkerServicer
 from streamtrain_worker.proto import worker_pb2, worker_pb2_grpc
 
 CONFIG = {

@@ -1,6 +1,6 @@
 """``make demo``: a two-day streaming job on this machine, from nothing, in a few minutes.
 
-1. Generates a synthetic click stream (``streamtrain_worker.synth``: Zipf features, daily
+1. Generates a synthetic click stream (``streamtrain_worker.data.synth``: Zipf features, daily
    drift, a known logistic model, so the best reachable AUC of every pass is known) as
    3-hourly folders; the donefiles arrive one by one with a delay, like a real log pipeline,
    so the job is seen waiting for data.
@@ -36,7 +36,7 @@ from streamtrain_operator.local.report import write_report
 from streamtrain_operator.local.reporting import metric
 from streamtrain_operator.local.runner import RunOptions, run_job
 from streamtrain_operator.run.export import read_donefile
-from streamtrain_worker.synth import SEQUENCE_SLOT, SLOTS, SynthConfig, generate_delayed
+from streamtrain_worker.data.synth import SEQUENCE_SLOT, SLOTS, SynthConfig, generate_delayed
 
 START = "20261101"
 
@@ -82,7 +82,7 @@ def serving_check(root: Path, progress: Progress, folders: Sequence[str], out: A
     last = progress.history[-1]
     key = f"{last.day}/delta-{last.pass_index - 1}"
     files = sorted(str(f) for folder in folders for f in Path(folder).glob("part-*"))
-    command = [sys.executable, "-m", "streamtrain_worker.predict", "--json"]
+    command = [sys.executable, "-m", "streamtrain_worker.publishing.predict", "--json"]
     command += ["--export", str(root / "models"), "--model", key, *files]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:

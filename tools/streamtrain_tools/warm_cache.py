@@ -7,7 +7,7 @@ PS and the workers call (its examples/s a small fraction of the next passes'), w
 on screen saying why. This runs those first calls on scratch inputs, with a line saying so:
 the PS's table kernels with and without the disk tier and its dense optimizers
 (``streamtrain_ps.tier.warmup``), and every data format's parser plus the key dedup
-(``streamtrain_worker.warmup``). Nothing here reads data or touches a model.
+(``streamtrain_worker.control.warmup``). Nothing here reads data or touches a model.
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ def warm_ps() -> None:
 
 def warm_worker() -> None:
     """Every format's parse kernel and the key dedup."""
+    from streamtrain_worker.control.warmup import warm_kernels
     from streamtrain_worker.data.config import DataConfig
-    from streamtrain_worker.warmup import warm_kernels
 
     for data in FORMATS:
         warm_kernels(DataConfig.from_dict(data))

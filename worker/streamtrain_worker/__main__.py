@@ -8,7 +8,7 @@ from streamtrain_ps.plumbing.startup_gc import collector_paused
 
 with collector_paused():
     from streamtrain_ps.plumbing.grpc_serving import exit_now
-    from streamtrain_worker.process import main
+    from streamtrain_worker.control.process import main
 
 if __name__ == "__main__":
     exit_now(main())

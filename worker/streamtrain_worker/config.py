@@ -44,6 +44,7 @@ __all__ = [
 ]
 
 ModelType = Literal["slot_dnn", "wide_deep", "deepfm", "din"]
+RowSharedSteps = Literal["none", "embed", "all"]
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,15 @@ class ModelConfig:
         "pseudo-example (the counted rate takes over from the first batch).",
         exclusive_minimum=0,
         exclusive_maximum=1,
+    )
+    # A key in n rows of a batch steps with its mean gradient once; sharing each row's
+    # correction among the row's batch-wide keys gives a context key (hour of day) ~n
+    # times that step and Avazu's ~20 head keys a row ~n/20 (docs/decisions.md, issue 26).
+    rowSharedSteps: RowSharedSteps = setting(
+        "none",
+        "Which parts of a key seen in n rows of a batch push n / C times its mean gradient "
+        "(at least the mean), C the mean over its rows of how many keys seen more than once "
+        "in the batch a row holds: none, embed (embed_w only) or all.",
     )
     targetSlot: int = setting(0, "DIN only: the slot holding the target item.", minimum=0)
     attentionUnits: tuple[int, ...] = setting(

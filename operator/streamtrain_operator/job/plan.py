@@ -33,7 +33,7 @@ from typing import Any
 from streamtrain_operator.job.checkpoints import CheckpointName
 from streamtrain_operator.job.spec import JobSpec
 from streamtrain_worker.data.timeslices import next_day
-from streamtrain_worker.model_folder import ModelKind, model_key
+from streamtrain_worker.publishing.model_folder import ModelKind, model_key
 
 
 class StepKind(StrEnum):
@@ -206,7 +206,7 @@ class PassPlan:
 
         ``None`` on the first day and, with ``export.base: false``, on every day: such a
         delta applies to every delta without a base before it, back to the job's first
-        (``streamtrain_worker.predict.model_chain``)."""
+        (``streamtrain_worker.publishing.predict.model_chain``)."""
         if key.day == self.start_day or not self.base:
             return None
         return model_key(ModelKind.BASE, key.day)

@@ -87,7 +87,7 @@ class WorkerClient(Protocol):
 
     async def reset(self, generation: int) -> None:
         """Resync with the PS; a pass of an older generation still running is cancelled
-        first (``control.py``)."""
+        first (``control/service.py``)."""
         ...
 
 

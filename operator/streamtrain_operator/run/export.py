@@ -1,7 +1,7 @@
 """Publishing inference models: parts first, then a manifest, then one donefile line.
 
 The folder's format (names, keys, donefile line, ``MODEL.json``) is
-``streamtrain_worker.model_folder``, shared with the predictor that reads it; this module
+``streamtrain_worker.publishing.model_folder``, shared with the predictor that reads it; this module
 writes it. A model exists for readers only once its donefile line exists; the line is written after
 ``MODEL.json``, which is written after every part and lists each with size and sha256
 (plus the pass metrics and, for a delta, the key of the base it applies to). So a crash at
@@ -26,8 +26,8 @@ from streamtrain_ps.api import SaveResult
 from streamtrain_ps.plumbing import storage
 from streamtrain_ps.plumbing.retry import RetryPolicy
 from streamtrain_ps.saves.checkpoint import MANIFEST
-from streamtrain_worker import model_folder
-from streamtrain_worker.model_folder import (
+from streamtrain_worker.publishing import model_folder
+from streamtrain_worker.publishing.model_folder import (
     DONEFILE,
     MODEL_MANIFEST,
     DoneLine,

@@ -2,7 +2,7 @@
 
 A RunPass carries, beside the worker's files of the pass, its files of the next train step
 (``next_files``), so that the worker reads and parses them while the current pass trains
-(``streamtrain_worker.read_ahead``). This is a hint, never a commitment: what the next
+(``streamtrain_worker.training.read_ahead``). This is a hint, never a commitment: what the next
 RunPass names is decided when that pass is dispatched (``driver._assignment``, which lists
 and records, or verifies a recorded list), and the worker uses what it read ahead only if
 the two agree file for file and nothing changed since it was read. So the hint may be

@@ -45,7 +45,7 @@ from streamtrain_operator.run.hooks import NO_HOOK, StepHook
 from streamtrain_ps.api import PSLike, SaveMode
 from streamtrain_ps.plumbing.retry import RetryPolicy
 from streamtrain_worker.config import MetricsConfig
-from streamtrain_worker.model_folder import ModelKind, Serving
+from streamtrain_worker.publishing.model_folder import ModelKind, Serving
 
 log = logging.getLogger(__name__)
 

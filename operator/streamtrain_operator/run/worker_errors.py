@@ -1,7 +1,7 @@
 """What a worker's failed call means to the driver: the one reading of worker errors.
 
 Decisions branch on the typed reason the worker sends beside the status
-(``streamtrain_worker.refusals.Reason``), never on a status code's name or the message. A
+(``streamtrain_worker.control.refusals.Reason``), never on a status code's name or the message. A
 ``RunPass`` that failed is one of: refused before it started (``BUSY``, or a request of a
 ``STALE_GENERATION`` — nothing was pushed, the share may be retried alone), a data error
 (``BAD_DATA``: permanent), a vanished file (``FILE_GONE``), a PS shard whose
@@ -17,12 +17,12 @@ import grpc
 
 from streamtrain_operator.job.ps_limits import MEMORY_LIMIT_TOO_SMALL, memory_limit_message
 from streamtrain_ps.errors import WorkingSet
-from streamtrain_worker.refusals import Reason, reason_of
+from streamtrain_worker.control.refusals import Reason, reason_of
 
 
 def busy(exc: BaseException) -> bool:
-    """The worker refused a call because it runs another one (``control.py``: one call at
-    a time; ``refusals.Reason.BUSY``)."""
+    """The worker refused a call because it runs another one (``control/service.py``: one
+    call at a time; ``refusals.Reason.BUSY``)."""
     return reason_of(exc) is Reason.BUSY
 
 
@@ -42,7 +42,7 @@ def unavailable(exc: BaseException) -> bool:
 
 
 def refused(exc: BaseException) -> bool:
-    """The worker refused a ``RunPass`` before starting it (``control.py``): busy with
+    """The worker refused a ``RunPass`` before starting it (``control/service.py``): busy with
     another call, or a request of a stale generation. Nothing of that share was pushed."""
     return reason_of(exc) in (Reason.BUSY, Reason.STALE_GENERATION)
 

@@ -9,6 +9,16 @@ A row has two *parts* that the rules update independently: ``embed`` (width 1) a
       G <- G + mean(g^2 over the part)
 
 - ``std_adagrad``: the same with one G per dimension (``G_j += g_j^2``).
+- ``scale_free_adagrad`` (PyTorch's ``Adagrad``): one G per dimension, starting at 0, and
+  the step divided by the root of the NEW G, so it does not depend on the gradient's scale
+  (the first step is ``lr * sign(g)``)::
+
+      G_j <- G_j + g_j^2
+      w_j <- clip(w_j - lr * g_j / (sqrt(G_j) + eps))
+
+  Paddle's form above moves a key by ``lr * g`` on its first occurrences: an embedx whose
+  gradients arrive damped by the MLP (~0.01) barely moves until it has been seen many
+  times; this one moves a rare id's embedx as far as a frequent one's (docs/decisions.md).
 - ``adam``: per dimension m, v and per *part* beta powers b1^t, b2^t (a part's step count
   starts when the part starts training: the embedx part at admission)::
 
@@ -41,7 +51,8 @@ Per occurrence (``occurrenceSteps``; off by default, it overshoots: docs/decisio
 key that occurs ``n`` times in the batch takes ``n`` steps of that mean gradient, as a
 per-coordinate online learner would take ``n`` steps of its per-example gradients: AdaGrad moves by
 ``lr * g * sum_{k<n} sqrt(G0 / (G0 + G + k g^2))`` and adds ``n g^2`` to G; FTRL runs its
-update ``n`` times; Adam takes one step. With ``n = 1`` nothing changes; a key in every
+update ``n`` times; ``scale_free_adagrad`` moves by ``lr * g * sum_{1<=k<=n} 1 / sqrt(G + k g^2)``;
+Adam takes one step. With ``n = 1`` nothing changes; a key in every
 row of a batch of 64 (an hour-of-day key) learns ~64 steps' worth instead of one — and so
 does every head key of every slot, all correcting the same error from the same prediction.
 
@@ -65,8 +76,15 @@ ADAGRAD = 0
 STD_ADAGRAD = 1
 ADAM = 2
 FTRL = 3
+SCALE_FREE_ADAGRAD = 4
 
-OPTIMIZER_CODES = {"adagrad": ADAGRAD, "std_adagrad": STD_ADAGRAD, "adam": ADAM, "ftrl": FTRL}
+OPTIMIZER_CODES = {
+    "adagrad": ADAGRAD,
+    "std_adagrad": STD_ADAGRAD,
+    "adam": ADAM,
+    "ftrl": FTRL,
+    "scale_free_adagrad": SCALE_FREE_ADAGRAD,
+}
 
 # Indices into the float64 parameter vector ``fp`` every kernel receives.
 FP_LR = 0
@@ -105,7 +123,7 @@ def state_width(kind: int, dim: int) -> int:
     """Floats of optimizer state per part of width ``dim``."""
     if kind == ADAGRAD:
         return 1
-    if kind == STD_ADAGRAD:
+    if kind in (STD_ADAGRAD, SCALE_FREE_ADAGRAD):
         return dim
     if kind == FTRL:
         return 2 * dim
@@ -185,7 +203,7 @@ def init_part(
         w = uniform_init(seed, key, hcol + j, fp[FP_RANGE]) if random else 0.0
         slab[row, wcol + j] = min(max(w, lo), hi)
     width: Int = 1  # ADAGRAD: one G for the part (``state_width``)
-    if kind == STD_ADAGRAD:
+    if kind in (STD_ADAGRAD, SCALE_FREE_ADAGRAD):
         width = dim
     elif kind == FTRL:
         width = 2 * dim
@@ -248,6 +266,17 @@ def update_part(
             ratio = 0.0
             for k in range(steps):
                 ratio += math.sqrt(g0 / (g0 + G + k * g * g))
+            w = np.float64(slab[row, wcol + j]) - lr * g * ratio
+            slab[row, wcol + j] = min(max(w, lo), hi)
+            slab[row, scol + j] = G + steps * g * g
+    elif kind == SCALE_FREE_ADAGRAD:
+        eps = fp[FP_EPS]
+        for j in range(dim):
+            g = scaled_grad(grads[gi, goff + j], scale)
+            G = np.float64(slab[row, scol + j])
+            ratio = 0.0  # the steps' summed factors, each with G after its own g^2
+            for k in range(1, steps + 1):
+                ratio += 1.0 / (math.sqrt(G + k * g * g) + eps)
             w = np.float64(slab[row, wcol + j]) - lr * g * ratio
             slab[row, wcol + j] = min(max(w, lo), hi)
             slab[row, scol + j] = G + steps * g * g

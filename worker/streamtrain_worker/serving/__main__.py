@@ -28,7 +28,12 @@ import torch
 from streamtrain_worker.serving.delivery import Applied, Delivery
 from streamtrain_worker.serving.scoring import Scorer
 from streamtrain_worker.serving.server import Server, run_http
-from streamtrain_worker.serving.tables import EmbeddedTable, RedisTable, VersionedTable
+from streamtrain_worker.serving.tables import (
+    CACHE_BYTES,
+    EmbeddedTable,
+    RedisTable,
+    VersionedTable,
+)
 from streamtrain_worker.serving.versions import Guard, GuardError
 
 log = logging.getLogger("streamtrain.serving")
@@ -74,6 +79,12 @@ def _parser() -> argparse.ArgumentParser:
         default=1,
         help="intra-op threads per request (1: small batches, many requests in parallel)",
     )
+    serve.add_argument(
+        "--bucket-cache-mb",
+        type=int,
+        default=CACHE_BYTES >> 20,
+        help="with --redis: MB of immutable Redis buckets kept in process (0: none)",
+    )
     _guard_args(serve)
     deliver = sub.add_parser("deliver", help="follow an export's donefile into Redis")
     deliver.add_argument("--export", required=True)
@@ -94,15 +105,16 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _table(url: str | None, prefix: str) -> VersionedTable:
-    return RedisTable.connect(url, prefix) if url else EmbeddedTable()
-
-
 def cmd_serve(args: argparse.Namespace, hook: Hook) -> int:
     # Measured: batch-1 requests take ~50 ms with torch's default threads on a busy 2-core
     # machine, ~3 ms with one (docs/serving.md).
     torch.set_num_threads(max(1, args.torch_threads))
-    table = _table(args.redis, args.prefix)
+    # A request waits at most this long for the GIL held by the delivery or refresh thread
+    # (Python's default: 5 ms, half the latency goal).
+    sys.setswitchinterval(0.001)
+    table: VersionedTable = EmbeddedTable()
+    if args.redis:
+        table = RedisTable.connect(args.redis, args.prefix, args.bucket_cache_mb << 20)
     guard = _guard(args)
     delivery = None
     if not args.redis or args.deliver:

@@ -31,8 +31,8 @@ import torch
 
 from streamtrain_ps.errors import CheckpointError
 from streamtrain_ps.saves.checkpoint import read_sparse
-from streamtrain_worker.export import load_dense
-from streamtrain_worker.model_folder import (
+from streamtrain_worker.publishing.export import load_dense
+from streamtrain_worker.publishing.model_folder import (
     DoneLine,
     ModelFormatError,
     ModelKind,
@@ -40,7 +40,7 @@ from streamtrain_worker.model_folder import (
     read_manifest,
     verify_files,
 )
-from streamtrain_worker.predict import ModelNotFoundError, model_chain
+from streamtrain_worker.publishing.predict import ModelNotFoundError, model_chain
 from streamtrain_worker.serving.tables import Part, VersionedTable
 from streamtrain_worker.serving.versions import DeliveryState, Guard, Version
 

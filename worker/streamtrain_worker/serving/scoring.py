@@ -23,9 +23,9 @@ from streamtrain_ps.api import PSLike
 from streamtrain_worker.data.batch import Batch
 from streamtrain_worker.data.config import DataConfig
 from streamtrain_worker.data.formats import REASONS, Format, make_format
-from streamtrain_worker.export import load_dense
-from streamtrain_worker.model_folder import read_manifest
-from streamtrain_worker.predict import forward
+from streamtrain_worker.publishing.export import load_dense
+from streamtrain_worker.publishing.model_folder import read_manifest
+from streamtrain_worker.publishing.predict import forward
 from streamtrain_worker.serving.tables import VersionedTable, VersionGoneError
 from streamtrain_worker.serving.versions import Version
 
@@ -93,17 +93,22 @@ class Scorer:
     def refresh(self) -> LiveModel | None:
         """Serve the table's served version (loading its network first); the swap is one
         reference assignment, so a request sees the old or the new model, whole."""
-        state = self.table.state()
-        served = state.served
+        served = self.table.served()
         if served == 0:
             return self.current
         if self.current is not None and self.current.version.id == served:
             return self.current
+        state = self.table.state()
+        served = state.served
         version = state.version(served)
         if version is None:
             log.warning("served version %s has no record", served)
             return self.current
         model = self._load(version)
+        try:
+            self.table.warm(version.id)
+        except Exception:  # a cold cache is slower, not wrong
+            log.exception("cannot read ahead version %s", version.id)
         self.current = model
         with self._lock:
             keep = {served, *state.kept()}

@@ -8,9 +8,9 @@ delivery state (``versions.DeliveryState``) is stored beside the rows and change
 - ``EmbeddedTable``: in-process; a version is an immutable ``SparseModel`` (sorted keys and
   their rows), a delta is folded into a copy by ``predict.apply_chain``; the default on one
   machine.
-- ``RedisTable``: Redis; rows in small hashes (packed float32 values, listpack-encoded),
-  copy-on-write per bucket: a version owns the buckets it changed and shares the others
-  through its bucket map (docs/serving.md, "Redis layout").
+- ``RedisTable``: Redis; rows in buckets (a string of packed records each), copy-on-write
+  per bucket: a version owns the buckets it changed and shares the others through its
+  bucket map (docs/serving.md, "Redis layout").
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
+import uuid
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -27,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 import redis
 
-from streamtrain_worker.predict import SparseModel, apply_chain
+from streamtrain_worker.publishing.predict import SparseModel, apply_chain
 from streamtrain_worker.serving.versions import (
     DeliveryState,
     Version,
@@ -55,6 +56,14 @@ class VersionedTable(ABC):
 
     @abstractmethod
     def state(self) -> DeliveryState: ...
+
+    def served(self) -> int:
+        """``state().served`` alone (what a server polls for: cheaper than the state)."""
+        return self.state().served
+
+    def warm(self, vid: int) -> None:
+        """Read ahead what requests will read from ``vid`` (before it is served)."""
+        del vid  # by default nothing to read ahead (the embedded table is in memory)
 
     @abstractmethod
     def write(self, version: Version, parent: Version | None, parts: Sequence[Part]) -> int:
@@ -222,103 +231,94 @@ class EmbeddedTable(VersionedTable):
             return set(self._versions)
 
 
-#: Reads every bucket's fields in one round trip: KEYS are bucket hashes, ARGV starts with
-#: one field count per key, then the fields; the reply is the values in order (nil: absent).
-_LOOKUP_LUA = """
-local out = {}
-local pos = #KEYS + 1
-for i, k in ipairs(KEYS) do
-  local n = tonumber(ARGV[i])
-  local vals = redis.call('HMGET', k, unpack(ARGV, pos, pos + n - 1))
-  pos = pos + n
-  for j = 1, n do out[#out + 1] = vals[j] end
-end
-return out
-"""
-#: Copy-on-write of buckets inside Redis. ARGV: the record width (8 + row bytes), then per
-#: bucket: the parent's bucket ("" for none), the new bucket, its deleted keys (8 bytes
-#: each, concatenated), its set records (key then row, concatenated). Returns the change
-#: in rows over all buckets.
-_APPLY_LUA = """
-local rec = tonumber(ARGV[1])
-local i = 2
-local delta = 0
-while i <= #ARGV do
-  local src, dst, dels, sets = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
-  i = i + 4
-  local before = 0
-  if src ~= '' then
-    before = redis.call('HLEN', src)
-    redis.call('COPY', src, dst, 'REPLACE')
-  else
-    redis.call('DEL', dst)
-  end
-  local args = {}
-  for o = 1, #dels, 8 do
-    args[#args + 1] = string.sub(dels, o, o + 7)
-    if #args == 1000 or o + 8 > #dels then
-      redis.call('HDEL', dst, unpack(args))
-      args = {}
-    end
-  end
-  for o = 1, #sets, rec do
-    args[#args + 1] = string.sub(sets, o, o + 7)
-    args[#args + 1] = string.sub(sets, o + 8, o + rec - 1)
-    if #args == 2000 or o + rec > #sets then
-      redis.call('HSET', dst, unpack(args))
-      args = {}
-    end
-  end
-  delta = delta + redis.call('HLEN', dst) - before
-end
-return delta
-"""
-#: Rows per bucket a base is sized for; the listpack limits below leave room to grow.
+#: Rows per bucket a base is sized for.
 ROWS_PER_BUCKET = 32
-LISTPACK_ENTRIES = 512
-_WRITE_CHUNK = 256  # buckets per script call (a few ms of Redis time each)
+#: Buckets per MGET/MSET (~0.7 MB of rows: well under a ms of Redis time, so lookups interleave).
+_CHUNK = 512
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+#: Bytes of bucket strings a serving process keeps (``RedisTable``'s read cache).
+CACHE_BYTES = 256 << 20
+#: Buckets a server remembers reading, to read ahead for a new version (``RedisTable.warm``).
+_HOT_BUCKETS = 4096
+
+
+def _mix(keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    """Fibonacci hash of every key: a bijection of the 64-bit keys (an odd multiplier), whose
+    top bits are the bucket (``mix_bucket``) and whose order is a bucket's record order."""
+    with np.errstate(over="ignore"):
+        return keys.astype(np.uint64) * _MIX
+
+
+def _record(width: int) -> np.dtype[Any]:
+    """One row in a bucket: 8-byte little-endian key, then the row's float32 values."""
+    return np.dtype([("k", "<u8"), ("v", "<f4", (width,))])
 
 
 class RedisTable(VersionedTable):
     """Versions in Redis under ``<prefix>`` (docs/serving.md, "Redis layout")::
 
-    <prefix>meta            hash: the delivery state (versions.state_fields), dim, stored
+    <prefix>meta            hash: the delivery state (versions.state_fields), stored,
+                            width (float32 values of a row), epoch (a random id set by
+                            the first write under the prefix)
     <prefix>map:<v>         string: uint32 owner version of each bucket of version v
-    <prefix>r:<owner>:<b>   hash: 8-byte little-endian key -> packed float32 row
+    <prefix>r:<owner>:<b>   string: the bucket's records (8-byte key, float32 row) sorted
+                            by the keys' hash; absent: an empty bucket
+
+    A version is written copy-on-write per bucket, built in numpy on the client: the
+    touched buckets of the parent are read once (pipelined MGETs), merged with the delta
+    in one vectorised pass and written back as new keys (pipelined MSETs); untouched
+    buckets are shared through the map. Nothing is visible before ``commit``.
+
+    A committed bucket key never changes until it is deleted, so lookups keep the buckets
+    they read in an LRU cache of ``cache_bytes``: a request whose buckets were read before
+    makes no Redis round trip (a round trip was ~90% of a batch-1 request's time). A key
+    name is immutable only while the data under the prefix lives: if it is flushed and
+    written again, version ids and bucket names repeat with other rows, so the caches are
+    keyed to the prefix's ``epoch`` and emptied when a poll of ``served`` sees it change.
     """
 
-    def __init__(self, client: redis.Redis, prefix: str = "st:") -> None:
+    def __init__(
+        self, client: redis.Redis, prefix: str = "st:", cache_bytes: int = CACHE_BYTES
+    ) -> None:
         self._r = client
         self._p = prefix
         self._maps: dict[int, npt.NDArray[np.uint32]] = {}
         self._maps_lock = threading.Lock()
-        self._lookup = client.register_script(_LOOKUP_LUA)
-        self._apply = client.register_script(_APPLY_LUA)
+        self._width = 0
+        self._cache: OrderedDict[str, bytes] = OrderedDict()
+        self._cache_bytes = 0
+        self._cache_limit = cache_bytes
+        self._cache_lock = threading.Lock()
+        #: Buckets lookups read (bounded like the cache): what ``warm`` reads ahead.
+        self._hot: OrderedDict[int, None] = OrderedDict()
+        #: The prefix's epoch the caches hold rows of (``served`` empties them on a change).
+        self._epoch: bytes | None = None
 
     @classmethod
-    def connect(cls, url: str, prefix: str = "st:") -> RedisTable:
-        return cls(redis.Redis.from_url(url), prefix)
-
-    def tune(self, row_bytes: int) -> None:
-        """Let bucket hashes stay listpacks (compact) for rows of ``row_bytes``; a managed
-        Redis may refuse CONFIG SET: then set these in its configuration."""
-        wanted = {
-            "hash-max-listpack-value": str(max(64, row_bytes)),
-            "hash-max-listpack-entries": str(LISTPACK_ENTRIES),
-        }
-        try:
-            for name, value in wanted.items():
-                current = self._r.config_get(name).get(name)
-                if current is None or int(current) < int(value):
-                    self._r.config_set(name, value)
-        except redis.ResponseError as exc:
-            log.warning("cannot set %s (%s): buckets may use more memory", wanted, exc)
+    def connect(cls, url: str, prefix: str = "st:", cache_bytes: int = CACHE_BYTES) -> RedisTable:
+        return cls(redis.Redis.from_url(url), prefix, cache_bytes)
 
     # -- state -------------------------------------------------------------------------
 
     def state(self) -> DeliveryState:
         raw: dict[bytes, bytes] = self._r.hgetall(f"{self._p}meta")  # type: ignore[assignment]
         return state_from_fields({k.decode(): v for k, v in raw.items()})
+
+    def served(self) -> int:
+        pinned, live, epoch = self._r.hmget(f"{self._p}meta", ["pinned", "live", "epoch"])
+        if epoch != self._epoch:
+            self._forget(epoch)  # type: ignore[arg-type]
+        return int(pinned or 0) or int(live or 0)
+
+    def _forget(self, epoch: bytes | None) -> None:
+        """Empty every cache: the data under the prefix is not the data they were read from."""
+        with self._maps_lock:
+            self._maps.clear()
+        with self._cache_lock:
+            self._cache.clear()
+            self._cache_bytes = 0
+            self._hot.clear()
+        self._epoch = epoch
 
     def _commit_fields(self, fields: Mapping[str, str]) -> None:
         # One HSET of every field: atomic in Redis (a single command).
@@ -353,104 +353,164 @@ class RedisTable(VersionedTable):
     def _bucket_key(self, owner: int, bucket: int) -> str:
         return f"{self._p}r:{owner}:{bucket}"
 
+    def warm(self, vid: int) -> None:
+        """Read the buckets lookups read lately, as ``vid`` owns them, into the cache: the
+        first requests on a new version then make no round trip either."""
+        if self._cache_limit:
+            with self._cache_lock:
+                hot = list(self._hot)
+            self._cached_read(self.bucket_map(vid), sorted(hot), note=False)
+
+    def _cached_read(
+        self, owners: npt.NDArray[np.uint32], buckets: Sequence[int], note: bool = True
+    ) -> bytes:
+        """``_read`` through the cache (only committed versions are looked up, and their
+        bucket keys are immutable; an absent bucket is not cached)."""
+        names = [self._bucket_key(int(owners[b]), b) for b in buckets]
+        with self._cache_lock:
+            if note and self._cache_limit:
+                for b in buckets:
+                    self._hot[b] = None
+                    self._hot.move_to_end(b)
+                while len(self._hot) > _HOT_BUCKETS:
+                    self._hot.popitem(last=False)
+            found = [self._cache.get(n) for n in names]
+            for n, blob in zip(names, found, strict=True):
+                if blob is not None:
+                    self._cache.move_to_end(n)
+        missing = [i for i, blob in enumerate(found) if blob is None]
+        if missing:
+            replies = self._mget([names[i] for i in missing])
+            with self._cache_lock:
+                for i, blob in zip(missing, replies, strict=True):
+                    found[i] = blob
+                    if blob and self._cache_limit and names[i] not in self._cache:
+                        self._cache[names[i]] = blob
+                        self._cache_bytes += len(blob)
+                while self._cache_bytes > self._cache_limit and self._cache:
+                    self._cache_bytes -= len(self._cache.popitem(last=False)[1])
+        return b"".join(blob for blob in found if blob)
+
+    def _read(self, owners: npt.NDArray[np.uint32], buckets: Sequence[int]) -> bytes:
+        """The records of ``buckets`` (increasing) under their owners, concatenated."""
+        names = [self._bucket_key(int(owners[b]), b) for b in buckets]
+        return b"".join(blob for blob in self._mget(names) if blob)
+
+    def _mget(self, names: Sequence[str]) -> list[bytes | None]:
+        replies: list[list[bytes | None]]
+        if len(names) <= _CHUNK:
+            replies = [self._r.mget(names)] if names else []  # type: ignore[list-item]
+        else:
+            pipe = self._r.pipeline(transaction=False)
+            for start in range(0, len(names), _CHUNK):
+                pipe.mget(names[start : start + _CHUNK])
+            replies = pipe.execute()
+        return [blob for reply in replies for blob in reply]
+
     def write(self, version: Version, parent: Version | None, parts: Sequence[Part]) -> int:
         vid = version.id
         self._clear_partial(vid)
-        self._set_stored(self.stored() | {vid})
-        dim = next((p[1].shape[1] for p in parts if p[1].ndim == 2), 0)
-        self.tune(4 * dim)
-        keys, is_set, rows = _final_ops(parts, dim)
+        width = next((p[1].shape[1] for p in parts if p[1].ndim == 2), 0)
+        stored = json.dumps(sorted(self.stored() | {vid}))
+        self._r.hsetnx(f"{self._p}meta", "epoch", uuid.uuid4().hex)
+        epoch = self._r.hget(f"{self._p}meta", "epoch")
+        if epoch != self._epoch:  # parents are read through the caches too
+            self._forget(epoch)  # type: ignore[arg-type]
+        self._r.hset(f"{self._p}meta", mapping={"stored": stored, "width": width})
+        self._width = width
+        rec = _record(width)
+        keys, sets, rows = _final_ops(parts, width)
+        row_of = np.cumsum(sets) - 1  # a set's row in ``rows``
+        # Every operation in hash order: the order of the records in the buckets.
+        order = np.argsort(_mix(keys))
+        keys, sets, row_of = keys[order], sets[order], row_of[order]
+        op_mix = _mix(keys)
+        new = np.empty(int(np.count_nonzero(sets)), dtype=rec)
+        new["k"], new["v"] = keys[sets], rows[row_of[sets]]
+        new_mix = op_mix[sets]
         if parent is None:
-            count = int(np.count_nonzero(is_set))
+            count = new.shape[0]
             bits = max(0, int(np.ceil(np.log2(max(1.0, count / ROWS_PER_BUCKET)))))
             owners = np.full(1 << bits, vid, dtype=np.uint32)
-            parent_owners = None
-            total = 0
+            touched = np.arange(1 << bits)
+            kept, kept_mix, removed = np.zeros(0, dtype=rec), np.zeros(0, np.uint64), 0
         else:
-            parent_owners = self.bucket_map(parent.id)
-            owners = parent_owners.copy()
+            owners = self.bucket_map(parent.id).copy()
             bits = int(np.log2(owners.shape[0]))
-            total = parent.keys
-        buckets = mix_bucket(keys, bits)
-        order = np.argsort(buckets, kind="stable")
-        rank = np.cumsum(is_set) - 1  # row of each set, in key order
-        rows = rows[rank[order][is_set[order]]]
-        buckets, keys, is_set = buckets[order], keys[order], is_set[order]
-        # Every set as one record (8-byte key, then the row), every delete as its key: a
-        # bucket's changes are two byte strings (redis-py packs each argument in Python,
-        # which took 1.7 s of a 2.7 s delta when every field was its own argument).
-        record = np.empty(int(np.count_nonzero(is_set)), dtype=[("k", "<u8"), ("v", "<f4", (dim,))])
-        record["k"] = keys[is_set]
-        record["v"] = rows
-        set_bytes = record.tobytes()
-        del_bytes = np.ascontiguousarray(keys[~is_set], dtype="<u8").tobytes()
-        rec = 8 + 4 * dim
-        cuts = np.flatnonzero(np.r_[True, buckets[1:] != buckets[:-1], True])
-        sets_before = np.r_[0, np.cumsum(is_set)][cuts]
-        dels_before = cuts - sets_before
-        touched = buckets[cuts[:-1]].tolist()
-        for start in range(0, len(touched), _WRITE_CHUNK):
-            args: list[bytes | str | int] = [rec]
-            for j in range(start, min(start + _WRITE_CHUNK, len(touched))):
-                b = touched[j]
-                src = "" if parent_owners is None else self._bucket_key(int(parent_owners[b]), b)
-                dels = del_bytes[8 * int(dels_before[j]) : 8 * int(dels_before[j + 1])]
-                sets = set_bytes[rec * int(sets_before[j]) : rec * int(sets_before[j + 1])]
-                args += [src, self._bucket_key(vid, b), dels, sets]
-                owners[b] = vid
-            # One script per chunk: the Python side sends each delta row once, Redis copies.
-            total += int(self._apply(args=args))
+            hits = np.bincount(mix_bucket(keys, bits), minlength=owners.shape[0])
+            touched = np.flatnonzero(hits)
+            # The parent's touched buckets, less every key the delta deletes or sets.
+            old = np.frombuffer(self._read(owners, touched.tolist()), dtype=rec)
+            old_mix = _mix(old["k"])
+            pos = np.minimum(np.searchsorted(op_mix, old_mix), max(0, op_mix.shape[0] - 1))
+            gone = op_mix[pos] == old_mix
+            kept, kept_mix, removed = old[~gone], old_mix[~gone], int(np.count_nonzero(gone))
+        # Merge two hash-sorted runs: each new record goes after the kept ones below it.
+        merged = np.empty(kept.shape[0] + new.shape[0], dtype=rec)
+        at_new = np.searchsorted(kept_mix, new_mix) + np.arange(new.shape[0])
+        is_new = np.zeros(merged.shape[0], dtype=bool)
+        is_new[at_new] = True
+        merged[at_new] = new
+        merged[~is_new] = kept
+        merged_mix = np.empty(merged.shape[0], dtype=np.uint64)
+        merged_mix[at_new], merged_mix[~is_new] = new_mix, kept_mix
+        # Each touched bucket's slice (its number: the hash's top bits); empty ones are absent.
+        edges = np.searchsorted(
+            merged_mix >> np.uint64(64 - bits) if bits else np.zeros(merged.shape[0], np.uint64),
+            np.r_[touched, owners.shape[0]].astype(np.uint64),
+        )
+        sizes = np.diff(edges) * rec.itemsize
+        owners[touched] = vid
+        blob = merged.tobytes()
+        full = np.flatnonzero(sizes)
+        lows, highs = (
+            (edges[full] * rec.itemsize).tolist(),
+            (edges[full + 1] * rec.itemsize).tolist(),
+        )
+        buckets = touched[full].tolist()
+        pipe = self._r.pipeline(transaction=False)
+        for start in range(0, len(buckets), _CHUNK):
+            pipe.mset(
+                {
+                    self._bucket_key(vid, buckets[j]): blob[lows[j] : highs[j]]
+                    for j in range(start, min(start + _CHUNK, len(buckets)))
+                }
+            )
+        pipe.execute()
         self._r.set(f"{self._p}map:{vid}", owners.astype("<u4").tobytes())
         with self._maps_lock:
             self._maps[vid] = owners
-        return total
+        return (parent.keys if parent is not None else 0) - removed + int(new.shape[0])
 
     def _clear_partial(self, vid: int) -> None:
-        """Buckets an interrupted attempt at ``vid`` left (its map was never written)."""
-        if self._r.exists(f"{self._p}map:{vid}"):
+        """What an interrupted attempt at ``vid`` left (it was marked stored before its first
+        bucket was written, so a first attempt scans nothing)."""
+        if vid in self.stored():
             self.drop({vid})
-        batch = list(self._r.scan_iter(match=f"{self._p}r:{vid}:*", count=1000))
-        for start in range(0, len(batch), 1000):
-            self._r.delete(*batch[start : start + 1000])
 
     def lookup(self, vid: int, keys: npt.NDArray[np.uint64]) -> Rows:
         owners = self.bucket_map(vid)
         bits = int(np.log2(owners.shape[0]))
         n = keys.shape[0]
-        dim = self._dim_hint
+        if not self._width:
+            self._width = int(self._r.hget(f"{self._p}meta", "width") or 0)
         if n == 0:
-            return np.zeros((0, dim), dtype=np.float32), np.zeros(0, dtype=bool)
-        buckets = mix_bucket(keys, bits)
-        order = np.argsort(buckets, kind="stable")
-        sorted_buckets = buckets[order]
-        starts = np.flatnonzero(np.r_[True, sorted_buckets[1:] != sorted_buckets[:-1]])
-        counts = np.diff(np.r_[starts, n])
-        bucket_keys = [self._bucket_key(int(owners[b]), int(b)) for b in sorted_buckets[starts]]
-        kb = np.ascontiguousarray(keys[order], dtype="<u8").tobytes()
-        fields = [kb[8 * i : 8 * i + 8] for i in range(n)]
-        values: list[bytes | None] = self._lookup(
-            keys=bucket_keys, args=[*counts.tolist(), *fields]
-        )
-        hit_sorted = np.array([v is not None for v in values], dtype=bool)
-        found = [v for v in values if v is not None]
-        if found:
-            width = len(found[0]) // 4
-            self._dim_hint = width
-        width = self._dim_hint
-        rows_sorted = np.zeros((n, width), dtype=np.float32)
-        if found:
-            rows_sorted[hit_sorted] = np.frombuffer(b"".join(found), dtype="<f4").reshape(-1, width)
-        rows = np.empty_like(rows_sorted)
-        rows[order] = rows_sorted
-        hit = np.empty(n, dtype=bool)
-        hit[order] = hit_sorted
+            return np.zeros((0, self._width), dtype=np.float32), np.zeros(0, dtype=bool)
+        wanted = _mix(keys)
+        touched = np.unique(mix_bucket(keys, bits)).tolist()
+        records = np.frombuffer(self._cached_read(owners, touched), dtype=_record(self._width))
+        rows = np.zeros((n, self._width), dtype=np.float32)
+        if records.shape[0] == 0:
+            return rows, np.zeros(n, dtype=bool)
+        have = _mix(records["k"])  # sorted: buckets in order, each sorted by hash
+        pos = np.minimum(np.searchsorted(have, wanted), records.shape[0] - 1)
+        hit = have[pos] == wanted
+        rows[hit] = records["v"][pos[hit]]
         return rows, hit
 
-    _dim_hint = 0
-
     def set_width(self, width: int) -> None:
-        """Row width (3 + embedding dim) for lookups that hit nothing."""
-        self._dim_hint = width
+        """Row width (3 + embedding dim): the size of a bucket's records."""
+        self._width = width
 
     def drop(self, vids: set[int]) -> None:
         stored = self.stored()
@@ -465,23 +525,30 @@ class RedisTable(VersionedTable):
         for vid in vids:
             try:
                 owners = self.bucket_map(vid)
-            except VersionGoneError:
+            except VersionGoneError:  # an attempt cut before its map: whatever it wrote
+                self._delete(list(self._r.scan_iter(match=f"{self._p}r:{vid}:*", count=1000)))
                 owners = np.zeros(0, dtype=np.uint32)
             mine = [b for b, o in enumerate(owners.tolist()) if o == vid and (vid, b) not in shared]
-            for start in range(0, len(mine), 1000):
-                self._r.delete(*(self._bucket_key(vid, b) for b in mine[start : start + 1000]))
+            self._delete([self._bucket_key(vid, b) for b in mine])
             self._r.delete(f"{self._p}map:{vid}")
             with self._maps_lock:
                 self._maps.pop(vid, None)
         self._set_stored(keep)
 
-    def memory(self) -> dict[str, Any]:
-        """Bytes Redis reports for the rows of every stored version (MEMORY USAGE)."""
-        total = 0
-        rows = 0
-        for key in self._r.scan_iter(match=f"{self._p}r:*", count=1000):
-            total += int(self._r.memory_usage(key, samples=0) or 0)
-            rows += int(self._r.hlen(key))
-        for key in self._r.scan_iter(match=f"{self._p}map:*", count=1000):
-            total += int(self._r.memory_usage(key, samples=0) or 0)
-        return {"bytes": total, "rows": rows, "at": time.time()}
+    def _delete(self, names: Sequence[str | bytes]) -> None:
+        for start in range(0, len(names), 1000):
+            self._r.delete(*names[start : start + 1000])
+
+    def served_memory(self, vid: int, width: int) -> tuple[int, int]:
+        """Bytes Redis reports (MEMORY USAGE) for version ``vid``'s buckets and map, and its
+        rows (records of ``width`` float32 values)."""
+        owners = self.bucket_map(vid)
+        pipe = self._r.pipeline(transaction=False)
+        for b, owner in enumerate(owners.tolist()):
+            pipe.memory_usage(self._bucket_key(owner, b), samples=0)
+            pipe.strlen(self._bucket_key(owner, b))
+        replies = pipe.execute()
+        used = sum(int(x or 0) for x in replies[0::2])
+        used += int(self._r.memory_usage(f"{self._p}map:{vid}", samples=0) or 0)
+        rows = sum(int(x) for x in replies[1::2]) // _record(width).itemsize
+        return used, rows
