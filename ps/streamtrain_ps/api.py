@@ -13,10 +13,10 @@ table divides by the pushed show to get a per-impression step. Shows and clicks
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, fields
 from enum import IntEnum
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -29,6 +29,51 @@ class SaveMode(IntEnum):
     DELTA = 1  # score >= base, delta_score >= delta, unseen <= keep days; + tombstones
     BASE = 2  # score >= base, unseen <= keep days; resets delta_score
     BATCH = 3  # all keys, inference values; then unseen_days += 1
+
+
+@dataclass(frozen=True)
+class SparsePush:
+    """One push of sparse rows: per key its gradient row, show, click and (optionally) slot.
+
+    What travels together from a worker's batch through a client, the wire and the servicer
+    to the shard. Every field is an array of one row per key, so routing a push to shards or
+    servers takes the same rows of each (``take``); a new per-key field is one line here
+    (plus its encoding on the wire). Arrays are not validated here: each receiver checks
+    what it receives, naming the field (``errors.InvalidRequestError``).
+    """
+
+    keys: npt.NDArray[np.uint64]
+    grads: npt.NDArray[np.float32]
+    shows: npt.NDArray[np.float32]
+    clicks: npt.NDArray[np.float32]
+    slots: npt.NDArray[np.uint32] | None = None
+
+    @property
+    def size(self) -> int:
+        return int(np.shape(self.keys)[0])
+
+    def per_key(self) -> Iterator[tuple[str, npt.NDArray[np.generic] | None]]:
+        """``(name, array)`` of every per-key field but the keys, in declaration order."""
+        for f in fields(self)[1:]:
+            yield f.name, getattr(self, f.name)
+
+    @classmethod
+    def concat(cls, parts: Sequence[SparsePush]) -> SparsePush:
+        """One push carrying every part's rows (keys may repeat: a receiver sums them); an
+        optional field absent from any part is absent from the whole."""
+
+        def joined(name: str) -> Any:
+            arrays = [getattr(p, name) for p in parts]
+            return None if any(a is None for a in arrays) else np.concatenate(arrays)
+
+        return cls(**{f.name: joined(f.name) for f in fields(cls)})
+
+    def take(self, rows: npt.NDArray[np.intp] | slice) -> SparsePush:
+        """The push of the keys at ``rows`` (an absent optional field stays absent)."""
+        taken: dict[str, Any] = {
+            f.name: None if (a := getattr(self, f.name)) is None else a[rows] for f in fields(self)
+        }
+        return SparsePush(**taken)
 
 
 @dataclass(frozen=True)
@@ -90,24 +135,12 @@ class PSLike(Protocol):
 
     def pull_sparse(self, table: str, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]: ...
 
-    def push_sparse(
-        self,
-        table: str,
-        keys: npt.NDArray[np.uint64],
-        grads: npt.NDArray[np.float32],
-        shows: npt.NDArray[np.float32],
-        clicks: npt.NDArray[np.float32],
-        slots: npt.NDArray[np.uint32] | None = None,
-    ) -> None: ...
+    def push_sparse(self, table: str, push: SparsePush) -> None: ...
 
     def push_batch(
         self,
         table: str,
-        keys: npt.NDArray[np.uint64],
-        grads: npt.NDArray[np.float32],
-        shows: npt.NDArray[np.float32],
-        clicks: npt.NDArray[np.float32],
-        slots: npt.NDArray[np.uint32] | None = None,
+        push: SparsePush,
         dense: Sequence[tuple[str, npt.NDArray[np.float32]]] = (),
     ) -> None:
         """One trained batch: ``push_dense(name, grads)`` for every pair of ``dense``, then

@@ -170,22 +170,15 @@ class Shard:
         note_request_scratch(k.size)
         return out
 
-    def push_sparse(
-        self,
-        table: str,
-        keys: npt.NDArray[np.uint64],
-        grads: npt.NDArray[np.float32],
-        shows: npt.NDArray[np.float32],
-        clicks: npt.NDArray[np.float32],
-        slots: npt.NDArray[np.uint32] | None = None,
-    ) -> int:
+    def push_sparse(self, table: str, push: api.SparsePush) -> int:
         """Apply one push (§4); returns the number of unique keys updated."""
         t = self._table(table)
-        k = self._keys(keys)
+        k = self._keys(push.keys)
         n = k.size
-        g = contiguous_array(grads, "grads", np.float32, (n, t.layout.embedx_dim + 1))
-        s = contiguous_array(shows, "shows", np.float32, (n,))
-        c = contiguous_array(clicks, "clicks", np.float32, (n,))
+        g = contiguous_array(push.grads, "grads", np.float32, (n, t.layout.embedx_dim + 1))
+        s = contiguous_array(push.shows, "shows", np.float32, (n,))
+        c = contiguous_array(push.clicks, "clicks", np.float32, (n,))
+        slots = push.slots
         sl = _NO_SLOTS if slots is None else contiguous_array(slots, "slots", np.uint32, (n,))
         route = (self.config.logicalShards, self.num_shards, self.shard_index)
         parts = t.merge(k, g, s, c, sl, route)

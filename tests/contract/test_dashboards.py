@@ -31,7 +31,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from streamtrain_operator.job import render
 from streamtrain_operator.job.spec import load_job
 from streamtrain_operator.kube.metrics import OperatorMetrics
-from streamtrain_ps.api import SaveMode
+from streamtrain_ps.api import SaveMode, SparsePush
 from streamtrain_ps.client.remote import RemotePS
 from streamtrain_ps.plumbing.launch import free_port
 from streamtrain_ps.plumbing.startup import LISTENING
@@ -171,7 +171,9 @@ def _exercise_ps(endpoints: dict[str, Any]) -> None:
         ps.pull_sparse(table.name, keys)
         grads = np.full((keys.size, table.push_dim), 0.01, dtype=np.float32)
         shows = np.full(keys.size, 20.0, dtype=np.float32)
-        ps.push_sparse(table.name, keys, grads, shows, np.ones(keys.size, dtype=np.float32))
+        ps.push_sparse(
+            table.name, SparsePush(keys, grads, shows, np.ones(keys.size, dtype=np.float32))
+        )
         uri = str(endpoints["tmp"] / "ckpt")
         ps.save(uri, SaveMode.CHECKPOINT)
         ps.load(uri)

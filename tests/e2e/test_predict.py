@@ -15,6 +15,7 @@ from streamtrain_operator.local.cluster import LocalCluster
 from streamtrain_operator.run.driver import Driver
 from streamtrain_operator.run.state import MemoryStateStore
 from streamtrain_worker.metrics import PassMetrics
+from streamtrain_worker.proto.share import PassShare
 
 from .conftest import streamtrain
 
@@ -39,9 +40,8 @@ def test_predictor_auc_equals_evaluate_only_run_pass(job_file: Callable[..., Pat
             progress = await Driver(job.spec, conn.ps, conn.workers, MemoryStateStore()).run()
             assert progress.phase == Phase.SUCCEEDED, progress.message
             # Worker 0 exported the dense network (with the PS's data-norm statistics).
-            result = await conn.workers[0].run_pass(
-                "20261101", 3, files, progress.generation, False
-            )
+            share = PassShare.of("20261101", 3, files, progress.generation, train=False)
+            result = await conn.workers[0].run_pass(share)
             return PassMetrics.from_proto(result)
         finally:
             await conn.close()

@@ -21,15 +21,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from streamtrain_operator.job.progress import Progress
+from streamtrain_operator.job.progress import Phase, Progress
 from streamtrain_operator.job.spec import parse_job
 from streamtrain_operator.kube import resources
+from streamtrain_ps.saves import checkpoint
 
 from .gate import Gate, owners
-from .harness import SLOTS, START, start_logged, wait_for
+from .harness import SLOTS, START, read_sparse_table, start_logged, wait_for
 from .kmock_api import GROUP, PLURAL, VERSION, ApiServer
 from .kubelet import Kubelet
 
@@ -302,3 +305,38 @@ class KubeJob:
         would release the pause: the step's outcome would be recorded)."""
         op.kill()
         self.pause_file.unlink()
+
+
+# --------------------------------------------- what the operator-on-kube tests compare
+
+#: Rows per data folder of the operator-on-kube jobs.
+ROWS = 150
+
+
+def succeeded(status: dict[str, Any]) -> bool:
+    return status.get("phase") == Phase.SUCCEEDED
+
+
+@dataclass(frozen=True)
+class Counts:
+    """Every key of a checkpoint's sparse table with its ``show`` and ``click``."""
+
+    keys: npt.NDArray[np.uint64]  # sorted
+    show: npt.NDArray[np.float32]
+    click: npt.NDArray[np.float32]
+
+
+def read_counts(uri: str, table: str = "embedding") -> Counts:
+    """The sparse rows of the checkpoint at ``uri`` (checksums verified); the dense part is
+    not read — its layout is the worker's business, not this test's."""
+    columns, keys, rows = read_sparse_table(checkpoint.read_manifest(uri), table)
+    show, click = columns.index("show"), columns.index("click")
+    return Counts(keys, rows[:, show], rows[:, click])
+
+
+def same_counts(got: Counts, want: Counts) -> None:
+    """Every key's show and click equal ``want``'s: each example counted once, the shrink's
+    decay applied once (order-independent, unlike the trained weights)."""
+    assert got.keys.tobytes() == want.keys.tobytes()
+    assert got.show.tobytes() == want.show.tobytes()
+    assert got.click.tobytes() == want.click.tobytes()

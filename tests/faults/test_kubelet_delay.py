@@ -22,8 +22,7 @@ from streamtrain_operator.job.progress import Phase, Progress
 
 from .gate import owners
 from .harness import START, wait_for
-from .on_kube import SPLIT_MINUTES, KubeJob
-from .test_operator_kill import ROWS, read_counts, same_counts, succeeded
+from .on_kube import ROWS, SPLIT_MINUTES, KubeJob, read_counts, same_counts, succeeded
 
 #: Pass 2 (folder 1200) is made 60x bigger so that the kill lands inside it.
 REPEAT = 60

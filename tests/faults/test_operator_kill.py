@@ -24,19 +24,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import pytest
 
 from streams import write_stream
 from streamtrain_operator.job.progress import Phase, Progress
 from streamtrain_operator.run.export import read_donefile, verify_model
-from streamtrain_ps.saves import checkpoint
 from streamtrain_worker.publishing.predict import load_model
 
-from .harness import START, data_totals, read_sparse_table, wait_for
-from .on_kube import SPLIT_MINUTES, KubeJob
+from .harness import START, data_totals, wait_for
+from .on_kube import ROWS, SPLIT_MINUTES, Counts, KubeJob, read_counts, same_counts, succeeded
 
-ROWS = 150
 PASSES = [(START, 1), (START, 2)]
 MODELS = [f"{START}/delta-1", f"{START}/delta-2", "20261102/base", f"{START}/batch"]
 
@@ -45,27 +42,6 @@ MODELS = [f"{START}/delta-1", f"{START}/delta-2", "20261102/base", f"{START}/bat
 #: of an earlier generation still running (here: held in the gate, so the Reset waits for it).
 def taking_over(generation: int) -> str:
     return f"generation {generation} reloads the checkpoint: resetting the workers first"
-
-
-def succeeded(status: dict[str, Any]) -> bool:
-    return status.get("phase") == Phase.SUCCEEDED
-
-
-@dataclass(frozen=True)
-class Counts:
-    """Every key of a checkpoint's sparse table with its ``show`` and ``click``."""
-
-    keys: npt.NDArray[np.uint64]  # sorted
-    show: npt.NDArray[np.float32]
-    click: npt.NDArray[np.float32]
-
-
-def read_counts(uri: str, table: str = "embedding") -> Counts:
-    """The sparse rows of the checkpoint at ``uri`` (checksums verified); the dense part is
-    not read — its layout is the worker's business, not this test's."""
-    columns, keys, rows = read_sparse_table(checkpoint.read_manifest(uri), table)
-    show, click = columns.index("show"), columns.index("click")
-    return Counts(keys, rows[:, show], rows[:, click])
 
 
 @dataclass(frozen=True)
@@ -132,14 +108,6 @@ def check_outcome(kube: KubeJob, status: dict[str, Any]) -> Counts:
         "the StatefulSets and their pods to be removed",
     )
     return read_counts(progress.checkpoint.uri)
-
-
-def same_counts(got: Counts, want: Counts) -> None:
-    """Every key's show and click equal ``want``'s: each example counted once, the shrink's
-    decay applied once (order-independent, unlike the trained weights)."""
-    assert got.keys.tobytes() == want.keys.tobytes()
-    assert got.show.tobytes() == want.show.tobytes()
-    assert got.click.tobytes() == want.click.tobytes()
 
 
 @pytest.mark.faults

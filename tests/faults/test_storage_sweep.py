@@ -52,9 +52,11 @@ from streamtrain_operator.job.spec import Job, parse_job
 from streamtrain_operator.run.driver import Driver
 from streamtrain_operator.run.export import read_donefile, verify_model
 from streamtrain_operator.run.state import MemoryStateStore
+from streamtrain_ps.api import SparsePush
 from streamtrain_ps.client.local import LocalPS
 from streamtrain_ps.saves.checkpoint import read_sparse
 from streamtrain_worker.metrics import PassMetrics
+from streamtrain_worker.proto.share import PassShare
 from streamtrain_worker.publishing.predict import apply_chain, model_chain
 
 pytestmark = pytest.mark.faults
@@ -193,24 +195,22 @@ class Worker:
     def __init__(self, ps: LocalPS, index: int) -> None:
         self.ps, self.index, self.name = ps, index, f"worker-{index}"
 
-    async def run_pass(
-        self,
-        day: str,
-        pass_index: int,
-        files: Sequence[str],
-        generation: int,
-        train: bool,
-        next_files: Sequence[str] = (),
-    ) -> Any:
-        keys = file_keys(files)
-        if train and keys.size:
+    async def run_pass(self, share: PassShare) -> Any:
+        keys = file_keys(share.files)
+        if share.train and keys.size:
             grads = np.full((keys.size, 3), 0.25 * (self.index + 1), dtype=np.float32)
             ones = np.ones(keys.size, dtype=np.float32)
-            self.ps.push_sparse("embedding", keys, grads, ones, ones * (pass_index % 2))
-            self.ps.push_dense(DENSE, np.full(4, 0.5 * pass_index, dtype=np.float32))
+            self.ps.push_sparse(
+                "embedding", SparsePush(keys, grads, ones, ones * (share.pass_index % 2))
+            )
+            self.ps.push_dense(DENSE, np.full(4, 0.5 * share.pass_index, dtype=np.float32))
         m = PassMetrics(num_buckets=10)
-        m.add(np.full(len(files), 0.3), np.arange(len(files)) % 2, np.full(len(files), 0.6))
-        return m.to_proto(day, pass_index, generation)
+        m.add(
+            np.full(len(share.files), 0.3),
+            np.arange(len(share.files)) % 2,
+            np.full(len(share.files), 0.6),
+        )
+        return m.to_proto(share.day, share.pass_index, share.generation)
 
     async def export_dense(self, uri: str, snapshot_id: str = "") -> list[str]:
         fs, path = fsspec.core.url_to_fs(uri)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from test_driver import MANIFEST, DenseWorker, FakeRestartWatch, _no_sleep, write_folder
+from fakes import MANIFEST, DenseWorker, FakeRestartWatch, no_sleep, write_folder
 
 from streamtrain_operator.job import render
 from streamtrain_operator.job.messages import Action, CheckData, LoadCheckpoint
@@ -29,6 +29,7 @@ from streamtrain_ps.api import SaveMode, SaveResult
 from streamtrain_ps.client.local import LocalPS
 from streamtrain_ps.saves import checkpoint
 from streamtrain_ps.shard import Shard
+from streamtrain_worker.proto.share import PassShare
 
 DAY = "20261101"
 
@@ -73,17 +74,9 @@ class Pass2Worker(DenseWorker):
         self.store = store
         self.restore_point_in_pass_2: str | None = None
 
-    async def run_pass(
-        self,
-        day: str,
-        pass_index: int,
-        files: Sequence[str],
-        generation: int,
-        train: bool,
-        next_files: Sequence[str] = (),
-    ) -> Any:
-        result = await super().run_pass(day, pass_index, files, generation, train)
-        if pass_index == 2:
+    async def run_pass(self, share: PassShare) -> Any:
+        result = await super().run_pass(share)
+        if share.pass_index == 2:
             recorded = self.store.load()
             assert recorded is not None and recorded.checkpoint is not None
             self.restore_point_in_pass_2 = recorded.checkpoint.uri
@@ -94,7 +87,7 @@ class Pass2Worker(DenseWorker):
 
 def drive(job: Job, ps: LocalPS, workers: Sequence[DenseWorker], store: MemoryStateStore) -> Any:
     clock = iter(range(10_000))
-    driver = Driver(job.spec, ps, workers, store, clock=lambda: float(next(clock)), sleep=_no_sleep)
+    driver = Driver(job.spec, ps, workers, store, clock=lambda: float(next(clock)), sleep=no_sleep)
     return asyncio.run(driver.run())
 
 
@@ -188,7 +181,7 @@ def test_a_stop_before_the_next_pass_records_the_checkpoint_once_written(tmp_pat
         [DenseWorker(ps, i, watch) for i in range(2)],
         store,
         clock=lambda: float(next(clock)),
-        sleep=_no_sleep,
+        sleep=no_sleep,
         observer=Observer(on_action=stop_at_pass_2),
     )
     progress = asyncio.run(driver.run())
@@ -210,17 +203,9 @@ class RestorePointWatcher(Pass2Worker):
         self.ckpt = ckpt
         self.restore_point_existed: bool | None = None
 
-    async def run_pass(
-        self,
-        day: str,
-        pass_index: int,
-        files: Sequence[str],
-        generation: int,
-        train: bool,
-        next_files: Sequence[str] = (),
-    ) -> Any:
-        result = await super().run_pass(day, pass_index, files, generation, train)
-        if pass_index == 2 and self.index == 0:
+    async def run_pass(self, share: PassShare) -> Any:
+        result = await super().run_pass(share)
+        if share.pass_index == 2 and self.index == 0:
             written = self.ckpt / "pass-1-g1" / checkpoint.MANIFEST
             for _ in range(200):
                 if written.exists():
@@ -265,17 +250,9 @@ class LosingWorker(Pass2Worker):
         super().__init__(ps, index, store)
         self.losses = 0
 
-    async def run_pass(
-        self,
-        day: str,
-        pass_index: int,
-        files: Sequence[str],
-        generation: int,
-        train: bool,
-        next_files: Sequence[str] = (),
-    ) -> Any:
-        result = await super().run_pass(day, pass_index, files, generation, train)
-        if pass_index == 2 and generation == 1 and self.index == 1:
+    async def run_pass(self, share: PassShare) -> Any:
+        result = await super().run_pass(share)
+        if share.pass_index == 2 and share.generation == 1 and self.index == 1:
             self.ps.shards[0] = Shard(self.ps.config, 0, self.ps.num_shards)
             self.watch.ps_restarts += 1
             self.watch.last_ps_restart = "ps-0 exited with code -9"
@@ -306,7 +283,7 @@ def test_a_ps_loss_beside_a_checkpoint_reloads_the_one_before_and_trains_every_p
         workers,
         store,
         clock=lambda: float(next(clock)),
-        sleep=_no_sleep,
+        sleep=no_sleep,
         restarts=workers[0].watch,
         observer=Observer(on_action=on_action),
     )

@@ -17,6 +17,17 @@ import fsspec
 import grpc
 import numpy as np
 import pytest
+from fakes import (
+    MANIFEST,
+    DenseWorker,
+    FakeRestartWatch,
+    FakeWorker,
+    file_key,
+    make_job,
+    no_sleep,
+    run,
+    write_folder,
+)
 
 from streamtrain_operator.job import render
 from streamtrain_operator.job.messages import Action, LoadCheckpoint
@@ -28,117 +39,15 @@ from streamtrain_operator.run.export import read_donefile, verify_model
 from streamtrain_operator.run.hooks import BEFORE, MANIFEST_POINT
 from streamtrain_operator.run.state import MemoryStateStore
 from streamtrain_ps import sharding
+from streamtrain_ps.api import SparsePush
 from streamtrain_ps.client.local import LocalPS
 from streamtrain_ps.errors import MemoryLimitError
 from streamtrain_ps.saves import checkpoint
 from streamtrain_ps.saves.checkpoint import read_sparse
-from streamtrain_ps.shard import Shard
 from streamtrain_worker.metrics import PassMetrics
+from streamtrain_worker.proto.share import PassShare
 from streamtrain_worker.publishing import model_folder
 from streamtrain_worker.publishing.predict import apply_chain, model_chain
-
-MANIFEST: dict[str, Any] = {
-    "apiVersion": "streamtrain.io/v1alpha1",
-    "kind": "StreamingTrainingJob",
-    "metadata": {"name": "d"},
-    "spec": {
-        "data": {
-            "path": "data",
-            "format": "criteo",
-            "startDay": "20261101",
-            "endDay": "20261101",
-            "splitIntervalMinutes": 720,
-            "pollSeconds": 5,
-            "missingDeadlineSeconds": 10,
-        },
-        "model": {"embeddingDim": 2},
-        "sparse": {"baseThreshold": 0, "deltaThreshold": 0},
-        "ps": {"logicalShards": 4},
-        "workers": {"replicas": 2, "passRetries": 1},
-        "checkpoint": {"path": "ckpt", "everyPasses": 1, "keep": 2},
-        "export": {"path": "export", "retries": 0},
-    },
-}
-
-
-def make_job(
-    root: Path,
-    keep: int = 2,
-    workers: dict[str, Any] | None = None,
-    export: dict[str, Any] | None = None,
-    **data: Any,
-) -> Job:
-    m = copy.deepcopy(MANIFEST)
-    m["spec"]["data"].update(data)
-    m["spec"]["workers"].update(workers or {})
-    m["spec"]["export"].update(export or {})
-    m["spec"]["checkpoint"]["keep"] = keep
-    for section in ("data", "checkpoint", "export"):
-        path = m["spec"][section]["path"]
-        m["spec"][section]["path"] = str(root / path)
-    return parse_job(m)
-
-
-def write_folder(root: Path, day: str, hhmm: str, done: bool = True) -> None:
-    folder = root / "data" / day / hhmm
-    folder.mkdir(parents=True, exist_ok=True)
-    for i in range(3):
-        (folder / f"part-{i:05d}").write_text("x" * (10 + i))
-    if done:
-        (folder / "_SUCCESS").touch()
-
-
-class FakeWorker:
-    """Trains by pushing one key per file to the PS; answers like a real worker."""
-
-    def __init__(self, ps: LocalPS, index: int, errors: list[str] | None = None) -> None:
-        self.ps = ps
-        self.name = f"worker-{index}"
-        self.index = index
-        self.errors = errors or []
-        self.calls: list[tuple[str, int, tuple[str, ...], int]] = []
-        self.stale = False
-
-    async def run_pass(
-        self,
-        day: str,
-        pass_index: int,
-        files: Sequence[str],
-        generation: int,
-        train: bool,
-        next_files: Sequence[str] = (),
-    ) -> Any:
-        self.calls.append((day, pass_index, tuple(files), generation))
-        if self.errors:
-            raise ConnectionError(self.errors.pop(0))
-        keys = np.array([hash(f) % 1000 for f in files], dtype=np.uint64)
-        if train and keys.size:
-            grads = np.zeros((keys.size, 3), dtype=np.float32)
-            ones = np.ones(keys.size, dtype=np.float32)
-            self.ps.push_sparse("embedding", keys, grads, ones, ones * 0)
-        m = PassMetrics(num_buckets=100)
-        m.add(np.full(len(files), 0.3), np.arange(len(files)) % 2, np.full(len(files), 0.6))
-        m.seconds = 0.5
-        gen = generation - 1 if self.stale else generation
-        return m.to_proto(day, pass_index, gen)
-
-    async def export_dense(self, uri: str, snapshot_id: str = "") -> list[str]:
-        Path(uri).mkdir(parents=True, exist_ok=True)
-        (Path(uri) / "dense.pt").write_bytes(b"scripted")
-        return [f"{uri}/dense.pt"]
-
-    async def reset(self, generation: int) -> None:
-        return None
-
-
-async def _no_sleep(seconds: float) -> None:
-    return None
-
-
-def run(job: Job, workers: Sequence[FakeWorker], ps: LocalPS, store: MemoryStateStore) -> Any:
-    clock = iter(range(10_000))
-    driver = Driver(job.spec, ps, workers, store, clock=lambda: float(next(clock)), sleep=_no_sleep)
-    return asyncio.run(driver.run())
 
 
 def test_a_day_runs_assigns_every_file_once_and_publishes_everything(tmp_path: Path) -> None:
@@ -323,7 +232,7 @@ def test_an_unforeseen_error_becomes_a_failed_condition_not_a_crash(tmp_path: Pa
     write_folder(tmp_path, "20261101", "0000")
     ps = LocalPS(render.ps_config(job.spec))
     driver = Driver(
-        job.spec, ps, [FakeWorker(ps, 0), FakeWorker(ps, 1)], MemoryStateStore(), sleep=_no_sleep
+        job.spec, ps, [FakeWorker(ps, 0), FakeWorker(ps, 1)], MemoryStateStore(), sleep=no_sleep
     )
 
     def broken(key: Any) -> Any:  # what assign_files raises for a listing with duplicates
@@ -358,24 +267,18 @@ class WideWorker(FakeWorker):
     """Pushes 5,000 new keys at once, as a real worker would, turning the PS's refusal into
     the worker's status."""
 
-    async def run_pass(
-        self,
-        day: str,
-        pass_index: int,
-        files: Sequence[str],
-        generation: int,
-        train: bool,
-        next_files: Sequence[str] = (),
-    ) -> Any:
-        self.calls.append((day, pass_index, tuple(files), generation))
+    async def run_pass(self, share: PassShare) -> Any:
+        self.calls.append((share.day, share.pass_index, share.files, share.generation))
         n = 5_000
         keys = np.arange(1, n + 1, dtype=np.uint64) + 10**6 * self.index
         ones = np.ones(n, dtype=np.float32)
         try:
-            self.ps.push_sparse("embedding", keys, np.zeros((n, 3), np.float32), ones, ones * 0)
+            self.ps.push_sparse(
+                "embedding", SparsePush(keys, np.zeros((n, 3), np.float32), ones, ones * 0)
+            )
         except MemoryLimitError as exc:
             raise MemoryRefusal(exc) from exc
-        return await super().run_pass(day, pass_index, files, generation, train)
+        return await super().run_pass(share)
 
 
 def test_a_memory_limit_too_small_for_a_pass_fails_the_job_at_once(tmp_path: Path) -> None:
@@ -406,35 +309,15 @@ class DyingWorker(FakeWorker):
         self.watch = watch
         self.deaths = deaths
 
-    async def run_pass(
-        self,
-        day: str,
-        pass_index: int,
-        files: Sequence[str],
-        generation: int,
-        train: bool,
-        next_files: Sequence[str] = (),
-    ) -> Any:
-        if pass_index == 2 and train and self.deaths > 0:
+    async def run_pass(self, share: PassShare) -> Any:
+        if share.pass_index == 2 and share.train and self.deaths > 0:
             self.deaths -= 1
-            await super().run_pass(day, pass_index, files[: len(files) // 2 + 1], generation, train)
+            half = share.files[: len(share.files) // 2 + 1]
+            await super().run_pass(dataclasses.replace(share, files=half))
             self.watch.worker_restarts += 1
             self.watch.last_worker_restart = f"{self.name} exited with code -9"
             raise ConnectionError("worker died")
-        return await super().run_pass(day, pass_index, files, generation, train)
-
-
-class FakeRestartWatch:
-    """Counts restarts like ``LocalCluster`` (the dying worker bumps its own count)."""
-
-    def __init__(self) -> None:
-        self.ps_restarts = 0
-        self.last_ps_restart = ""
-        self.worker_restarts = 0
-        self.last_worker_restart = ""
-
-    async def heal(self) -> list[str]:
-        return []
+        return await super().run_pass(share)
 
 
 @pytest.mark.parametrize(("deaths", "phase"), [(1, Phase.SUCCEEDED), (3, Phase.FAILED)])
@@ -454,7 +337,7 @@ def test_a_worker_dying_mid_pass_restores_the_checkpoint_at_most_pass_retries_ti
         [FakeWorker(ps, 0), dying],
         MemoryStateStore(),
         clock=lambda: float(next(clock)),
-        sleep=_no_sleep,
+        sleep=no_sleep,
         restarts=watch,
     )
     progress = asyncio.run(driver.run())
@@ -470,65 +353,6 @@ def test_a_worker_dying_mid_pass_restores_the_checkpoint_at_most_pass_retries_ti
         assert progress.history[1].attempts == 2
     else:
         assert "worker 1 failed pass 20261101/2 after 2 attempts" in progress.message
-
-
-class DenseWorker(FakeWorker):
-    """Like a real worker for the PS: its reset offers the initial dense vector (the
-    trainer's ``init_dense``, first one wins) and a pass pushes sparse and dense gradients.
-
-    ``lose_shard`` (shard index): during pass 1 of generation 1, after this worker's pushes,
-    that PS shard "restarts" empty and the restart watch counts it — a PS loss before any
-    regular checkpoint, with the other shard keeping the pass's pushes.
-    """
-
-    DENSE = "dnn"
-
-    def __init__(
-        self,
-        ps: LocalPS,
-        index: int,
-        watch: FakeRestartWatch,
-        lose_shard: int | None = None,
-    ) -> None:
-        super().__init__(ps, index)
-        self.watch = watch
-        self.lose_shard = lose_shard
-        self.resets = 0
-
-    async def reset(self, generation: int) -> None:
-        self.resets += 1
-        self.ps.init_dense(self.DENSE, np.linspace(-1.0, 1.0, 4, dtype=np.float32))
-
-    async def run_pass(
-        self,
-        day: str,
-        pass_index: int,
-        files: Sequence[str],
-        generation: int,
-        train: bool,
-        next_files: Sequence[str] = (),
-    ) -> Any:
-        self.calls.append((day, pass_index, tuple(files), generation))
-        keys = np.array(sorted({_key(f, i) for f in files for i in range(16)}), dtype=np.uint64)
-        if train and keys.size:
-            grads = np.full((keys.size, 3), 0.25 * (self.index + 1), dtype=np.float32)
-            ones = np.ones(keys.size, dtype=np.float32)
-            self.ps.push_sparse("embedding", keys, grads, ones, ones * (pass_index % 2))
-            self.ps.push_dense(self.DENSE, np.full(4, 0.5 * pass_index, dtype=np.float32))
-        if self.lose_shard is not None and pass_index == 1 and generation == 1:
-            i = self.lose_shard
-            self.ps.shards[i] = Shard(self.ps.config, i, self.ps.num_shards)
-            self.watch.ps_restarts += 1
-            self.watch.last_ps_restart = f"ps-{i} exited with code -9"
-            raise ConnectionError("PS shard restarted")
-        m = PassMetrics(num_buckets=100)
-        m.add(np.full(len(files), 0.3), np.arange(len(files)) % 2, np.full(len(files), 0.6))
-        return m.to_proto(day, pass_index, generation)
-
-
-def _key(path: str, i: int) -> int:
-    """A stable key per (file name, i) (``hash`` of a str changes between processes)."""
-    return zlib.crc32(f"{Path(path).parent.name}/{Path(path).name}/{i}".encode())
 
 
 def _dense_run(
@@ -558,7 +382,7 @@ def _dense_run(
         workers,
         MemoryStateStore(),
         clock=lambda: float(next(clock)),
-        sleep=_no_sleep,
+        sleep=no_sleep,
         restarts=watch if supervised else None,
         observer=Observer(on_action=on_action),
     )
@@ -576,7 +400,7 @@ def _two_shard_run(
 
 def _assert_same_model(ps: LocalPS, clean: LocalPS, files: list[str]) -> None:
     """Every key's row (show, click, weights) and the dense vector equal a clean run's."""
-    keys = np.array(sorted({_key(f, i) for f in files for i in range(16)}), dtype=np.uint64)
+    keys = np.array(sorted({file_key(f, i) for f in files for i in range(16)}), dtype=np.uint64)
     # Pulled rows are [show, click, embed_w, embedx...].
     got, want = ps.pull_sparse("embedding", keys), clean.pull_sparse("embedding", keys)
     assert np.array_equal(got[:, 0], want[:, 0]), "show counts differ from a clean run"
@@ -591,17 +415,9 @@ class PushThenFailWorker(DenseWorker):
 
     failures = 1
 
-    async def run_pass(
-        self,
-        day: str,
-        pass_index: int,
-        files: Sequence[str],
-        generation: int,
-        train: bool,
-        next_files: Sequence[str] = (),
-    ) -> Any:
-        result = await super().run_pass(day, pass_index, files, generation, train)
-        if pass_index == 2 and train and self.failures:
+    async def run_pass(self, share: PassShare) -> Any:
+        result = await super().run_pass(share)
+        if share.pass_index == 2 and share.train and self.failures:
             self.failures -= 1
             raise ConnectionError("failed after its pushes")
         return result
@@ -637,26 +453,18 @@ class HangingWorker(DenseWorker):
         self.cancelled = False
         self.pushes = 0
 
-    async def run_pass(
-        self,
-        day: str,
-        pass_index: int,
-        files: Sequence[str],
-        generation: int,
-        train: bool,
-        next_files: Sequence[str] = (),
-    ) -> Any:
-        if pass_index == 2 and generation == 1 and self.background is None:
-            self.background = asyncio.create_task(self._keep_pushing(files))
+    async def run_pass(self, share: PassShare) -> Any:
+        if share.pass_index == 2 and share.generation == 1 and self.background is None:
+            self.background = asyncio.create_task(self._keep_pushing(share.files))
             await asyncio.sleep(3600)  # cancelled by passTimeoutSeconds
-        return await super().run_pass(day, pass_index, files, generation, train)
+        return await super().run_pass(share)
 
     async def _keep_pushing(self, files: Sequence[str]) -> None:
-        keys = np.array(sorted({_key(f, i) for f in files for i in range(16)}), dtype=np.uint64)
+        keys = np.array(sorted({file_key(f, i) for f in files for i in range(16)}), dtype=np.uint64)
         ones = np.ones(keys.size, dtype=np.float32)
         grads = np.full((keys.size, 3), 0.1, dtype=np.float32)
         while not self.cancelled and self.pushes < self.PUSHES:
-            self.ps.push_sparse("embedding", keys, grads, ones, ones * 0)
+            self.ps.push_sparse("embedding", SparsePush(keys, grads, ones, ones * 0))
             self.pushes += 1
             await asyncio.sleep(0.01)
 
@@ -709,7 +517,7 @@ def test_a_ps_loss_before_the_first_checkpoint_reloads_the_genesis_exactly_once(
     # The opening reset, the wait for idle workers before the reload, the one after it.
     assert workers[0].resets == 3
     # Both shards had pass-1 keys (the surviving one would have trained them twice).
-    keys = np.array(sorted({_key(f, i) for f in files for i in range(16)}), dtype=np.uint64)
+    keys = np.array(sorted({file_key(f, i) for f in files for i in range(16)}), dtype=np.uint64)
     servers = sharding.server_of_key(keys, ps.config.logicalShards, 2)
     assert set(servers.tolist()) == {0, 1}
     assert np.array_equal(
@@ -742,18 +550,10 @@ class SignallingWorker(FakeWorker):
         super().__init__(ps, index)
         self.hook = hook
 
-    async def run_pass(
-        self,
-        day: str,
-        pass_index: int,
-        files: Sequence[str],
-        generation: int,
-        train: bool,
-        next_files: Sequence[str] = (),
-    ) -> Any:
-        if pass_index == 2:
+    async def run_pass(self, share: PassShare) -> Any:
+        if share.pass_index == 2:
             self.hook.pass_2_started.set()
-        return await super().run_pass(day, pass_index, files, generation, train)
+        return await super().run_pass(share)
 
 
 def _publication_job(tmp_path: Path) -> Job:
@@ -784,7 +584,7 @@ def test_the_end_of_a_publication_runs_beside_the_next_pass(tmp_path: Path) -> N
         workers,
         MemoryStateStore(),
         clock=lambda: float(next(clock)),
-        sleep=_no_sleep,
+        sleep=no_sleep,
         step_hook=hook,
     )
     progress = asyncio.run(driver.run())
@@ -814,7 +614,7 @@ def test_a_publication_failing_beside_the_next_pass_fails_the_job_and_the_rerun_
             workers,
             store,
             clock=lambda: float(next(clock)),
-            sleep=_no_sleep,
+            sleep=no_sleep,
             step_hook=hook,
         )
 
@@ -886,24 +686,22 @@ class DayWorker(FakeWorker):
     """Pushes a few keys per file, keyed by the file's whole path: every day's keys differ,
     so a key trained on day 1 is not touched on day 2."""
 
-    async def run_pass(
-        self,
-        day: str,
-        pass_index: int,
-        files: Sequence[str],
-        generation: int,
-        train: bool,
-        next_files: Sequence[str] = (),
-    ) -> Any:
-        self.calls.append((day, pass_index, tuple(files), generation))
-        keys = np.array(sorted({_path_key(f, i) for f in files for i in range(4)}), np.uint64)
-        if train and keys.size:
+    async def run_pass(self, share: PassShare) -> Any:
+        self.calls.append((share.day, share.pass_index, share.files, share.generation))
+        keys = np.array(sorted({_path_key(f, i) for f in share.files for i in range(4)}), np.uint64)
+        if share.train and keys.size:
             grads = np.full((keys.size, 3), 0.25, dtype=np.float32)
             ones = np.ones(keys.size, dtype=np.float32)
-            self.ps.push_sparse("embedding", keys, grads, ones, ones * (pass_index % 2))
+            self.ps.push_sparse(
+                "embedding", SparsePush(keys, grads, ones, ones * (share.pass_index % 2))
+            )
         m = PassMetrics(num_buckets=100)
-        m.add(np.full(len(files), 0.3), np.arange(len(files)) % 2, np.full(len(files), 0.6))
-        return m.to_proto(day, pass_index, generation)
+        m.add(
+            np.full(len(share.files), 0.3),
+            np.arange(len(share.files)) % 2,
+            np.full(len(share.files), 0.6),
+        )
+        return m.to_proto(share.day, share.pass_index, share.generation)
 
 
 def _path_key(path: str, i: int) -> int:
@@ -941,7 +739,7 @@ def _two_days(root: Path, base: bool) -> tuple[str, np.ndarray, CaptureBefore]:
         [DayWorker(ps, 0), DayWorker(ps, 1)],
         MemoryStateStore(),
         clock=lambda: float(next(clock)),
-        sleep=_no_sleep,
+        sleep=no_sleep,
         step_hook=capture,
     )
     assert asyncio.run(driver.run()).phase == Phase.SUCCEEDED

@@ -13,15 +13,24 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from fakes import (
+    FakeConnection,
+    FakeKube,
+    FakeWorker,
+    Memo,
+    Stop,
+    job_body,
+    make_job,
+    metric,
+    no_sleep,
+    write_folder,
+)
 from prometheus_client import CollectorRegistry
-from test_driver import FakeWorker, _no_sleep, make_job, write_folder
-from test_handlers import FakeConnection, FakeKube, Memo, Stop, _body, _value
 
 from streamtrain_operator.job import render
 from streamtrain_operator.job.progress import PassRecord
@@ -33,6 +42,7 @@ from streamtrain_operator.run.driver import Driver
 from streamtrain_operator.run.export import verify_model
 from streamtrain_ps.client.local import LocalPS
 from streamtrain_worker.metrics import PassMetrics
+from streamtrain_worker.proto.share import PassShare
 
 DAY = "20261101"
 JOB = {"namespace": "ads", "job": "ctr-online"}
@@ -42,20 +52,12 @@ class RankingWorker(FakeWorker):
     """``FakeWorker`` (one example per file, labels 0, 1, 0, ...) whose predictions rank
     the clicks first: AUC 1.0, so no assertion below can pass by meeting a 0.5 placeholder."""
 
-    async def run_pass(
-        self,
-        day: str,
-        pass_index: int,
-        files: Sequence[str],
-        generation: int,
-        train: bool,
-        next_files: Sequence[str] = (),
-    ) -> Any:
-        result = await super().run_pass(day, pass_index, files, generation, train)
-        labels = np.arange(len(files)) % 2
+    async def run_pass(self, share: PassShare) -> Any:
+        result = await super().run_pass(share)
+        labels = np.arange(len(share.files)) % 2
         m = PassMetrics(num_buckets=100)
-        m.add(np.where(labels == 1, 0.8, 0.2), labels, np.full(len(files), 0.6))
-        return m.to_proto(day, pass_index, int(result.generation))
+        m.add(np.where(labels == 1, 0.8, 0.2), labels, np.full(len(share.files), 0.6))
+        return m.to_proto(share.day, share.pass_index, int(result.generation))
 
 
 def _run_day_with_an_empty_second_pass(tmp_path: Path) -> tuple[dict[str, Any], Runtime]:
@@ -77,11 +79,11 @@ def _run_day_with_an_empty_second_pass(tmp_path: Path) -> tuple[dict[str, Any], 
             workers,
             store,
             clock=lambda: float(next(ticks)),
-            sleep=_no_sleep,
+            sleep=no_sleep,
             observer=kw["observer"],
         )
 
-    body = _body(workers={"replicas": 2})
+    body = job_body(workers={"replicas": 2})
     kube = FakeKube(body)
     rt = Runtime(
         kube=kube,
@@ -113,11 +115,11 @@ def test_an_empty_pass_has_no_auc_in_status_and_leaves_the_gauges(tmp_path: Path
     assert status["metrics"]["examples"] == "0"
     assert not {"auc", "loss", "copc"} & set(status["metrics"])
     # Gauges: pass 1's values stay; the pass and its (zero) examples are counted.
-    assert _value(rt, "streamtrain_job_auc", **JOB) == 1.0
-    assert _value(rt, "streamtrain_job_loss", **JOB) == pytest.approx(0.6)
-    assert _value(rt, "streamtrain_job_copc", **JOB) == pytest.approx(1 / 1.2)
-    assert _value(rt, "streamtrain_job_passes_completed_total", **JOB) == 2
-    assert _value(rt, "streamtrain_job_examples_total", **JOB) == 3
+    assert metric(rt, "streamtrain_job_auc", **JOB) == 1.0
+    assert metric(rt, "streamtrain_job_loss", **JOB) == pytest.approx(0.6)
+    assert metric(rt, "streamtrain_job_copc", **JOB) == pytest.approx(1 / 1.2)
+    assert metric(rt, "streamtrain_job_passes_completed_total", **JOB) == 2
+    assert metric(rt, "streamtrain_job_examples_total", **JOB) == 3
     # The day's models are still published (the chain stays whole); the empty pass's
     # delta manifest carries its metrics as they are — without an AUC.
     manifest = verify_model(str(tmp_path / "export"), f"{DAY}/delta-2")

@@ -12,8 +12,10 @@ import pytest
 
 from streamtrain_operator.run.export import (
     ExportError,
+    ModelParts,
     ModelTarget,
     RetryPolicy,
+    StorageSteps,
     publish_model,
     read_donefile,
     verify_model,
@@ -66,14 +68,18 @@ def publish(parts: FakeParts, tgt: ModelTarget, sleeps: list[float], retries: in
     asyncio.run(
         publish_model(
             tgt,
-            save_sparse=parts.save_sparse,
-            export_dense=parts.export_dense,
-            metrics={"auc": 0.75},
-            policy=RetryPolicy(retries=retries, backoff_seconds=0.5),
-            sleep=sleep,
-            clock=lambda: 1000.0,
-            serving=Serving(
-                data={"format": "criteo"}, table="embedding", num_buckets=64, model="dnn"
+            ModelParts(
+                save_sparse=parts.save_sparse,
+                export_dense=parts.export_dense,
+                metrics={"auc": 0.75},
+                serving=Serving(
+                    data={"format": "criteo"}, table="embedding", num_buckets=64, model="dnn"
+                ),
+            ),
+            StorageSteps(
+                policy=RetryPolicy.storage(retries=retries, backoff_seconds=0.5),
+                sleep=sleep,
+                clock=lambda: 1000.0,
             ),
         )
     )
@@ -193,12 +199,8 @@ def test_the_dense_part_is_exported_from_the_snapshot_beside_the_next_pass(
     async def write(fail: bool, tgt: ModelTarget) -> None:
         rest = await write_parts(
             tgt,
-            save_sparse=save_sparse,
-            export_dense=export_dense,
-            metrics={},
-            policy=RetryPolicy(retries=0, backoff_seconds=0.5),
-            sleep=sleep,
-            snapshot=take(fail),
+            ModelParts(save_sparse, export_dense, metrics={}, snapshot=take(fail)),
+            StorageSteps(policy=RetryPolicy.storage(retries=0, backoff_seconds=0.5), sleep=sleep),
         )
         assert calls == ["snapshot"]  # the step: nothing but the snapshot
         await rest()

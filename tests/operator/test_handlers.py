@@ -4,15 +4,12 @@ connections and a scripted driver: no kopf runtime, no cluster, no network."""
 from __future__ import annotations
 
 import asyncio
-import copy
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import kopf
 import pytest
-import yaml
+from fakes import FakeConnection, FakeKube, Memo, Stop, job_body, metric
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry
 
@@ -22,90 +19,7 @@ from streamtrain_operator.kube import handlers
 from streamtrain_operator.kube.daemon import Runtime
 from streamtrain_operator.kube.metrics import OperatorMetrics
 
-ROOT = Path(__file__).resolve().parents[2]
-UID = "2b0f3a8e-1c1d-4f7e-9a55-6d2f0b9c7e10"
 T0 = 1_795_000_000.0
-
-
-def _body(**spec_patch: Any) -> dict[str, Any]:
-    body: dict[str, Any] = yaml.safe_load((ROOT / "crds/examples/ctr-online.yaml").read_text())
-    body["metadata"].update({"uid": UID, "generation": 1})
-    body["spec"].update(spec_patch)
-    body["status"] = {}
-    return body
-
-
-def _merge(into: dict[str, Any], patch: Mapping[str, Any]) -> None:
-    for k, v in patch.items():
-        if v is None:
-            into.pop(k, None)
-        elif isinstance(v, Mapping) and isinstance(into.get(k), dict) and k != "scheduler":
-            _merge(into[k], v)
-        else:
-            into[k] = copy.deepcopy(v)
-
-
-class FakeKube:
-    """Records what the operator asks of the cluster; status patches land in the body,
-    as kopf's live body would show them."""
-
-    def __init__(self, body: dict[str, Any]) -> None:
-        self.body = body
-        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
-        self.deleted: list[tuple[str, str]] = []
-        self.events: list[tuple[str, str, str]] = []
-        self.patches: list[dict[str, Any]] = []
-        self.pod_states: dict[str, dict[str, tuple[str, int]]] = {"ps": {}, "worker": {}}
-        self.fail_next: ApiException | None = None
-
-    def apply(self, obj: Mapping[str, Any]) -> str:
-        if self.fail_next is not None:
-            exc, self.fail_next = self.fail_next, None
-            raise exc
-        key = (obj["kind"], obj["metadata"]["name"])
-        existed = key in self.objects
-        self.objects[key] = copy.deepcopy(dict(obj))
-        return "patched" if existed else "created"
-
-    def delete(self, kind: str, namespace: str, name: str) -> bool:
-        self.deleted.append((kind, name))
-        return self.objects.pop((kind, name), None) is not None
-
-    def scale(self, namespace: str, name: str, replicas: int) -> None:
-        self.objects[("StatefulSet", name)]["spec"]["replicas"] = replicas
-
-    def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
-        self.patches.append(copy.deepcopy(dict(status)))
-        _merge(self.body.setdefault("status", {}), status)
-
-    def event(self, job: Mapping[str, str], type_: str, reason: str, message: str) -> None:
-        self.events.append((type_, reason, message))
-
-    def pods(self, namespace: str, selector: Mapping[str, str]) -> dict[str, tuple[str, int]]:
-        return dict(self.pod_states[selector["streamtrain.io/role"]])
-
-    def replicas(self, role: str) -> int:
-        return int(self.objects[("StatefulSet", f"ctr-online-{role}")]["spec"]["replicas"])
-
-    def reasons(self) -> list[str]:
-        return [reason for _, reason, _ in self.events]
-
-
-@dataclass
-class FakeConnection:
-    ready_after: int = 0
-    attempts: int = 0
-    closed: bool = False
-    ps: Any = None
-    workers: Sequence[Any] = ()
-
-    async def wait_ready(self, timeout: float) -> None:
-        self.attempts += 1
-        if self.attempts <= self.ready_after:
-            raise TimeoutError("ctr-online-ps-0: not ready")
-
-    async def close(self) -> None:
-        self.closed = True
 
 
 @dataclass
@@ -146,27 +60,6 @@ class ScriptedDriver:
         return progress
 
 
-class Stop:
-    """kopf's daemon stop flag."""
-
-    def __init__(self) -> None:
-        self.event = asyncio.Event()
-
-    def is_set(self) -> bool:
-        return self.event.is_set()
-
-    async def wait(self) -> bool:
-        await self.event.wait()
-        return True
-
-
-class Memo(dict[str, Any]):
-    __getattr__ = dict.get  # type: ignore[assignment]
-
-    def __setattr__(self, key: str, value: Any) -> None:
-        self[key] = value
-
-
 def _runtime(kube: FakeKube, script: Script, conn: FakeConnection | None = None) -> Runtime:
     return Runtime(
         kube=kube,
@@ -200,15 +93,11 @@ async def _reconcile(body: dict[str, Any], memo: Memo) -> None:
     await handlers.reconcile(body=body, meta=body["metadata"], status=body["status"], memo=memo)
 
 
-def _value(rt: Runtime, name: str, **labels: str) -> float | None:
-    return rt.metrics.registry.get_sample_value(name, labels)
-
-
 # ------------------------------------------------------------------------------ reconcile
 
 
 def test_create_parses_applies_children_and_reports_a_valid_spec() -> None:
-    body = _body()
+    body = job_body()
     kube = FakeKube(body)
     memo = Memo(runtime=_runtime(kube, Script([])))
     asyncio.run(_reconcile(body, memo))
@@ -227,7 +116,7 @@ def test_create_parses_applies_children_and_reports_a_valid_spec() -> None:
 
 
 def test_a_bad_spec_is_permanent_and_names_the_field() -> None:
-    body = _body(ps={"replicas": 0})
+    body = job_body(ps={"replicas": 0})
     kube = FakeKube(body)
     memo = Memo(runtime=_runtime(kube, Script([])))
     with pytest.raises(kopf.PermanentError, match=r"spec\.ps\.replicas"):
@@ -245,7 +134,7 @@ def test_a_bad_spec_is_permanent_and_names_the_field() -> None:
 
 
 def test_api_outages_are_temporary_and_rejections_permanent() -> None:
-    body = _body()
+    body = job_body()
     kube = FakeKube(body)
     memo = Memo(runtime=_runtime(kube, Script([])))
     kube.fail_next = ApiException(status=503, reason="Service Unavailable")
@@ -258,7 +147,7 @@ def test_api_outages_are_temporary_and_rejections_permanent() -> None:
 
 
 def test_a_finished_job_does_not_get_its_pods_back_on_resume() -> None:
-    body = _body()
+    body = job_body()
     body["status"] = {"phase": "Succeeded", "message": "endDay reached"}
     kube = FakeKube(body)
     asyncio.run(_reconcile(body, Memo(runtime=_runtime(kube, Script([])))))
@@ -268,7 +157,7 @@ def test_a_finished_job_does_not_get_its_pods_back_on_resume() -> None:
 
 
 def test_a_suspended_job_is_created_at_zero() -> None:
-    body = _body(suspend=True)
+    body = job_body(suspend=True)
     kube = FakeKube(body)
     asyncio.run(_reconcile(body, Memo(runtime=_runtime(kube, Script([])))))
     assert kube.replicas("ps") == 0 and kube.replicas("worker") == 0
@@ -278,7 +167,7 @@ def test_a_suspended_job_is_created_at_zero() -> None:
 
 
 def test_daemon_trains_to_the_end_then_removes_pods_and_keeps_models() -> None:
-    body = _body()
+    body = job_body()
     kube = FakeKube(body)
     script = Script(
         [
@@ -310,11 +199,11 @@ def test_daemon_trains_to_the_end_then_removes_pods_and_keeps_models() -> None:
     assert ("ConfigMap", "ctr-online-config") in kube.objects  # no model or config is touched
     assert kube.reasons() == ["PassCompleted", "Succeeded"]
     assert (
-        _value(rt, "streamtrain_job_passes_completed_total", namespace="ads", job="ctr-online") == 1
+        metric(rt, "streamtrain_job_passes_completed_total", namespace="ads", job="ctr-online") == 1
     )
-    assert _value(rt, "streamtrain_job_auc", namespace="ads", job="ctr-online") == 0.8
+    assert metric(rt, "streamtrain_job_auc", namespace="ads", job="ctr-online") == 0.8
     assert (
-        _value(rt, "streamtrain_job_phase", namespace="ads", job="ctr-online", phase="Succeeded")
+        metric(rt, "streamtrain_job_phase", namespace="ads", job="ctr-online", phase="Succeeded")
         == 1
     )
     assert memo.supervisor is None
@@ -322,7 +211,7 @@ def test_daemon_trains_to_the_end_then_removes_pods_and_keeps_models() -> None:
 
 def test_suspend_stops_after_the_step_scales_to_zero_and_resume_restarts() -> None:
     async def scenario() -> tuple[FakeKube, Script, Runtime]:
-        body = _body()
+        body = job_body()
         kube = FakeKube(body)
         script = Script(
             [([_training("20261101", 1)], True), ([_training("20261101", 2, generation=2)], True)]
@@ -356,7 +245,7 @@ def test_suspend_stops_after_the_step_scales_to_zero_and_resume_restarts() -> No
 
 def test_a_worker_count_change_waits_for_the_next_step() -> None:
     async def scenario() -> None:
-        body = _body()
+        body = job_body()
         kube = FakeKube(body)
         script = Script([([_training("20261101", 1)], True), ([_training("20261101", 2)], True)])
         memo = Memo(runtime=_runtime(kube, script))
@@ -378,7 +267,7 @@ def test_a_worker_count_change_waits_for_the_next_step() -> None:
 
 def test_a_spec_change_ends_a_wait_for_pods_that_never_come() -> None:
     async def scenario() -> FakeKube:
-        body = _body()
+        body = job_body()
         kube = FakeKube(body)
         conn = FakeConnection(ready_after=10**9)  # e.g. an image that cannot be pulled
         memo = Memo(runtime=_runtime(kube, Script([]), conn))
@@ -400,7 +289,7 @@ def test_a_spec_change_ends_a_wait_for_pods_that_never_come() -> None:
 
 def test_a_ps_restart_cancels_the_driver_and_recovers() -> None:
     async def scenario() -> tuple[FakeKube, Script, Runtime]:
-        body = _body()
+        body = job_body()
         kube = FakeKube(body)
         kube.pod_states["ps"] = {"ctr-online-ps-0": ("a", 0), "ctr-online-ps-1": ("b", 0)}
         kube.pod_states["worker"] = {"ctr-online-worker-0": ("c", 0)}
@@ -424,13 +313,13 @@ def test_a_ps_restart_cancels_the_driver_and_recovers() -> None:
     assert script.drivers[0].cancelled
     assert "Recovering" in kube.reasons()
     labels = {"namespace": "ads", "job": "ctr-online"}
-    assert _value(rt, "streamtrain_job_restarts_total", role="ps", **labels) == 1
-    assert _value(rt, "streamtrain_job_restarts_total", role="worker", **labels) == 1
+    assert metric(rt, "streamtrain_job_restarts_total", role="ps", **labels) == 1
+    assert metric(rt, "streamtrain_job_restarts_total", role="worker", **labels) == 1
 
 
 def test_a_stopped_daemon_cancels_the_driver_promptly() -> None:
     async def scenario() -> Script:
-        body = _body()
+        body = job_body()
         kube = FakeKube(body)
         script = Script([([_training("20261101", 1)], True)])
         memo = Memo(runtime=_runtime(kube, script))
@@ -445,7 +334,7 @@ def test_a_stopped_daemon_cancels_the_driver_promptly() -> None:
 
 
 def test_deletion_forgets_the_jobs_series() -> None:
-    body = _body()
+    body = job_body()
     kube = FakeKube(body)
     rt = _runtime(kube, Script([]))
     rt.metrics.set_phase("ads", "ctr-online", "Training")

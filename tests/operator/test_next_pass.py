@@ -3,11 +3,10 @@ only once its data is complete, the recorded list for a pass that has one."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from test_driver import FakeWorker, make_job, run, write_folder
+from fakes import FakeWorker, make_job, run, write_folder
 
 from streamtrain_operator.job import render
 from streamtrain_operator.job.plan import PassPlan, StepKey, StepKind
@@ -16,6 +15,7 @@ from streamtrain_operator.run import next_pass, passfiles
 from streamtrain_operator.run.state import MemoryStateStore
 from streamtrain_ps.client.local import LocalPS
 from streamtrain_worker.data.sharding import assign_files
+from streamtrain_worker.proto.share import PassShare
 
 DAY = "20261101"
 
@@ -27,17 +27,9 @@ class HintedWorker(FakeWorker):
         super().__init__(ps, index)
         self.hints: list[tuple[int, tuple[str, ...], tuple[str, ...]]] = []
 
-    async def run_pass(
-        self,
-        day: str,
-        pass_index: int,
-        files: Sequence[str],
-        generation: int,
-        train: bool,
-        next_files: Sequence[str] = (),
-    ) -> Any:
-        self.hints.append((pass_index, tuple(files), tuple(next_files)))
-        return await super().run_pass(day, pass_index, files, generation, train)
+    async def run_pass(self, share: PassShare) -> Any:
+        self.hints.append((share.pass_index, share.files, tuple(share.next_files)))
+        return await super().run_pass(share)
 
 
 def test_each_worker_is_told_its_share_of_the_next_pass(tmp_path: Path) -> None:

@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
-
 import pytest
+from fakes import PLAN, World, crash_at, fresh, policy, restart, steps
 
 from streamtrain_operator.job.messages import (
-    Action,
     CheckData,
-    DataChecked,
     Done,
-    Event,
     Failed,
     LoadCheckpoint,
-    PassRan,
     ResetWorkers,
     RunPass,
     Save,
@@ -24,104 +18,8 @@ from streamtrain_operator.job.messages import (
     Terminal,
 )
 from streamtrain_operator.job.plan import PassPlan, StepKey, StepKind
-from streamtrain_operator.job.progress import Condition, Phase, Progress
-from streamtrain_operator.job.scheduler import Policy, ProtocolError, Scheduler
-
-PLAN = PassPlan(
-    start_day="20261101",
-    end_day="20261102",
-    passes_per_day=3,
-    delta_every=1,
-    checkpoint_every=2,
-    base=True,
-    batch=True,
-    export_root="/exp",
-    checkpoint_root="/ckpt",
-)
-
-
-@dataclass
-class World:
-    """Answers the machine's actions; records them; injects late data and worker errors."""
-
-    #: (day, pass) -> time at which its donefiles appear.
-    data_at: dict[tuple[str, int], float] = field(default_factory=dict)
-    #: (day, pass, worker) -> errors to raise on its next attempts; one starting with
-    #: "refused" is a refusal (the worker never started the share).
-    worker_errors: dict[tuple[str, int, int], list[str]] = field(default_factory=dict)
-    now: float = 0.0
-    log: list[Action] = field(default_factory=list)
-    #: Every progress the driver would have stored, in order.
-    saved: list[Progress] = field(default_factory=list)
-
-    def answer(self, action: Action) -> Event:
-        if isinstance(action, CheckData):
-            ready = self.now >= self.data_at.get((action.key.day, action.key.pass_index), 0)
-            missing = () if ready else (f"/data/{action.key.day}/{action.key.pass_index:02d}00",)
-            return DataChecked(missing)
-        if isinstance(action, Sleep):
-            self.now += action.seconds
-            return Done()
-        if isinstance(action, RunPass):
-            failed = {}
-            for w in action.shares:
-                errors = self.worker_errors.get((action.key.day, action.key.pass_index, w), [])
-                if errors:
-                    failed[w] = errors.pop(0)
-            if failed:
-                refused = frozenset(w for w, e in failed.items() if e.startswith("refused"))
-                return PassRan(failed, refused=refused)
-            return PassRan({}, {"auc": 0.7, "examples": 100.0})
-        return Done()
-
-    def run(self, machine: Scheduler, max_actions: int = 500) -> Terminal:
-        """The driver loop, storing progress before and after every action."""
-        for _ in range(max_actions):
-            action = machine.next_action(self.now)
-            self.saved.append(machine.progress)
-            if isinstance(action, Terminal):
-                return action
-            self.log.append(action)
-            self.now += 1.0
-            machine.handle(self.answer(action), self.now)
-            self.saved.append(machine.progress)
-        raise AssertionError("the machine did not terminate")
-
-
-def policy(**kw: object) -> Policy:
-    base: dict[str, object] = {
-        "num_workers": 2,
-        "poll_seconds": 10.0,
-        "missing_deadline_seconds": 30.0,
-    }
-    base.update(kw)
-    return Policy(**base)  # type: ignore[arg-type]
-
-
-def fresh(**kw: object) -> Scheduler:
-    return Scheduler(PLAN, policy(**kw), Progress())
-
-
-def restart(progress: Progress, **kw: object) -> Scheduler:
-    """A new machine from the stored record, through its JSON form (as the store does)."""
-    stored = json.loads(json.dumps(progress.to_dict()))
-    return Scheduler(PLAN, policy(**kw), Progress.from_dict(stored))
-
-
-def steps(log: list[Action]) -> list[str]:
-    out = []
-    for a in log:
-        if isinstance(a, RunPass):
-            out.append(f"{'replay ' if a.replay else ''}train {a.key.day}/{a.key.pass_index}")
-        elif isinstance(a, Save):
-            out.append(f"{'replay ' if a.replay else ''}{a.key.kind.value} {a.uri}")
-        elif isinstance(a, Shrink):
-            out.append(f"{'replay ' if a.replay else ''}shrink {a.key.day}")
-        elif isinstance(a, LoadCheckpoint):
-            out.append(f"load {a.uri}")
-        elif isinstance(a, ResetWorkers):
-            out.append("reset")
-    return out
+from streamtrain_operator.job.progress import Condition, Phase
+from streamtrain_operator.job.scheduler import ProtocolError, Scheduler
 
 
 def test_two_days_in_order_with_exports_checkpoints_and_one_shrink_per_day() -> None:
@@ -276,7 +174,7 @@ def test_a_share_that_may_have_pushed_restores_and_redoes_the_whole_pass() -> No
 def test_a_replayed_pass_that_fails_restores_again_instead_of_retrying_its_share() -> None:
     world = World()
     world.run(fresh())
-    crashed = _crash_at(world, lambda a: isinstance(a, Shrink))  # after pass 3, not replayed
+    crashed = crash_at(world, lambda a: isinstance(a, Shrink))  # after pass 3, not replayed
     replay = World(worker_errors={("20261101", 3, 0): ["socket closed"]})
     assert replay.run(restart(crashed)).phase == Phase.SUCCEEDED
     loads = [a for a in replay.log if isinstance(a, LoadCheckpoint)]
@@ -312,20 +210,11 @@ def _open(machine: Scheduler, world: World) -> None:
     machine.handle(world.answer(genesis), world.now)
 
 
-def _crash_at(world: World, predicate: object) -> Progress:
-    """The last progress stored before the action matching ``predicate`` completed."""
-    for i, action in enumerate(world.log):
-        if predicate(action):  # type: ignore[operator]
-            # The driver stores progress before (saved[2i]) and after (saved[2i+1]) action i.
-            return world.saved[2 * i]
-    raise AssertionError("no such action")
-
-
 def test_restart_mid_export_reloads_replays_and_redoes_the_export_once() -> None:
     first = World()
     first.run(fresh())
     # Crash while day 1 pass 3's delta was being written (recorded as begun, not done).
-    crashed = _crash_at(
+    crashed = crash_at(
         first,
         lambda a: isinstance(a, Save) and a.key == StepKey("20261101", 3, StepKind.DELTA),
     )
@@ -351,7 +240,7 @@ def test_restart_mid_export_reloads_replays_and_redoes_the_export_once() -> None
 def test_restart_mid_shrink_shrinks_the_day_once() -> None:
     first = World()
     first.run(fresh())
-    crashed = _crash_at(first, lambda a: isinstance(a, Shrink) and a.key.day == "20261101")
+    crashed = crash_at(first, lambda a: isinstance(a, Shrink) and a.key.day == "20261101")
     assert crashed.current is not None and crashed.current.kind == StepKind.SHRINK
     assert crashed.shrunk_days == ()
     second = World()
@@ -366,7 +255,7 @@ def test_restart_after_shrink_replays_it_on_the_restored_state_without_recording
     first = World()
     first.run(fresh())
     # Crash while the day-end base export runs: shrink is done but not checkpointed yet.
-    crashed = _crash_at(first, lambda a: isinstance(a, Save) and a.key.kind == StepKind.BASE)
+    crashed = crash_at(first, lambda a: isinstance(a, Save) and a.key.kind == StepKind.BASE)
     second = World()
     machine = restart(crashed)
     second.run(machine)
@@ -389,7 +278,7 @@ def test_a_kill_after_the_day_end_exports_replays_the_base_and_the_batch() -> No
     only the deltas; a replay without them writes a checkpoint of another state."""
     first = World()
     first.run(fresh())
-    crashed = _crash_at(
+    crashed = crash_at(
         first,
         lambda a: isinstance(a, Save) and a.key == StepKey("20261101", 3, StepKind.CHECKPOINT),
     )
@@ -414,7 +303,7 @@ def test_resume_after_a_checkpoint_skips_completed_passes() -> None:
     first = World()
     first.run(fresh())
     # Stopped right after day 1's day-end checkpoint.
-    crashed = _crash_at(
+    crashed = crash_at(
         first,
         lambda a: isinstance(a, CheckData) and a.key == StepKey("20261102", 1, StepKind.TRAIN),
     )

@@ -7,7 +7,7 @@ state survived. The driver-level proof with a real two-shard PS is in ``test_dri
 
 from __future__ import annotations
 
-from test_scheduler import PLAN, World, _crash_at, fresh, restart, steps
+from fakes import PLAN, World, crash_at, fresh, restart, steps
 
 from streamtrain_operator.job.messages import CheckData, Done, ResetWorkers, RunPass, Save
 from streamtrain_operator.job.plan import StepKey, StepKind
@@ -60,7 +60,7 @@ def test_a_ps_loss_before_the_first_regular_checkpoint_reloads_the_genesis() -> 
 def test_a_restart_mid_genesis_redoes_it_under_the_new_generation() -> None:
     first = World()
     first.run(fresh())
-    crashed = _crash_at(first, lambda a: isinstance(a, Save) and a.key == PLAN.genesis)
+    crashed = crash_at(first, lambda a: isinstance(a, Save) and a.key == PLAN.genesis)
     assert crashed.current == PLAN.genesis
     assert crashed.completed is None and crashed.checkpoint is None
     second = World()

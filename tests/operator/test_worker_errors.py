@@ -116,8 +116,20 @@ def test_resource_exhausted_without_the_numbers_is_an_ordinary_share_failure() -
     rpc = FakeRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, "RunPass(...): too many keys")
     assert worker_errors.working_set(rpc) is None
     assert worker_errors.permanent(rpc, "pass 1", "w-0") is None
-    bad = FakeRpcError(grpc.StatusCode.DATA_LOSS, "RunPass(...): BadDataError: x")
+    bad = FakeRpcError(grpc.StatusCode.DATA_LOSS, "RunPass(...): BadDataError: x", Reason.BAD_DATA)
     assert worker_errors.permanent(bad, "pass 1", "w-0") == (
         "BadData",
         "pass 1: w-0: DATA_LOSS: RunPass(...): BadDataError: x",
+    )
+
+
+def test_a_status_code_alone_decides_nothing_the_reason_does() -> None:
+    """``DATA_LOSS``/``NOT_FOUND`` without the worker's reason (not a worker's answer) may
+    have pushed: an ordinary share failure; with it, the job ends with the condition."""
+    for code in (grpc.StatusCode.DATA_LOSS, grpc.StatusCode.NOT_FOUND):
+        assert worker_errors.permanent(FakeRpcError(code, "x"), "pass 1", "w-0") is None
+    gone = FakeRpcError(grpc.StatusCode.NOT_FOUND, "RunPass(...): gone", Reason.FILE_GONE)
+    assert worker_errors.permanent(gone, "pass 1", "w-0") == (
+        "DataChanged",
+        "pass 1: a file of the pass is gone: w-0: NOT_FOUND: RunPass(...): gone",
     )

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 import streamtrain_ps
+from streamtrain_ps.api import SparsePush
 from streamtrain_ps.client.remote import RemotePS, RetryPolicy
 from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
 from streamtrain_ps.plumbing.launch import Launched, launch
@@ -219,7 +220,7 @@ def tier_step(shards: list[Shard], rng: np.random.Generator, n: int = 400) -> No
     shows[:3] = 2.0**21  # a few keys with counters past float32's exact range
     clicks = np.minimum(shows, rng.integers(0, 2, n)).astype(np.float32)
     for s in shards:
-        s.push_sparse(TIER_TABLE, keys, grads, shows, clicks)
+        s.push_sparse(TIER_TABLE, SparsePush(keys, grads, shows, clicks))
 
 
 # -- the two-phase tests' set-up (test_two_phase and the tests built on it) ------------------
@@ -252,8 +253,10 @@ def two_phase_push(ps: Any, k: np.ndarray, show: float, click: float, seed: int 
     rng = np.random.default_rng(seed)
     ps.push_sparse(
         TWO_PHASE_TABLE,
-        k,
-        rng.normal(size=(k.size, TWO_PHASE_DIM + 1)).astype(np.float32),
-        np.full(k.size, show, np.float32),
-        np.full(k.size, click, np.float32),
+        SparsePush(
+            k,
+            rng.normal(size=(k.size, TWO_PHASE_DIM + 1)).astype(np.float32),
+            np.full(k.size, show, np.float32),
+            np.full(k.size, click, np.float32),
+        ),
     )

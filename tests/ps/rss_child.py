@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from streamtrain_ps.api import SparsePush
 from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
 from streamtrain_ps.shard import Shard
 from streamtrain_ps.tier.memory_limit import current_rss_bytes
@@ -42,7 +43,7 @@ def main() -> None:
     clicks = np.zeros(BATCH, np.float32)
     for _ in range(0, target, BATCH):
         keys = rng.integers(1, 2**63, BATCH, dtype=np.uint64)
-        shard.push_sparse("t", keys, grads, shows, clicks)
+        shard.push_sparse("t", SparsePush(keys, grads, shows, clicks))
     st = shard.stats().tables[0]
     print(
         json.dumps(

@@ -11,7 +11,7 @@ import fsspec
 import numpy as np
 import pytest
 
-from streamtrain_ps.api import SaveMode
+from streamtrain_ps.api import SaveMode, SparsePush
 from streamtrain_ps.client.local import LocalPS
 from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
 from streamtrain_ps.engine.accessor import DELTA
@@ -44,11 +44,13 @@ def _train(ps: LocalPS | Shard, seed: int = 0, rounds: int = 4) -> np.ndarray:
         for table, dim in (("embedding", D), ("user ids/è", 2)):
             ps.push_sparse(
                 table,
-                k,
-                rng.normal(size=(k.size, dim + 1)).astype(np.float32),
-                rng.integers(0, 3, k.size).astype(np.float32),
-                (rng.random(k.size) < 0.2).astype(np.float32),
-                rng.integers(0, 40, k.size).astype(np.uint32),
+                SparsePush(
+                    k,
+                    rng.normal(size=(k.size, dim + 1)).astype(np.float32),
+                    rng.integers(0, 3, k.size).astype(np.float32),
+                    (rng.random(k.size) < 0.2).astype(np.float32),
+                    rng.integers(0, 40, k.size).astype(np.uint32),
+                ),
             )
     ps.init_dense("dnn", np.arange(6, dtype=np.float32))
     ps.push_dense("dnn", rng.normal(size=6).astype(np.float32))
@@ -82,10 +84,12 @@ def test_checkpoint_round_trip_is_bit_identical(tmp_path: Path) -> None:
     dst = Shard(cfg)
     dst.push_sparse(
         "embedding",
-        np.array([123], np.uint64),
-        np.zeros((1, D + 1), np.float32),
-        np.ones(1, np.float32),
-        np.zeros(1, np.float32),
+        SparsePush(
+            np.array([123], np.uint64),
+            np.zeros((1, D + 1), np.float32),
+            np.ones(1, np.float32),
+            np.zeros(1, np.float32),
+        ),
     )
     loaded = dst.load(str(tmp_path / "ck"))
     assert loaded == sum(t.keys for t in src.stats().tables)
@@ -341,7 +345,7 @@ def test_a_save_with_more_slot_ids_than_a_table_holds_is_refused(
     keys = np.arange(1, SLOT_CODES + 1, dtype=np.uint64)
     g = np.zeros((keys.size, D + 1), np.float32)
     ones = np.ones(keys.size, np.float32)
-    ps.push_sparse("embedding", keys, g, ones, ones * 0, keys.astype(np.uint32) % 7)
+    ps.push_sparse("embedding", SparsePush(keys, g, ones, ones * 0, keys.astype(np.uint32) % 7))
     uri = tmp_path / "ck"
     ps.save(str(uri), SaveMode.CHECKPOINT)
     manifest = json.loads((uri / "MANIFEST.json").read_text())

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamtrain_ps.api import SaveMode
+from streamtrain_ps.api import SaveMode, SparsePush
 from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
 from streamtrain_ps.engine.accessor import RowLayout, save_filter
 from streamtrain_ps.engine.packed import SLOT_CODES, UNSEEN_MAX
@@ -36,7 +36,9 @@ def _push(shard: Shard, keys: np.ndarray, shows: np.ndarray, seed: int = 0) -> N
     rng = np.random.default_rng(seed)
     grads = rng.normal(0, 1, (keys.size, D + 1)).astype(np.float32)
     clicks = ((rng.random(keys.size) < 0.2) * np.minimum(shows, 1)).astype(np.float32)
-    shard.push_sparse(T, keys.astype(np.uint64), grads, shows.astype(np.float32), clicks)
+    shard.push_sparse(
+        T, SparsePush(keys.astype(np.uint64), grads, shows.astype(np.float32), clicks)
+    )
 
 
 def test_unadmitted_keys_cost_no_embedx_memory() -> None:
@@ -141,7 +143,9 @@ def test_slot_ids_and_unseen_days_round_trip_through_the_packed_word(tmp_path: P
     slots = np.array([0, 1, 2**31, 2**32 - 1] * 50, dtype=np.uint32)
     shows = np.where(keys % 2 == 0, 50.0, 1.0).astype(np.float32)  # every other key admitted
     z = np.zeros(keys.size, np.float32)
-    shard.push_sparse(T, keys, np.zeros((keys.size, D + 1), np.float32), shows, z, slots)
+    shard.push_sparse(
+        T, SparsePush(keys, np.zeros((keys.size, D + 1), np.float32), shows, z, slots)
+    )
     assert t.expanded_keys == 100
     days = (keys % 5).astype(np.int64)
     for d in range(1, 5):  # key k ages (k % 5) days
@@ -181,13 +185,15 @@ def test_a_push_past_the_slot_dictionary_changes_nothing() -> None:
     slots = np.arange(1, n + 1, dtype=np.uint32)
     g = np.zeros((n, D + 1), np.float32)
     ones = np.ones(n, np.float32)
-    shard.push_sparse(T, keys[:-1], g[:-1], ones[:-1], ones[:-1] * 0, slots[:-1])
+    shard.push_sparse(T, SparsePush(keys[:-1], g[:-1], ones[:-1], ones[:-1] * 0, slots[:-1]))
     before = t.copy_rows(t.rows_of(keys[:-1]))[1]
     with pytest.raises(InvalidRequestError, match=f"slots: slot id {n}: table 'embedding'"):
-        shard.push_sparse(T, keys, g, ones, ones * 0, slots)
+        shard.push_sparse(T, SparsePush(keys, g, ones, ones * 0, slots))
     assert len(t) == n - 1
     np.testing.assert_array_equal(t.copy_rows(t.rows_of(keys[:-1]))[1], before)
-    shard.push_sparse(T, keys[:2], g[:2], ones[:2], ones[:2] * 0, slots[:2])  # known ids: fine
+    shard.push_sparse(
+        T, SparsePush(keys[:2], g[:2], ones[:2], ones[:2] * 0, slots[:2])
+    )  # known ids: fine
 
 
 def test_a_checkpoint_loads_only_into_the_same_rule_of_each_part(tmp_path: Path) -> None:

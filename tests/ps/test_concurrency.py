@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamtrain_ps.api import SaveMode
+from streamtrain_ps.api import SaveMode, SparsePush
 from streamtrain_ps.config import PSConfig, TableConfig
 from streamtrain_ps.engine import table as table_module
 from streamtrain_ps.errors import InvalidRequestError
@@ -53,10 +53,12 @@ def test_concurrent_pushers_of_the_same_keys_keep_exact_totals() -> None:
                 k = np.concatenate([keys, keys[:100]])  # duplicates inside one request too
                 shard.push_sparse(
                     T,
-                    k,
-                    rng.normal(size=(k.size, D + 1)).astype(np.float32),
-                    np.ones(k.size, np.float32),
-                    np.full(k.size, 0.5, np.float32),
+                    SparsePush(
+                        k,
+                        rng.normal(size=(k.size, D + 1)).astype(np.float32),
+                        np.ones(k.size, np.float32),
+                        np.full(k.size, 0.5, np.float32),
+                    ),
                 )
 
         return run
@@ -85,7 +87,9 @@ def test_pulls_during_growth_saves_and_shrinks_see_consistent_rows(tmp_path: Pat
     shard = Shard(cfg)
     hot = np.arange(1, 2001, dtype=np.uint64)
     z = np.zeros((hot.size, D + 1), np.float32)
-    shard.push_sparse(T, hot, z, np.ones(hot.size, np.float32), np.zeros(hot.size, np.float32))
+    shard.push_sparse(
+        T, SparsePush(hot, z, np.ones(hot.size, np.float32), np.zeros(hot.size, np.float32))
+    )
     stop = threading.Event()
     grow_rounds = 40
 
@@ -95,13 +99,18 @@ def test_pulls_during_growth_saves_and_shrinks_see_consistent_rows(tmp_path: Pat
                 k = np.arange(10_000, dtype=np.uint64) + np.uint64(1_000_000 * (r + 1))
                 shard.push_sparse(
                     T,
-                    k,
-                    np.zeros((k.size, D + 1), np.float32),
-                    np.ones(k.size, np.float32),
-                    np.zeros(k.size, np.float32),
+                    SparsePush(
+                        k,
+                        np.zeros((k.size, D + 1), np.float32),
+                        np.ones(k.size, np.float32),
+                        np.zeros(k.size, np.float32),
+                    ),
                 )
                 shard.push_sparse(
-                    T, hot, z, np.ones(hot.size, np.float32), np.zeros(hot.size, np.float32)
+                    T,
+                    SparsePush(
+                        hot, z, np.ones(hot.size, np.float32), np.zeros(hot.size, np.float32)
+                    ),
                 )
         finally:
             stop.set()
@@ -150,7 +159,7 @@ def test_chunked_and_two_thread_pushes_and_pulls_equal_single_threaded_ones(
         monkeypatch.setattr(table_module, "APPLY_CHUNK", chunk)
         shard = Shard(cfg)
         for b in batches:
-            shard.push_sparse(T, *b)
+            shard.push_sparse(T, SparsePush(*b))
         results.append((shard.pull_sparse(T, keys), shard.stats().tables[0]))
         shard.close()
     np.testing.assert_array_equal(results[0][0], results[1][0])
@@ -168,6 +177,8 @@ def test_a_bad_row_seen_by_either_merge_thread_rejects_the_whole_push(
         grads = np.zeros((n, D + 1), np.float32)
         grads[bad, 2] = np.inf
         with pytest.raises(InvalidRequestError, match=f"row {bad} "):
-            shard.push_sparse(T, keys, grads, np.ones(n, np.float32), np.zeros(n, np.float32))
+            shard.push_sparse(
+                T, SparsePush(keys, grads, np.ones(n, np.float32), np.zeros(n, np.float32))
+            )
     assert shard.stats().tables[0].keys == 0
     shard.close()

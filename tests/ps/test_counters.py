@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from streamtrain_ps.api import SaveMode
+from streamtrain_ps.api import SaveMode, SparsePush
 from streamtrain_ps.config import PSConfig, TableConfig
 from streamtrain_ps.engine.kernels import HOT_BACK, HOT_FROM
 from streamtrain_ps.saves import checkpoint
@@ -29,10 +29,12 @@ def _shard(**table: object) -> Shard:
 def _push(shard: Shard, show: float, click: float = 0.0) -> None:
     shard.push_sparse(
         T,
-        KEY,
-        np.zeros((1, D + 1), np.float32),
-        np.array([show], np.float32),
-        np.array([click], np.float32),
+        SparsePush(
+            KEY,
+            np.zeros((1, D + 1), np.float32),
+            np.array([show], np.float32),
+            np.array([click], np.float32),
+        ),
     )
 
 

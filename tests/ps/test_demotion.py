@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from streamtrain_ps.api import SparsePush
 from streamtrain_ps.tier import memory_limit as ml
 from streamtrain_ps.tier.memory_limit import MemoryBudget, MemoryGovernor
 
@@ -24,7 +25,7 @@ def test_a_sweep_takes_cold_keys_and_leaves_hot_ones(tmp_path: Path) -> None:
     hot = keys[::10]  # 4,000 keys seen 50 times, the rest once
     shows = np.where(keys % 10 == 1, 50.0, 1.0).astype(np.float32)
     grads = np.zeros((keys.size, D + 1), np.float32)
-    shard.push_sparse(T, keys, grads, shows, np.zeros_like(shows))
+    shard.push_sparse(T, SparsePush(keys, grads, shows, np.zeros_like(shows)))
     assert t.disk_keys == 0
     for _ in range(5):  # five sweeps, more than a lap of the hand
         moved = t.demote(t.ram_bytes() - int(4_000 * t.key_bytes()))

@@ -11,7 +11,7 @@ import fsspec
 import numpy as np
 import pytest
 
-from streamtrain_ps.api import SaveMode
+from streamtrain_ps.api import SaveMode, SparsePush
 from streamtrain_ps.client.local import LocalPS
 from streamtrain_ps.errors import CheckpointError
 from streamtrain_ps.saves import checkpoint, load_plan
@@ -100,8 +100,8 @@ def test_save_load_and_reshard_with_disk_resident_keys(tmp_path: Path) -> None:
             keys = (rng.zipf(1.2, 300) % KEYS + 1).astype(np.uint64)
             g = rng.normal(0, 1, (300, D + 1)).astype(np.float32)
             s = np.ones(300, np.float32)
-            target.push_sparse(T, keys, g, s, s * 0)
-            ref.push_sparse(T, keys, g, s, s * 0)
+            target.push_sparse(T, SparsePush(keys, g, s, s * 0))
+            ref.push_sparse(T, SparsePush(keys, g, s, s * 0))
         np.testing.assert_array_equal(pull_all(target), pull_all(ref))
         target.close()
         ref.close()
@@ -179,7 +179,7 @@ def test_a_demotion_spares_keys_pulled_since_the_hand_last_passed(tmp_path: Path
     def push(keys: np.ndarray) -> None:  # one score for all keys: ties everywhere
         for lo in range(0, keys.size, 1_000):
             k = keys[lo : lo + 1_000]
-            shard.push_sparse(T, k, grads[: k.size], one[: k.size], 0 * one[: k.size])
+            shard.push_sparse(T, SparsePush(k, grads[: k.size], one[: k.size], 0 * one[: k.size]))
 
     keys = np.arange(1, 40_001, dtype=np.uint64)
     push(keys)

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from streamtrain_ps.api import SaveMode
+from streamtrain_ps.api import SaveMode, SparsePush
 from streamtrain_ps.client.remote import RemotePS, RetryPolicy
 from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
 from streamtrain_ps.engine.accessor import P_EMBED_W
@@ -58,10 +58,12 @@ def push(
     n = keys.size
     ps.push_sparse(
         T,
-        keys,
-        np.full((n, D + 1), grad, np.float32),
-        np.full(n, show, np.float32),
-        np.full(n, click, np.float32),
+        SparsePush(
+            keys,
+            np.full((n, D + 1), grad, np.float32),
+            np.full(n, show, np.float32),
+            np.full(n, click, np.float32),
+        ),
     )
 
 
@@ -107,10 +109,12 @@ def test_a_row_that_would_overflow_is_left_unchanged_and_counted() -> None:
     before = stored_rows(shard)
     shard.push_sparse(
         T,
-        keys,
-        np.full((2, D + 1), 0.25, np.float32),
-        np.array([3e38, 1.0], np.float32),
-        np.array([3e38, 0.0], np.float32),
+        SparsePush(
+            keys,
+            np.full((2, D + 1), 0.25, np.float32),
+            np.array([3e38, 1.0], np.float32),
+            np.array([3e38, 0.0], np.float32),
+        ),
     )
     after = stored_rows(shard)
     assert_all_finite(shard)
@@ -185,7 +189,10 @@ def test_values_past_float32_are_refused_by_name(value: float) -> None:
         g = np.full((1, D + 1), np.float32(value))  # inf once it is float32
     with pytest.raises(InvalidRequestError, match="grads"):
         shard.push_sparse(
-            T, np.array([1], np.uint64), g, np.ones(1, np.float32), np.zeros(1, np.float32)
+            T,
+            SparsePush(
+                np.array([1], np.uint64), g, np.ones(1, np.float32), np.zeros(1, np.float32)
+            ),
         )
     assert len(shard.table(T)) == 0
     shard.close()

@@ -16,6 +16,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from streamtrain_ps import api, sharding
+from streamtrain_ps.api import SparsePush
 from streamtrain_ps.client.local import LocalPS
 from streamtrain_ps.client.remote import RemotePS, RetryPolicy
 from streamtrain_ps.errors import (
@@ -41,7 +42,8 @@ def _push(
     n = keys.size
     grads = np.tile(np.arange(1, DIM + 2, dtype=np.float32), (n, 1))
     ps.push_sparse(
-        "embedding", keys, grads, np.full(n, show, np.float32), np.full(n, click, np.float32), None
+        "embedding",
+        SparsePush(keys, grads, np.full(n, show, np.float32), np.full(n, click, np.float32), None),
     )
 
 
@@ -78,17 +80,9 @@ class SpyShard(Shard):
         self.pulled.append(int(keys.size))
         return super().pull_sparse(table, keys)
 
-    def push_sparse(
-        self,
-        table: str,
-        keys: npt.NDArray[np.uint64],
-        grads: npt.NDArray[np.float32],
-        shows: npt.NDArray[np.float32],
-        clicks: npt.NDArray[np.float32],
-        slots: npt.NDArray[np.uint32] | None = None,
-    ) -> int:
-        self.pushed.append((np.array(keys), np.array(shows)))
-        return super().push_sparse(table, keys, grads, shows, clicks, slots)
+    def push_sparse(self, table: str, push: SparsePush) -> int:
+        self.pushed.append((np.array(push.keys), np.array(push.shows)))
+        return super().push_sparse(table, push)
 
 
 def test_pull_dedups_and_push_merges_client_side() -> None:
@@ -101,7 +95,7 @@ def test_pull_dedups_and_push_merges_client_side() -> None:
             keys = np.array([9, 3, 9, 9, 3, 11], dtype=np.uint64)
             shows = np.array([1, 2, 3, 4, 5, 6], dtype=np.float32)
             grads = np.ones((6, DIM + 1), np.float32)
-            ps.push_sparse("embedding", keys, grads, shows, np.zeros(6, np.float32))
+            ps.push_sparse("embedding", SparsePush(keys, grads, shows, np.zeros(6, np.float32)))
             (sent_keys, sent_shows), *_ = shard.pushed
             assert sorted(sent_keys.tolist()) == [3, 9, 11]
             assert dict(zip(sent_keys.tolist(), sent_shows.tolist(), strict=True)) == {
@@ -178,7 +172,7 @@ def test_push_batch_applies_rows_and_vectors_as_separate_pushes_would(
             for side in (ps, local):
                 for name in names:
                     side.init_dense(name, np.arange(5, dtype=np.float32))
-                side.push_batch("embedding", batch, grads, *counts, None, dense=dense)
+                side.push_batch("embedding", SparsePush(batch, grads, *counts, None), dense=dense)
         assert {sharding.server_of_dense(n, 2) for n in names} == {0, 1}
         for name in names:
             np.testing.assert_array_equal(ps.pull_dense(name), local.pull_dense(name))
@@ -187,12 +181,10 @@ def test_push_batch_applies_rows_and_vectors_as_separate_pushes_would(
         )
         # an unknown vector fails the request with nothing applied
         before = ps.pull_sparse("embedding", keys)
+        ones = np.ones(keys.size, np.float32)
+        push = SparsePush(keys, np.ones((keys.size, DIM + 1), np.float32), ones, ones * 0)
         with pytest.raises(UnknownTableError):
-            ps.push_batch(
-                "embedding", keys, np.ones((keys.size, DIM + 1), np.float32),
-                np.ones(keys.size, np.float32), np.zeros(keys.size, np.float32),
-                dense=[("missing", np.ones(5, np.float32))],
-            )  # fmt: skip
+            ps.push_batch("embedding", push, dense=[("missing", np.ones(5, np.float32))])
         owner_of_missing = sharding.server_of_dense("missing", 2)
         after = ps.pull_sparse("embedding", keys)
         mine = owner == owner_of_missing
@@ -442,7 +434,7 @@ def test_remote_and_local_ps_agree(ps_cluster: Callable[..., Cluster], tmp_path:
             clicks = np.minimum(shows, rng.integers(0, 2, 400)).astype(np.float32)
             slots = (keys % 7).astype(np.uint32)
             for ps in (local, remote):
-                ps.push_sparse("embedding", keys, grads, shows, clicks, slots)
+                ps.push_sparse("embedding", SparsePush(keys, grads, shows, clicks, slots))
         probe = np.arange(0, 320, dtype=np.uint64)
         np.testing.assert_allclose(
             remote.pull_sparse("embedding", probe),
@@ -460,10 +452,12 @@ def test_remote_and_local_ps_agree(ps_cluster: Callable[..., Cluster], tmp_path:
             lambda ps: ps.pull_sparse("embedding", np.arange(3, dtype=np.int64)),
             lambda ps: ps.push_sparse(
                 "embedding",
-                np.arange(2, dtype=np.uint64),
-                np.zeros((2, DIM + 1), np.float64),
-                np.ones(2, np.float32),
-                np.zeros(2, np.float32),
+                SparsePush(
+                    np.arange(2, dtype=np.uint64),
+                    np.zeros((2, DIM + 1), np.float64),
+                    np.ones(2, np.float32),
+                    np.zeros(2, np.float32),
+                ),
             ),
             lambda ps: ps.push_dense("w", np.ones(5, np.float32)),
             lambda ps: ps.pull_dense("nope"),

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from streamtrain_ps import api
+from streamtrain_ps.api import SparsePush
 from streamtrain_ps.client.local import LocalPS
 from streamtrain_ps.config import PSConfig, TableConfig
 from streamtrain_ps.errors import InvalidRequestError, UnknownTableError
@@ -23,10 +24,12 @@ def _train(ps: LocalPS, rounds: int = 5) -> np.ndarray:
         k = rng.choice(keys, 3000)
         ps.push_sparse(
             T,
-            k,
-            rng.normal(size=(k.size, D + 1)).astype(np.float32),
-            np.ones(k.size, np.float32),
-            (rng.random(k.size) < 0.1).astype(np.float32),
+            SparsePush(
+                k,
+                rng.normal(size=(k.size, D + 1)).astype(np.float32),
+                np.ones(k.size, np.float32),
+                (rng.random(k.size) < 0.1).astype(np.float32),
+            ),
         )
     return keys
 
@@ -81,10 +84,12 @@ def test_bad_requests_raise_the_same_errors_as_a_shard() -> None:
     with pytest.raises(InvalidRequestError) as err:
         ps.push_sparse(
             T,
-            np.arange(3, dtype=np.uint64),
-            np.zeros((2, D + 1), np.float32),
-            np.ones(3, np.float32),
-            np.zeros(3, np.float32),
+            SparsePush(
+                np.arange(3, dtype=np.uint64),
+                np.zeros((2, D + 1), np.float32),
+                np.ones(3, np.float32),
+                np.zeros(3, np.float32),
+            ),
         )
     assert err.value.field == "grads"
     with pytest.raises(InvalidRequestError):

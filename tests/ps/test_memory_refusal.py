@@ -12,6 +12,7 @@ import grpc
 import numpy as np
 import pytest
 
+from streamtrain_ps.api import SparsePush
 from streamtrain_ps.client.remote import RemotePS, RetryPolicy
 from streamtrain_ps.errors import MEMORY_LIMIT_REASON, REASON_KEY, MemoryLimitError, WorkingSet
 from streamtrain_ps.proto import ps_pb2, ps_pb2_grpc
@@ -32,7 +33,7 @@ MIB = 1 << 20
 def push_new(shard: Shard | RemotePS, n: int, start: int = 1) -> None:
     keys = np.arange(start, start + n, dtype=np.uint64)
     ones = np.ones(n, np.float32)
-    shard.push_sparse(T, keys, np.zeros((n, D + 1), np.float32), ones, ones * 0)
+    shard.push_sparse(T, SparsePush(keys, np.zeros((n, D + 1), np.float32), ones, ones * 0))
 
 
 def refusal(shard: Shard | RemotePS, n: int, start: int = 1) -> WorkingSet:

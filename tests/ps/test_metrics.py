@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 
+from streamtrain_ps.api import SparsePush
 from streamtrain_ps.errors import UnknownTableError
 from streamtrain_ps.service.metrics import PSMetrics
 from streamtrain_ps.shard import Shard
@@ -52,10 +53,9 @@ def test_collector_reads_the_shard_at_scrape_time() -> None:
     keys = np.arange(1, 11, dtype=np.uint64)
     shard.push_sparse(
         "embedding",
-        keys,
-        np.zeros((10, 5), np.float32),
-        np.ones(10, np.float32),
-        np.zeros(10, np.float32),
+        SparsePush(
+            keys, np.zeros((10, 5), np.float32), np.ones(10, np.float32), np.zeros(10, np.float32)
+        ),
     )
     assert registry.get_sample_value("streamtrain_ps_keys", labels) == 10
     assert registry.get_sample_value("streamtrain_ps_expanded_keys", labels) == 10

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from streamtrain_ps.api import SparsePush
 from streamtrain_ps.client.remote import RemotePS, RetryPolicy
 from streamtrain_ps.errors import InvalidRequestError
 from streamtrain_ps.service.idempotency import RecentRequests
@@ -42,7 +43,7 @@ def train_step(ps: RemotePS, step: int, before_push: Callable[[], None]) -> None
     grads = (0.5 * rows[:, 2:] - np.float32(0.01 * (step + 1))).astype(np.float32)
     clicks = (k % np.uint64(3) == 0).astype(np.float32)
     before_push()
-    ps.push_sparse(T, k, grads, np.ones(k.size, np.float32), clicks)
+    ps.push_sparse(T, SparsePush(k, grads, np.ones(k.size, np.float32), clicks))
     ps.push_dense(DENSE, (0.1 * dense + 0.01).astype(np.float32))
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamtrain_ps.api import SaveMode
+from streamtrain_ps.api import SaveMode, SparsePush
 from streamtrain_ps.client.local import LocalPS
 from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
 from streamtrain_ps.engine.accessor import (
@@ -189,10 +189,9 @@ def _check_against_reference(cfg: PSConfig, bounds: tuple[float, float]) -> None
     # initial weights are whatever the seeded init chose, read back once.
     shard.push_sparse(
         "embedding",
-        keys,
-        np.zeros((n, D + 1), np.float32),
-        np.ones(n, np.float32),
-        np.zeros(n, np.float32),
+        SparsePush(
+            keys, np.zeros((n, D + 1), np.float32), np.ones(n, np.float32), np.zeros(n, np.float32)
+        ),
     )
     full = table.copy_rows(table.rows_of(keys))[1].astype(np.float64)
     ew = full[:, [EMBED_W]]
@@ -212,7 +211,7 @@ def _check_against_reference(cfg: PSConfig, bounds: tuple[float, float]) -> None
         grads = rng.normal(0, 1, (m, D + 1)).astype(np.float32)
         shows = rng.integers(0, 3, m).astype(np.float32)  # includes show 0
         clicks = (rng.random(m) < 0.3).astype(np.float32) * np.minimum(shows, 1)
-        updated = shard.push_sparse("embedding", pk, grads, shows, clicks)
+        updated = shard.push_sparse("embedding", SparsePush(pk, grads, shows, clicks))
         uk, g, s, c = _merge(pk, grads, shows, clicks)
         assert updated == uk.size
         idx = np.array([pos[int(k)] for k in uk])
@@ -252,7 +251,9 @@ def test_init_is_reproducible_and_independent_of_shard_layout() -> None:
     for num_shards, seed in ((1, 0), (3, 0), (1, 1)):
         c = replace(cfg, seed=seed)
         ps = LocalPS(c, num_shards)
-        ps.push_sparse("embedding", keys, zeros, np.ones(n, np.float32), np.zeros(n, np.float32))
+        ps.push_sparse(
+            "embedding", SparsePush(keys, zeros, np.ones(n, np.float32), np.zeros(n, np.float32))
+        )
         rows.append(ps.pull_sparse("embedding", keys))
         ps.close()
     np.testing.assert_array_equal(rows[0], rows[1])
@@ -274,7 +275,9 @@ def test_an_ftrl_warm_start_keeps_the_weights_it_loaded(
     rng = np.random.default_rng(3)
     for _ in range(3):
         grads = rng.normal(0, 1, (n, D + 1)).astype(np.float32)
-        src.push_sparse("embedding", keys, grads, np.ones(n, np.float32), np.zeros(n, np.float32))
+        src.push_sparse(
+            "embedding", SparsePush(keys, grads, np.ones(n, np.float32), np.zeros(n, np.float32))
+        )
     uri = str(tmp_path / "batch")
     checkpoint.publish(uri, [src.save(uri, SaveMode.BATCH)], config=src.config)
     warm = Shard(_config("ftrl", (-10.0, 10.0), 0.05, **ftrl))
@@ -282,7 +285,9 @@ def test_an_ftrl_warm_start_keeps_the_weights_it_loaded(
     loaded = warm.pull_sparse("embedding", keys)
     np.testing.assert_array_equal(loaded, src.pull_sparse("embedding", keys))
     zeros = np.zeros((n, D + 1), np.float32)
-    warm.push_sparse("embedding", keys, zeros, np.zeros(n, np.float32), np.zeros(n, np.float32))
+    warm.push_sparse(
+        "embedding", SparsePush(keys, zeros, np.zeros(n, np.float32), np.zeros(n, np.float32))
+    )
     np.testing.assert_allclose(warm.pull_sparse("embedding", keys), loaded, rtol=1e-6, atol=1e-7)
 
 
@@ -321,7 +326,8 @@ def test_a_key_in_every_row_learns_as_much_as_its_occurrences_would() -> None:
         shard = Shard(_config("adagrad", (-10.0, 10.0), 0.05, occurrenceSteps="all"))
         for _ in range(pushes):
             shard.push_sparse(
-                "embedding", key, grad * show, np.array([show], np.float32), np.zeros(1, np.float32)
+                "embedding",
+                SparsePush(key, grad * show, np.array([show], np.float32), np.zeros(1, np.float32)),
             )
         moved[label] = float(shard.pull_sparse("embedding", key)[0, 2])
     np.testing.assert_allclose(moved["batch"], moved["online"], rtol=1e-5)
@@ -339,10 +345,11 @@ def test_a_scale_free_embedx_moves_a_rare_id_as_far_as_a_frequent_one() -> None:
             shard = Shard(_config(kind, (-10.0, 10.0), 0.05))
             one, no_click = np.ones(1, np.float32), np.zeros(1, np.float32)
             zero = np.zeros((1, D + 1), np.float32)
-            shard.push_sparse("embedding", key, zero, one, no_click)  # creates it, admits embedx
+            # creates it, admits embedx
+            shard.push_sparse("embedding", SparsePush(key, zero, one, no_click))
             before = shard.pull_sparse("embedding", key)
             grad = np.full((1, D + 1), size, np.float32)
-            shard.push_sparse("embedding", key, grad, one, no_click)
+            shard.push_sparse("embedding", SparsePush(key, grad, one, no_click))
             after = shard.pull_sparse("embedding", key)
             moved[kind, size] = float((before - after)[0, 3:].mean())
     np.testing.assert_allclose(moved["scale_free_adagrad", 1.0], 0.05, rtol=1e-5)

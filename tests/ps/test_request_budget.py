@@ -16,6 +16,7 @@ import grpc
 import numpy as np
 import pytest
 
+from streamtrain_ps.api import SparsePush
 from streamtrain_ps.client.remote import RemotePS, RetryPolicy
 from streamtrain_ps.plumbing.request_budget import RequestBudget, ThrottledLog, is_overloaded
 from streamtrain_ps.proto import ps_pb2, ps_pb2_grpc
@@ -119,7 +120,7 @@ def test_remote_ps_backs_off_and_retries_an_overloaded_shard() -> None:
         ones = np.ones(keys.size, np.float32)
 
         def push(c: RemotePS) -> None:
-            c.push_sparse("embedding", keys, grads, ones, ones)
+            c.push_sparse("embedding", SparsePush(keys, grads, ones, ones))
 
         with ThreadPoolExecutor(4) as pool:
             for _ in range(3):

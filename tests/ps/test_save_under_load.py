@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 from streamtrain_ps import sharding
-from streamtrain_ps.api import SaveMode
+from streamtrain_ps.api import SaveMode, SparsePush
 from streamtrain_ps.client.local import LocalPS
 from streamtrain_ps.client.remote import RemotePS, RetryPolicy
 from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
@@ -62,10 +62,12 @@ def config() -> PSConfig:
 def _push(ps: RemotePS, keys: np.ndarray, clicks: np.ndarray) -> None:
     ps.push_sparse(
         T,
-        keys,
-        np.full((keys.size, D + 1), 0.01, np.float32),
-        np.ones(keys.size, np.float32),
-        clicks,
+        SparsePush(
+            keys,
+            np.full((keys.size, D + 1), 0.01, np.float32),
+            np.ones(keys.size, np.float32),
+            clicks,
+        ),
     )
 
 

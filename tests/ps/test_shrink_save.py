@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from streamtrain_ps.api import SaveMode
+from streamtrain_ps.api import SaveMode, SparsePush
 from streamtrain_ps.config import PSConfig, TableConfig
 from streamtrain_ps.engine.accessor import DELTA, UNSEEN
 from streamtrain_ps.saves import checkpoint
@@ -39,10 +39,12 @@ def _push(
     c = np.zeros(n, np.float32) if clicks is None else np.array(clicks, np.float32)
     shard.push_sparse(
         T,
-        np.array(keys, np.uint64),
-        np.zeros((n, D + 1), np.float32),
-        np.array(shows, np.float32),
-        c,
+        SparsePush(
+            np.array(keys, np.uint64),
+            np.zeros((n, D + 1), np.float32),
+            np.array(shows, np.float32),
+            c,
+        ),
     )
 
 

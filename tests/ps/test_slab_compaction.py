@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from streamtrain_ps.api import SparsePush
 from streamtrain_ps.engine import address_space
 from streamtrain_ps.engine import index as ix
 from streamtrain_ps.engine import kernels as kn
@@ -27,7 +28,7 @@ def _push(shards: list[Shard], keys: np.ndarray, shows: float) -> None:
     grads = np.random.default_rng(int(keys[0])).normal(0, 1, (keys.size, D + 1))
     s = np.full(keys.size, shows, np.float32)
     for shard in shards:
-        shard.push_sparse(T, keys, grads.astype(np.float32), s, 0 * s)
+        shard.push_sparse(T, SparsePush(keys, grads.astype(np.float32), s, 0 * s))
 
 
 def test_a_demotion_compacts_both_slabs_and_keys_keep_their_numbers(tmp_path: Path) -> None:

@@ -28,10 +28,11 @@ import numpy as np
 import pytest
 
 from streamtrain_operator.run import export
-from streamtrain_ps.api import SaveMode, SaveResult
+from streamtrain_ps.api import SaveMode, SaveResult, SparsePush
 from streamtrain_ps.client.local import LocalPS
 from streamtrain_ps.config import PSConfig, TableConfig
 from streamtrain_ps.errors import CheckpointError
+from streamtrain_ps.plumbing.retry import RetryPolicy
 from streamtrain_ps.saves import checkpoint
 from streamtrain_worker.publishing.model_folder import MODEL_MANIFEST, DoneLine, ModelKind
 
@@ -68,10 +69,12 @@ def train(ps: Any, seed: int) -> None:
     rng = np.random.default_rng(seed)
     ps.push_sparse(
         T,
-        KEYS,
-        rng.normal(size=(KEYS.size, D + 1)).astype(np.float32),
-        np.ones(KEYS.size, np.float32),
-        (rng.random(KEYS.size) < 0.3).astype(np.float32),
+        SparsePush(
+            KEYS,
+            rng.normal(size=(KEYS.size, D + 1)).astype(np.float32),
+            np.ones(KEYS.size, np.float32),
+            (rng.random(KEYS.size) < 0.3).astype(np.float32),
+        ),
     )
     ps.init_dense("dense", np.zeros(16, np.float32))
     ps.push_dense("dense", rng.normal(size=16).astype(np.float32))
@@ -216,9 +219,7 @@ def test_failed_rename_on_a_local_disk_leaves_no_temp_file(
 EXPORT = "failfs://models/export"
 
 
-def run_export(
-    ps: LocalPS, pass_index: int, policy: export.RetryPolicy, sleeps: list[float]
-) -> DoneLine:
+def run_export(ps: LocalPS, pass_index: int, policy: RetryPolicy, sleeps: list[float]) -> DoneLine:
     async def save_sparse(uri: str) -> SaveResult:
         return await asyncio.to_thread(ps.save, uri, SaveMode.DELTA)
 
@@ -242,11 +243,8 @@ def run_export(
     return asyncio.run(
         export.publish_model(
             target,
-            save_sparse=save_sparse,
-            export_dense=export_dense,
-            metrics={"auc": 0.7},
-            policy=policy,
-            sleep=sleep,
+            export.ModelParts(save_sparse, export_dense, metrics={"auc": 0.7}),
+            export.StorageSteps(policy, sleep),
         )
     )
 
@@ -256,7 +254,9 @@ def test_export_retries_with_backoff_then_fails_cleanly(failfs: Faults) -> None:
     # written, so a retried delta save of one shard is exact (docs/operations.md).
     ps = LocalPS(config(), num_shards=1)
     # What the driver passes: storage errors surface from a PS save as CheckpointError.
-    policy = export.RetryPolicy(retries=3, backoff_seconds=0.5, retry_on=(OSError, CheckpointError))
+    policy = RetryPolicy.storage(
+        retries=3, backoff_seconds=0.5, retry_on=(OSError, CheckpointError)
+    )
     sleeps: list[float] = []
     train(ps, 1)
     run_export(ps, 1, policy, sleeps)

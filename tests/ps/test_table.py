@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from streamtrain_ps.api import SparsePush
 from streamtrain_ps.config import DenseConfig, DenseOptimizerConfig, PSConfig, TableConfig
 from streamtrain_ps.engine.accessor import SLOT
 from streamtrain_ps.errors import InvalidRequestError, RequestTooLargeError, UnknownTableError
@@ -30,7 +31,7 @@ def _push(
     k = np.array(keys, dtype=np.uint64)
     g = np.zeros((k.size, D + 1), np.float32) if grads is None else grads.astype(np.float32)
     c = np.zeros(k.size, np.float32) if clicks is None else np.array(clicks, np.float32)
-    return shard.push_sparse(T, k, g, np.array(shows, np.float32), c)
+    return shard.push_sparse(T, SparsePush(k, g, np.array(shows, np.float32), c))
 
 
 def test_unknown_keys_pull_as_zeros_and_are_not_created() -> None:
@@ -91,7 +92,7 @@ def test_slots_are_stored_bit_exact_and_last_one_wins() -> None:
     k = np.array([3, 3, 4], dtype=np.uint64)
     z = np.zeros(3, np.float32)
     slots = np.array([1, 2**32 - 1, 17], dtype=np.uint32)
-    shard.push_sparse(T, k, np.zeros((3, D + 1), np.float32), z + 1, z, slots)
+    shard.push_sparse(T, SparsePush(k, np.zeros((3, D + 1), np.float32), z + 1, z, slots))
     t = shard.table(T)
     rows = t.copy_rows(t.rows_of(np.array([3, 4], dtype=np.uint64)))[1]
     assert rows.view(np.uint32)[:, SLOT].tolist() == [2**32 - 1, 17]
@@ -125,7 +126,7 @@ def test_bad_push_is_rejected_naming_the_field_and_changes_nothing(field: str, b
     args: dict[str, object] = dict(_args())
     args[field] = bad
     with pytest.raises(InvalidRequestError) as err:
-        shard.push_sparse(T, **args)  # type: ignore[arg-type]
+        shard.push_sparse(T, SparsePush(**args))  # type: ignore[arg-type]
     assert err.value.field == field
     assert shard.stats().tables[0].keys == 0
 
@@ -144,7 +145,7 @@ def test_unknown_table_too_many_keys_and_bad_pull() -> None:
     with pytest.raises(UnknownTableError):
         shard.pull_sparse("nope", np.arange(2, dtype=np.uint64))
     with pytest.raises(UnknownTableError):
-        shard.push_sparse("nope", **_args())
+        shard.push_sparse("nope", SparsePush(**_args()))
     with pytest.raises(RequestTooLargeError):
         shard.pull_sparse(T, np.arange(1001, dtype=np.uint64))
     with pytest.raises(InvalidRequestError) as err:
@@ -159,11 +160,11 @@ def test_a_shard_refuses_keys_it_does_not_own() -> None:
     owned = server_of_key(keys, 8, 2) == 1
     a = _args(int(owned.sum()))
     a["keys"] = keys[owned]
-    assert shard.push_sparse(T, **a) == owned.sum()
+    assert shard.push_sparse(T, SparsePush(**a)) == owned.sum()
     b = _args(1)
     b["keys"] = keys[~owned][:1]
     with pytest.raises(InvalidRequestError, match="belongs to server 0"):
-        shard.push_sparse(T, **b)
+        shard.push_sparse(T, SparsePush(**b))
 
 
 def test_dense_adam_and_sgd_match_the_formulas() -> None:

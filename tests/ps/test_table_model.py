@@ -47,7 +47,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from streamtrain_ps.api import SaveMode
+from streamtrain_ps.api import SaveMode, SparsePush
 from streamtrain_ps.client.local import LocalPS
 from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
 from streamtrain_ps.saves import checkpoint, load_plan
@@ -271,7 +271,7 @@ class TieredModel(RuleBasedStateMachine):
         clicks = np.minimum(shows, rng.integers(0, 2, n)).astype(np.float32)
 
         def push(s: Shard) -> object:
-            return s.push_sparse(T, keys, grads, shows, clicks)
+            return s.push_sparse(T, SparsePush(keys, grads, shows, clicks))
 
         failed, _ = self.on_capped(push)
         self.settle(failed, lambda: push(self.ref))
@@ -454,7 +454,7 @@ def test_pulls_at_every_publish_point_of_a_move_see_whole_rows(
         g = rng.normal(0, 1, (keys.size, D + 1)).astype(np.float32)
         s = np.full(keys.size, 2.0, np.float32)
         for shard in (ref, capped):
-            shard.push_sparse(T, keys, g, s, s * 0)
+            shard.push_sparse(T, SparsePush(keys, g, s, s * 0))
     expected = ref.pull_sparse(T, keys)
     seen: list[np.ndarray] = []
     threads: list[threading.Thread] = []

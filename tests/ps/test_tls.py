@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from streamtrain_ps.api import SparsePush
 from streamtrain_ps.client.remote import RemotePS, RetryPolicy
 from streamtrain_ps.errors import PSError
 from streamtrain_ps.plumbing.tls import TLSConfigError, TLSFiles
@@ -113,10 +114,12 @@ def _round_trip(ps: RemotePS) -> None:
     keys = np.array([1, 2, 3], np.uint64)
     ps.push_sparse(
         T,
-        keys,
-        np.full((3, 5), 0.1, np.float32),
-        np.ones(3, np.float32),
-        np.array([1, 0, 1], np.float32),
+        SparsePush(
+            keys,
+            np.full((3, 5), 0.1, np.float32),
+            np.ones(3, np.float32),
+            np.array([1, 0, 1], np.float32),
+        ),
     )
     rows = ps.pull_sparse(T, keys)
     np.testing.assert_array_equal(rows[:, 0], [1, 1, 1])

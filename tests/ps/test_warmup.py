@@ -63,9 +63,9 @@ def test_an_uncapped_shard_warms_the_kernels_it_calls_and_not_the_disk_tiers() -
         from streamtrain_ps.engine import kernels
         from streamtrain_ps.tier import tier_kernels
         from streamtrain_ps.tier.warmup import warm_table_kernels
-        from tests.ps.test_two_phase import config
+        from tests.ps.conftest import two_phase_config
 
-        warm_table_kernels(config())
+        warm_table_kernels(two_phase_config())
         loaded = lambda k: len(k.signatures) > 0
         print(loaded(kernels.merge_push), loaded(kernels.pull_kernel),
               loaded(kernels.shrink_kernel), loaded(tier_kernels.collect_cold),

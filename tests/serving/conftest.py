@@ -1,4 +1,5 @@
-"""A real redis-server per test (free loopback port, its own directory, no persistence)."""
+"""A real redis-server per test (free loopback port, its own directory, no persistence), and
+the published models the delivery tests share."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import pytest
 import redis
 
 from streamtrain_ps.plumbing.launch import free_port
+from streamtrain_tools.bench.serving.models import Export, keys_of, rows_for
+from streamtrain_worker.publishing.model_folder import ModelKind
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 
@@ -49,3 +52,22 @@ def redis_server(tmp_path: Path) -> Iterator[RedisProcess]:
         yield server
     finally:
         server.stop()
+
+
+#: Keys probed in the published models of ``three_models`` (some never published).
+PROBE = keys_of(range(45))
+
+
+def three_models(ex: Export) -> list[str]:
+    """Day 1: delta-1 (ids 0-39), delta-2 (rows of 0-9 changed, id 5 tombstoned), batch;
+    day 2: base (ids 0-29), delta-1 (ids 30-34 new)."""
+    k1 = keys_of(range(40))
+    ex.publish(ModelKind.DELTA, "20261101", 1, k1, rows_for(k1, 1))
+    k2 = keys_of([i for i in range(10) if i != 5])
+    ex.publish(ModelKind.DELTA, "20261101", 2, k2, rows_for(k2, 2), keys_of([5]))
+    ex.publish(ModelKind.BATCH, "20261101", 0, k1, rows_for(k1, 3))
+    kb = keys_of(range(30))
+    ex.publish(ModelKind.BASE, "20261102", 0, kb, rows_for(kb, 4))
+    k3 = keys_of(range(30, 35))
+    ex.publish(ModelKind.DELTA, "20261102", 1, k3, rows_for(k3, 5), base="20261102/base")
+    return ex.published

@@ -16,31 +16,13 @@ from streamtrain_worker.serving.delivery import Delivery
 from streamtrain_worker.serving.tables import EmbeddedTable, RedisTable, VersionedTable
 from streamtrain_worker.serving.versions import Guard
 
-from .conftest import RedisProcess
-
-
-def three_models(ex: Export) -> list[str]:
-    """Day 1: delta-1 (ids 0-39), delta-2 (rows of 0-9 changed, id 5 tombstoned), batch;
-    day 2: base (ids 0-29), delta-1 (ids 30-34 new)."""
-    k1 = keys_of(range(40))
-    ex.publish(ModelKind.DELTA, "20261101", 1, k1, rows_for(k1, 1))
-    k2 = keys_of([i for i in range(10) if i != 5])
-    ex.publish(ModelKind.DELTA, "20261101", 2, k2, rows_for(k2, 2), keys_of([5]))
-    ex.publish(ModelKind.BATCH, "20261101", 0, k1, rows_for(k1, 3))
-    kb = keys_of(range(30))
-    ex.publish(ModelKind.BASE, "20261102", 0, kb, rows_for(kb, 4))
-    k3 = keys_of(range(30, 35))
-    ex.publish(ModelKind.DELTA, "20261102", 1, k3, rows_for(k3, 5), base="20261102/base")
-    return ex.published
+from .conftest import PROBE, RedisProcess, three_models
 
 
 def tables(redis_server: RedisProcess | None) -> VersionedTable:
     if redis_server is None:
         return EmbeddedTable()
     return RedisTable(redis_server.client, "t:")
-
-
-PROBE = keys_of(range(45))
 
 
 def assert_version_equals_predict(table: VersionedTable, vid: int, root: Path, key: str) -> None:

@@ -19,8 +19,7 @@ from streamtrain_tools.bench.serving.models import Export, lines
 from streamtrain_worker.serving.delivery import Delivery
 from streamtrain_worker.serving.tables import RedisTable
 
-from .conftest import RedisProcess, free_port
-from .test_delivery import PROBE, three_models
+from .conftest import PROBE, RedisProcess, free_port, three_models
 
 HERE = Path(__file__).parent
 

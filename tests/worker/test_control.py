@@ -337,6 +337,21 @@ def test_stale_generation_and_bad_data_are_clear_errors(
     assert err.value.code() is grpc.StatusCode.NOT_FOUND
 
 
+def test_bad_data_and_a_gone_file_carry_the_reason_the_driver_decides_on(
+    setup: Setup, chunk: str, tmp_path: Path
+) -> None:
+    """The driver ends the job on these (``worker_errors.permanent``) by the typed reason in
+    the trailing metadata, not by the status code's name."""
+    bad = tmp_path / "bad-part"
+    bad.write_text("not\ta\tcriteo\tline\n" * 5)
+    with pytest.raises(grpc.RpcError) as err:
+        run_pass(setup.stub, [str(bad)], generation=5)
+    assert reason_of(err.value) is Reason.BAD_DATA
+    with pytest.raises(grpc.RpcError) as err:
+        run_pass(setup.stub, [str(tmp_path / "missing")], generation=5)
+    assert reason_of(err.value) is Reason.FILE_GONE
+
+
 def test_a_gone_ps_is_reported_as_unavailable(setup: Setup, chunk: str) -> None:
     run_pass(setup.stub, [chunk])
     setup.ps_server.close(grace=0)

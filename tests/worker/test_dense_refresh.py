@@ -33,8 +33,8 @@ class HeldDensePS:
             assert self._released.wait(timeout=60), "no push arrived while a dense pull waited"
         return self.ps.pull_dense(name)
 
-    def push_batch(self, table, keys, grads, shows, clicks, slots=None, dense=()):  # type: ignore[no-untyped-def]
-        self.ps.push_batch(table, keys, grads, shows, clicks, slots, dense=dense)
+    def push_batch(self, table, push, dense=()):  # type: ignore[no-untyped-def]
+        self.ps.push_batch(table, push, dense=dense)
         self.pushes += 1
         if self.hold and self.pushes >= self._release_at:
             self._released.set()

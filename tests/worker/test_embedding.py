@@ -7,6 +7,7 @@ import numpy.typing as npt
 import pytest
 import torch
 
+from streamtrain_ps.api import SparsePush
 from streamtrain_worker.data.batch import Batch
 from streamtrain_worker.training.embedding import Lookup, prepare
 
@@ -35,8 +36,8 @@ class RecordingTable:
                 out[i] = self.rows[self.index[k]]
         return out
 
-    def push_sparse(self, table, keys, grads, shows, clicks, slots=None):  # type: ignore[no-untyped-def]
-        self.pushed.append((keys, grads, shows, clicks, slots))
+    def push_sparse(self, table: str, push: SparsePush) -> None:
+        self.pushed.append((push.keys, push.grads, push.shows, push.clicks, push.slots))
 
 
 def make_batch(rng: np.random.Generator, examples: int, slots: int, vocab: int) -> Batch:
@@ -113,7 +114,7 @@ def test_show_click_and_slot_counts(setup) -> None:  # type: ignore[no-untyped-d
         assert prepared.slots[i] in set((key_bag[occurrences] % batch.num_slots).tolist())
     lookup = Lookup(prepared, cvm=False)
     lookup.pooled.sum().backward()
-    lookup.sparse_push().send(ps, "emb")  # type: ignore[arg-type]
+    ps.push_sparse("emb", lookup.sparse_push())  # type: ignore[arg-type]
     keys, grads, shows, clicks, slots = ps.pushed[0]
     assert grads.shape == (keys.shape[0], 1 + DIM)
     assert shows.sum() == batch.keys.shape[0]

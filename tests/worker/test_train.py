@@ -209,9 +209,9 @@ class SlowPushPS:
         self.pulls.append((threading.current_thread().name, self.pushed))
         return self.ps.pull_sparse(table, keys)
 
-    def push_batch(self, table, keys, grads, shows, clicks, slots=None, dense=()):  # type: ignore[no-untyped-def]
+    def push_batch(self, table, push, dense=()):  # type: ignore[no-untyped-def]
         time.sleep(0.05)
-        self.ps.push_batch(table, keys, grads, shows, clicks, slots, dense=dense)
+        self.ps.push_batch(table, push, dense=dense)
         self.pushed += 1
 
     def __getattr__(self, name: str) -> object:
@@ -260,16 +260,16 @@ class FlakyPS:
             raise PSUnavailableError("pull_sparse on ps-0:7000: UNAVAILABLE")
         return self.ps.pull_sparse(table, keys)
 
-    def push_sparse(self, table, keys, grads, shows, clicks, slots=None):  # type: ignore[no-untyped-def]
+    def push_sparse(self, table, push):  # type: ignore[no-untyped-def]
         if self.down:
             assert self.pull_failed.wait(timeout=30)
             raise PSUnavailableError("push_sparse on ps-0:7000: UNAVAILABLE")
-        self.ps.push_sparse(table, keys, grads, shows, clicks, slots)
+        self.ps.push_sparse(table, push)
 
-    def push_batch(self, table, keys, grads, shows, clicks, slots=None, dense=()):  # type: ignore[no-untyped-def]
+    def push_batch(self, table, push, dense=()):  # type: ignore[no-untyped-def]
         for name, values in dense:
             self.ps.push_dense(name, values)
-        self.push_sparse(table, keys, grads, shows, clicks, slots)
+        self.push_sparse(table, push)
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.ps, name)

@@ -43,6 +43,7 @@ from streamtrain_operator.job.plan import PassPlan, StepKind
 from streamtrain_operator.job.spec import JobSpec
 from streamtrain_operator.run import export, retention
 from streamtrain_ps.api import PSLike, SaveMode
+from streamtrain_ps.plumbing.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ class Checkpointer:
     spec: JobSpec
     plan: PassPlan
     ps: PSLike
-    retry: export.RetryPolicy
+    retry: RetryPolicy
     sleep: Callable[[float], Awaitable[None]]
     on_phase: Callable[[str, float], None] | None = None
 

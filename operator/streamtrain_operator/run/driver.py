@@ -54,9 +54,11 @@ from streamtrain_operator.run.hooks import AFTER, BEFORE, NO_HOOK, StepHook
 from streamtrain_operator.run.state import StateStore
 from streamtrain_ps.api import PSLike, SaveMode
 from streamtrain_ps.errors import CheckpointError, PSUnavailableError
+from streamtrain_ps.plumbing.retry import RetryPolicy
 from streamtrain_worker.data import layout
 from streamtrain_worker.data.sharding import assign_files
 from streamtrain_worker.metrics import PassMetrics
+from streamtrain_worker.proto.share import PassShare
 
 log = logging.getLogger(__name__)
 
@@ -73,17 +75,9 @@ class WorkerClient(Protocol):
 
     name: str
 
-    async def run_pass(
-        self,
-        day: str,
-        pass_index: int,
-        files: Sequence[str],
-        generation: int,
-        train: bool,
-        next_files: Sequence[str] = (),
-    ) -> Any:
-        """Returns a ``worker_pb2.PassResult``. ``next_files``: the worker's share of the
-        next pass, to read ahead (a hint, ``next_pass``)."""
+    async def run_pass(self, share: PassShare) -> Any:
+        """Returns a ``worker_pb2.PassResult``. ``share.next_files``: the worker's share of
+        the next pass, to read ahead (a hint, ``next_pass``)."""
         ...
 
     async def export_dense(self, uri: str, snapshot_id: str = "") -> list[str]:
@@ -174,10 +168,8 @@ class Driver:
         self.sleep = sleep
         self.observer = observer or Observer()
         self.restart_watch = restarts
-        self.retry = export.RetryPolicy(
-            retries=spec.export.retries,
-            backoff_seconds=spec.export.retryBackoffSeconds,
-            retry_on=retry_on,
+        self.retry = RetryPolicy.storage(
+            spec.export.retries, spec.export.retryBackoffSeconds, retry_on
         )
         progress = store.load() or Progress()
         self.machine = Scheduler(self.plan, policy_from_spec(spec), progress)
@@ -420,10 +412,11 @@ class Driver:
         timeout = self.spec.workers.passTimeoutSeconds
 
         async def one(w: int) -> PassMetrics:
-            day, index = action.key.day, action.key.pass_index
-            call = self.workers[w].run_pass(
-                day, index, assignment[w], action.generation, True, next_files=ahead[w]
+            key = action.key
+            share = PassShare.of(
+                key.day, key.pass_index, assignment[w], action.generation, next_files=ahead[w]
             )
+            call = self.workers[w].run_pass(share)
             result = await (asyncio.wait_for(call, timeout) if timeout else call)
             if int(result.generation) != action.generation:
                 raise StaleResultError(

@@ -24,7 +24,7 @@ from streamtrain_operator.job.plan import StepKey, StepKind
 from streamtrain_operator.run.hooks import MANIFEST_POINT, NO_HOOK, PARTS, StepHook
 from streamtrain_ps.api import SaveResult
 from streamtrain_ps.plumbing import storage
-from streamtrain_ps.plumbing.retry import backoff_delay
+from streamtrain_ps.plumbing.retry import RetryPolicy
 from streamtrain_ps.saves.checkpoint import MANIFEST
 from streamtrain_worker.publishing import model_folder
 from streamtrain_worker.publishing.model_folder import (
@@ -47,27 +47,18 @@ class ExportError(RuntimeError):
     """An export could not be published after its retries; nothing new is visible."""
 
 
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Storage retries: ``retries`` more attempts, delays ``backoff * 2**i``."""
-
-    retries: int = 5
-    backoff_seconds: float = 1.0
-    #: Exceptions worth retrying (storage and transient RPC errors).
-    retry_on: tuple[type[BaseException], ...] = (OSError,)
-
-
 async def with_retries(
     what: str, fn: Callable[[], Awaitable[T]], policy: RetryPolicy, sleep: Sleep
 ) -> T:
-    """Run ``fn``; on a retryable error wait and try again, then raise ``ExportError``."""
-    for attempt in range(policy.retries + 1):
+    """Run ``fn``; on an error of ``policy.retry_on`` wait and try again, at most
+    ``policy.max_attempts`` times in all, then raise ``ExportError``."""
+    for attempt in range(policy.max_attempts):
         try:
             return await fn()
         except policy.retry_on as exc:
-            if attempt == policy.retries:
+            if attempt == policy.max_attempts - 1:
                 raise ExportError(f"{what}: {exc} (after {attempt + 1} attempts)") from exc
-            await sleep(backoff_delay(attempt, policy.backoff_seconds))
+            await sleep(policy.delay(attempt))
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -96,71 +87,63 @@ class ModelTarget:
         return f"{self.root.rstrip('/')}/{self.key}"
 
 
-async def publish_model(
-    target: ModelTarget,
-    *,
-    save_sparse: Callable[[str], Awaitable[SaveResult]],
-    export_dense: Callable[[str], Awaitable[Sequence[str]]],
-    metrics: Mapping[str, float],
-    policy: RetryPolicy,
-    sleep: Sleep,
-    clock: Callable[[], float] = time.time,
-    serving: Serving | None = None,
-    hook: StepHook = NO_HOOK,
-    on_phase: Callable[[str, float], None] | None = None,
-) -> DoneLine:
-    """Write the parts, ``MODEL.json`` and the donefile line (idempotent per target).
+@dataclass(frozen=True)
+class ModelParts:
+    """Where a model's parts come from, and what ``MODEL.json`` says of them.
 
     ``save_sparse(uri)`` is the PS save (it publishes its own ``MANIFEST.json`` below
-    ``uri``); ``export_dense(uri)`` is a worker's ``ExportDense``. ``serving`` goes into
-    ``MODEL.json`` (the data config, table and metric buckets the predictor needs).
-    ``hook`` is offered the ``parts`` point between the sparse parts and the rest
-    (``hooks.PARTS``: a half-written model) and the ``manifest`` point between
-    ``MODEL.json`` and the donefile line; the default never holds. ``on_phase`` is told
-    how long each of ``PHASES`` took (benchmarks break a pass transition down with it).
+    ``uri``); ``export_dense(uri)`` is a worker's ``ExportDense``. With ``snapshot`` (the
+    PS's ``snapshot``: every shard copies the model's sparse rows and its dense vectors into
+    memory now) both write what that snapshot took, so the parts can be written beside the
+    next pass. ``metrics`` and ``serving`` (the data config, table and metric buckets the
+    predictor needs) go into ``MODEL.json``.
+    """
+
+    save_sparse: Callable[[str], Awaitable[SaveResult]]
+    export_dense: Callable[[str], Awaitable[Sequence[str]]]
+    metrics: Mapping[str, float]
+    serving: Serving | None = None
+    snapshot: Callable[[], Awaitable[None]] | None = None
+
+
+@dataclass(frozen=True)
+class StorageSteps:
+    """How every storage step of a publication runs: retried under ``policy`` (waiting with
+    ``sleep``), the donefile line stamped by ``clock``, offered to ``hook`` at the ``parts``
+    point (``hooks.PARTS``: a half-written model) and the ``manifest`` point (between
+    ``MODEL.json`` and the donefile line; the default never holds), and ``on_phase`` told how
+    long each of ``PHASES`` took (benchmarks break a pass transition down with it)."""
+
+    policy: RetryPolicy
+    sleep: Sleep
+    clock: Callable[[], float] = time.time
+    hook: StepHook = NO_HOOK
+    on_phase: Callable[[str, float], None] | None = None
+
+    async def retried(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
+        return await with_retries(what, fn, self.policy, self.sleep)
+
+
+async def publish_model(target: ModelTarget, parts: ModelParts, steps: StorageSteps) -> DoneLine:
+    """Write the parts, ``MODEL.json`` and the donefile line (idempotent per target).
 
     The same as ``write_parts`` followed at once by the publication it returns.
     """
-    publish = await write_parts(
-        target,
-        save_sparse=save_sparse,
-        export_dense=export_dense,
-        metrics=metrics,
-        policy=policy,
-        sleep=sleep,
-        clock=clock,
-        serving=serving,
-        hook=hook,
-        on_phase=on_phase,
-    )
+    publish = await write_parts(target, parts, steps)
     return await publish()
 
 
 async def write_parts(
-    target: ModelTarget,
-    *,
-    save_sparse: Callable[[str], Awaitable[SaveResult]],
-    export_dense: Callable[[str], Awaitable[Sequence[str]]],
-    metrics: Mapping[str, float],
-    policy: RetryPolicy,
-    sleep: Sleep,
-    clock: Callable[[], float] = time.time,
-    serving: Serving | None = None,
-    hook: StepHook = NO_HOOK,
-    on_phase: Callable[[str, float], None] | None = None,
-    snapshot: Callable[[], Awaitable[None]] | None = None,
+    target: ModelTarget, parts: ModelParts, steps: StorageSteps
 ) -> Callable[[], Coroutine[Any, Any, DoneLine]]:
     """The part of ``publish_model`` that reads the model state; returns the rest.
 
-    With ``snapshot`` (the PS's ``snapshot``: every shard copies the model's sparse rows
-    and its dense vectors into memory now) this part only takes the snapshot, and the rest
-    — ``export_dense`` (which must read the snapshot's dense vectors), ``save_sparse``
-    writing the snapshot's parts, ``MODEL.json``, the donefile line — only writes what was
-    taken here, so the driver runs it while the next pass trains. Without it, both parts
-    are written from what the PS holds, here. Until the rest has run, the model is not
-    visible. Other arguments as for ``publish_model``.
+    With ``parts.snapshot`` this part only takes the snapshot, and the rest —
+    ``export_dense`` (which must read the snapshot's dense vectors), ``save_sparse`` writing
+    the snapshot's parts, ``MODEL.json``, the donefile line — only writes what was taken
+    here, so the driver runs it while the next pass trains. Without it, both parts are
+    written from what the PS holds, here. Until the rest has run, the model is not visible.
     """
-    timed = _Timer(on_phase)
     existing = published(target.root, target.key)
     if existing is not None:
 
@@ -168,53 +151,84 @@ async def write_parts(
             return existing
 
         return already
-    fs, model_dir = storage.filesystem(target.uri)
+    publication = _Publication(target, parts, steps)
+    await publication.take()
+    return publication.publish
 
-    async def clear() -> None:
-        _remove(fs, model_dir)
 
-    await with_retries(f"{target.uri}: remove stale parts", clear, policy, sleep)
-    sparse_uri, dense_uri = f"{target.uri}/sparse", f"{target.uri}/dense"
+class _Publication:
+    """One model being written: its folder, the PS save's result once written, the timer."""
 
-    async def fresh_sparse() -> SaveResult:
+    def __init__(self, target: ModelTarget, parts: ModelParts, steps: StorageSteps) -> None:
+        self.target, self.parts, self.steps = target, parts, steps
+        self.fs, self.model_dir = storage.filesystem(target.uri)
+        self.sparse_uri, self.dense_uri = f"{target.uri}/sparse", f"{target.uri}/dense"
+        self.key = StepKey(target.day, target.pass_index, StepKind(target.kind))
+        self.saved: SaveResult | None = None
+        self.timed = _Timer(steps.on_phase)
+
+    async def take(self) -> None:
+        """Clear stale parts, then write both parts — or, from a snapshot, only take it."""
+        await self.steps.retried(f"{self.target.uri}: remove stale parts", self._clear)
+        if self.parts.snapshot is None:
+            await self._write_sparse()
+            await self._write_dense()
+        else:
+            # The snapshot copies the sparse rows and the dense vectors on every shard at
+            # once; ``export_dense`` then reads the dense ones from it (the caller's to
+            # arrange), so the whole model is the one of this moment, written beside the
+            # next pass.
+            await self.steps.retried(f"{self.sparse_uri}: snapshot", self.parts.snapshot)
+            self.timed("snapshot")
+        self.timed.restart()
+
+    async def publish(self) -> DoneLine:
+        """The rest: the parts not yet written, ``MODEL.json``, then the donefile line."""
+        steps, target = self.steps, self.target
+        self.timed.restart()
+        if self.saved is None:
+            # From a snapshot: the dense part first, as writing the sparse parts frees it.
+            await self._write_dense()
+            self.timed.restart()
+            await self._write_sparse()
+        await steps.retried(f"{target.uri}: {MODEL_MANIFEST}", self._write_manifest)
+        self.timed("manifest")
+        await steps.hook.hold(MANIFEST_POINT, self.key)
+        self.timed.restart()
+        line = await steps.retried(f"{target.root}/{DONEFILE}", self._append_line)
+        self.timed("donefile")
+        return line
+
+    async def _clear(self) -> None:
+        _remove(self.fs, self.model_dir)
+
+    async def _fresh_sparse(self) -> SaveResult:
         # A failed attempt leaves its partial parts (the PS saves into a new random
         # directory each time): remove them, or the model would hold files MODEL.json
         # does not list.
-        _remove(fs, f"{model_dir}/sparse")
-        return await save_sparse(sparse_uri)
+        _remove(self.fs, f"{self.model_dir}/sparse")
+        return await self.parts.save_sparse(self.sparse_uri)
 
-    async def fresh_dense() -> Sequence[str]:
-        _remove(fs, f"{model_dir}/dense")
-        return await export_dense(dense_uri)
+    async def _fresh_dense(self) -> Sequence[str]:
+        _remove(self.fs, f"{self.model_dir}/dense")
+        return await self.parts.export_dense(self.dense_uri)
 
-    key = StepKey(target.day, target.pass_index, StepKind(target.kind))
-    sparse: list[SaveResult] = []
+    async def _write_sparse(self) -> None:
+        what = f"{self.sparse_uri}: sparse save"
+        self.saved = await self.steps.retried(what, self._fresh_sparse)
+        self.timed("sparse")
+        await self.steps.hook.hold(PARTS, self.key)
+        self.timed.restart()
 
-    async def write_sparse() -> None:
-        sparse.append(await with_retries(f"{sparse_uri}: sparse save", fresh_sparse, policy, sleep))
-        timed("sparse")
-        await hook.hold(PARTS, key)
-        timed.restart()
-
-    async def write_dense() -> None:
+    async def _write_dense(self) -> None:
         started = time.perf_counter()
-        await with_retries(f"{dense_uri}: dense export", fresh_dense, policy, sleep)
-        if on_phase is not None:
-            on_phase("dense", time.perf_counter() - started)
+        await self.steps.retried(f"{self.dense_uri}: dense export", self._fresh_dense)
+        if self.steps.on_phase is not None:
+            self.steps.on_phase("dense", time.perf_counter() - started)
 
-    if snapshot is None:
-        await write_sparse()
-        await write_dense()
-    else:
-        # The snapshot copies the sparse rows and the dense vectors on every shard at once;
-        # ``export_dense`` then reads the dense ones from it (the caller's to arrange), so
-        # the whole model is the one of this moment, written beside the next pass.
-        await with_retries(f"{sparse_uri}: snapshot", snapshot, policy, sleep)
-        timed("snapshot")
-    timed.restart()
-
-    async def write_manifest() -> None:
-        saved = sparse[0]
+    async def _write_manifest(self) -> None:
+        saved, target, fs, model_dir = self.saved, self.target, self.fs, self.model_dir
+        assert saved is not None  # the sparse parts are written first
         files = [ModelFile(f"sparse/{f.path}", f.size, f.sha256, f.rows) for f in saved.files]
         unlisted = [f"sparse/{MANIFEST}"] + [
             f"dense/{name}" for name in sorted(_names(fs, f"{model_dir}/dense"))
@@ -229,40 +243,22 @@ async def write_parts(
             save_mode=int(saved.mode),
             keys=saved.keys_saved,
             tombstones=saved.tombstones,
-            metrics=dict(metrics),
+            metrics=dict(self.parts.metrics),
             files=tuple(files),
-            serving=serving,
+            serving=self.parts.serving,
         )
         storage.write_durable(fs, f"{model_dir}/{MODEL_MANIFEST}", manifest.render())
 
-    async def append_line() -> DoneLine:
-        line = DoneLine(
-            target.key, target.kind, target.day, target.pass_index, target.base, clock()
-        )
-        rfs, root = storage.filesystem(target.root)
+    async def _append_line(self) -> DoneLine:
+        t = self.target
+        line = DoneLine(t.key, t.kind, t.day, t.pass_index, t.base, self.steps.clock())
+        rfs, root = storage.filesystem(t.root)
         path = f"{root}/{DONEFILE}"
         old = rfs.cat_file(path).decode() if rfs.exists(path) else ""
         new = model_folder.with_line(old, line, path)
         if new is not None:
             storage.write_durable(rfs, path, new.encode())
         return line
-
-    async def publish() -> DoneLine:
-        timed.restart()
-        if not sparse:
-            # From a snapshot: the dense part first, as writing the sparse parts frees it.
-            await write_dense()
-            timed.restart()
-            await write_sparse()
-        await with_retries(f"{target.uri}: {MODEL_MANIFEST}", write_manifest, policy, sleep)
-        timed("manifest")
-        await hook.hold(MANIFEST_POINT, key)
-        timed.restart()
-        line = await with_retries(f"{target.root}/{DONEFILE}", append_line, policy, sleep)
-        timed("donefile")
-        return line
-
-    return publish
 
 
 class _Timer:

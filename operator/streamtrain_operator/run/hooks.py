@@ -9,7 +9,7 @@ runs beside the next pass). A hook that waits there lets a caller act at an exac
 fault-injection tests SIGKILL the process mid-export or mid-shrink, which is otherwise a
 race against a step of milliseconds). The product never builds a hook of its own: the
 default does nothing; a test passes one in through ``Driver(step_hook=...)``,
-``publish_model(hook=...)``, local mode's ``RunOptions`` or the operator's ``Runtime``.
+``export.StorageSteps(hook=...)``, local mode's ``RunOptions`` or the operator's ``Runtime``.
 """
 
 from __future__ import annotations

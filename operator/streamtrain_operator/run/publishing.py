@@ -43,6 +43,7 @@ from streamtrain_operator.job.spec import JobSpec
 from streamtrain_operator.run import export, retention
 from streamtrain_operator.run.hooks import NO_HOOK, StepHook
 from streamtrain_ps.api import PSLike, SaveMode
+from streamtrain_ps.plumbing.retry import RetryPolicy
 from streamtrain_worker.config import MetricsConfig
 from streamtrain_worker.publishing.model_folder import ModelKind, Serving
 
@@ -67,7 +68,7 @@ class Publisher:
     ps: PSLike
     #: Worker 0's ``ExportDense(uri, snapshot_id)`` (``driver.WorkerClient``).
     export_dense: Callable[[str, str], Awaitable[Sequence[str]]]
-    retry: export.RetryPolicy
+    retry: RetryPolicy
     sleep: Callable[[float], Awaitable[None]]
     clock: Callable[[], float] = time.time
     hook: StepHook = NO_HOOK
@@ -117,8 +118,7 @@ class Publisher:
         # Named once for the step's retries: a retried snapshot applies nothing twice.
         snapshot_id = uuid.uuid4().hex
         try:
-            publish = await export.write_parts(
-                target,
+            parts = export.ModelParts(
                 snapshot=lambda: asyncio.to_thread(self.ps.snapshot, mode, snapshot_id),
                 save_sparse=lambda uri: asyncio.to_thread(
                     self.ps.save_snapshot, uri, mode, snapshot_id
@@ -126,18 +126,21 @@ class Publisher:
                 # the dense vectors of the same snapshot, read beside the next pass
                 export_dense=lambda uri: self.export_dense(uri, snapshot_id),
                 metrics={} if record is None else record.metrics,
-                policy=self.retry,
-                sleep=self.sleep,
-                clock=self.clock,
                 serving=Serving(
                     data=self.spec.data.data_config().to_dict(),
                     table=render.TABLE,
                     num_buckets=MetricsConfig().numBuckets,
                     model=self.spec.model.type,
                 ),
+            )
+            steps = export.StorageSteps(
+                policy=self.retry,
+                sleep=self.sleep,
+                clock=self.clock,
                 hook=NO_HOOK if action.replay else self.hook,  # hooks hold first runs only
                 on_phase=self.on_phase,
             )
+            publish = await export.write_parts(target, parts, steps)
             if action.replay:  # recorded but never published (module docstring)
                 await publish()
         except Exception as exc:

@@ -9,7 +9,6 @@ applied by the driver); the control calls get ``control_timeout``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from typing import Any
 
 import grpc
@@ -17,6 +16,7 @@ import grpc
 from streamtrain_ps.plumbing.grpc_serving import RECONNECT_OPTIONS
 from streamtrain_ps.plumbing.tls import TLSFiles
 from streamtrain_worker.proto import worker_pb2, worker_pb2_grpc
+from streamtrain_worker.proto.share import PassShare
 
 #: PassResult carries two histograms of up to 2^20 buckets x 8 bytes each.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -54,25 +54,9 @@ class GrpcWorker:
         """Wait until the channel connects (raises ``TimeoutError``)."""
         await asyncio.wait_for(self._channel.channel_ready(), timeout)
 
-    async def run_pass(
-        self,
-        day: str,
-        pass_index: int,
-        files: Sequence[str],
-        generation: int,
-        train: bool,
-        next_files: Sequence[str] = (),
-    ) -> Any:
+    async def run_pass(self, share: PassShare) -> Any:
         await self.wait_ready(self.connect_timeout)  # e.g. a worker that just restarted
-        request = worker_pb2.RunPassRequest(
-            day=day,
-            pass_index=pass_index,
-            files=list(files),
-            generation=generation,
-            train=train,
-            next_files=list(next_files),
-        )
-        return await self._stub.RunPass(request)
+        return await self._stub.RunPass(share.to_request())
 
     async def export_dense(self, uri: str, snapshot_id: str = "") -> list[str]:
         response = await self._stub.ExportDense(

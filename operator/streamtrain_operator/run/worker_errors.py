@@ -1,15 +1,19 @@
 """What a worker's failed call means to the driver: the one reading of worker errors.
 
-A ``RunPass`` that failed is one of: refused before it started (busy with another call, or
-a request of a stale generation — nothing was pushed, the share may be retried alone), a
-data error (``DATA_LOSS``: permanent), a vanished file (``NOT_FOUND``), a PS shard whose
-``memoryLimit`` cannot hold one push of the pass (``RESOURCE_EXHAUSTED``, reason
-``MEMORY_LIMIT``, with the PS's measured numbers: permanent), or anything else — which may
-have pushed part of the share. ``UNAVAILABLE`` (or a ``ConnectionError``) is a
-worker that cannot be reached: down, or restarting.
+Decisions branch on the typed reason the worker sends beside the status
+(``streamtrain_worker.control.refusals.Reason``), never on a status code's name or the message. A
+``RunPass`` that failed is one of: refused before it started (``BUSY``, or a request of a
+``STALE_GENERATION`` — nothing was pushed, the share may be retried alone), a data error
+(``BAD_DATA``: permanent), a vanished file (``FILE_GONE``), a PS shard whose
+``memoryLimit`` cannot hold one push of the pass (``MEMORY_LIMIT``, with the PS's measured
+numbers: permanent), or anything else — which may have pushed part of the share. A call
+that never reached a worker (down, restarting) carries no reason: the channel's
+``UNAVAILABLE`` status (or a ``ConnectionError``) says so.
 """
 
 from __future__ import annotations
+
+import grpc
 
 from streamtrain_operator.job.ps_limits import MEMORY_LIMIT_TOO_SMALL, memory_limit_message
 from streamtrain_ps.errors import WorkingSet
@@ -23,14 +27,18 @@ def busy(exc: BaseException) -> bool:
 
 
 def grpc_code(exc: BaseException) -> str:
-    """The status code's name of a gRPC error (``""`` for any other exception)."""
+    """The status code's name of a gRPC error (``""`` for any other exception), for
+    messages."""
     code = getattr(exc, "code", None)
     return getattr(code(), "name", "") if callable(code) else ""
 
 
 def unavailable(exc: BaseException) -> bool:
     """The worker could not be reached (down, restarting)."""
-    return grpc_code(exc) == "UNAVAILABLE" or isinstance(exc, ConnectionError)
+    code = getattr(exc, "code", None)
+    return isinstance(exc, ConnectionError) or (
+        callable(code) and code() is grpc.StatusCode.UNAVAILABLE
+    )
 
 
 def refused(exc: BaseException) -> bool:
@@ -60,12 +68,12 @@ def working_set(exc: BaseException) -> WorkingSet | None:
 
 def permanent(exc: BaseException, where: str, worker: str) -> tuple[str, str] | None:
     """``(reason, message)`` of a failed share that no retry can fix (the job fails with
-    that condition), or ``None``: the data is wrong (``DATA_LOSS``), a recorded file
-    vanished (``NOT_FOUND``), or a PS shard's ``memoryLimit`` is too small for the pass."""
-    code = grpc_code(exc)
-    if code == "DATA_LOSS":
+    that condition), or ``None``: the data is wrong (``BAD_DATA``), a recorded file
+    vanished (``FILE_GONE``), or a PS shard's ``memoryLimit`` is too small for the pass."""
+    reason = reason_of(exc)
+    if reason is Reason.BAD_DATA:
         return "BadData", f"{where}: {describe(exc, worker)}"
-    if code == "NOT_FOUND":
+    if reason is Reason.FILE_GONE:
         return "DataChanged", f"{where}: a file of the pass is gone: {describe(exc, worker)}"
     ws = working_set(exc)
     if ws is not None:

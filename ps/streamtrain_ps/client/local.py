@@ -90,42 +90,23 @@ class LocalPS:
         self._each(pull)
         return out
 
-    def push_sparse(
-        self,
-        table: str,
-        keys: npt.NDArray[np.uint64],
-        grads: npt.NDArray[np.float32],
-        shows: npt.NDArray[np.float32],
-        clicks: npt.NDArray[np.float32],
-        slots: npt.NDArray[np.uint32] | None = None,
-    ) -> None:
+    def push_sparse(self, table: str, push: api.SparsePush) -> None:
         if self.num_shards == 1:
-            self.shards[0].push_sparse(table, keys, grads, shows, clicks, slots)
+            self.shards[0].push_sparse(table, push)
             return
+        keys = push.keys
         parts = self._route(keys)
         n = keys.size
-        for field, arr in (
-            ("grads", grads),
-            ("shows", shows),
-            ("clicks", clicks),
-            ("slots", slots),
-        ):
+        for field, arr in push.per_key():
             if arr is not None and (not isinstance(arr, np.ndarray) or arr.shape[:1] != (n,)):
                 raise InvalidRequestError(field, f"must be a numpy array with {n} rows")
 
-        def push(shard: Shard) -> None:
+        def one(shard: Shard) -> None:
             pos = parts[shard.shard_index]
             if pos.size:
-                shard.push_sparse(
-                    table,
-                    keys[pos],
-                    grads[pos],
-                    shows[pos],
-                    clicks[pos],
-                    None if slots is None else slots[pos],
-                )
+                shard.push_sparse(table, push.take(pos))
 
-        self._each(push)
+        self._each(one)
 
     def init_dense(
         self, name: str, values: npt.NDArray[np.float32], summary_decay: float | None = None
@@ -138,17 +119,13 @@ class LocalPS:
     def push_batch(
         self,
         table: str,
-        keys: npt.NDArray[np.uint64],
-        grads: npt.NDArray[np.float32],
-        shows: npt.NDArray[np.float32],
-        clicks: npt.NDArray[np.float32],
-        slots: npt.NDArray[np.uint32] | None = None,
+        push: api.SparsePush,
         dense: Sequence[tuple[str, npt.NDArray[np.float32]]] = (),
     ) -> None:
         """The dense gradients, then the rows — the order a server applies them in."""
         for name, values in dense:
             self.push_dense(name, values)
-        self.push_sparse(table, keys, grads, shows, clicks, slots)
+        self.push_sparse(table, push)
 
     def push_dense(self, name: str, grads: npt.NDArray[np.float32]) -> None:
         self._dense_shard(name).push_dense(name, grads)

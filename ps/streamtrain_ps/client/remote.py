@@ -9,7 +9,8 @@ of the same key (sums of gradients, shows and clicks — what the server would d
 fewer bytes), then routes and fans out the same way.
 
 Retries and the status -> exception mapping live in ``streamtrain_ps.client.rpc`` (re-exported
-here: ``RetryPolicy``, ``RetryHook``, ``error_from_rpc``), so local and remote PS raise alike.
+here: ``RetryHook``, ``error_from_rpc``, and the ``RetryPolicy`` of ``plumbing.retry``), so
+local and remote PS raise alike.
 
 Exactly-once across failures: every push carries a request id (random client id, sequence
 number) so a retry of a push whose answer was lost is not applied again; saves are two-phase
@@ -36,9 +37,10 @@ import numpy.typing as npt
 from streamtrain_ps import api, sharding
 from streamtrain_ps.client.dedup import merge_duplicates, unique_inverse
 from streamtrain_ps.client.dense_push import DensePush
-from streamtrain_ps.client.rpc import FanOut, RetryHook, RetryPolicy, error_from_rpc
+from streamtrain_ps.client.rpc import FanOut, RetryHook, error_from_rpc
 from streamtrain_ps.config import REQUEST_KEYS, PSConfig, TableConfig
 from streamtrain_ps.errors import PSError, UnknownTableError
+from streamtrain_ps.plumbing.retry import RetryPolicy
 from streamtrain_ps.plumbing.tls import TLSFiles
 from streamtrain_ps.proto import ps_pb2
 from streamtrain_ps.saves import checkpoint
@@ -144,34 +146,20 @@ class RemotePS:
             out[span] = rows
         return out[inverse]
 
-    def push_sparse(
-        self,
-        table: str,
-        keys: npt.NDArray[np.uint64],
-        grads: npt.NDArray[np.float32],
-        shows: npt.NDArray[np.float32],
-        clicks: npt.NDArray[np.float32],
-        slots: npt.NDArray[np.uint32] | None = None,
-    ) -> None:
-        self._send_pushes(self._push_requests(table, keys, grads, shows, clicks, slots))
+    def push_sparse(self, table: str, push: api.SparsePush) -> None:
+        self._send_pushes(self._push_requests(table, push))
 
     def push_batch(
         self,
         table: str,
-        keys: npt.NDArray[np.uint64],
-        grads: npt.NDArray[np.float32],
-        shows: npt.NDArray[np.float32],
-        clicks: npt.NDArray[np.float32],
-        slots: npt.NDArray[np.uint32] | None = None,
+        push: api.SparsePush,
         dense: Sequence[tuple[str, npt.NDArray[np.float32]]] = (),
     ) -> None:
         """``push_sparse`` plus ``push_dense`` of every ``(name, grads)`` of ``dense``, in as
         few RPCs as there are servers involved: each vector's gradient rides in the
         PushSparse request that goes to its server (``PushSparseRequest.dense``), under that
         request's id, so a retry applies rows and vectors at most once, together."""
-        calls: list[tuple[int, Any]] = list(
-            self._push_requests(table, keys, grads, shows, clicks, slots)
-        )
+        calls: list[tuple[int, Any]] = list(self._push_requests(table, push))
         by_server: dict[int, list[tuple[str, npt.NDArray[np.float32]]]] = {}
         for name, values in dense:
             g = require_array(values, "grads", np.float32, None)
@@ -187,21 +175,16 @@ class RemotePS:
         self._send_pushes(calls)
 
     def _push_requests(
-        self,
-        table: str,
-        keys: npt.NDArray[np.uint64],
-        grads: npt.NDArray[np.float32],
-        shows: npt.NDArray[np.float32],
-        clicks: npt.NDArray[np.float32],
-        slots: npt.NDArray[np.uint32] | None,
+        self, table: str, push: api.SparsePush
     ) -> list[tuple[int, ps_pb2.PushSparseRequest]]:
         """Validate, merge repeated keys, route and chunk one push into requests."""
         t = self._table(table)
-        k = require_array(keys, "keys", np.uint64, None)
+        k = require_array(push.keys, "keys", np.uint64, None)
         n = k.size
-        g = require_array(grads, "grads", np.float32, (n, t.push_dim))
-        s = require_array(shows, "shows", np.float32, (n,))
-        c = require_array(clicks, "clicks", np.float32, (n,))
+        g = require_array(push.grads, "grads", np.float32, (n, t.push_dim))
+        s = require_array(push.shows, "shows", np.float32, (n,))
+        c = require_array(push.clicks, "clicks", np.float32, (n,))
+        slots = push.slots
         sl = None if slots is None else require_array(slots, "slots", np.uint32, (n,))
         k, g, s, c, sl = merge_duplicates(k, g, s, c, sl)
         per_key = 8 + 4 * t.push_dim + 12

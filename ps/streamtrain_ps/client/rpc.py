@@ -25,7 +25,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, cast
 
 import grpc
@@ -44,7 +43,7 @@ from streamtrain_ps.errors import (
 )
 from streamtrain_ps.plumbing.grpc_serving import RECONNECT_OPTIONS
 from streamtrain_ps.plumbing.request_budget import is_overloaded
-from streamtrain_ps.plumbing.retry import backoff_delay
+from streamtrain_ps.plumbing.retry import RetryPolicy
 from streamtrain_ps.plumbing.tls import TLSFiles
 from streamtrain_ps.proto import ps_pb2, ps_pb2_grpc
 from streamtrain_ps.service.server import SERVICE_NAME, channel_options
@@ -70,27 +69,6 @@ _IDEMPOTENT = frozenset(
         "PushDense",
     }
 )
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Explicit client retries; ``total_seconds`` bounds the time spent retrying."""
-
-    max_attempts: int = 10
-    initial_backoff: float = 0.05
-    max_backoff: float = 2.0
-    multiplier: float = 2.0
-    total_seconds: float = 30.0
-    #: Deadline of one attempt of a data-plane RPC (pull, push, dense, stats).
-    rpc_timeout: float = 60.0
-    #: Deadline of one attempt of Save / Load / Shrink (big tables take minutes).
-    control_timeout: float = 3600.0
-
-    def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
-        if not 0 < self.initial_backoff <= self.max_backoff:
-            raise ValueError("need 0 < initial_backoff <= max_backoff")
 
 
 def service_config() -> str:
@@ -286,9 +264,7 @@ class FanOut:
             call = cast(grpc.Call, last_err)
             code = call.code()
             endpoint = self.endpoints[server]
-            backoff = backoff_delay(
-                attempt - 1, policy.initial_backoff, policy.multiplier, policy.max_backoff
-            )
+            backoff = policy.delay(attempt - 1)
             if (
                 attempt >= policy.max_attempts
                 or time.monotonic() + backoff > deadline

@@ -82,15 +82,7 @@ class ShardLike(Protocol):
 
     def request_slot(self, keys: int) -> AbstractContextManager[None]: ...
 
-    def push_sparse(
-        self,
-        table: str,
-        keys: npt.NDArray[np.uint64],
-        grads: npt.NDArray[np.float32],
-        shows: npt.NDArray[np.float32],
-        clicks: npt.NDArray[np.float32],
-        slots: npt.NDArray[np.uint32] | None,
-    ) -> int: ...
+    def push_sparse(self, table: str, push: api.SparsePush) -> int: ...
 
     def init_dense(
         self, name: str, values: npt.NDArray[np.float32], summary_decay: float | None = None
@@ -202,7 +194,7 @@ class PSServicer(ps_pb2_grpc.ParameterServerServicer):
     ) -> ps_pb2.PushSparseResponse:
         def run() -> ps_pb2.PushSparseResponse:
             table = self._table(request.table)
-            batch = wire.decode_push(
+            push = wire.decode_push(
                 request.keys,
                 request.grads,
                 request.dim,
@@ -222,13 +214,11 @@ class PSServicer(ps_pb2_grpc.ParameterServerServicer):
                 # applied; the rows' own checks only fail for a broken client.
                 for name, grads in dense:
                     self._shard.push_dense(name, grads)
-                if batch.keys.size == 0:
+                if push.keys.size == 0:
                     return 0
-                return self._shard.push_sparse(
-                    table.name, batch.keys, batch.grads, batch.shows, batch.clicks, batch.slots
-                )
+                return self._shard.push_sparse(table.name, push)
 
-            with self._shard.request_slot(int(batch.keys.size)):
+            with self._shard.request_slot(push.size):
                 updated, duplicate = self._once("PushSparse", request.id, apply)
             return ps_pb2.PushSparseResponse(keys_updated=updated, duplicate=duplicate)
 

@@ -13,12 +13,12 @@ remote client from re-implementing the cross-field checks (equal lengths, dim).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TypedDict
 
 import numpy as np
 import numpy.typing as npt
 
+from streamtrain_ps.api import SparsePush
 from streamtrain_ps.errors import InvalidRequestError, RequestTooLargeError
 
 KEY_DTYPE = np.dtype("<u8")
@@ -128,17 +128,6 @@ def encode_slots(slots: npt.ArrayLike | None, field: str = "slots") -> bytes:
     return np.ascontiguousarray(arr, dtype=SLOT_DTYPE).reshape(-1).tobytes()
 
 
-@dataclass(frozen=True)
-class PushBatch:
-    """A decoded and validated PushSparse payload (arrays may be read-only views)."""
-
-    keys: npt.NDArray[np.uint64]
-    grads: npt.NDArray[np.float32]
-    shows: npt.NDArray[np.float32]
-    clicks: npt.NDArray[np.float32]
-    slots: npt.NDArray[np.uint32] | None
-
-
 def decode_push(
     keys: bytes,
     grads: bytes,
@@ -149,11 +138,12 @@ def decode_push(
     slots: bytes,
     push_dim: int,
     max_keys: int | None = None,
-) -> PushBatch:
-    """Validate every PushSparse field against the others and the table's ``push_dim``."""
+) -> SparsePush:
+    """Validate every PushSparse field against the others and the table's ``push_dim``
+    (the arrays may be read-only views of the request's bytes)."""
     k = decode_keys(keys, "keys", max_keys=max_keys)
     n = int(k.size)
-    return PushBatch(
+    return SparsePush(
         keys=k,
         grads=decode_matrix(grads, dim, "grads", n=n, expected_dim=push_dim),
         shows=decode_floats(shows, "shows", n),

@@ -1,10 +1,12 @@
 """Why the worker control service refused or ended a call, as data a caller can branch on.
 
 Every failed control RPC carries a gRPC status code (``control._status``) and a message
-for people; no caller parses the message. Where a caller must tell apart failures that
-share a code, the worker also sends the trailing metadata ``streamtrain-reason`` with a
-``Reason``: the driver, taking over a job, asks a ``BUSY`` worker again and gives up on
-anything else. Torch-free, so the operator imports it (import-linter).
+for people; no caller parses the message. Where a caller acts on why a call failed, the
+worker also sends the trailing metadata ``streamtrain-reason`` with a ``Reason``, and the
+caller branches on that (``streamtrain_operator.run.worker_errors``), not on the code's
+name: the driver, taking over a job, asks a ``BUSY`` worker again and gives up on anything
+else; bad data and a vanished file end the job. Torch-free, so the operator imports it
+(import-linter).
 """
 
 from __future__ import annotations
@@ -30,6 +32,11 @@ class Reason(StrEnum):
     #: ``memoryLimit`` cannot hold the request's working set; the PS's numbers
     #: (``streamtrain_ps.errors.WorkingSet``) are forwarded beside it. Retrying fails alike.
     MEMORY_LIMIT = ps_errors.MEMORY_LIMIT_REASON
+    #: ``DATA_LOSS``: a file of the pass is over the bad-line limit or corrupt. Permanent:
+    #: the same data fails alike.
+    BAD_DATA = "bad-data"
+    #: ``NOT_FOUND``: a file the request named is gone (the data changed after listing).
+    FILE_GONE = "file-gone"
 
 
 def trailing_metadata(reason: Reason) -> tuple[tuple[str, str], ...]:

@@ -14,12 +14,13 @@ call (or an export) and maps failures to gRPC status codes in one place (``_stat
 - a PS shard's ``memoryLimit`` too small for a push of the pass (``MemoryLimitError`` with
   its ``WorkingSet``) -> ``RESOURCE_EXHAUSTED``, reason ``MEMORY_LIMIT``, the PS's numbers
   forwarded as they came (the driver ends the job with a condition naming them);
-- a data error — a file over the bad-line limit, a corrupt file — -> ``DATA_LOSS`` (the
-  scheduler treats it as permanent: the job fails, no retry); a missing file -> ``NOT_FOUND``
-  (the scheduler's ``DataChanged``); a listed path that is a directory or unreadable ->
-  ``FAILED_PRECONDITION``; anything else -> ``INTERNAL``. Every status carries a message
-  naming the cause (file, endpoint, field), for people; callers branch on the code and on the
-  ``refusals.Reason`` in the trailing metadata, never on the message.
+- a data error — a file over the bad-line limit, a corrupt file — -> ``DATA_LOSS``, reason
+  ``BAD_DATA`` (the scheduler treats it as permanent: the job fails, no retry); a missing
+  file -> ``NOT_FOUND``, reason ``FILE_GONE`` (the scheduler's ``DataChanged``); a listed
+  path that is a directory or unreadable -> ``FAILED_PRECONDITION``; anything else ->
+  ``INTERNAL``. Every status carries a message naming the cause (file, endpoint, field), for
+  people; callers branch on the ``refusals.Reason`` in the trailing metadata, never on the
+  message.
 
 ``Reset(generation)`` is how a new scheduler generation takes over (after an operator or PS
 restart the old one's ``RunPass`` may still be running here, pushing into a model that is
@@ -70,6 +71,7 @@ from streamtrain_worker.data.reader import PassReader
 from streamtrain_worker.metrics import format_metric
 from streamtrain_worker.monitoring import WorkerMetrics
 from streamtrain_worker.proto import worker_pb2, worker_pb2_grpc
+from streamtrain_worker.proto.share import PassShare
 from streamtrain_worker.publishing.export import export_dense
 from streamtrain_worker.training.read_ahead import Outcome, ReadAhead
 from streamtrain_worker.training.train import PassCancelledError, Trainer
@@ -94,6 +96,10 @@ def _reason(exc: BaseException) -> Reason | None:
         return Reason.CANCELLED
     if isinstance(exc, StaleGenerationError):
         return Reason.STALE_GENERATION
+    if isinstance(exc, DataError):  # BadDataError, CorruptFileError
+        return Reason.BAD_DATA
+    if isinstance(exc, FileNotFoundError | NotADirectoryError):
+        return Reason.FILE_GONE
     return None
 
 
@@ -217,27 +223,28 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     def RunPass(  # noqa: N802 - gRPC method name
         self, request: Any, context: grpc.ServicerContext
     ) -> Any:
-        what = f"RunPass(day={request.day}, pass={request.pass_index}, gen={request.generation})"
+        share = PassShare.from_request(request)
+        what = f"RunPass(day={share.day}, pass={share.pass_index}, gen={share.generation})"
         log.info("%s requested by %s", what, describe_peer(context))
 
         def run() -> Any:
-            if request.generation < self._generation:
+            if share.generation < self._generation:
                 raise StaleGenerationError(
-                    f"stale generation {request.generation}: already at {self._generation}"
+                    f"stale generation {share.generation}: already at {self._generation}"
                 )
-            self._generation = request.generation
+            self._generation = share.generation
             self._cancel.clear()
-            self._running = request.generation
-            ahead = self.read_ahead.take(request.files)
-            reader = ahead or self._reader(request.files)
+            self._running = share.generation
+            ahead = self.read_ahead.take(share.files)
+            reader = ahead or self._reader(share.files)
             batches: Iterable[Batch] = reader
-            if request.next_files:
-                next_files = list(request.next_files)
+            if share.next_files:
+                next_files = list(share.next_files)
                 batches = _then(reader, lambda: self.read_ahead.begin(next_files))
             try:
                 with reader:
                     metrics = self.trainer.run_pass(
-                        batches, train=request.train, should_stop=self._cancel.is_set
+                        batches, train=share.train, should_stop=self._cancel.is_set
                     )
                     stats = reader.stats
             finally:
@@ -256,7 +263,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 format_metric(metrics.loss),
                 metrics.seconds,
             )
-            return metrics.to_proto(request.day, request.pass_index, request.generation)
+            return metrics.to_proto(share.day, share.pass_index, share.generation)
 
         return self._guarded(what, context, run)
 

@@ -40,7 +40,7 @@ import numpy.typing as npt
 import torch
 from torch.nn import functional as nnf
 
-from streamtrain_ps.api import PSLike
+from streamtrain_ps.api import PSLike, SparsePush
 from streamtrain_ps.client.dedup import unique_inverse
 from streamtrain_worker.data.batch import Batch
 from streamtrain_worker.data.ordinal import ordinal_inputs
@@ -231,7 +231,7 @@ class Lookup:
         return table[torch.from_numpy(padded)], torch.from_numpy(mask)
 
     def sparse_push(self) -> SparsePush:
-        """This batch's ``push_sparse`` arguments, after backward.
+        """This batch's push of its rows, after backward.
 
         A batch whose loss did not reach the embedding (no backward, e.g. evaluation)
         pushes zero gradients with the batch's counts, so show/click still accumulate.
@@ -244,28 +244,3 @@ class Lookup:
             parts = slice(None) if p.step_parts == "all" else slice(0, 1)
             grads[:, parts] *= p.step_scale[:, None]
         return SparsePush(p.unique_keys, grads, p.shows, p.clicks, p.slots)
-
-
-@dataclass(frozen=True)
-class SparsePush:
-    """The arguments of one ``PSLike.push_sparse`` call (for a synchronous or queued push)."""
-
-    keys: npt.NDArray[np.uint64]
-    grads: npt.NDArray[np.float32]
-    shows: npt.NDArray[np.float32]
-    clicks: npt.NDArray[np.float32]
-    slots: npt.NDArray[np.uint32]
-
-    @classmethod
-    def concat(cls, parts: list[SparsePush]) -> SparsePush:
-        """One push carrying every part's rows (keys may repeat; the PS sums them)."""
-        return cls(
-            np.concatenate([p.keys for p in parts]),
-            np.concatenate([p.grads for p in parts]),
-            np.concatenate([p.shows for p in parts]),
-            np.concatenate([p.clicks for p in parts]),
-            np.concatenate([p.slots for p in parts]),
-        )
-
-    def send(self, ps: PSLike, table: str) -> None:
-        ps.push_sparse(table, self.keys, self.grads, self.shows, self.clicks, self.slots)

@@ -46,7 +46,7 @@ import numpy.typing as npt
 import torch
 from torch.nn import functional as nnf
 
-from streamtrain_ps.api import PSLike
+from streamtrain_ps.api import PSLike, SparsePush
 from streamtrain_ps.errors import InvalidRequestError, UnknownTableError
 from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.data.batch import Batch
@@ -61,7 +61,7 @@ from streamtrain_worker.models.summary import (
     summary_layers,
 )
 from streamtrain_worker.monitoring import WorkerMetrics
-from streamtrain_worker.training.embedding import Lookup, PreparedBatch, SparsePush, prepare
+from streamtrain_worker.training.embedding import Lookup, PreparedBatch, prepare
 from streamtrain_worker.training.pipeline import AsyncPusher, Prefetcher, SingleFlight
 
 
@@ -321,10 +321,7 @@ class Trainer:
             vectors.extend((vector.name, p.summaries[i]) for p in pending)
         # One request per PS server involved (not one per vector): over gRPC each RPC costs
         # both sides a fixed ~0.1-0.3 ms of CPU on top of its bytes.
-        s = sparse
-        self.ps.push_batch(
-            self.config.table, s.keys, s.grads, s.shows, s.clicks, s.slots, dense=vectors
-        )
+        self.ps.push_batch(self.config.table, sparse, dense=vectors)
         if self.monitoring is not None:
             self.monitoring.push_seconds.observe(time.perf_counter() - started)
 

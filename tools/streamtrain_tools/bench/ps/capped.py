@@ -51,6 +51,7 @@ import numpy as np
 
 import streamtrain_ps
 import streamtrain_tools as bench
+from streamtrain_ps.api import SparsePush
 from streamtrain_ps.client.remote import RemotePS
 from streamtrain_ps.config import CAPPED_REQUEST_KEYS, PSConfig
 from streamtrain_ps.plumbing.launch import Launched, free_port
@@ -144,7 +145,7 @@ def grow(ps: RemotePS, keys: np.ndarray, batch: int, show: float) -> float:
     clicks = np.zeros(batch, np.float32)
     for lo in range(0, keys.size, batch):
         k = keys[lo : lo + batch]
-        ps.push_sparse(TABLE, k, grads[: k.size], shows[: k.size], clicks[: k.size])
+        ps.push_sparse(TABLE, SparsePush(k, grads[: k.size], shows[: k.size], clicks[: k.size]))
     return keys.size / (time.perf_counter() - start)
 
 
@@ -240,7 +241,11 @@ def _measure(
                         fn: Any = (
                             (lambda b, ps=ps: ps.pull_sparse(TABLE, b))
                             if op == "pull"
-                            else (lambda b, ps=ps: ps.push_sparse(TABLE, b, grads, ones, clicks))
+                            else (
+                                lambda b, ps=ps: ps.push_sparse(
+                                    TABLE, SparsePush(b, grads, ones, clicks)
+                                )
+                            )
                         )
                         got = max(throughput(fn, batches, t, args.seconds)[0] for t in (1, 2))
                         key = f"{side}_{op}_zipf_unique_keys_per_s"

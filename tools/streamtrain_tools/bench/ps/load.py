@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from streamtrain_ps.api import SparsePush
 from streamtrain_ps.client.remote import RemotePS, RetryPolicy
 from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
 from streamtrain_ps.service.process import shard_process
@@ -144,7 +145,7 @@ def run_client(
             t0 = time.perf_counter()
             ps.pull_sparse(TABLE, k)
             t1 = time.perf_counter()
-            ps.push_sparse(TABLE, k, batch.grads, ones, batch.clicks)
+            ps.push_sparse(TABLE, SparsePush(k, batch.grads, ones, batch.clicks))
             t2 = time.perf_counter()
             res.uses[b] += 1
             res.pull_seconds.append(t1 - t0)
@@ -242,10 +243,12 @@ def grow_table(ps: RemotePS, keys: npt.NDArray[np.uint64], chunk: int = 200_000)
         k = keys[start : start + chunk]
         ps.push_sparse(
             TABLE,
-            k,
-            np.zeros((k.size, EMBEDX_DIM + 1), np.float32),
-            np.ones(k.size, np.float32),
-            np.zeros(k.size, np.float32),
+            SparsePush(
+                k,
+                np.zeros((k.size, EMBEDX_DIM + 1), np.float32),
+                np.ones(k.size, np.float32),
+                np.zeros(k.size, np.float32),
+            ),
         )
 
 

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from streamtrain_ps.api import SparsePush
 from streamtrain_ps.client.remote import RemotePS
 from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
 from streamtrain_ps.plumbing.heap import release_scratch_memory
@@ -122,7 +123,7 @@ def warm_up(config: PSConfig, dim: int) -> None:
     keys = all_keys(200_000)
     for chunk in np.array_split(keys, 4):
         data = PushData(chunk.size, dim, 0)
-        shard.push_sparse(TABLE, chunk, data.grads, data.shows, data.clicks)
+        shard.push_sparse(TABLE, SparsePush(chunk, data.grads, data.shows, data.clicks))
         shard.pull_sparse(TABLE, chunk)
     shard.close()
 
@@ -201,7 +202,7 @@ def pull_push_throughput(
             lambda b: ps.pull_sparse(TABLE, b), batches, threads, args.seconds
         )
         res[f"push_t{threads}"] = throughput(
-            lambda b: ps.push_sparse(TABLE, b, data.grads, data.shows, data.clicks),
+            lambda b: ps.push_sparse(TABLE, SparsePush(b, data.grads, data.shows, data.clicks)),
             batches,
             threads,
             args.seconds,

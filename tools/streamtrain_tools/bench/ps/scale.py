@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from streamtrain_ps.api import SaveMode
+from streamtrain_ps.api import SaveMode, SparsePush
 from streamtrain_ps.client.remote import RemotePS
 from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
 from streamtrain_ps.plumbing.heap import MAX_RELEASE_DELAY, release_scratch_memory
@@ -126,10 +126,12 @@ def push_all(ps: PS, keys: npt.NDArray[np.uint64], show: float, click: float) ->
         n = k.size
         ps.push_sparse(
             TABLE,
-            k,
-            np.zeros((n, DIM + 1), np.float32),
-            np.full(n, show, np.float32),
-            np.full(n, click, np.float32),
+            SparsePush(
+                k,
+                np.zeros((n, DIM + 1), np.float32),
+                np.full(n, show, np.float32),
+                np.full(n, click, np.float32),
+            ),
         )
 
 
@@ -197,7 +199,7 @@ def speeds(ps: PS, n: int, args: argparse.Namespace) -> dict[str, float]:
     clicks = (rng.random(args.batch) < 0.05).astype(np.float32)
     ops: dict[str, Callable[[npt.NDArray[np.uint64]], object]] = {
         "pull": lambda b: ps.pull_sparse(TABLE, b),
-        "push": lambda b: ps.push_sparse(TABLE, b, grads, shows, clicks),
+        "push": lambda b: ps.push_sparse(TABLE, SparsePush(b, grads, shows, clicks)),
     }
     res: dict[str, float] = {}
     for dist, batches in dists.items():

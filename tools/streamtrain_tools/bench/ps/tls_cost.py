@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from streamtrain_ps.api import SparsePush
 from streamtrain_ps.client.remote import RemotePS
 from streamtrain_ps.config import PSConfig, SparseOptimizerConfig, TableConfig
 from streamtrain_ps.plumbing.launch import launch, python_argv, stop_all
@@ -109,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for i in range(steps):
                 keys = batches[i % len(batches)]
                 client.pull_sparse(TABLE, keys)
-                client.push_sparse(TABLE, keys, grads, shows, clicks)
+                client.push_sparse(TABLE, SparsePush(keys, grads, shows, clicks))
             return steps / (time.perf_counter() - start)
 
         for c in clients.values():  # warm: kernels compiled, table grown, channels up

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from streamtrain_ps.api import PSLike
+from streamtrain_ps.api import PSLike, SparsePush
 
 
 class CountingPS:
@@ -41,30 +41,18 @@ class CountingPS:
         self._add("sparse_pull", keys, rows)
         return rows
 
-    def push_sparse(
-        self,
-        table: str,
-        keys: npt.NDArray[np.uint64],
-        grads: npt.NDArray[np.float32],
-        shows: npt.NDArray[np.float32],
-        clicks: npt.NDArray[np.float32],
-        slots: npt.NDArray[np.uint32] | None = None,
-    ) -> None:
-        self._inner.push_sparse(table, keys, grads, shows, clicks, slots)
-        self._add("sparse_push", keys, grads, shows, clicks, slots)
+    def push_sparse(self, table: str, push: SparsePush) -> None:
+        self._inner.push_sparse(table, push)
+        self._add("sparse_push", *(a for _, a in push.per_key()), push.keys)
 
     def push_batch(
         self,
         table: str,
-        keys: npt.NDArray[np.uint64],
-        grads: npt.NDArray[np.float32],
-        shows: npt.NDArray[np.float32],
-        clicks: npt.NDArray[np.float32],
-        slots: npt.NDArray[np.uint32] | None = None,
+        push: SparsePush,
         dense: Sequence[tuple[str, npt.NDArray[np.float32]]] = (),
     ) -> None:
-        self._inner.push_batch(table, keys, grads, shows, clicks, slots, dense)
-        self._add("sparse_push", keys, grads, shows, clicks, slots)
+        self._inner.push_batch(table, push, dense)
+        self._add("sparse_push", *(a for _, a in push.per_key()), push.keys)
         self._add("dense", *(g for _, g in dense))
 
     def init_dense(

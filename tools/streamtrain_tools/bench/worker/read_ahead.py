@@ -31,7 +31,8 @@ from streamtrain_ps.client.local import LocalPS
 from streamtrain_tools.samples import SAMPLES_DIR
 from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.control.service import WorkerServer, WorkerServicer
-from streamtrain_worker.proto import worker_pb2, worker_pb2_grpc
+from streamtrain_worker.proto import worker_pb2_grpc
+from streamtrain_worker.proto.share import PassShare
 
 ROWS = 300  # rows of the sample per pass, repeated ``REPEAT`` times (bench-e2e's passes)
 REPEAT = 20
@@ -72,10 +73,8 @@ def measure(files: list[str]) -> tuple[list[float], list[float]]:
         for p, path in enumerate(files):
             # Passes 2-3, 6-7, ... are read ahead: the RunPass before names their file.
             hint = [files[p + 1]] if p + 1 < len(files) and (p + 1) % 4 >= 2 else []
-            request = worker_pb2.RunPassRequest(
-                day="1", pass_index=p + 1, files=[path], next_files=hint, generation=1, train=True
-            )
-            result = stub.RunPass(request, timeout=600)
+            share = PassShare.of("1", p + 1, [path], generation=1, next_files=hint)
+            result = stub.RunPass(share.to_request(), timeout=600)
             if p >= 2:
                 kind = ahead if result.files_read_ahead else plain
                 kind.append(result.seconds - result.train_seconds)

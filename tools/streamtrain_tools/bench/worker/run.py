@@ -53,7 +53,7 @@ import numpy.typing as npt
 import torch
 from torch import nn
 
-from streamtrain_ps.api import PSLike
+from streamtrain_ps.api import PSLike, SparsePush
 from streamtrain_ps.client.dedup import unique_inverse
 from streamtrain_ps.client.local import LocalPS
 from streamtrain_ps.client.remote import RemotePS
@@ -252,7 +252,9 @@ def grow(ps: PSLike, table: str, keys: npt.NDArray[np.uint64]) -> None:
         n = chunk.size
         zeros = np.zeros(n, dtype=np.float32)
         grads = np.zeros((n, 1 + DIM), dtype=np.float32)
-        ps.push_sparse(table, chunk, grads, zeros + 1, zeros, np.zeros(n, dtype=np.uint32))
+        ps.push_sparse(
+            table, SparsePush(chunk, grads, zeros + 1, zeros, np.zeros(n, dtype=np.uint32))
+        )
 
 
 def process_cpu_seconds(pid: int) -> float:
