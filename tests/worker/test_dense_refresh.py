@@ -21,6 +21,7 @@ class HeldDensePS:
     def __init__(self, ps: LocalPS, pushes_before_release: int = 0) -> None:
         self.ps = ps
         self.pull_threads: list[str] = []
+        self.pulled: list[str] = []
         self.pushes = 0
         self.hold = False
         self._release_at = pushes_before_release
@@ -28,6 +29,7 @@ class HeldDensePS:
 
     def pull_dense(self, name: str) -> np.ndarray:
         self.pull_threads.append(threading.current_thread().name)
+        self.pulled.append(name)
         if self.hold:
             self._release_at += self.pushes
             assert self._released.wait(timeout=60), "no push arrived while a dense pull waited"
@@ -61,8 +63,11 @@ def test_a_training_pass_pulls_dense_beside_its_steps_and_loads_every_pull(
         trainer.close()
     assert ps.pull_threads, "the pass refreshed nothing"
     assert all(t.startswith("dense-refresh") for t in ps.pull_threads), ps.pull_threads
-    # two vectors a refresh (parameters, summary statistics), each refresh loaded once
-    assert trainer.dense_version - loaded == len(ps.pull_threads) // 2
+    # every dense vector (parameters, each summary layer's statistics) once a refresh, each
+    # refresh loaded once
+    vectors = len(set(ps.pulled))
+    assert len(ps.pulled) % vectors == 0, ps.pulled
+    assert trainer.dense_version - loaded == len(ps.pulled) // vectors
 
 
 def test_the_steps_go_on_while_a_dense_pull_waits(

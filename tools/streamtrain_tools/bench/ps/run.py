@@ -101,18 +101,13 @@ def rss_bytes(pid: int | None = None) -> int:
     raise RuntimeError(f"no VmRSS in {path}")
 
 
-def grow(push: Callable[..., object], keys: npt.NDArray[np.uint64], dim: int) -> None:
+def grow(push: Callable[[str, SparsePush], object], keys: npt.NDArray[np.uint64], dim: int) -> None:
     """Push every key once (show 1), so every key exists and (threshold 0) is expanded."""
     for start in range(0, keys.size, GROW_CHUNK):
         chunk = keys[start : start + GROW_CHUNK]
         n = chunk.size
-        push(
-            TABLE,
-            chunk,
-            np.zeros((n, dim), np.float32),
-            np.ones(n, np.float32),
-            np.zeros(n, np.float32),
-        )
+        grads = np.zeros((n, dim), np.float32)
+        push(TABLE, SparsePush(chunk, grads, np.ones(n, np.float32), np.zeros(n, np.float32)))
 
 
 def warm_up(config: PSConfig, dim: int) -> None:
