@@ -7,7 +7,7 @@ checkpoints, models, donefile and recorded pass file lists on a ``killfs://`` me
 filesystem (``ps.faultfs``'s, with its own store) and its progress record in a store on the
 same count. A storage write is every ``pipe_file`` (checkpoint and model parts, manifests,
 ``MODEL.json``, donefile, pass file lists), ``mv`` and ``rm`` (pruning, cleanup) there, and
-every save of the progress record. A clean run counts them (56); then for every k, twice:
+every save of the progress record. A clean run counts them (52); then for every k, twice:
 
 - the kill: the k-th write raises :class:`Killed` — a ``BaseException``, which nothing in
   the product catches, so the run aborts there — and every write after it (from threads of
@@ -28,12 +28,9 @@ every save of the progress record. A clean run counts them (56); then for every 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import errno
 import threading
-import zlib
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -45,25 +42,21 @@ import pytest
 
 from faults.harness import ModelState, assert_same_model, read_checkpoint
 from ps.faultfs import FailingFileSystem
+from scripted_workers import DenseWorker, run, write_folder
 from streamtrain_operator.job import render
 from streamtrain_operator.job.plan import StepKey, StepKind
 from streamtrain_operator.job.progress import Phase, Progress
 from streamtrain_operator.job.spec import Job, parse_job
-from streamtrain_operator.run.driver import Driver
 from streamtrain_operator.run.export import read_donefile, verify_model
 from streamtrain_operator.run.state import MemoryStateStore
-from streamtrain_ps.api import SparsePush
 from streamtrain_ps.client.local import LocalPS
 from streamtrain_ps.saves.checkpoint import read_sparse
-from streamtrain_worker.metrics import PassMetrics
-from streamtrain_worker.proto.share import PassShare
 from streamtrain_worker.publishing.predict import apply_chain, model_chain
 
 pytestmark = pytest.mark.faults
 
 PROTOCOL = "killfs"
 DAY = "20261101"
-DENSE = "dnn"
 
 
 class Killed(BaseException):
@@ -173,71 +166,11 @@ def make_job(data_root: Path) -> Job:
     )
 
 
-def write_data(root: Path) -> None:
-    for hhmm in ("0000", "1200"):
-        folder = root / DAY / hhmm
-        folder.mkdir(parents=True)
-        for i in range(2):
-            (folder / f"part-{i:05d}").write_text("x" * (10 + i))
-        (folder / "_SUCCESS").touch()
-
-
-def file_keys(files: Sequence[str]) -> npt.NDArray[np.uint64]:
-    """The keys a pass over ``files`` pushes, sorted (stable across processes)."""
-    names = (f"{Path(f).parent.name}/{Path(f).name}/{i}" for f in files for i in range(8))
-    return np.array(sorted({zlib.crc32(n.encode()) for n in names}), np.uint64)
-
-
-class Worker:
-    """A worker as the PS and the driver see it: its reset offers the initial dense vector,
-    a pass pushes fixed sparse and dense gradients, the dense export writes a file."""
-
-    def __init__(self, ps: LocalPS, index: int) -> None:
-        self.ps, self.index, self.name = ps, index, f"worker-{index}"
-
-    async def run_pass(self, share: PassShare) -> Any:
-        keys = file_keys(share.files)
-        if share.train and keys.size:
-            grads = np.full((keys.size, 3), 0.25 * (self.index + 1), dtype=np.float32)
-            ones = np.ones(keys.size, dtype=np.float32)
-            self.ps.push_sparse(
-                "embedding", SparsePush(keys, grads, ones, ones * (share.pass_index % 2))
-            )
-            self.ps.push_dense(DENSE, np.full(4, 0.5 * share.pass_index, dtype=np.float32))
-        m = PassMetrics(num_buckets=10)
-        m.add(
-            np.full(len(share.files), 0.3),
-            np.arange(len(share.files)) % 2,
-            np.full(len(share.files), 0.6),
-        )
-        return m.to_proto(share.day, share.pass_index, share.generation)
-
-    async def export_dense(self, uri: str, snapshot_id: str = "") -> list[str]:
-        fs, path = fsspec.core.url_to_fs(uri)
-        fs.pipe_file(f"{path}/dense.pt", b"scripted")
-        return [f"{uri}/dense.pt"]
-
-    async def reset(self, generation: int) -> None:
-        self.ps.init_dense(DENSE, np.linspace(-1.0, 1.0, 4, dtype=np.float32))
-
-
-async def _no_sleep(seconds: float) -> None:
-    return None
-
-
-def run(job: Job, store: KillableStore) -> Progress:
+def run_sweep_job(job: Job, store: KillableStore) -> Progress:
     """One process's run: a new PS (the last one died with its process), new workers."""
     ps = LocalPS(render.ps_config(job.spec))
-    clock = iter(range(100_000))
-    driver = Driver(
-        job.spec,
-        ps,
-        [Worker(ps, 0), Worker(ps, 1)],
-        store,
-        clock=lambda: float(next(clock)),
-        sleep=_no_sleep,
-    )
-    return asyncio.run(driver.run())
+    progress: Progress = run(job, [DenseWorker(ps, 0), DenseWorker(ps, 1)], ps, store)
+    return progress
 
 
 @dataclass(frozen=True)
@@ -283,10 +216,11 @@ def assert_same(got: Outcome, want: Outcome, where: str) -> None:
 def test_a_kill_or_failure_at_any_storage_write_resumes_to_the_clean_outcome(
     tmp_path: Path, kill: bool
 ) -> None:
-    write_data(tmp_path / "data")
+    for hhmm in ("0000", "1200"):
+        write_folder(tmp_path, DAY, hhmm, parts=2)
     job = make_job(tmp_path / "data")
     clean_plan = fresh_storage()
-    want = outcome(job, run(job, KillableStore()))
+    want = outcome(job, run_sweep_job(job, KillableStore()))
     assert want.model.keys.size > 0
     assert want.models == [f"{DAY}/delta-1", f"{DAY}/delta-2", "20261102/base", f"{DAY}/batch"]
     total = clean_plan.writes
@@ -298,12 +232,12 @@ def test_a_kill_or_failure_at_any_storage_write_resumes_to_the_clean_outcome(
         store = KillableStore()
         if kill:
             with pytest.raises(Killed):
-                run(job, store)
+                run_sweep_job(job, store)
         else:
             # A failed step fails the job; a failed record write ends the process.
             with contextlib.suppress(OSError):
-                run(job, store)
+                run_sweep_job(job, store)
         assert plan.dead or plan.failed, where
         disarm()
-        assert_same(outcome(job, run(job, store)), want, where)
+        assert_same(outcome(job, run_sweep_job(job, store)), want, where)
     print(f"storage sweep: {total} points")

@@ -11,13 +11,13 @@ import asyncio
 import copy
 import dataclasses
 import threading
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from fakes import MANIFEST, DenseWorker, FakeRestartWatch, no_sleep, write_folder
+from fakes import MANIFEST
 
+from scripted_workers import DenseWorker, FakeRestartWatch, no_sleep, run, write_folder
 from streamtrain_operator.job import render
 from streamtrain_operator.job.messages import Action, CheckData, LoadCheckpoint
 from streamtrain_operator.job.plan import StepKey, StepKind
@@ -85,17 +85,11 @@ class Pass2Worker(DenseWorker):
         return result
 
 
-def drive(job: Job, ps: LocalPS, workers: Sequence[DenseWorker], store: MemoryStateStore) -> Any:
-    clock = iter(range(10_000))
-    driver = Driver(job.spec, ps, workers, store, clock=lambda: float(next(clock)), sleep=no_sleep)
-    return asyncio.run(driver.run())
-
-
 def clean_run(root: Path) -> tuple[Progress, LocalPS]:
     job = beside_job(root, beside=False)
     ps = LocalPS(render.ps_config(job.spec), num_shards=2)
     watch = FakeRestartWatch()
-    progress = drive(job, ps, [DenseWorker(ps, i, watch) for i in range(2)], MemoryStateStore())
+    progress = run(job, [DenseWorker(ps, i, watch) for i in range(2)], ps, MemoryStateStore())
     return progress, ps
 
 
@@ -116,7 +110,7 @@ def test_a_checkpoint_is_written_beside_the_next_pass_and_recorded_once_publishe
     ps = HeldPS(render.ps_config(job.spec), num_shards=2)
     store = MemoryStateStore()
     workers = [Pass2Worker(ps, i, store) for i in range(2)]
-    progress = drive(job, ps, workers, store)
+    progress = run(job, workers, ps, store)
     assert clean.phase == progress.phase == Phase.SUCCEEDED
     ckpt = tmp_path / "beside" / "ckpt" / DAY
     # Pass 2 pushed while the checkpoint of pass 1 was still unwritten (the PS held the
@@ -142,7 +136,7 @@ def test_a_checkpoint_failing_beside_a_pass_keeps_the_one_before_and_the_rerun_t
     ps = HeldPS(render.ps_config(job.spec), num_shards=2, fail=True)
     store = MemoryStateStore()
     workers = [Pass2Worker(ps, i, store) for i in range(2)]
-    failed = drive(job, ps, workers, store)
+    failed = run(job, workers, ps, store)
     assert failed.phase == Phase.FAILED
     assert "CheckpointFailed" in failed.message and "pass-1-g1" in failed.message
     # Never published, never the restore point: the genesis still is; pass 2, which ran
@@ -155,7 +149,7 @@ def test_a_checkpoint_failing_beside_a_pass_keeps_the_one_before_and_the_rerun_t
     # The rerun reloads the genesis, replays pass 1 (not the lost checkpoint), redoes pass
     # 2: every pass applied once, each recorded once.
     ps.fail = False
-    progress = drive(job, ps, workers, store)
+    progress = run(job, workers, ps, store)
     assert progress.phase == Phase.SUCCEEDED
     assert [(r.pass_index, r.generation) for r in progress.history] == [(1, 1), (2, 2)]
     assert progress.replayed_steps == 2  # pass 1 and its delta
@@ -233,7 +227,7 @@ def test_with_keep_1_the_recorded_restore_point_is_never_pruned_before_the_new_o
     store = MemoryStateStore()
     ckpt = tmp_path / "ckpt" / DAY
     workers = [RestorePointWatcher(ps, i, store, ckpt) for i in range(2)]
-    progress = drive(job, ps, workers, store)
+    progress = run(job, workers, ps, store)
     assert progress.phase == Phase.SUCCEEDED
     assert ps.written == [str(ckpt / "pass-1-g1")]
     # While pass 2 still ran, the checkpoint of pass 1 was written but not yet recorded:

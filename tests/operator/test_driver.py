@@ -17,18 +17,17 @@ import fsspec
 import grpc
 import numpy as np
 import pytest
-from fakes import (
-    MANIFEST,
+from fakes import MANIFEST, make_job
+
+from scripted_workers import (
     DenseWorker,
     FakeRestartWatch,
     FakeWorker,
-    file_key,
-    make_job,
+    file_keys,
     no_sleep,
     run,
     write_folder,
 )
-
 from streamtrain_operator.job import render
 from streamtrain_operator.job.messages import Action, LoadCheckpoint
 from streamtrain_operator.job.plan import StepKey, StepKind
@@ -400,7 +399,7 @@ def _two_shard_run(
 
 def _assert_same_model(ps: LocalPS, clean: LocalPS, files: list[str]) -> None:
     """Every key's row (show, click, weights) and the dense vector equal a clean run's."""
-    keys = np.array(sorted({file_key(f, i) for f in files for i in range(16)}), dtype=np.uint64)
+    keys = file_keys(files)
     # Pulled rows are [show, click, embed_w, embedx...].
     got, want = ps.pull_sparse("embedding", keys), clean.pull_sparse("embedding", keys)
     assert np.array_equal(got[:, 0], want[:, 0]), "show counts differ from a clean run"
@@ -460,7 +459,7 @@ class HangingWorker(DenseWorker):
         return await super().run_pass(share)
 
     async def _keep_pushing(self, files: Sequence[str]) -> None:
-        keys = np.array(sorted({file_key(f, i) for f in files for i in range(16)}), dtype=np.uint64)
+        keys = file_keys(files)
         ones = np.ones(keys.size, dtype=np.float32)
         grads = np.full((keys.size, 3), 0.1, dtype=np.float32)
         while not self.cancelled and self.pushes < self.PUSHES:
@@ -517,7 +516,7 @@ def test_a_ps_loss_before_the_first_checkpoint_reloads_the_genesis_exactly_once(
     # The opening reset, the wait for idle workers before the reload, the one after it.
     assert workers[0].resets == 3
     # Both shards had pass-1 keys (the surviving one would have trained them twice).
-    keys = np.array(sorted({file_key(f, i) for f in files for i in range(16)}), dtype=np.uint64)
+    keys = file_keys(files)
     servers = sharding.server_of_key(keys, ps.config.logicalShards, 2)
     assert set(servers.tolist()) == {0, 1}
     assert np.array_equal(

@@ -18,20 +18,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fakes import (
-    FakeConnection,
-    FakeKube,
-    FakeWorker,
-    Memo,
-    Stop,
-    job_body,
-    make_job,
-    metric,
-    no_sleep,
-    write_folder,
-)
+from fakes import FakeConnection, FakeKube, Memo, Stop, job_body, make_job, metric
 from prometheus_client import CollectorRegistry
 
+from scripted_workers import FakeWorker, no_sleep, write_folder
 from streamtrain_operator.job import render
 from streamtrain_operator.job.progress import PassRecord
 from streamtrain_operator.kube import handlers

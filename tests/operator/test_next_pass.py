@@ -6,8 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fakes import FakeWorker, make_job, run, write_folder
+from fakes import make_job
 
+from scripted_workers import FakeWorker, run, write_folder
 from streamtrain_operator.job import render
 from streamtrain_operator.job.plan import PassPlan, StepKey, StepKind
 from streamtrain_operator.job.progress import Phase

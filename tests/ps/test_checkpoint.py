@@ -66,7 +66,7 @@ def _full_state(shard: Shard, table: str, keys: np.ndarray) -> np.ndarray:
     t = shard.table(table)
     rows = t.rows_of(keys)
     assert (rows >= 0).all()
-    return t.copy_rows(rows)[1]
+    return t.saves.copy_rows(rows)[1]
 
 
 def test_checkpoint_round_trip_is_bit_identical(tmp_path: Path) -> None:
@@ -105,7 +105,7 @@ def test_checkpoint_round_trip_is_bit_identical(tmp_path: Path) -> None:
             np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
         assert (a.step, a.version) == (b.step, b.version)
     np.testing.assert_array_equal(
-        src.table("embedding").tombstones(), dst.table("embedding").tombstones()
+        src.table("embedding").saves.tombstones(), dst.table("embedding").saves.tombstones()
     )
     assert _counts(src) == _counts(dst)
     assert live.size == src.stats().tables[0].keys
@@ -193,7 +193,7 @@ def test_a_failed_save_leaves_the_previous_one_and_the_table_intact(
     deltas = (
         ps.shards[0]
         .table("embedding")
-        .copy_rows(ps.shards[0].table("embedding").rows_of(np.unique(keys)))[1][:, DELTA]
+        .saves.copy_rows(ps.shards[0].table("embedding").rows_of(np.unique(keys)))[1][:, DELTA]
     )
 
     real_write = checkpoint._write
@@ -210,7 +210,9 @@ def test_a_failed_save_leaves_the_previous_one_and_the_table_intact(
         ps.save(uri, SaveMode.DELTA)
     monkeypatch.setattr(checkpoint, "_write", real_write)
     t = ps.shards[0].table("embedding")
-    np.testing.assert_array_equal(t.copy_rows(t.rows_of(np.unique(keys)))[1][:, DELTA], deltas)
+    np.testing.assert_array_equal(
+        t.saves.copy_rows(t.rows_of(np.unique(keys)))[1][:, DELTA], deltas
+    )
     other = LocalPS(cfg, 1)
     other.load(uri)
     np.testing.assert_array_equal(other.pull_sparse("embedding", keys), first)

@@ -98,8 +98,8 @@ def test_a_checkpoint_round_trip_is_bit_identical_and_keeps_training_identically
     dst = _shard(kind, embedxThreshold=3.0)
     dst.load(uri)
     live = space[t.rows_of(space) >= 0]
-    full_src = t.copy_rows(t.rows_of(live))[1]
-    full_dst = dst.table(T).copy_rows(dst.table(T).rows_of(live))[1]
+    full_src = t.saves.copy_rows(t.rows_of(live))[1]
+    full_dst = dst.table(T).saves.copy_rows(dst.table(T).rows_of(live))[1]
     np.testing.assert_array_equal(full_src.view(np.uint32), full_dst.view(np.uint32))
     lay = RowLayout.of(src.config.tables[0])
     assert full_src.shape[1] == lay.width
@@ -123,11 +123,11 @@ def test_a_save_selects_exactly_the_rows_the_save_filter_keeps(mode: SaveMode) -
     for step in range(3):
         keys = space[rng.integers(0, space.size, 6000)]
         _push(shard, keys, rng.integers(0, 3, keys.size).astype(np.float64), seed=step)
-        t.after_save(t.rows_of(keys[:500]), np.zeros(500, np.float32), unseen_inc=True)
+        t.saves.after_save(t.rows_of(keys[:500]), np.zeros(500, np.float32), unseen_inc=True)
     rows = t.rows_of(space)
     rows = rows[rows >= 0]
-    kept, keys, full, _ = t.snapshot(rows, mode)
-    _, everything = t.copy_rows(rows)
+    kept, keys, full, _ = t.saves.snapshot(rows, mode)
+    _, everything = t.saves.copy_rows(rows)
     want = save_filter(everything, mode, t.config)
     assert 0 < want.sum() <= rows.size
     np.testing.assert_array_equal(kept, rows[want])
@@ -150,15 +150,15 @@ def test_slot_ids_and_unseen_days_round_trip_through_the_packed_word(tmp_path: P
     days = (keys % 5).astype(np.int64)
     for d in range(1, 5):  # key k ages (k % 5) days
         at = keys[days >= d]
-        t.after_save(t.rows_of(at), np.zeros(at.size, np.float32), unseen_inc=True)
-    _, full = t.copy_rows(t.rows_of(keys))
+        t.saves.after_save(t.rows_of(at), np.zeros(at.size, np.float32), unseen_inc=True)
+    _, full = t.saves.copy_rows(t.rows_of(keys))
     np.testing.assert_array_equal(full[:, 0].view(np.uint32), slots)
     np.testing.assert_array_equal(full[:, 1], days.astype(np.float32))
     uri = str(tmp_path / "ck")
     checkpoint.publish(uri, [shard.save(uri, SaveMode.CHECKPOINT)], config=shard.config)
     dst = _shard(embedxThreshold=3.0)
     dst.load(uri)
-    _, back = dst.table(T).copy_rows(dst.table(T).rows_of(keys))
+    _, back = dst.table(T).saves.copy_rows(dst.table(T).rows_of(keys))
     np.testing.assert_array_equal(back.view(np.uint32), full.view(np.uint32))
 
 
@@ -167,11 +167,11 @@ def test_unseen_days_saturate_at_the_packed_maximum() -> None:
     t = shard.table(T)
     keys = np.arange(1, 4, dtype=np.uint64)
     _push(shard, keys, np.ones(3))
-    full = t.copy_rows(t.rows_of(keys))[1]
+    full = t.saves.copy_rows(t.rows_of(keys))[1]
     full[:, 1] = [UNSEEN_MAX - 1, UNSEEN_MAX, 1e9]
     t.install(t.build(keys, full, np.empty(0, np.uint64)))
-    t.after_save(t.rows_of(keys), np.zeros(3, np.float32), unseen_inc=True)
-    np.testing.assert_array_equal(t.copy_rows(t.rows_of(keys))[1][:, 1], [UNSEEN_MAX] * 3)
+    t.saves.after_save(t.rows_of(keys), np.zeros(3, np.float32), unseen_inc=True)
+    np.testing.assert_array_equal(t.saves.copy_rows(t.rows_of(keys))[1][:, 1], [UNSEEN_MAX] * 3)
     full[0, 1] = 2.5
     with pytest.raises(ValueError, match=r"row 0: unseen_days 2.5 is not a whole number"):
         t.build(keys, full, np.empty(0, np.uint64))
@@ -186,11 +186,11 @@ def test_a_push_past_the_slot_dictionary_changes_nothing() -> None:
     g = np.zeros((n, D + 1), np.float32)
     ones = np.ones(n, np.float32)
     shard.push_sparse(T, SparsePush(keys[:-1], g[:-1], ones[:-1], ones[:-1] * 0, slots[:-1]))
-    before = t.copy_rows(t.rows_of(keys[:-1]))[1]
+    before = t.saves.copy_rows(t.rows_of(keys[:-1]))[1]
     with pytest.raises(InvalidRequestError, match=f"slots: slot id {n}: table 'embedding'"):
         shard.push_sparse(T, SparsePush(keys, g, ones, ones * 0, slots))
     assert len(t) == n - 1
-    np.testing.assert_array_equal(t.copy_rows(t.rows_of(keys[:-1]))[1], before)
+    np.testing.assert_array_equal(t.saves.copy_rows(t.rows_of(keys[:-1]))[1], before)
     shard.push_sparse(
         T, SparsePush(keys[:2], g[:2], ones[:2], ones[:2] * 0, slots[:2])
     )  # known ids: fine

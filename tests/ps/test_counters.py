@@ -40,7 +40,7 @@ def _push(shard: Shard, show: float, click: float = 0.0) -> None:
 
 def _exact(shard: Shard) -> np.ndarray:
     t = shard.table(T)
-    _, _, hot = t.copy_rows_exact(t.rows_of(KEY))
+    _, _, hot = t.saves.copy_rows_exact(t.rows_of(KEY))
     assert hot.positions.tolist() == [0]
     return hot.counts[0]
 
@@ -71,7 +71,7 @@ def test_ordinary_keys_stay_float32_and_hot_keys_decay_back() -> None:
     assert (HOT_FROM + 3) * 0.01 < HOT_BACK
     assert shard.table(T).hot_keys == 0
     t = shard.table(T)
-    full = t.copy_rows(t.rows_of(KEY))[1]
+    full = t.saves.copy_rows(t.rows_of(KEY))[1]
     assert full[0, 3] == np.float32((HOT_FROM + 3) * 0.01)
     _push(shard, 1.0)
     assert shard.pull_sparse(T, KEY)[0, 0] == np.float32(np.float32((HOT_FROM + 3) * 0.01) + 1)

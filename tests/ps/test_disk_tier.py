@@ -122,7 +122,7 @@ def test_a_full_disk_tier_evicts_by_the_shrink_rule_and_counts(tmp_path: Path) -
     assert t.disk_bytes() <= 60_000 and t.ram_bytes() <= 100_000
     assert st.keys == t.total_keys
     # evicted keys are deleted from the model (a key may be evicted, re-created, evicted)
-    assert 0 < shard.table(T).tombstones().size <= st.pressure_evictions_total
+    assert 0 < shard.table(T).saves.tombstones().size <= st.pressure_evictions_total
     shard.close()
 
 

@@ -71,8 +71,8 @@ def stored_rows(shard: Shard) -> tuple[np.ndarray, np.ndarray]:
     """Every key's full row in key order (slot column dropped: uint32 bits) and the exact
     hot counters."""
     t = shard.table(T)
-    rows, _ = t.rows_by_logical_shard(1)
-    keys, full, hot = t.copy_rows_exact(rows)
+    rows, _ = t.saves.rows_by_logical_shard(1)
+    keys, full, hot = t.saves.copy_rows_exact(rows)
     return full[np.argsort(keys), 1:], hot.counts
 
 

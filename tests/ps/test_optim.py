@@ -193,7 +193,7 @@ def _check_against_reference(cfg: PSConfig, bounds: tuple[float, float]) -> None
             keys, np.zeros((n, D + 1), np.float32), np.ones(n, np.float32), np.zeros(n, np.float32)
         ),
     )
-    full = table.copy_rows(table.rows_of(keys))[1].astype(np.float64)
+    full = table.saves.copy_rows(table.rows_of(keys))[1].astype(np.float64)
     ew = full[:, [EMBED_W]]
     es = full[:, EMBED_STATE : lay.embedx_w]
     xw = full[:, lay.embedx_w : lay.embedx_state]
@@ -229,7 +229,7 @@ def _check_against_reference(cfg: PSConfig, bounds: tuple[float, float]) -> None
         np.testing.assert_allclose(pulled[:, 2:3], ew, rtol=2e-4, atol=2e-6)
         np.testing.assert_allclose(pulled[:, 3:], xw, rtol=2e-4, atol=2e-6)
 
-    full = table.copy_rows(table.rows_of(keys))[1].astype(np.float64)
+    full = table.saves.copy_rows(table.rows_of(keys))[1].astype(np.float64)
     np.testing.assert_allclose(full[:, EMBED_STATE : lay.embedx_w], es, rtol=2e-4, atol=1e-6)
     np.testing.assert_allclose(full[:, lay.embedx_state : lay.width], xs, rtol=2e-4, atol=1e-6)
     np.testing.assert_allclose(full[:, DELTA], delta, rtol=1e-5)

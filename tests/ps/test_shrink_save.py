@@ -50,7 +50,7 @@ def _push(
 
 def _col(shard: Shard, keys: list[int], col: int) -> list[float]:
     t = shard.table(T)
-    return t.copy_rows(t.rows_of(np.array(keys, np.uint64)))[1][:, col].tolist()
+    return t.saves.copy_rows(t.rows_of(np.array(keys, np.uint64)))[1][:, col].tolist()
 
 
 def _save(
@@ -74,7 +74,7 @@ def test_shrink_decays_then_deletes_by_score_and_unseen_days() -> None:
     np.testing.assert_allclose(out[:, :2], [[10, 0], [0, 0], [2, 1]])
     stats = shard.stats().tables[0]
     assert (stats.keys, stats.evictions_total) == (2, 1)
-    assert shard.table(T).tombstones().tolist() == [B]
+    assert shard.table(T).saves.tombstones().tolist() == [B]
     # Unseen days come from batch saves (mode 3); after 2 of them A and C are past 1 day.
     for _ in range(2):
         shard.save("memory://shrink-batch", SaveMode.BATCH)
@@ -82,7 +82,7 @@ def test_shrink_decays_then_deletes_by_score_and_unseen_days() -> None:
     _push(shard, [C], [100])  # seen again: unseen_days back to 0
     r = shard.shrink()
     assert (r.keys_before, r.deleted, r.keys_after) == (2, 1, 1)
-    assert sorted(shard.table(T).tombstones().tolist()) == [A, B]
+    assert sorted(shard.table(T).saves.tombstones().tolist()) == [A, B]
 
 
 def test_a_deleted_key_comes_back_on_push_into_a_reused_row() -> None:
@@ -149,7 +149,7 @@ def test_delta_pushes_during_a_save_still_count(tmp_path: Path) -> None:
     _push(shard, [A], [20])
     t = shard.table(T)
     rows = t.rows_of(np.array([A], np.uint64))
-    _, full = t.copy_rows(rows)
+    _, full = t.saves.copy_rows(rows)
     _push(shard, [A], [10])  # arrives between the copy and the side effect
-    t.after_save(rows, full[:, DELTA].copy(), unseen_inc=False)
+    t.saves.after_save(rows, full[:, DELTA].copy(), unseen_inc=False)
     assert _col(shard, [A], DELTA) == [1.0]

@@ -94,7 +94,7 @@ def test_slots_are_stored_bit_exact_and_last_one_wins() -> None:
     slots = np.array([1, 2**32 - 1, 17], dtype=np.uint32)
     shard.push_sparse(T, SparsePush(k, np.zeros((3, D + 1), np.float32), z + 1, z, slots))
     t = shard.table(T)
-    rows = t.copy_rows(t.rows_of(np.array([3, 4], dtype=np.uint64)))[1]
+    rows = t.saves.copy_rows(t.rows_of(np.array([3, 4], dtype=np.uint64)))[1]
     assert rows.view(np.uint32)[:, SLOT].tolist() == [2**32 - 1, 17]
 
 

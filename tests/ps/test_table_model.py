@@ -200,16 +200,16 @@ class TieredModel(RuleBasedStateMachine):
         t = shard.table(T)
         out: dict[int, np.ndarray] = {}
         with self.faults.off(), t.lock.maintenance:
-            rows, offsets = t.rows_by_logical_shard(L)
+            rows, offsets = t.saves.rows_by_logical_shard(L)
             for logical in range(L):
                 part = rows[offsets[logical] : offsets[logical + 1]]
-                _, keys, full, hot = t.snapshot_part(part, SaveMode.CHECKPOINT, logical)
+                _, keys, full, hot = t.saves.snapshot_part(part, SaveMode.CHECKPOINT, logical)
                 exact = np.zeros((keys.size, 3))
                 exact[hot.positions] = hot.counts
                 values = np.concatenate([full[:, 1:].astype(np.float64), exact], axis=1)
                 for k, v in zip(keys.tolist(), values, strict=True):
                     out[int(k)] = v
-            for k in t.tombstones().tolist():
+            for k in t.saves.tombstones().tolist():
                 out[-1 - int(k)] = np.zeros(0)
         del who
         return out

@@ -107,7 +107,7 @@ def test_batch_save_ages_unseen_days_only_when_every_server_succeeded(
         t = shard.table(T)
         rows = t.rows_of(k)
         owned = rows >= 0
-        unseen.append(t.copy_rows(rows[owned])[1][:, t.layout.columns().index("unseen_days")])
+        unseen.append(t.saves.copy_rows(rows[owned])[1][:, t.layout.columns().index("unseen_days")])
     assert np.concatenate(unseen).tolist() == [1.0] * k.size  # aged once, not twice
 
 

@@ -77,7 +77,7 @@ class Merged(NamedTuple):
     slots: npt.NDArray[np.uint32]
 
 
-class SparseTable(TableSaves):
+class SparseTable:
     """One table: values of the keys a shard owns, updated by the table's optimizer."""
 
     def __init__(
@@ -101,7 +101,7 @@ class SparseTable(TableSaves):
         self._seed = table_seed(seed, config.name)
         self._meta = ix.new_meta(kn.TABLE_META_SIZE)
         self._arrays = empty_arrays(capacity, capacity, lay)  # untouched pages: not resident
-        self._tombstones: list[npt.NDArray[np.uint64]] = []
+        self.saves: TableSaves[SparseTable] = TableSaves(self)
 
     # -- hot paths ------------------------------------------------------------------------
 
@@ -331,7 +331,7 @@ class SparseTable(TableSaves):
         )
         gone = deleted[:nd].copy()
         if nd:
-            self._tombstones.append(gone)
+            self.saves.add_tombstones(gone)
         return before, gone
 
     def build(
@@ -361,7 +361,7 @@ class SparseTable(TableSaves):
             content.meta[REFUSED] = self._meta[REFUSED]
             self._meta = content.meta
             self._arrays = content.arrays
-            self._tombstones = [content.tombstones] if content.tombstones.size else []
+            self.saves.replace_tombstones(content.tombstones)
 
     # -- introspection --------------------------------------------------------------------
 

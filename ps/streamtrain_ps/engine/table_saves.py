@@ -2,36 +2,47 @@
 shard, consistent copies of full rows with exact hot counters, the save filter applied
 under the writer lock, a committed save's side effects, and the tombstones of deleted keys.
 
-A base class of ``table.SparseTable`` (which owns the state named below), so the engine's
-hot paths and growth stay in ``table`` and what a save sees of a table reads on its own;
-``tiering.TieredTable`` extends the save side to its disk rows.
+A collaborator each ``table.SparseTable`` holds as ``saves`` (it owns the tombstones and
+reads the table's rows under the table's lock), so the engine's hot paths and growth stay in
+``table`` and what a save sees of a table reads on its own; ``tiering.TieredTable`` extends
+the save side to its disk rows.
 """
 
 from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 from streamtrain_ps.api import SaveMode
-from streamtrain_ps.config import TableConfig
 from streamtrain_ps.engine import index as ix
 from streamtrain_ps.engine import kernels as kn
 from streamtrain_ps.engine import snapshot as sn
-from streamtrain_ps.engine.accessor import RowLayout
-from streamtrain_ps.engine.slabs import Arrays, HotCounters
-from streamtrain_ps.engine.table_lock import TableLock
+from streamtrain_ps.engine.slabs import HotCounters
 from streamtrain_ps.sharding import logical_shard
 
+if TYPE_CHECKING:
+    from streamtrain_ps.engine.table import SparseTable
 
-class TableSaves:
-    """The save side of ``SparseTable`` (module docstring)."""
+TableT_co = TypeVar("TableT_co", bound="SparseTable", covariant=True)
 
-    config: TableConfig
-    layout: RowLayout
-    lock: TableLock
-    _arrays: Arrays
-    _meta: npt.NDArray[np.int64]
-    _tombstones: list[npt.NDArray[np.uint64]]
+
+class TableSaves(Generic[TableT_co]):
+    """The save side of ``table`` (module docstring)."""
+
+    def __init__(self, table: TableT_co) -> None:
+        # A weak reference: the table holds its saves, and a cycle would keep a dropped
+        # table's rows resident until the cyclic collector ran.
+        self._table = weakref.ref(table)
+        self._tombstones: list[npt.NDArray[np.uint64]] = []
+
+    @property
+    def table(self) -> TableT_co:
+        table = self._table()
+        assert table is not None, "a table's saves outlived the table"
+        return table
 
     def rows_by_logical_shard(
         self, logical_shards: int, mode: SaveMode = SaveMode.CHECKPOINT
@@ -41,16 +52,17 @@ class TableSaves:
 
         For a delta or base only the rows passing its filter now, by a sequential scan
         (``snapshot`` tests them again when it copies them)."""
-        with self.lock.write():
-            a = self._arrays
-            count = int(self._meta[ix.COUNT])
+        t = self.table
+        with t.lock.write():
+            a = t._arrays
+            count = int(t._meta[ix.COUNT])
             rows = np.empty(count, dtype=np.int64)  # pages never written stay unmapped
             offsets = np.zeros(logical_shards + 1, dtype=np.int64)
             if mode in (SaveMode.CHECKPOINT, SaveMode.BATCH):
                 sn.group_rows(a.slots, a.keys, logical_shards, rows, offsets)
                 return rows, offsets
-            high = int(self._meta[ix.NEXT_ROW])
-            sp = self._save_params()
+            high = int(t._meta[ix.NEXT_ROW])
+            sp = self.save_params()
             args = (a.slots, a.keys, a.slab, a.slab_u32, a.xslab_u32, a.hot, high, sp)
             n = int(sn.select_rows(*args, mode == SaveMode.DELTA, rows))
             rows = rows[:n].copy()
@@ -59,8 +71,9 @@ class TableSaves:
         offsets[1:] = np.cumsum(np.bincount(shard, minlength=logical_shards))
         return rows[order], offsets
 
-    def _save_params(self) -> npt.NDArray[np.float64]:
-        c = self.config
+    def save_params(self) -> npt.NDArray[np.float64]:
+        """The save filter's parameters (``snapshot.select_rows``, ``disk_rows.passes``)."""
+        c = self.table.config
         return np.array(
             [c.nonclkCoeff, c.clickCoeff, c.baseThreshold, c.deltaKeepDays, c.deltaThreshold]
         )
@@ -77,17 +90,19 @@ class TableSaves:
         self, rows: npt.NDArray[np.int64]
     ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32], HotCounters]:
         """``copy_rows`` plus the exact float64 counters of the hot keys among them."""
-        with self.lock.write():
-            return self._gather(rows)
+        with self.table.lock.write():
+            return self.gather_locked(rows)
 
-    def _gather(
+    def gather_locked(
         self, rows: npt.NDArray[np.int64]
     ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32], HotCounters]:
+        """``copy_rows_exact`` for a caller that holds the writer lock."""
+        t = self.table
         keys = np.empty(rows.size, dtype=np.uint64)
-        values = np.empty((rows.size, self.layout.width), dtype=np.float32)
-        lay = self.layout
-        a = self._arrays
-        nhot = int(self._meta[kn.HOT_NEXT] - self._meta[kn.HOT_FREE_LEN])
+        values = np.empty((rows.size, t.layout.width), dtype=np.float32)
+        lay = t.layout
+        a = t._arrays
+        nhot = int(t._meta[kn.HOT_NEXT] - t._meta[kn.HOT_FREE_LEN])
         pos = np.empty(min(nhot, rows.size), dtype=np.int64)
         counts = np.empty((pos.size, 3), dtype=np.float64)
         args = (
@@ -114,22 +129,30 @@ class TableSaves:
         (a consistent copy), and only the kept rows are copied."""
         if mode in (SaveMode.CHECKPOINT, SaveMode.BATCH):
             return (rows, *self.copy_rows_exact(rows))
-        sp = self._save_params()
+        sp = self.save_params()
         keep = np.empty(rows.size, dtype=np.bool_)
-        with self.lock.write():
-            a = self._arrays
+        with self.table.lock.write():
+            a = self.table._arrays
             delta = mode == SaveMode.DELTA
             sn.save_keep(a.slab, a.slab_u32, a.xslab_u32, a.hot, rows, sp, delta, keep)
             kept = rows[keep]
-            return (kept, *self._gather(kept))
+            return (kept, *self.gather_locked(kept))
 
     def after_save(
         self, rows: npt.NDArray[np.int64], saved_delta: npt.NDArray[np.floating], unseen_inc: bool
     ) -> None:
         """Commit a save: ``delta_score -= saved_delta`` per row, or ``unseen_days += 1``."""
-        with self.lock.write():
-            a = self._arrays
+        with self.table.lock.write():
+            a = self.table._arrays
             sn.after_save(a.slab, a.slab_u32, a.xslab_u32, a.hot, rows, saved_delta, unseen_inc)
+
+    def add_tombstones(self, keys: npt.NDArray[np.uint64]) -> None:
+        """Record ``keys`` as deleted (one batch): the next delta or checkpoint lists them."""
+        self._tombstones.append(keys)
+
+    def replace_tombstones(self, keys: npt.NDArray[np.uint64]) -> None:
+        """The pending tombstones are ``keys`` (a loaded content's)."""
+        self._tombstones = [keys] if keys.size else []
 
     def tombstones(self) -> npt.NDArray[np.uint64]:
         """Keys deleted since tombstones were last cleared (unique, sorted)."""

@@ -39,9 +39,9 @@ def write_tables(
     saved = tomb_total = 0
     with_effects = mode != api.SaveMode.CHECKPOINT
     for t in tables:
-        rows, offsets = t.rows_by_logical_shard(L, mode)
+        rows, offsets = t.saves.rows_by_logical_shard(L, mode)
         with_tombs = mode in (api.SaveMode.CHECKPOINT, api.SaveMode.DELTA)
-        pending, mark = t.tombstones_marked()
+        pending, mark = t.saves.tombstones_marked()
         if not with_tombs:
             pending = np.empty(0, dtype=np.uint64)
         pending_ls = sharding.logical_shard(pending, L)
@@ -51,7 +51,8 @@ def write_tables(
         lay = t.layout
         for logical in owned:
             part_rows = rows[offsets[logical] : offsets[logical + 1]]
-            part_rows, keys, full, hot = t.snapshot_part(part_rows, mode, logical)  # both tiers
+            # Both tiers: the RAM rows and the disk rows of this logical shard.
+            part_rows, keys, full, hot = t.saves.snapshot_part(part_rows, mode, logical)
             delta = full[:, DELTA].astype(np.float64)
             delta[hot.positions] = hot.counts[:, 2]  # exact for keys past float32's range
             tomb = pending[pending_ls == logical]

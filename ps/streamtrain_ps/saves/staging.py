@@ -44,7 +44,7 @@ class TableEffects:
     the whole staged save). A key saved from the disk tier has row -1, and a demotion
     after the save (``moves``) sends every key through a lookup in both tiers.
     ``tombstone_mark`` is how many tombstone batches the save read
-    (``SparseTable.tombstones_marked``), or -1 if the mode does not clear tombstones.
+    (``TableSaves.tombstones_marked``), or -1 if the mode does not clear tombstones.
     """
 
     table: TieredTable
@@ -65,9 +65,9 @@ class TableEffects:
         """
         if self.rows.size:
             t = self.table
-            t.apply_save(self.keys, self.rows, self.saved_delta, self.unseen_inc, self.moves)
+            t.saves.apply_save(self.keys, self.rows, self.saved_delta, self.unseen_inc, self.moves)
         if self.tombstone_mark >= 0:
-            self.table.clear_tombstones(upto=self.tombstone_mark)
+            self.table.saves.clear_tombstones(upto=self.tombstone_mark)
 
     def forget(self, deleted: npt.NDArray[np.uint64]) -> TableEffects:
         """Without the keys a shrink just deleted (their rows will hold other keys)."""

@@ -1,6 +1,7 @@
 """The disk tier: a table's coldest keys on an embedded RocksDB past ``memoryLimit``.
 
-- ``tiering``: a sparse table with a disk tier (``TieredTable``);
+- ``tiering``, ``tiered_saves``: a sparse table with a disk tier (``TieredTable``) and its
+  save side, which covers the disk rows;
 - ``tier_kernels``, ``demotion_order``, ``compaction``: which RAM rows leave, moving them,
   and giving their pages back;
 - ``disk_rows``, ``disk_store``, ``disk_filter``: full rows, their RocksDB store, and the

@@ -32,11 +32,9 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from streamtrain_ps.api import SaveMode
 from streamtrain_ps.config import TableConfig
 from streamtrain_ps.engine import index as ix
 from streamtrain_ps.engine import kernels as kn
-from streamtrain_ps.engine import snapshot as sn
 from streamtrain_ps.engine.kernels import EVICTIONS
 from streamtrain_ps.engine.slabs import HotCounters, TableContent, require_finite_rows
 from streamtrain_ps.engine.table import Merged, SparseTable
@@ -46,6 +44,7 @@ from streamtrain_ps.tier import tier_kernels as tk
 from streamtrain_ps.tier.demotion_order import ClockHand, TouchedBits, coldest_rows, sweep_cold
 from streamtrain_ps.tier.disk_filter import DiskKeyFilter
 from streamtrain_ps.tier.disk_store import DiskFullError, DiskStore, StoreMemory, tree_bytes
+from streamtrain_ps.tier.tiered_saves import TieredSaves
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +95,8 @@ class TieredContent:
 class TieredTable(SparseTable):
     """``SparseTable`` whose cold keys may live on disk (see the module docstring)."""
 
+    saves: TieredSaves
+
     def __init__(
         self,
         config: TableConfig,
@@ -105,6 +106,7 @@ class TieredTable(SparseTable):
         disk: DiskOptions | None = None,
     ) -> None:
         super().__init__(config, seed=seed, capacity=capacity, helpers=helpers)
+        self.saves = TieredSaves(self)  # its save side covers the disk rows too
         self._disk_opts = disk
         self._disk: DiskStore | None = None
         #: Keys that may be on disk: a RAM miss it rules out never reaches the store.
@@ -176,6 +178,11 @@ class TieredTable(SparseTable):
 
     def _shadow_count(self) -> int:
         return sum(int(s.size) for s in self._shadows)
+
+    @property
+    def disk_store(self) -> DiskStore | None:
+        """The disk tier's store, None until the first demotion or spilling load opens it."""
+        return self._disk
 
     def _store(self) -> DiskStore:
         if self._disk is None:
@@ -256,7 +263,7 @@ class TieredTable(SparseTable):
         in_ram = rows >= 0
         full = np.zeros((keys.size, self.layout.width), dtype=np.float32)
         if in_ram.any():
-            full[in_ram] = self._gather(rows[in_ram])[1]
+            full[in_ram] = self.saves.gather_locked(rows[in_ram])[1]
         found = in_ram.copy()
         rest = np.flatnonzero(~in_ram)
         for lo in range(0, rest.size, MOVE_CHUNK):
@@ -368,7 +375,7 @@ class TieredTable(SparseTable):
             try:
                 for lo in range(0, rows.size, MOVE_CHUNK):
                     chunk = rows[lo : lo + MOVE_CHUNK]
-                    keys, full, hot = self._gather(chunk)
+                    keys, full, hot = self.saves.gather_locked(chunk)
                     out = max(0, min(chunk.size, evict - lo))  # evicted, not stored
                     try:
                         store.put(keys[out:], full[out:], dr.shift_hot(hot, out))
@@ -380,7 +387,7 @@ class TieredTable(SparseTable):
                     released += chunk.size
                     self._moved()
                     if out:
-                        self._tombstones.append(keys[:out].copy())
+                        self.saves.add_tombstones(keys[:out].copy())
                         self._meta[EVICTIONS] += out
                         self.pressure_evictions_total += out
                         evicted += out
@@ -414,7 +421,7 @@ class TieredTable(SparseTable):
             self._filter = DiskKeyFilter(np.concatenate(live) if live else None)
             all_gone = np.concatenate(gone_disk)
             if all_gone.size > gone.size:
-                self._tombstones.append(all_gone[gone.size :])
+                self.saves.add_tombstones(all_gone[gone.size :])
             return before + before_disk, all_gone
 
     def _shrink_disk_shard(
@@ -436,62 +443,6 @@ class TieredTable(SparseTable):
         self._meta[EVICTIONS] += gone.size
         live_keys.append(kept[0])
         return gone
-
-    # -- saves ------------------------------------------------------------------------------
-
-    def snapshot_part(
-        self, rows: npt.NDArray[np.int64], mode: SaveMode, logical: int
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint64], npt.NDArray[np.float32], HotCounters]:
-        """``snapshot`` of one logical shard's RAM ``rows`` plus its disk rows (row -1),
-        both through the save filter; a key in RAM and on disk (a shadow) is saved once,
-        from RAM."""
-        rows, keys, full, hot = self.snapshot(rows, mode)
-        if self._disk is None or not len(self._disk):
-            return rows, keys, full, hot
-        with self.lock.write():
-            dk, dfull, dhot = self._disk.shard_rows(logical)
-        keep = ~np.isin(dk, keys) & dr.passes(dfull, dhot, mode, self._save_params())
-        dk, dfull, dhot = dk[keep], dfull[keep], dr.select_hot(dhot, keep)
-        all_hot = HotCounters(
-            np.concatenate([hot.positions, dhot.positions + keys.size]),
-            np.concatenate([hot.counts, dhot.counts]),
-        )
-        return (
-            np.concatenate([rows, np.full(dk.size, -1, np.int64)]),
-            np.concatenate([keys, dk]),
-            np.concatenate([full, dfull]),
-            all_hot,
-        )
-
-    def apply_save(
-        self,
-        keys: npt.NDArray[np.uint64],
-        rows: npt.NDArray[np.int64],
-        saved_delta: npt.NDArray[np.floating],
-        unseen_inc: bool,
-        moves: int,
-    ) -> None:
-        """A committed save's side effects. Rows recorded before a demotion (``moves``
-        changed) or read from disk (-1) are found again by key, in whichever tier."""
-        if moves == self.moves and (rows >= 0).all():
-            self.after_save(rows, saved_delta, unseen_inc)
-            return
-        with self.lock.write():
-            a = self._arrays
-            cur = np.empty(keys.size, dtype=np.int64)
-            ix.lookup_many(a.slots, a.keys, keys, cur)
-            ram = cur >= 0
-            # Disk rows first: a storage error there leaves the RAM rows untouched too, so a
-            # failed commit changes nothing (it is retried whole).
-            if self._disk is not None and not ram.all():
-                found, full, hot = self._disk.get(keys[~ram])
-                if found.any():
-                    delta = saved_delta[~ram][found]
-                    disk_rows = (keys[~ram][found], full, hot)
-                    self._disk.replace(*dr.after_save(self.layout, disk_rows, delta, unseen_inc))
-            sn.after_save(
-                a.slab, a.slab_u32, a.xslab_u32, a.hot, cur[ram], saved_delta[ram], unseen_inc
-            )
 
     # -- load -------------------------------------------------------------------------------
 

@@ -142,9 +142,11 @@ def _exercise(t: TieredTable, logical_shards: int, tiers: bool = True) -> None:
         t.demote(t.ram_bytes() // 2, exact=True)  # the order an eviction uses
     t.shrink_keys()
     for mode in (SaveMode.DELTA, SaveMode.CHECKPOINT):
-        rows, offsets = t.rows_by_logical_shard(logical_shards, mode)
+        rows, offsets = t.saves.rows_by_logical_shard(logical_shards, mode)
         for s in range(logical_shards):
-            part_rows, part_keys, _, _ = t.snapshot_part(rows[offsets[s] : offsets[s + 1]], mode, s)
+            part_rows, part_keys, _, _ = t.saves.snapshot_part(
+                rows[offsets[s] : offsets[s + 1]], mode, s
+            )
             # A committed save's side effect (nothing saved: a zero delta changes nothing).
             zero = np.zeros(part_rows.size, np.float64)
-            t.apply_save(part_keys, part_rows, zero, False, t.moves)
+            t.saves.apply_save(part_keys, part_rows, zero, False, t.moves)
