@@ -168,9 +168,10 @@ class ModelConfig:
     )
     # A key in n rows of a batch steps with its mean gradient once; sharing each row's
     # correction among the row's batch-wide keys gives a context key (hour of day) ~n
-    # times that step and Avazu's ~20 head keys a row ~n/20 (docs/decisions.md, issue 26).
+    # times that step and Avazu's ~20 head keys a row ~n/20 (docs/decisions.md, issue 26:
+    # with the embed part's larger first steps, a gain on 28 of 33 family days).
     rowSharedSteps: RowSharedSteps = setting(
-        "none",
+        "all",
         "Which parts of a key seen in n rows of a batch push n / C times its mean gradient "
         "(at least the mean), C the mean over its rows of how many keys seen more than once "
         "in the batch a row holds: none, embed (embed_w only) or all.",
