@@ -160,6 +160,12 @@ class ModelConfig:
         "(exponential decay once per batch, weights summing to about this many examples).",
         minimum=1,
     )
+    calibrationInLoss: bool = setting(
+        True,
+        "With residualCalibration: train the network on the calibrated logit (true) or on "
+        "its logit before the correction (false: the network keeps learning the rate the "
+        "window corrects for, and the window covers only what it has not learned yet).",
+    )
     calibrationPseudoClicks: float = setting(
         10.0,
         "With residualCalibration: pseudo-clicks added to both sums (k above), shrinking "
