@@ -78,7 +78,7 @@ class SparseOptimizerConfig:
     # AdaGrad's first steps are lr * g and its late ones lr * sqrt(G0) * g / sqrt(G): 0.1 and
     # 0.75 double a new key's first steps and keep lr * sqrt(G0) (a head key's late steps)
     # where 0.05 and 3 had it; with model.rowSharedSteps a day-1 gain on the stream families
-    # of +0.004 on average over three seeds, Criteo and Avazu level (docs/decisions.md).
+    # of +0.003 on average over three seeds, Criteo and Avazu level (docs/decisions.md).
     embedLearningRate: float | None = setting(
         0.1, "The embed part's step size; null: learningRate.", exclusive_minimum=0
     )
