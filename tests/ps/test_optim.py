@@ -128,8 +128,8 @@ def _config(
     """``embed``: the embed part's own (learning rate, G0); None shares the embedx part's."""
     opt = SparseOptimizerConfig(type=kind, learningRate=lr, weightBounds=bounds, initialRange=0.01)  # type: ignore[arg-type]
     opt = replace(opt, **opt_fields)  # type: ignore[arg-type]
-    if embed is not None:
-        opt = replace(opt, embedLearningRate=embed[0], embedInitialG2sum=embed[1])
+    embed_lr, embed_g0 = embed if embed is not None else (None, None)
+    opt = replace(opt, embedLearningRate=embed_lr, embedInitialG2sum=embed_g0)
     return PSConfig(
         tables=(TableConfig(embedxDim=D, embedxThreshold=0.0, optimizer=opt),), logicalShards=4
     )

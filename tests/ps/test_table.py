@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 
 from streamtrain_ps.api import SparsePush
-from streamtrain_ps.config import DenseConfig, DenseOptimizerConfig, PSConfig, TableConfig
+from streamtrain_ps.config import (
+    DenseConfig,
+    DenseOptimizerConfig,
+    PSConfig,
+    SparseOptimizerConfig,
+    TableConfig,
+)
 from streamtrain_ps.engine.accessor import SLOT
 from streamtrain_ps.errors import InvalidRequestError, RequestTooLargeError, UnknownTableError
 from streamtrain_ps.shard import Shard
@@ -14,6 +20,8 @@ from streamtrain_ps.sharding import server_of_key
 
 D = 4
 T = "embedding"
+#: The embed part's default step size: a first AdaGrad step moves embed_w by it times g.
+EMBED_LR = SparseOptimizerConfig().embedLearningRate
 
 
 def _shard(**table: object) -> Shard:
@@ -48,7 +56,7 @@ def test_repeated_keys_are_summed_before_the_update() -> None:
     g[:, 0] = [1.0, 2.0, 3.0]
     assert _push(shard, [7, 7, 8], [1, 2, 4], [0, 1, 1], g) == 2
     # One update with the merged gradient (1+2)/(1+2) = 1 per impression, not two updates.
-    lr = 0.05  # first step: G = 0, so the AdaGrad ratio sqrt(G0 / (G0 + 0)) is 1
+    lr = EMBED_LR  # first step: G = 0, so the AdaGrad ratio sqrt(G0 / (G0 + 0)) is 1
     out = shard.pull_sparse(T, np.array([7, 8], dtype=np.uint64))
     np.testing.assert_allclose(out[:, :2], [[3, 1], [4, 1]])
     np.testing.assert_allclose(out[0, 2], -lr * 1.0, rtol=1e-6)
@@ -61,7 +69,7 @@ def test_show_zero_does_not_divide_by_zero() -> None:
     _push(shard, [1], [0], [0], g)
     out = shard.pull_sparse(T, np.array([1], dtype=np.uint64))
     assert np.isfinite(out).all()
-    np.testing.assert_allclose(out[0, 2], -0.05 * 2.0, rtol=1e-6)  # scale 1
+    np.testing.assert_allclose(out[0, 2], -EMBED_LR * 2.0, rtol=1e-6)  # scale 1
 
 
 def test_embedx_is_admitted_at_the_threshold_and_gradients_before_are_dropped() -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from streamtrain_tools.bench.quality import run as quality
+from streamtrain_tools.bench.quality.learners import PassScore, previous_rate_scores
 from streamtrain_tools.bench.quality.streams import build
 
 AVAZU_HEADER = (
@@ -88,8 +89,16 @@ def test_the_three_learners_side_by_side_on_the_long_tail_stream(
     for name in ["streamtrain", "torch", *vw]:
         check_learner(learners[name], ["day 1", "day 2"], 8)
     # Every pass after the first scored by the delta published after the pass before.
-    following = learners["streamtrain"]["next_pass"]["copc_per_pass"]
-    assert following[0] is None and all(c is not None and c > 0 for c in following[1:])
+    # So is VW's: its model after the pass before, predicting only.
+    for name in ("streamtrain", learners["vw_best"]):
+        following = learners[name]["next_pass"]["copc_per_pass"]
+        assert following[0] is None and all(c is not None and c > 0 for c in following[1:])
+    assert (
+        learners[learners["vw_best"]]["next_pass"]["copc_per_pass"][1:]
+        != learners[learners["vw_best"]]["copc_per_pass"][1:]
+    )
+    previous = stream["previous_rate"]["copc_per_pass"]
+    assert previous[0] is None and all(c is not None and c > 0 for c in previous[1:])
     for key in ("streamtrain_minus_vw_best", "streamtrain_minus_torch"):
         assert set(stream[key]) == {"day 1", "day 2"}
 
@@ -177,3 +186,15 @@ def test_the_table_has_a_row_per_stream_and_window(
     rows = [line for line in lines if line.startswith("| pairs day")]
     assert [r.split(" | ")[0] for r in rows] == ["| pairs day 1", "| pairs day 2"]
     assert all("of 4 |" in r for r in rows)
+
+
+def test_the_previous_rate_reference_is_each_pass_rate_over_the_one_before() -> None:
+    scores = [
+        PassScore(1000, 100, 0.7, 0.3, 1.0),
+        PassScore(2000, 400, 0.7, 0.3, 1.0),
+        PassScore(500, 50, None, None, None),
+    ]
+    previous = previous_rate_scores(scores)
+    assert previous[0] is None
+    assert [p.copc for p in previous[1:] if p is not None] == pytest.approx([2.0, 0.5])
+    assert all(p.auc is None for p in previous[1:] if p is not None)

@@ -60,7 +60,7 @@ def test_a_rate_shift_is_corrected_within_a_few_batches() -> None:
     assert all(0.34 < m < 0.46 for m in means[7:]), means
 
 
-def _config(calibration: bool, window: float = 400) -> WorkerConfig:
+def _config(calibration: bool, window: float = 400, in_loss: bool = True) -> WorkerConfig:
     return WorkerConfig.from_dict(
         {
             "data": {"format": "slot", "numSlots": 4},
@@ -68,6 +68,7 @@ def _config(calibration: bool, window: float = 400) -> WorkerConfig:
                 "hiddenUnits": [16],
                 "residualCalibration": calibration,
                 "calibrationWindow": window,
+                "calibrationInLoss": in_loss,
             },
             "runtime": {"overlap": False},
             "ps": {"config": {"logicalShards": 2}},
@@ -102,6 +103,29 @@ def test_a_pass_after_an_hourly_rate_jump_is_calibrated(calibration: bool) -> No
         assert 0.85 < jumped.copc < 1.3, jumped.copc
     else:
         assert jumped.copc > 1.5, jumped.copc
+
+
+def test_trained_on_the_raw_logit_the_network_itself_learns_the_jump() -> None:
+    """``calibrationInLoss: false``: the calibration still scores the jumped pass, but the
+    network is trained on its own logit, so it learns the new rate that the window would
+    otherwise absorb: its uncorrected prediction ends nearer 35 %."""
+    own_rate = {}
+    for in_loss in (True, False):
+        cfg = _config(True, in_loss=in_loss)
+        trainer = Trainer(cfg, LocalPS(cfg.ps.config), 4)
+        try:
+            trainer.run_pass(_stream(0, 20, 0.05))
+            jumped = trainer.run_pass(_stream(2, 20, 0.35))
+            probe = trainer.prepare(_stream(3, 1, 0.35)[0])
+            scored = trainer.step(probe, train=False).preds
+            offset = float(trainer.model.calibration_offset())
+        finally:
+            trainer.close()
+        assert 0.8 < jumped.copc < 1.35, (in_loss, jumped.copc)  # scored calibrated either way
+        logits = np.log(scored / (1.0 - scored)) - offset
+        own_rate[in_loss] = float((1.0 / (1.0 + np.exp(-logits))).mean())
+    assert own_rate[True] < own_rate[False] < 0.45, own_rate
+    assert own_rate[False] - own_rate[True] > 0.03, own_rate
 
 
 def test_a_scored_batch_never_sees_its_own_labels() -> None:

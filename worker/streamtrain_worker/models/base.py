@@ -198,6 +198,14 @@ class DenseModel(nn.Module):
             logits = correction(logits)
         return logits
 
+    def calibration_offset(self) -> torch.Tensor:
+        """The residual calibration's current correction of the logit (0 without one)."""
+        total = torch.zeros(())
+        for correction in self.calibration:
+            assert isinstance(correction, ResidualCalibration)
+            total = total + correction.offset()
+        return total
+
     def observe_labels(self, labels: torch.Tensor, logits: torch.Tensor) -> None:
         """Count a trained batch's labels into the base rate and the calibration window,
         after the batch was scored: ``logits`` are the model's output for it."""

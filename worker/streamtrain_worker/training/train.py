@@ -283,12 +283,16 @@ class Trainer:
         with torch.set_grad_enabled(train):
             logits = self.forward(lookup)
             losses = nnf.binary_cross_entropy_with_logits(logits, labels, reduction="none")
+            trained_losses = losses
+            if train and not self.config.model.calibrationInLoss:
+                raw = logits - self.model.calibration_offset().detach()
+                trained_losses = nnf.binary_cross_entropy_with_logits(raw, labels, reduction="none")
         out = StepOutput(
             preds=torch.sigmoid(logits.detach()).numpy(), losses=losses.detach().numpy()
         )
         if train:
             self._flat_grads.zero_()
-            losses.sum().backward()
+            trained_losses.sum().backward()
             self.model.observe_labels(labels, logits)
             dense = self._flat_grads.numpy() * np.float32(1.0 / max(prepared.batch.size, 1))
             summaries = tuple(drain_pending(v.layers).numpy() for v in self.summary_vectors)

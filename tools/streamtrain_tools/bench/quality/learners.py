@@ -11,7 +11,9 @@ COPC streamtrain reports), so the numbers compare like for like:
   by the model published after the pass before (``streamtrain predict``'s code): what a
   serving system that picks up every delta would see (``next_pass_scores``).
 - **vw**: Vowpal Wabbit in-process through its Python API, one ``Workspace`` per setting,
-  ``learn`` per example; the prediction read back is the one made before the update.
+  ``learn`` per example; the prediction read back is the one made before the update. Also
+  scored: each pass by the model as it stood after the pass before (``predict`` only), the
+  same next-pass COPC as streamtrain's published deltas.
 - **torch**: the plain PyTorch reference of ``streamtrain_tools.bench.quality.reference`` (sparse
   AdaGrad embeddings, Adam MLP, batch 32) on the batches the worker's reader parses.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import itertools
 import json
 import math
 from dataclasses import dataclass
@@ -111,8 +114,8 @@ def manifest(
 
 
 @dataclass(frozen=True)
-class StreamtrainRun:
-    """streamtrain's progressive per-pass scores, and per pass the scores of the model
+class LearnerRun:
+    """A learner's progressive per-pass scores, and per pass the scores of its model as
     published after the pass before (``None``: the first pass, or no model published)."""
 
     scores: list[PassScore]
@@ -121,7 +124,7 @@ class StreamtrainRun:
 
 def run_streamtrain(
     stream: Stream, workdir: Path, overrides: dict[str, Any] | None = None
-) -> StreamtrainRun:
+) -> LearnerRun:
     """The job through ``run_job`` (what ``streamtrain run`` calls); per-pass scores."""
     workdir.mkdir(parents=True, exist_ok=True)
     path = workdir / "job.yaml"
@@ -144,7 +147,7 @@ def run_streamtrain(
         clicks = round(m.get("actual_ctr", 0.0) * examples)
         scores.append(PassScore(examples, clicks, m.get("auc"), m.get("loss"), m.get("copc")))
     passes = [(r.day, r.pass_index) for r in progress.history]
-    return StreamtrainRun(scores, next_pass_scores(stream, workdir / "models", passes))
+    return LearnerRun(scores, next_pass_scores(stream, workdir / "models", passes))
 
 
 def next_pass_scores(
@@ -167,29 +170,56 @@ def next_pass_scores(
     return out
 
 
-def run_vw(stream: Stream, settings: str) -> list[PassScore]:
-    """One VW setting over the stream, progressive; per-pass scores."""
+def run_vw(stream: Stream, settings: str) -> LearnerRun:
+    """One VW setting over the stream, progressive; per-pass scores, and each pass after
+    the first scored first by the model of the pass before (``predict``, no update)."""
     vw = vowpalwabbit.Workspace(f"{settings} --quiet")
-    scores = []
+    scores: list[PassScore] = []
+    next_pass: list[PassScore | None] = []
     try:
         for _, folder in stream.passes:
-            preds: list[float] = []
-            labels: list[float] = []
-            for part in part_files(folder):
-                for line in stream.vw_lines(part):
-                    example = vw.parse(line)
-                    vw.learn(example)
-                    preds.append(example.get_simplelabel_prediction())
-                    vw.finish_example(example)
-                    labels.append(1.0 if line.startswith("1 ") else 0.0)
-            p = np.clip(np.asarray(preds, dtype=np.float64), _EPS, 1.0 - _EPS)
-            y = np.asarray(labels)
-            metrics = PassMetrics(num_buckets=NUM_BUCKETS)
-            metrics.add(p, y, -(y * np.log(p) + (1.0 - y) * np.log(1.0 - p)))
-            scores.append(score(metrics))
+            lines = [line for part in part_files(folder) for line in stream.vw_lines(part)]
+            labels = [1.0 if line.startswith("1 ") else 0.0 for line in lines]
+            if scores:
+                next_pass.append(_vw_score([_vw_step(vw, line, False) for line in lines], labels))
+            else:
+                next_pass.append(None)
+            scores.append(_vw_score([_vw_step(vw, line, True) for line in lines], labels))
     finally:
         vw.finish()
-    return scores
+    return LearnerRun(scores, next_pass)
+
+
+def _vw_step(vw: vowpalwabbit.Workspace, line: str, learn: bool) -> float:
+    """One example's prediction, made before the update when ``learn``."""
+    example = vw.parse(line)
+    if learn:
+        vw.learn(example)
+    else:
+        vw.predict(example)
+    prediction = float(example.get_simplelabel_prediction())
+    vw.finish_example(example)
+    return prediction
+
+
+def _vw_score(predictions: list[float], labels: list[float]) -> PassScore:
+    p = np.clip(np.asarray(predictions, dtype=np.float64), _EPS, 1.0 - _EPS)
+    y = np.asarray(labels)
+    metrics = PassMetrics(num_buckets=NUM_BUCKETS)
+    metrics.add(p, y, -(y * np.log(p) + (1.0 - y) * np.log(1.0 - p)))
+    return score(metrics)
+
+
+def previous_rate_scores(scores: list[PassScore]) -> list[PassScore | None]:
+    """Per pass, its COPC had it been predicted at the pass before's actual click rate:
+    how far the rate moves between passes, what a model that knows each pass's rate exactly
+    but nothing of the next one would score (AUC undefined)."""
+    out: list[PassScore | None] = [None]
+    for before, now in itertools.pairwise(scores):
+        rate = before.clicks / before.examples if before.examples else 0.0
+        copc = (now.clicks / (rate * now.examples)) if rate > 0 and now.examples else None
+        out.append(PassScore(now.examples, now.clicks, None, None, copc))
+    return out
 
 
 def torch_passes(stream: Stream, batch_size: int = BATCH) -> list[list[Batch]]:

@@ -15,11 +15,14 @@ progressive and scored pass by pass alike (``quality_learners``):
 Printed per stream and learner: per report window (passes 13-24 of the one-day samples,
 each day of the long-tail stream) the mean progressive AUC, log loss and COPC; per pass the
 COPC, and the spread: how many passes with at least 500 clicks have a COPC within 0.9-1.1.
-For streamtrain also the *next-pass COPC*: each pass's folder scored by the model published
-after the pass before, as serving would, and how many of those passes with at least 500
-clicks are within the band. Then a Markdown table (per stream and window: AUC of each
-learner, streamtrain minus VW's best, passes with COPC in the band, streamtrain's next-pass
-COPC in the band); the last line is one JSON object with all of it.
+For streamtrain and VW also the *next-pass COPC*: each pass's folder scored by the model
+published after the pass before, as serving would, and how many of those passes with at
+least 500 clicks are within the band; beside them the same count for a prediction at the
+pass before's actual click rate (``previous rate``: how much the rate moves between passes,
+which a model that has not yet seen the next pass's context cannot know). Then a Markdown
+table (per stream and window: AUC of each learner, streamtrain minus VW's best, passes with
+COPC in the band, next-pass COPC in the band of streamtrain, VW's best and the previous
+rate); the last line is one JSON object with all of it.
 
 ``--quick`` shrinks every stream (a smoke run); ``--st-overrides`` deep-merges a JSON
 object into the streamtrain job's ``spec`` to measure an alternative setting;
@@ -41,6 +44,7 @@ from typing import Any
 
 from streamtrain_tools.bench.quality.learners import (
     PassScore,
+    previous_rate_scores,
     run_streamtrain,
     run_torch,
     run_vw,
@@ -128,13 +132,7 @@ def _print(stream: str, name: str, summary: dict[str, Any]) -> None:
     print(f"[{stream}] {name:<48} {cells}", flush=True)
     nxt = summary.get("next_pass")
     if nxt is not None:
-        print(
-            f"[{stream}] {'':<48} next-pass copc: "
-            + " ".join(_f(c, ".2f") for c in nxt["copc_per_pass"])
-            + f"  | {nxt['within_band']}/{nxt['passes_min_clicks']} passes with >= "
-            f"{MIN_CLICKS} clicks in {COPC_BAND[0]}-{COPC_BAND[1]}",
-            flush=True,
-        )
+        _print_next_pass(stream, "", nxt)
     print(
         f"[{stream}] {'':<48} copc per pass: "
         + " ".join(_f(c, ".2f") for c in summary["copc_per_pass"])
@@ -142,6 +140,16 @@ def _print(stream: str, name: str, summary: dict[str, Any]) -> None:
         f"{MIN_CLICKS} clicks in {COPC_BAND[0]}-{COPC_BAND[1]}, "
         f"{spread['all_passes_within_band']}/{len(summary['copc_per_pass'])} of all passes "
         f"({summary['seconds']}s)",
+        flush=True,
+    )
+
+
+def _print_next_pass(stream: str, name: str, nxt: dict[str, Any]) -> None:
+    print(
+        f"[{stream}] {name:<48} next-pass copc: "
+        + " ".join(_f(c, ".2f") for c in nxt["copc_per_pass"])
+        + f"  | {nxt['within_band']}/{nxt['passes_min_clicks']} passes with >= "
+        f"{MIN_CLICKS} clicks in {COPC_BAND[0]}-{COPC_BAND[1]}",
         flush=True,
     )
 
@@ -175,7 +183,8 @@ def table(streams: dict[str, Any]) -> list[str]:
     setting and torch, streamtrain minus VW best, and the passes with COPC in the band."""
     lines = [
         "| stream / window | streamtrain | VW best | torch | vs VW best | COPC in band: "
-        "streamtrain / VW best / torch | next-pass COPC in band (>= 500 clicks) |",
+        "streamtrain / VW best / torch | next-pass COPC in band (>= 500 clicks): "
+        "streamtrain / VW best / previous rate |",
         "|---|---|---|---|---|---|---|",
     ]
     for name, result in streams.items():
@@ -190,8 +199,11 @@ def table(streams: dict[str, Any]) -> list[str]:
                 for r in refs
             ]
             diff = None if aucs[0] is None or aucs[1] is None else _r(aucs[0] - aucs[1])
-            nxt = refs[0].get("next_pass") if refs[0] is not None else None
-            next_cell = "-" if nxt is None else "{} of {}".format(*nxt["per_window"][w])
+            next_refs = [None if r is None else r.get("next_pass") for r in refs[:2]]
+            next_refs.append(result.get("previous_rate"))
+            next_cell = " / ".join(
+                "-" if n is None else "{} of {}".format(*n["per_window"][w]) for n in next_refs
+            )
             setting = best.removeprefix("vw ").replace(VW_COMMON, "").strip() if best else ""
             lines.append(
                 f"| {name} {w} | {_f(aucs[0])} | {_f(aucs[1])} `{setting or 'plain'}` | "
@@ -223,13 +235,16 @@ def run_stream(name: str, root: Path, args: argparse.Namespace) -> dict[str, Any
         result["oracle_auc"] = oracle
         print(f"[{name}] oracle AUC: " + "  ".join(f"{w} {v:.4f}" for w, v in oracle.items()))
     learners: dict[str, Any] = {}
+    observed: list[PassScore] = []  # any learner's: every learner sees the same labels
     for learner in args.learners:
         if learner == "vw":
             for settings in stream.vw_settings:
                 started = time.perf_counter()
-                scores = run_vw(stream, settings)
+                run = run_vw(stream, settings)
+                observed = run.scores
                 key = f"vw {settings}"
-                learners[key] = summarise(stream, scores, time.perf_counter() - started)
+                learners[key] = summarise(stream, run.scores, time.perf_counter() - started)
+                learners[key]["next_pass"] = next_pass_spread(stream, run.next_pass)
                 _print(name, key, learners[key])
             best = max(
                 (k for k in learners if k.startswith("vw ")), key=lambda k: _mean_auc(learners[k])
@@ -242,10 +257,14 @@ def run_stream(name: str, root: Path, args: argparse.Namespace) -> dict[str, Any
                 run = run_streamtrain(stream, root / f"{name}-job", args.st_overrides)
                 learners[learner] = summarise(stream, run.scores, time.perf_counter() - started)
                 learners[learner]["next_pass"] = next_pass_spread(stream, run.next_pass)
+                observed = run.scores
             else:
-                scores = run_torch(stream, seed=args.seed)
+                scores = observed = run_torch(stream, seed=args.seed)
                 learners[learner] = summarise(stream, scores, time.perf_counter() - started)
             _print(name, learner, learners[learner])
+    if observed:
+        result["previous_rate"] = next_pass_spread(stream, previous_rate_scores(observed))
+        _print_next_pass(name, "previous rate", result["previous_rate"])
     result["learners"] = learners
     result.update(compare(stream, learners))
     for key in ("streamtrain_minus_vw_best", "streamtrain_minus_torch"):
