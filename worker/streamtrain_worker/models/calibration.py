@@ -21,6 +21,15 @@ is checkpointed with the model, a restarted job continues from the same sums, ev
 loads the same sums at each dense sync (and adds its own batches locally in between, like
 the base rate), and a PS snapshot's export carries the sums of its moment.
 
+A pass is a time slice (an hour's folder), and its click rate can be tens of points from
+the previous one's, which the window then follows only as fast as it forgets. So the
+correction also keeps the sums of the current pass's own examples (``pass_sums``, this
+worker's, emptied at every pass's start) and puts the window in front of them as a prior
+worth ``pass_prior`` examples: at a pass's start the correction is the window's, after
+``pass_prior`` of the pass's examples it is half the pass's own. A replayed pass starts
+from empty sums again, so a restart still scores bit-identically; an export scored on the
+next pass (the model of a pass's end) holds the window only, what that pass starts from.
+
 Test then train: a batch is observed after it was scored, so no prediction sees its own
 labels.
 """
@@ -40,29 +49,50 @@ def window_decay(window: float, batch_size: int) -> float:
     return (1.0 - 1.0 / window) ** batch_size if window > 1 else 0.0
 
 
+def residual(sums: torch.Tensor, k: float) -> torch.Tensor:
+    """The log-odds of ``sums``' clicks minus those of its predictions, ``k`` pseudo-clicks
+    (and non-clicks) on each side (``sums``: ``[examples, clicks, predicted]``)."""
+    examples, clicks, predicted = sums[0], sums[1], sums[2]
+    observed = torch.log(clicks + k) - torch.log(examples - clicks + k)
+    expected = torch.log(predicted + k) - torch.log(examples - predicted + k)
+    return observed - expected
+
+
 class ResidualCalibration(SummaryLayer):
     """``logits -> logits`` + the log-odds of the window's clicks minus those of its
-    predictions (``stats``: ``[examples, clicks, predicted]``, decayed per batch)."""
+    predictions (``stats``: ``[examples, clicks, predicted]``, decayed per batch), or with
+    ``pass_prior`` > 0 of the current pass's sums with the window as their prior."""
 
-    def __init__(self, decay: float, pseudo_clicks: float) -> None:
+    pass_sums: torch.Tensor
+
+    def __init__(self, decay: float, pseudo_clicks: float, pass_prior: float = 0.0) -> None:
         if not 0.0 <= decay < 1.0:
             raise ValueError(f"calibration window decay: must be in [0, 1), got {decay}")
         if pseudo_clicks <= 0:
             raise ValueError(f"model.calibrationPseudoClicks: must be > 0, got {pseudo_clicks}")
+        if pass_prior < 0:
+            raise ValueError(f"model.calibrationPassPrior: must be >= 0, got {pass_prior}")
         # The window starts empty (no correction); its own PS vector and per-batch decay.
         super().__init__(torch.zeros(3), vector=CALIBRATION_VECTOR, decay=decay)
         self.pseudo_clicks = float(pseudo_clicks)
+        self.pass_prior = float(pass_prior)
+        self.register_buffer("pass_sums", torch.zeros(3), persistent=False)
 
     def offset(self) -> torch.Tensor:
-        """The logit correction of the current window."""
-        k = self.pseudo_clicks
-        examples, clicks, predicted = self.stats[0], self.stats[1], self.stats[2]
-        observed = torch.log(clicks + k) - torch.log(examples - clicks + k)
-        expected = torch.log(predicted + k) - torch.log(examples - predicted + k)
-        return observed - expected
+        """The logit correction of the current window (and pass)."""
+        if self.pass_prior <= 0:
+            return residual(self.stats, self.pseudo_clicks)
+        # The window scaled to weigh at most ``pass_prior`` examples, then the pass's own.
+        weight = torch.clamp(self.pass_prior / torch.clamp(self.stats[0], min=1e-6), max=1.0)
+        return residual(self.stats * weight + self.pass_sums, self.pseudo_clicks)
 
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
         return logits + self.offset()
+
+    @torch.jit.unused
+    def begin_pass(self) -> None:
+        """A new pass (time slice): its own sums start empty."""
+        self.pass_sums.zero_()
 
     @torch.jit.unused
     def observe(self, labels: torch.Tensor, logits: torch.Tensor) -> None:
@@ -76,3 +106,4 @@ class ResidualCalibration(SummaryLayer):
             self.pending += seen
             self.stats.mul_(self.decay)
             self.stats += seen
+            self.pass_sums += seen
