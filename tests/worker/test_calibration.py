@@ -60,6 +60,42 @@ def test_a_rate_shift_is_corrected_within_a_few_batches() -> None:
     assert all(0.34 < m < 0.46 for m in means[7:]), means
 
 
+def _corrections(layer: ResidualCalibration, rates: list[float], seed: int) -> list[float]:
+    """The correction each batch of 64 was scored with, a network stuck at 5 %, the
+    stream's click rate ``rates[i]`` in batch ``i``."""
+    rng = np.random.default_rng(seed)
+    raw = torch.full((64,), math.log(0.05 / 0.95))
+    out = []
+    for rate in rates:
+        logits = layer(raw)
+        out.append(float(logits[0] - raw[0]))
+        labels = torch.from_numpy((rng.random(64) < rate).astype(np.float32))
+        layer.observe(labels, logits)
+    return out
+
+
+def test_a_pass_follows_its_own_rate_with_the_window_as_prior() -> None:
+    """A network stuck at 5 %, a window full of 5 % batches, then a new pass at 40 %: with
+    the pass's own sums behind a prior of 50 examples the scored rate is near 40 % after
+    three batches, where the window of 300 alone is still far below; outside training the
+    window alone corrects."""
+    decay = window_decay(300.0, 64)
+    reached = {}
+    for prior in (0.0, 50.0):
+        layer = ResidualCalibration(decay, 1.0, pass_prior=prior)
+        layer.begin_pass()
+        _corrections(layer, [0.05] * 40, seed=4)
+        layer.begin_pass()
+        after = _corrections(layer, [0.40] * 4, seed=5)
+        reached[prior] = 1.0 / (1.0 + 19.0 * math.exp(-after[3]))  # 5 % corrected
+        layer.eval()
+        window_only = ResidualCalibration(decay, 1.0)
+        window_only.stats.copy_(layer.stats)
+        torch.testing.assert_close(layer.offset(), window_only.offset())
+    assert reached[0.0] < 0.25, reached
+    assert 0.33 < reached[50.0] < 0.47, reached
+
+
 def _config(calibration: bool, window: float = 400, in_loss: bool = True) -> WorkerConfig:
     return WorkerConfig.from_dict(
         {
@@ -97,9 +133,12 @@ def test_a_pass_after_an_hourly_rate_jump_is_calibrated(calibration: bool) -> No
         trainer.run_pass(_stream(0, 20, 0.05))
         trainer.run_pass(_stream(1, 20, 0.05))
         jumped = trainer.run_pass(_stream(2, 20, 0.35))
+        # the per-pass sums hold the last pass's 2,000 examples only
+        own = [float(c.pass_sums[0]) for c in trainer.model.calibration]
     finally:
         trainer.close()
     if calibration:
+        assert own == [2000.0], own
         assert 0.85 < jumped.copc < 1.3, jumped.copc
     else:
         assert jumped.copc > 1.5, jumped.copc

@@ -27,8 +27,9 @@ correction also keeps the sums of the current pass's own examples (``pass_sums``
 worker's, emptied at every pass's start) and puts the window in front of them as a prior
 worth ``pass_prior`` examples: at a pass's start the correction is the window's, after
 ``pass_prior`` of the pass's examples it is half the pass's own. A replayed pass starts
-from empty sums again, so a restart still scores bit-identically; an export scored on the
-next pass (the model of a pass's end) holds the window only, what that pass starts from.
+from empty sums again, so a restart still scores bit-identically. Outside training (an
+evaluation pass, an export, serving) the window alone corrects: an export is scored on
+the passes after its own, which start from the window.
 
 Test then train: a batch is observed after it was scored, so no prediction sees its own
 labels.
@@ -80,7 +81,7 @@ class ResidualCalibration(SummaryLayer):
 
     def offset(self) -> torch.Tensor:
         """The logit correction of the current window (and pass)."""
-        if self.pass_prior <= 0:
+        if self.pass_prior <= 0 or not self.training:
             return residual(self.stats, self.pseudo_clicks)
         # The window scaled to weigh at most ``pass_prior`` examples, then the pass's own.
         weight = torch.clamp(self.pass_prior / torch.clamp(self.stats[0], min=1e-6), max=1.0)
