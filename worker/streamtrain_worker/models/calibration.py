@@ -23,10 +23,11 @@ the base rate), and a PS snapshot's export carries the sums of its moment.
 
 A pass is a time slice (an hour's folder), and its click rate can be tens of points from
 the previous one's, which the window then follows only as fast as it forgets. So the
-correction also keeps the sums of the current pass's own examples (``pass_sums``, this
-worker's, emptied at every pass's start) and puts the window in front of them as a prior
-worth ``pass_prior`` examples: at a pass's start the correction is the window's, after
-``pass_prior`` of the pass's examples it is half the pass's own. A replayed pass starts
+layer also keeps the window's part from the current pass (``pass_sums``, this worker's,
+decayed alike, emptied at every pass's start), and the part from earlier passes counts
+as at most ``pass_prior`` examples: at a pass's start the correction is the window's,
+after ``pass_prior`` of the pass's examples it is half the pass's own, and once the
+earlier part has decayed below ``pass_prior`` it is the window's again. A replayed pass starts
 from empty sums again, so a restart still scores bit-identically. Outside training (an
 evaluation pass, an export, serving) the window alone corrects: an export is scored on
 the passes after its own, which start from the window.
@@ -83,9 +84,10 @@ class ResidualCalibration(SummaryLayer):
         """The logit correction of the current window (and pass)."""
         if self.pass_prior <= 0 or not self.training:
             return residual(self.stats, self.pseudo_clicks)
-        # The window scaled to weigh at most ``pass_prior`` examples, then the pass's own.
-        weight = torch.clamp(self.pass_prior / torch.clamp(self.stats[0], min=1e-6), max=1.0)
-        return residual(self.stats * weight + self.pass_sums, self.pseudo_clicks)
+        # The window's part from earlier passes weighs at most ``pass_prior`` examples.
+        earlier = self.stats - self.pass_sums
+        weight = torch.clamp(self.pass_prior / torch.clamp(earlier[0], min=1e-6), max=1.0)
+        return residual(earlier * weight + self.pass_sums, self.pseudo_clicks)
 
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
         return logits + self.offset()
@@ -107,4 +109,5 @@ class ResidualCalibration(SummaryLayer):
             self.pending += seen
             self.stats.mul_(self.decay)
             self.stats += seen
+            self.pass_sums.mul_(self.decay)
             self.pass_sums += seen
