@@ -74,26 +74,32 @@ def _corrections(layer: ResidualCalibration, rates: list[float], seed: int) -> l
     return out
 
 
-def test_a_pass_follows_its_own_rate_with_the_window_as_prior() -> None:
-    """A network stuck at 5 %, a window full of 5 % batches, then a new pass at 40 %: with
-    the earlier passes' part of the window counting as 50 examples the scored rate is
-    past 27 % after three batches, where the window of 300 alone is still below 25 %;
-    outside training the window alone corrects."""
+def test_a_pass_follows_its_own_jump_and_a_steady_pass_keeps_the_window() -> None:
+    """A network stuck at 5 %, a window full of 5 % batches, then a new pass at 40 %: split
+    at the pass, the scored rate is past 30 % after three batches, where the window alone
+    is still below 25 %. A new pass at the same 5 % is corrected as the window would (its
+    gap to the earlier passes is noise). Outside training the window alone corrects."""
     decay = window_decay(300.0, 64)
     reached = {}
-    for prior in (0.0, 50.0):
-        layer = ResidualCalibration(decay, 1.0, pass_prior=prior)
-        layer.begin_pass()
+    for split in (False, True):
+        layer = ResidualCalibration(decay, 1.0, pass_split=split)
         _corrections(layer, [0.05] * 40, seed=4)
         layer.begin_pass()
         after = _corrections(layer, [0.40] * 4, seed=5)
-        reached[prior] = 1.0 / (1.0 + 19.0 * math.exp(-after[3]))  # 5 % corrected
+        reached[split] = 1.0 / (1.0 + 19.0 * math.exp(-after[3]))  # 5 % corrected
         layer.eval()
         window_only = ResidualCalibration(decay, 1.0)
         window_only.stats.copy_(layer.stats)
         torch.testing.assert_close(layer.offset(), window_only.offset())
-    assert reached[0.0] < 0.25, reached
-    assert 0.27 < reached[50.0] < 0.47 and reached[50.0] - reached[0.0] > 0.07, reached
+    assert reached[False] < 0.25, reached
+    assert 0.3 < reached[True] < 0.47, reached
+    steady = []
+    for split in (False, True):
+        layer = ResidualCalibration(decay, 1.0, pass_split=split)
+        _corrections(layer, [0.05] * 40, seed=6)
+        layer.begin_pass()
+        steady.append(_corrections(layer, [0.05] * 10, seed=7))
+    assert np.max(np.abs(np.subtract(*steady))) < 0.1, steady
 
 
 def _config(calibration: bool, window: float = 400, in_loss: bool = True) -> WorkerConfig:

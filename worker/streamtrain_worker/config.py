@@ -166,13 +166,11 @@ class ModelConfig:
         "its logit before the correction (false: the network keeps learning the rate the "
         "window corrects for, and the window covers only what it has not learned yet).",
     )
-    calibrationPassPrior: float = setting(
-        100.0,
-        "With residualCalibration: the window's weight, in examples, as the prior of the "
-        "current pass's own clicks and predictions (a pass is a time slice whose rate can "
-        "jump from the last one's): after this many of the pass's examples the correction "
-        "is half the pass's own. 0: the window alone.",
-        minimum=0,
+    calibrationPassSplit: bool = setting(
+        True,
+        "With residualCalibration: in training, move the correction to the current pass's "
+        "own residual where it differs from the earlier passes' by more than its noise "
+        "(a pass is a time slice whose rate can jump from the last one's).",
     )
     calibrationPseudoClicks: float = setting(
         10.0,

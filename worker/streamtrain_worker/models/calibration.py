@@ -24,13 +24,16 @@ the base rate), and a PS snapshot's export carries the sums of its moment.
 A pass is a time slice (an hour's folder), and its click rate can be tens of points from
 the previous one's, which the window then follows only as fast as it forgets. So the
 layer also keeps the window's part from the current pass (``pass_sums``, this worker's,
-decayed alike, emptied at every pass's start), and the part from earlier passes counts
-as at most ``pass_prior`` examples: at a pass's start the correction is the window's,
-after ``pass_prior`` of the pass's examples it is half the pass's own, and once the
-earlier part has decayed below ``pass_prior`` it is the window's again. A replayed pass starts
-from empty sums again, so a restart still scores bit-identically. Outside training (an
-evaluation pass, an export, serving) the window alone corrects: an export is scored on
-the passes after its own, which start from the window.
+decayed alike, emptied at every pass's start). Where that part's residual differs from
+the earlier passes' part by more than its noise, the correction moves from the window's
+to the pass's own by ``max(0, 1 - var / gap**2)`` (``var`` the sampling variance of the
+pass part's click log-odds, ``gap`` the difference of the two residuals: a positive-part
+James-Stein weight). A jump of tens of points is many standard errors after a few dozen
+of the pass's examples; on a stream whose passes share their rate the gap is noise and
+the window corrects as before. A replayed pass starts from empty sums again, so a restart
+still scores bit-identically. Outside training (an evaluation pass, an export, serving)
+the window alone corrects: an export is scored on the passes after its own, which start
+from the window.
 
 Test then train: a batch is observed after it was scored, so no prediction sees its own
 labels.
@@ -60,34 +63,40 @@ def residual(sums: torch.Tensor, k: float) -> torch.Tensor:
     return observed - expected
 
 
+def click_log_odds_variance(sums: torch.Tensor, k: float) -> torch.Tensor:
+    """The sampling variance of ``sums``' click log-odds (with ``k`` pseudo-clicks)."""
+    return 1.0 / (sums[1] + k) + 1.0 / (sums[0] - sums[1] + k)
+
+
 class ResidualCalibration(SummaryLayer):
     """``logits -> logits`` + the log-odds of the window's clicks minus those of its
-    predictions (``stats``: ``[examples, clicks, predicted]``, decayed per batch), or with
-    ``pass_prior`` > 0 of the current pass's sums with the window as their prior."""
+    predictions (``stats``: ``[examples, clicks, predicted]``, decayed per batch), or in
+    training with ``pass_split`` the current pass's own where it differs beyond its noise."""
 
     pass_sums: torch.Tensor
 
-    def __init__(self, decay: float, pseudo_clicks: float, pass_prior: float = 0.0) -> None:
+    def __init__(self, decay: float, pseudo_clicks: float, pass_split: bool = False) -> None:
         if not 0.0 <= decay < 1.0:
             raise ValueError(f"calibration window decay: must be in [0, 1), got {decay}")
         if pseudo_clicks <= 0:
             raise ValueError(f"model.calibrationPseudoClicks: must be > 0, got {pseudo_clicks}")
-        if pass_prior < 0:
-            raise ValueError(f"model.calibrationPassPrior: must be >= 0, got {pass_prior}")
         # The window starts empty (no correction); its own PS vector and per-batch decay.
         super().__init__(torch.zeros(3), vector=CALIBRATION_VECTOR, decay=decay)
         self.pseudo_clicks = float(pseudo_clicks)
-        self.pass_prior = float(pass_prior)
+        self.pass_split = bool(pass_split)
         self.register_buffer("pass_sums", torch.zeros(3), persistent=False)
 
     def offset(self) -> torch.Tensor:
         """The logit correction of the current window (and pass)."""
-        if self.pass_prior <= 0 or not self.training:
-            return residual(self.stats, self.pseudo_clicks)
-        # The window's part from earlier passes weighs at most ``pass_prior`` examples.
-        earlier = self.stats - self.pass_sums
-        weight = torch.clamp(self.pass_prior / torch.clamp(earlier[0], min=1e-6), max=1.0)
-        return residual(earlier * weight + self.pass_sums, self.pseudo_clicks)
+        k = self.pseudo_clicks
+        window = residual(self.stats, k)
+        if not self.pass_split or not self.training:
+            return window
+        own = residual(self.pass_sums, k)
+        gap = own - residual(self.stats - self.pass_sums, k)
+        variance = click_log_odds_variance(self.pass_sums, k)
+        keep = torch.clamp(1.0 - variance / (gap * gap + 1e-12), min=0.0)
+        return window + keep * (own - window)
 
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
         return logits + self.offset()
