@@ -93,7 +93,10 @@ class ResidualCalibration(SummaryLayer):
         if not self.pass_split or not self.training:
             return window
         own = residual(self.pass_sums, k)
-        gap = own - residual(self.stats - self.pass_sums, k)
+        # ``stats`` is the PS's as of the last dense sync, which may lag this worker's
+        # latest pushes: the earlier part is clipped at zero.
+        earlier = torch.clamp(self.stats - self.pass_sums, min=0.0)
+        gap = own - residual(earlier, k)
         variance = click_log_odds_variance(self.pass_sums, k)
         keep = torch.clamp(1.0 - variance / (gap * gap + 1e-12), min=0.0)
         return window + keep * (own - window)
