@@ -26,9 +26,9 @@ the previous one's, which the window then follows only as fast as it forgets. So
 layer also keeps the window's part from the current pass (``pass_sums``, this worker's,
 decayed alike, emptied at every pass's start). Where that part's residual differs from
 the earlier passes' part by more than its noise, the correction moves from the window's
-to the pass's own by ``max(0, 1 - var / gap**2)`` (``var`` the sampling variance of the
+to the pass's own by ``max(0, 1 - 4 var / gap**2)`` (``var`` the sampling variance of the
 pass part's click log-odds, ``gap`` the difference of the two residuals: a positive-part
-James-Stein weight). A jump of tens of points is many standard errors after a few dozen
+James-Stein weight that starts at a gap of two standard errors). A jump of tens of points is many standard errors after a few dozen
 of the pass's examples; on a stream whose passes share their rate the gap is noise and
 the window corrects as before. A replayed pass starts from empty sums again, so a restart
 still scores bit-identically. Outside training (an evaluation pass, an export, serving)
@@ -45,6 +45,10 @@ from streamtrain_worker.models.summary import SummaryLayer
 
 #: The PS summary vector of the window (``SummaryLayer.vector``).
 CALIBRATION_VECTOR = "calibration"
+#: How many variances a pass's gap to the earlier passes must exceed before the correction
+#: moves to the pass's own: 4, a gap of two standard errors (a steady stream's gaps are
+#: noise and must not move it; docs/decisions.md, issue 26).
+SPLIT_SIGNIFICANCE = 4.0
 
 
 def window_decay(window: float, batch_size: int) -> float:
@@ -98,7 +102,7 @@ class ResidualCalibration(SummaryLayer):
         earlier = torch.clamp(self.stats - self.pass_sums, min=0.0)
         gap = own - residual(earlier, k)
         variance = click_log_odds_variance(self.pass_sums, k)
-        keep = torch.clamp(1.0 - variance / (gap * gap + 1e-12), min=0.0)
+        keep = torch.clamp(1.0 - SPLIT_SIGNIFICANCE * variance / (gap * gap + 1e-12), min=0.0)
         return window + keep * (own - window)
 
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
