@@ -28,12 +28,12 @@ decayed alike, emptied at every pass's start). Where that part's residual differ
 the earlier passes' part by more than its noise, the correction moves from the window's
 to the pass's own by ``max(0, 1 - 4 var / gap**2)`` (``var`` the sampling variance of the
 pass part's click log-odds, ``gap`` the difference of the two residuals: a positive-part
-James-Stein weight that starts at a gap of two standard errors). A jump of tens of points is many standard errors after a few dozen
-of the pass's examples; on a stream whose passes share their rate the gap is noise and
-the window corrects as before. A replayed pass starts from empty sums again, so a restart
-still scores bit-identically. Outside training (an evaluation pass, an export, serving)
-the window alone corrects: an export is scored on the passes after its own, which start
-from the window.
+James-Stein weight that starts at a gap of two standard errors). A jump of tens of
+points is many standard errors after a few dozen of the pass's examples; on a stream
+whose passes share their rate the gap is noise and the window corrects as before. A
+replayed pass starts from empty sums again, so a restart still scores bit-identically.
+Outside training (an evaluation pass, an export, serving) the window alone corrects: an
+export is scored on the passes after its own, which start from the window.
 
 Test then train: a batch is observed after it was scored, so no prediction sees its own
 labels.
@@ -88,6 +88,7 @@ class ResidualCalibration(SummaryLayer):
         super().__init__(torch.zeros(3), vector=CALIBRATION_VECTOR, decay=decay)
         self.pseudo_clicks = float(pseudo_clicks)
         self.pass_split = bool(pass_split)
+        self.split_significance = SPLIT_SIGNIFICANCE
         self.register_buffer("pass_sums", torch.zeros(3), persistent=False)
 
     def offset(self) -> torch.Tensor:
@@ -102,7 +103,8 @@ class ResidualCalibration(SummaryLayer):
         earlier = torch.clamp(self.stats - self.pass_sums, min=0.0)
         gap = own - residual(earlier, k)
         variance = click_log_odds_variance(self.pass_sums, k)
-        keep = torch.clamp(1.0 - SPLIT_SIGNIFICANCE * variance / (gap * gap + 1e-12), min=0.0)
+        threshold = self.split_significance * variance
+        keep = torch.clamp(1.0 - threshold / (gap * gap + 1e-12), min=0.0)
         return window + keep * (own - window)
 
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
