@@ -298,3 +298,12 @@ def test_a_window_vector_of_another_decay_is_refused_naming_the_settings() -> No
     Trainer(cfg, ps, 4).close()
     with pytest.raises(ValueError, match=r"model\.calibrationWindow and model\.batchSize"):
         Trainer(_config(True, window=300), ps, 4)
+
+
+def test_a_window_lagging_the_pass_sums_still_corrects_finitely() -> None:
+    """The PS's sums loaded at a dense sync can lag this worker's latest pushes, so the
+    window can hold fewer examples than the pass part: the correction stays finite."""
+    layer = ResidualCalibration(window_decay(300.0, 64), 10.0, pass_split=True)
+    layer.stats.copy_(torch.tensor([355.2, 65.7, 69.6]))
+    layer.pass_sums.copy_(torch.tensor([382.1, 68.7, 54.5]))
+    assert torch.isfinite(layer.offset())

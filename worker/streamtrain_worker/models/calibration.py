@@ -99,8 +99,12 @@ class ResidualCalibration(SummaryLayer):
             return window
         own = residual(self.pass_sums, k)
         # ``stats`` is the PS's as of the last dense sync, which may lag this worker's
-        # latest pushes: the earlier part is clipped at zero.
+        # latest pushes: the earlier part is clipped to sums a window can hold.
         earlier = torch.clamp(self.stats - self.pass_sums, min=0.0)
+        examples = earlier[0]
+        earlier = torch.stack(
+            [examples, torch.minimum(earlier[1], examples), torch.minimum(earlier[2], examples)]
+        )
         gap = own - residual(earlier, k)
         variance = click_log_odds_variance(self.pass_sums, k)
         threshold = self.split_significance * variance
