@@ -60,6 +60,48 @@ def test_a_rate_shift_is_corrected_within_a_few_batches() -> None:
     assert all(0.34 < m < 0.46 for m in means[7:]), means
 
 
+def _corrections(layer: ResidualCalibration, rates: list[float], seed: int) -> list[float]:
+    """The correction each batch of 64 was scored with, a network stuck at 5 %, the
+    stream's click rate ``rates[i]`` in batch ``i``."""
+    rng = np.random.default_rng(seed)
+    raw = torch.full((64,), math.log(0.05 / 0.95))
+    out = []
+    for rate in rates:
+        logits = layer(raw)
+        out.append(float(logits[0] - raw[0]))
+        labels = torch.from_numpy((rng.random(64) < rate).astype(np.float32))
+        layer.observe(labels, logits)
+    return out
+
+
+def test_a_pass_follows_its_own_jump_and_a_steady_pass_keeps_the_window() -> None:
+    """A network stuck at 5 %, a window full of 5 % batches, then a new pass at 40 %: split
+    at the pass, the scored rate is past 30 % after three batches, where the window alone
+    is still below 25 %. A new pass at the same 5 % is corrected as the window would (its
+    gap to the earlier passes is noise). Outside training the window alone corrects."""
+    decay = window_decay(300.0, 64)
+    reached = {}
+    for split in (False, True):
+        layer = ResidualCalibration(decay, 1.0, pass_split=split)
+        _corrections(layer, [0.05] * 40, seed=4)
+        layer.begin_pass()
+        after = _corrections(layer, [0.40] * 4, seed=5)
+        reached[split] = 1.0 / (1.0 + 19.0 * math.exp(-after[3]))  # 5 % corrected
+        layer.eval()
+        window_only = ResidualCalibration(decay, 1.0)
+        window_only.stats.copy_(layer.stats)
+        torch.testing.assert_close(layer.offset(), window_only.offset())
+    assert reached[False] < 0.25, reached
+    assert 0.3 < reached[True] < 0.47, reached
+    steady = []
+    for split in (False, True):
+        layer = ResidualCalibration(decay, 1.0, pass_split=split)
+        _corrections(layer, [0.05] * 40, seed=6)
+        layer.begin_pass()
+        steady.append(_corrections(layer, [0.05] * 10, seed=7))
+    assert np.max(np.abs(np.subtract(*steady))) < 0.1, steady
+
+
 def _config(calibration: bool, window: float = 400, in_loss: bool = True) -> WorkerConfig:
     return WorkerConfig.from_dict(
         {
@@ -97,9 +139,13 @@ def test_a_pass_after_an_hourly_rate_jump_is_calibrated(calibration: bool) -> No
         trainer.run_pass(_stream(0, 20, 0.05))
         trainer.run_pass(_stream(1, 20, 0.05))
         jumped = trainer.run_pass(_stream(2, 20, 0.35))
+        # the per-pass sums hold the last pass's 20 batches of 100 only, decayed per batch
+        own = [float(c.pass_sums[0]) for c in trainer.model.calibration]
+        decay = window_decay(400.0, 64)
     finally:
         trainer.close()
     if calibration:
+        assert own == pytest.approx([100 * (1 - decay**20) / (1 - decay)], rel=1e-5), own
         assert 0.85 < jumped.copc < 1.3, jumped.copc
     else:
         assert jumped.copc > 1.5, jumped.copc
@@ -252,3 +298,12 @@ def test_a_window_vector_of_another_decay_is_refused_naming_the_settings() -> No
     Trainer(cfg, ps, 4).close()
     with pytest.raises(ValueError, match=r"model\.calibrationWindow and model\.batchSize"):
         Trainer(_config(True, window=300), ps, 4)
+
+
+def test_a_window_lagging_the_pass_sums_still_corrects_finitely() -> None:
+    """The PS's sums loaded at a dense sync can lag this worker's latest pushes, so the
+    window can hold fewer examples than the pass part: the correction stays finite."""
+    layer = ResidualCalibration(window_decay(300.0, 64), 10.0, pass_split=True)
+    layer.stats.copy_(torch.tensor([355.2, 65.7, 69.6]))
+    layer.pass_sums.copy_(torch.tensor([382.1, 68.7, 54.5]))
+    assert torch.isfinite(layer.offset())

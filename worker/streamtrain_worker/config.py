@@ -166,6 +166,15 @@ class ModelConfig:
         "its logit before the correction (false: the network keeps learning the rate the "
         "window corrects for, and the window covers only what it has not learned yet).",
     )
+    # A pass's rate can jump from the last one's (an hour's folder): the 300-example window
+    # left such passes at COPC 1.4-1.5 where VW had 1.02-1.05. Day 1 of the families +0.003
+    # to +0.013, Criteo and Avazu -0.0015 (docs/decisions.md, issue 26).
+    calibrationPassSplit: bool = setting(
+        True,
+        "With residualCalibration: in training, move the correction to the current pass's "
+        "own residual where it differs from the earlier passes' by more than its noise "
+        "(a pass is a time slice whose rate can jump from the last one's).",
+    )
     calibrationPseudoClicks: float = setting(
         10.0,
         "With residualCalibration: pseudo-clicks added to both sums (k above), shrinking "

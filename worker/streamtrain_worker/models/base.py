@@ -54,6 +54,9 @@ class ModelSpec:
     calibration_window: float = 0.0
     #: Its pseudo-clicks (shrink toward no correction where the window has few clicks).
     calibration_pseudo_clicks: float = 10.0
+    #: In training, move to the current pass's own residual where it differs from the
+    #: earlier passes' beyond its noise (``models.calibration``).
+    calibration_pass_split: bool = False
     #: Examples per batch: the window decays once per batch (``window_decay``).
     batch_size: int = 64
 
@@ -89,6 +92,7 @@ class ModelSpec:
             prior_rate=model.priorClickRate,
             calibration_window=model.calibrationWindow if model.residualCalibration else 0.0,
             calibration_pseudo_clicks=model.calibrationPseudoClicks,
+            calibration_pass_split=model.calibrationPassSplit,
             batch_size=model.batchSize,
         )
 
@@ -183,6 +187,7 @@ class DenseModel(nn.Module):
                 ResidualCalibration(
                     window_decay(spec.calibration_window, spec.batch_size),
                     spec.calibration_pseudo_clicks,
+                    spec.calibration_pass_split,
                 )
             ]
             if spec.calibration_window > 0
@@ -205,6 +210,12 @@ class DenseModel(nn.Module):
             assert isinstance(correction, ResidualCalibration)
             total = total + correction.offset()
         return total
+
+    def begin_pass(self) -> None:
+        """A new pass starts: the calibration's per-pass sums start empty."""
+        for correction in self.calibration:
+            assert isinstance(correction, ResidualCalibration)
+            correction.begin_pass()
 
     def observe_labels(self, labels: torch.Tensor, logits: torch.Tensor) -> None:
         """Count a trained batch's labels into the base rate and the calibration window,

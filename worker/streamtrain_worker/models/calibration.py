@@ -21,6 +21,20 @@ is checkpointed with the model, a restarted job continues from the same sums, ev
 loads the same sums at each dense sync (and adds its own batches locally in between, like
 the base rate), and a PS snapshot's export carries the sums of its moment.
 
+A pass is a time slice (an hour's folder), and its click rate can be tens of points from
+the previous one's, which the window then follows only as fast as it forgets. So the
+layer also keeps the window's part from the current pass (``pass_sums``, this worker's,
+decayed alike, emptied at every pass's start). Where that part's residual differs from
+the earlier passes' part by more than its noise, the correction moves from the window's
+to the pass's own by ``max(0, 1 - 4 var / gap**2)`` (``var`` the sampling variance of the
+pass part's click log-odds, ``gap`` the difference of the two residuals: a positive-part
+James-Stein weight that starts at a gap of two standard errors). A jump of tens of
+points is many standard errors after a few dozen of the pass's examples; on a stream
+whose passes share their rate the gap is noise and the window corrects as before. A
+replayed pass starts from empty sums again, so a restart still scores bit-identically.
+Outside training (an evaluation pass, an export, serving) the window alone corrects: an
+export is scored on the passes after its own, which start from the window.
+
 Test then train: a batch is observed after it was scored, so no prediction sees its own
 labels.
 """
@@ -31,6 +45,10 @@ from streamtrain_worker.models.summary import SummaryLayer
 
 #: The PS summary vector of the window (``SummaryLayer.vector``).
 CALIBRATION_VECTOR = "calibration"
+#: How many variances a pass's gap to the earlier passes must exceed before the correction
+#: moves to the pass's own: 4, a gap of two standard errors (a steady stream's gaps are
+#: noise and must not move it; docs/decisions.md, issue 26).
+SPLIT_SIGNIFICANCE = 4.0
 
 
 def window_decay(window: float, batch_size: int) -> float:
@@ -40,11 +58,28 @@ def window_decay(window: float, batch_size: int) -> float:
     return (1.0 - 1.0 / window) ** batch_size if window > 1 else 0.0
 
 
+def residual(sums: torch.Tensor, k: float) -> torch.Tensor:
+    """The log-odds of ``sums``' clicks minus those of its predictions, ``k`` pseudo-clicks
+    (and non-clicks) on each side (``sums``: ``[examples, clicks, predicted]``)."""
+    examples, clicks, predicted = sums[0], sums[1], sums[2]
+    observed = torch.log(clicks + k) - torch.log(examples - clicks + k)
+    expected = torch.log(predicted + k) - torch.log(examples - predicted + k)
+    return observed - expected
+
+
+def click_log_odds_variance(sums: torch.Tensor, k: float) -> torch.Tensor:
+    """The sampling variance of ``sums``' click log-odds (with ``k`` pseudo-clicks)."""
+    return 1.0 / (sums[1] + k) + 1.0 / (sums[0] - sums[1] + k)
+
+
 class ResidualCalibration(SummaryLayer):
     """``logits -> logits`` + the log-odds of the window's clicks minus those of its
-    predictions (``stats``: ``[examples, clicks, predicted]``, decayed per batch)."""
+    predictions (``stats``: ``[examples, clicks, predicted]``, decayed per batch), or in
+    training with ``pass_split`` the current pass's own where it differs beyond its noise."""
 
-    def __init__(self, decay: float, pseudo_clicks: float) -> None:
+    pass_sums: torch.Tensor
+
+    def __init__(self, decay: float, pseudo_clicks: float, pass_split: bool = False) -> None:
         if not 0.0 <= decay < 1.0:
             raise ValueError(f"calibration window decay: must be in [0, 1), got {decay}")
         if pseudo_clicks <= 0:
@@ -52,17 +87,37 @@ class ResidualCalibration(SummaryLayer):
         # The window starts empty (no correction); its own PS vector and per-batch decay.
         super().__init__(torch.zeros(3), vector=CALIBRATION_VECTOR, decay=decay)
         self.pseudo_clicks = float(pseudo_clicks)
+        self.pass_split = bool(pass_split)
+        self.split_significance = SPLIT_SIGNIFICANCE
+        self.register_buffer("pass_sums", torch.zeros(3), persistent=False)
 
     def offset(self) -> torch.Tensor:
-        """The logit correction of the current window."""
+        """The logit correction of the current window (and pass)."""
         k = self.pseudo_clicks
-        examples, clicks, predicted = self.stats[0], self.stats[1], self.stats[2]
-        observed = torch.log(clicks + k) - torch.log(examples - clicks + k)
-        expected = torch.log(predicted + k) - torch.log(examples - predicted + k)
-        return observed - expected
+        window = residual(self.stats, k)
+        if not self.pass_split or not self.training:
+            return window
+        own = residual(self.pass_sums, k)
+        # ``stats`` is the PS's as of the last dense sync, which may lag this worker's
+        # latest pushes: the earlier part is clipped to sums a window can hold.
+        earlier = torch.clamp(self.stats - self.pass_sums, min=0.0)
+        examples = earlier[0]
+        earlier = torch.stack(
+            [examples, torch.minimum(earlier[1], examples), torch.minimum(earlier[2], examples)]
+        )
+        gap = own - residual(earlier, k)
+        variance = click_log_odds_variance(self.pass_sums, k)
+        threshold = self.split_significance * variance
+        keep = torch.clamp(1.0 - threshold / (gap * gap + 1e-12), min=0.0)
+        return window + keep * (own - window)
 
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
         return logits + self.offset()
+
+    @torch.jit.unused
+    def begin_pass(self) -> None:
+        """A new pass (time slice): its own sums start empty."""
+        self.pass_sums.zero_()
 
     @torch.jit.unused
     def observe(self, labels: torch.Tensor, logits: torch.Tensor) -> None:
@@ -76,3 +131,5 @@ class ResidualCalibration(SummaryLayer):
             self.pending += seen
             self.stats.mul_(self.decay)
             self.stats += seen
+            self.pass_sums.mul_(self.decay)
+            self.pass_sums += seen

@@ -347,6 +347,7 @@ class Trainer:
         started = time.perf_counter()
         metrics = PassMetrics(num_buckets=self.config.metrics.numBuckets)
         self.model.train(train)
+        self.model.begin_pass()
         try:
             compute = self._run_batches(batches, train, metrics, should_stop)
         except BaseException:
