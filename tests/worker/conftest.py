@@ -17,6 +17,7 @@ import pytest
 
 from streamtrain_tools.samples import SAMPLES_DIR
 from streamtrain_worker.config import WorkerConfig
+from streamtrain_worker.data.batch import Batch
 from streamtrain_worker.data.formats import Format, ParsedBlock
 from streamtrain_worker.data.reader import PassReader
 
@@ -81,3 +82,16 @@ def run(trainer: Trainer, files: list[str], train: bool = True):  # type: ignore
     cfg = trainer.config
     with PassReader(files, cfg.data, cfg.model.batchSize) as reader:
         return trainer.run_pass(reader, train=train)
+
+
+def uniform_stream(seed: int, batches: int, rate: float, size: int = 100) -> list[Batch]:
+    """``batches`` batches of ``size`` rows over four slots of 1,000 ids each, clicks at
+    ``rate`` regardless of the ids (the base rate's and the calibration's tests)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(batches):
+        keys = (rng.integers(0, 1000, (size, 4)) + np.arange(4) * 1000).astype(np.uint64)
+        labels = (rng.random(size) < rate).astype(np.float32)
+        offsets = np.arange(0, 4 * size + 1, dtype=np.int64)
+        out.append(Batch(labels, keys.reshape(-1), offsets, num_slots=4))
+    return out

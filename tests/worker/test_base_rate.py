@@ -17,6 +17,8 @@ from streamtrain_worker.models.base_rate import BaseRate
 from streamtrain_worker.models.summary import drain_pending, gather_stats, summary_layers
 from streamtrain_worker.training.train import Trainer
 
+from .conftest import uniform_stream
+
 CLICK_RATE = 0.02
 
 
@@ -56,15 +58,7 @@ def test_every_model_adds_the_offset_to_its_logit(model_type: str) -> None:
 
 
 def _stream(seed: int, batches: int, size: int = 200) -> list[Batch]:
-    """Four slots of 1,000 ids each, clicks at ``CLICK_RATE`` regardless of the ids."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(batches):
-        keys = (rng.integers(0, 1000, (size, 4)) + np.arange(4) * 1000).astype(np.uint64)
-        labels = (rng.random(size) < CLICK_RATE).astype(np.float32)
-        offsets = np.arange(0, 4 * size + 1, dtype=np.int64)
-        out.append(Batch(labels, keys.reshape(-1), offsets, num_slots=4))
-    return out
+    return uniform_stream(seed, batches, CLICK_RATE, size)
 
 
 def _config(base_rate: bool) -> WorkerConfig:

@@ -24,6 +24,8 @@ from streamtrain_worker.models.calibration import (
 from streamtrain_worker.publishing.export import export_dense, load_dense
 from streamtrain_worker.training.train import Trainer
 
+from .conftest import uniform_stream
+
 
 def test_an_empty_window_corrects_nothing_and_pseudo_clicks_shrink_the_correction() -> None:
     layer = ResidualCalibration(decay=1.0 - 1e-12, pseudo_clicks=5.0)
@@ -118,27 +120,15 @@ def _config(calibration: bool, window: float = 400, in_loss: bool = True) -> Wor
     )
 
 
-def _stream(seed: int, batches: int, rate: float, size: int = 100) -> list[Batch]:
-    """Four slots of 1,000 ids each, clicks at ``rate`` regardless of the ids."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(batches):
-        keys = (rng.integers(0, 1000, (size, 4)) + np.arange(4) * 1000).astype(np.uint64)
-        labels = (rng.random(size) < rate).astype(np.float32)
-        offsets = np.arange(0, 4 * size + 1, dtype=np.int64)
-        out.append(Batch(labels, keys.reshape(-1), offsets, num_slots=4))
-    return out
-
-
 @pytest.mark.parametrize("calibration", [True, False])
 def test_a_pass_after_an_hourly_rate_jump_is_calibrated(calibration: bool) -> None:
     """Two passes at 5 %, then one at 35 %: the counted base rate and the learned bias lag
     behind (COPC well above 1); the calibration follows within the pass."""
     trainer = Trainer(_config(calibration), LocalPS(_config(calibration).ps.config), 4)
     try:
-        trainer.run_pass(_stream(0, 20, 0.05))
-        trainer.run_pass(_stream(1, 20, 0.05))
-        jumped = trainer.run_pass(_stream(2, 20, 0.35))
+        trainer.run_pass(uniform_stream(0, 20, 0.05))
+        trainer.run_pass(uniform_stream(1, 20, 0.05))
+        jumped = trainer.run_pass(uniform_stream(2, 20, 0.35))
         # the per-pass sums hold the last pass's 20 batches of 100 only, decayed per batch
         own = [float(c.pass_sums[0]) for c in trainer.model.calibration]
         decay = window_decay(400.0, 64)
@@ -160,9 +150,9 @@ def test_trained_on_the_raw_logit_the_network_itself_learns_the_jump() -> None:
         cfg = _config(True, in_loss=in_loss)
         trainer = Trainer(cfg, LocalPS(cfg.ps.config), 4)
         try:
-            trainer.run_pass(_stream(0, 20, 0.05))
-            jumped = trainer.run_pass(_stream(2, 20, 0.35))
-            probe = trainer.prepare(_stream(3, 1, 0.35)[0])
+            trainer.run_pass(uniform_stream(0, 20, 0.05))
+            jumped = trainer.run_pass(uniform_stream(2, 20, 0.35))
+            probe = trainer.prepare(uniform_stream(3, 1, 0.35)[0])
             scored = trainer.step(probe, train=False).preds
             offset = float(trainer.model.calibration_offset())
         finally:
@@ -177,8 +167,8 @@ def test_trained_on_the_raw_logit_the_network_itself_learns_the_jump() -> None:
 def test_a_scored_batch_never_sees_its_own_labels() -> None:
     """Two trainers on the same stream, the last batch's labels flipped in one: its scores
     are the same (the window is updated only after scoring); the next batch's differ."""
-    history = _stream(0, 5, 0.1)
-    last, after = _stream(1, 2, 0.1)
+    history = uniform_stream(0, 5, 0.1)
+    last, after = uniform_stream(1, 2, 0.1)
     flipped = Batch(1.0 - last.labels, last.keys, last.offsets, num_slots=4)
     outputs = []
     for batch in (last, flipped):
@@ -203,7 +193,7 @@ def test_the_export_and_a_snapshot_export_carry_the_correction(tmp_path: Path) -
     ps = LocalPS(cfg.ps.config)
     trainer = Trainer(cfg, ps, 4)
     try:
-        trainer.run_pass(_stream(0, 10, 0.3))
+        trainer.run_pass(uniform_stream(0, 10, 0.3))
         ps.snapshot(SaveMode.DELTA, "pass-1")
         window = trainer.model.calibration[0].stats.clone()
         assert window[1] > 0
@@ -240,7 +230,7 @@ def test_the_window_is_a_ps_summary_vector_every_worker_loads() -> None:
     ps = LocalPS(cfg.ps.config)
     first = Trainer(cfg, ps, 4)
     try:
-        first.run_pass(_stream(0, 10, 0.3))
+        first.run_pass(uniform_stream(0, 10, 0.3))
         on_ps = ps.pull_dense(_calibration_vector(cfg))
         np.testing.assert_array_equal(on_ps, first.model.calibration[0].stats.numpy())
         # 10 batches of 100 in a window of 400 at batch size 64: sum of decay ** i * 100
@@ -260,7 +250,7 @@ def test_a_restart_from_a_checkpoint_continues_bit_identically(tmp_path: Path) -
     the next pass scores and trains exactly as the run that went on. A window kept only in
     the worker's memory restarted empty and scored differently (the reverted first cut)."""
     cfg = _config(True)
-    passes = [_stream(i, 8, rate) for i, rate in enumerate((0.05, 0.3, 0.1))]
+    passes = [uniform_stream(i, 8, rate) for i, rate in enumerate((0.05, 0.3, 0.1))]
     ps = LocalPS(cfg.ps.config)
     trainer = Trainer(cfg, ps, 4)
     try:
