@@ -33,6 +33,8 @@ DataFormat = Literal["slot", "criteo", "avazu", "libsvm", "csv"]
 FolderLayout = Literal["HHMM", "HH"]
 OnMissing = Literal["keepWaiting", "fail"]
 CsvKind = Literal["categorical", "bucket", "multi"]
+#: Joins the two slot names of a crossed slot in ``crosses`` ("user*item").
+CROSS_MARK = "*"
 #: A day folder's name, YYYYMMDD.
 DAY_PATTERN = r"^[0-9]{8}$"
 MINUTES_PER_DAY = 24 * 60
@@ -194,6 +196,13 @@ class DataConfig(Document):
     sequenceSlot: int | None = setting(
         None, "DIN only: index of the slot holding the behaviour sequence.", minimum=0
     )
+    crosses: tuple[str, ...] = setting(
+        (),
+        "Pairs of slots crossed into one more slot each, as 'user*item' (VW's -q ui): every "
+        "pair of their keys becomes a key of its own. Crossed slots follow the format's "
+        "slots, in this order.",
+        item_min_length=3,
+    )
 
     def _validate(self, path: str) -> None:
         """Cross-field rules (the declarations checked each field alone)."""
@@ -222,6 +231,7 @@ class DataConfig(Document):
             raise fail("labelSlot", f"{self.labelSlot!r} is also a feature slot")
         if self.sequenceSlot is not None and not 0 <= self.sequenceSlot < len(names):
             raise fail("sequenceSlot", f"must be in 0..{len(names) - 1}, got {self.sequenceSlot}")
+        self.crossed_positions(names, path)
 
     def _validate_schedule(self, fail: Callable[[str, str], DataConfigError]) -> None:
         # Mirrored as CEL rules in the CRD (streamtrain_tools.crdgen.SPEC_RULES).
@@ -327,6 +337,29 @@ class DataConfig(Document):
             if c.slot != LABEL and c.slot not in names:
                 names.append(c.slot)
         return tuple(names)
+
+    def crossed_positions(
+        self, names: tuple[str, ...], path: str = "data"
+    ) -> tuple[tuple[int, int], ...]:
+        """The slot positions of each of ``crosses`` among the format's slot ``names``.
+
+        Raises :class:`DataConfigError` naming the entry that is not two known, distinct
+        slot names (checked when the section is parsed, and again against a libsvm field
+        map's names when its format is made).
+        """
+        position = {name: i for i, name in enumerate(names)}
+        pairs: list[tuple[int, int]] = []
+        for i, entry in enumerate(self.crosses):
+            parts = entry.split(CROSS_MARK)
+            field = f"{path}.crosses[{i}]"
+            if len(parts) != 2 or parts[0] == parts[1]:
+                raise DataConfigError(field, f"{entry!r}: name two different slots, as 'user*item'")
+            for part in parts:
+                if part not in position:
+                    known = ", ".join(names)
+                    raise DataConfigError(field, f"{entry!r}: no slot {part!r} (slots: {known})")
+            pairs.append((position[parts[0]], position[parts[1]]))
+        return tuple(pairs)
 
     @property
     def ordinal_slots(self) -> tuple[int, ...]:
