@@ -22,6 +22,7 @@ Slots are identified by position ``0..num_slots-1`` everywhere downstream (``Bat
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
@@ -35,6 +36,9 @@ OnMissing = Literal["keepWaiting", "fail"]
 CsvKind = Literal["categorical", "bucket", "multi"]
 #: Joins the two slot names of a crossed slot in ``crosses`` ("user*item").
 CROSS_MARK = "*"
+#: Unset ``crosses`` crosses every pair of up to this many slots (28 pairs); a wider schema
+#: (Criteo's 39 slots, Avazu's 23) would multiply its keys per row by ~S/2 (decisions.md).
+AUTO_CROSS_MAX_SLOTS = 8
 #: A day folder's name, YYYYMMDD.
 DAY_PATTERN = r"^[0-9]{8}$"
 MINUTES_PER_DAY = 24 * 60
@@ -196,11 +200,12 @@ class DataConfig(Document):
     sequenceSlot: int | None = setting(
         None, "DIN only: index of the slot holding the behaviour sequence.", minimum=0
     )
-    crosses: tuple[str, ...] = setting(
-        (),
+    crosses: tuple[str, ...] | None = setting(
+        None,
         "Pairs of slots crossed into one more slot each, as 'user*item' (VW's -q ui): every "
-        "pair of their keys becomes a key of its own. Crossed slots follow the format's "
-        "slots, in this order.",
+        "pair of their keys becomes a key of its own, in a slot after the format's. Unset: "
+        "every pair of the slots other than sequenceSlot, when there are at most "
+        f"{AUTO_CROSS_MAX_SLOTS} of them, crossing single keys only (VW's -q ::); [] none.",
         item_min_length=3,
     )
 
@@ -341,12 +346,19 @@ class DataConfig(Document):
     def crossed_positions(
         self, names: tuple[str, ...], path: str = "data"
     ) -> tuple[tuple[int, int], ...]:
-        """The slot positions of each of ``crosses`` among the format's slot ``names``.
+        """The slot positions of each crossed slot among the format's slot ``names``.
 
-        Raises :class:`DataConfigError` naming the entry that is not two known, distinct
-        slot names (checked when the section is parsed, and again against a libsvm field
-        map's names when its format is made).
+        Unset ``crosses``: every pair of the slots but ``sequenceSlot`` if there are at most
+        ``AUTO_CROSS_MAX_SLOTS`` (see ``crosses_single_keys``). Raises
+        :class:`DataConfigError` naming an entry that is not two known, distinct slot names
+        (checked when the section is parsed, and again against a libsvm field map's names
+        when its format is made).
         """
+        if self.crosses is None:
+            crossable = [i for i in range(len(names)) if i != self.sequenceSlot]
+            if len(crossable) > AUTO_CROSS_MAX_SLOTS:
+                return ()
+            return tuple(itertools.combinations(crossable, 2))
         position = {name: i for i, name in enumerate(names)}
         pairs: list[tuple[int, int]] = []
         for i, entry in enumerate(self.crosses):
@@ -360,6 +372,13 @@ class DataConfig(Document):
                     raise DataConfigError(field, f"{entry!r}: no slot {part!r} (slots: {known})")
             pairs.append((position[parts[0]], position[parts[1]]))
         return tuple(pairs)
+
+    @property
+    def crosses_single_keys(self) -> bool:
+        """Whether a crossed slot pairs only bags of one key: the automatic crosses do (a
+        multi-valued slot nobody asked to cross would multiply a row's keys), named ones
+        cross every key with every key."""
+        return self.crosses is None
 
     @property
     def ordinal_slots(self) -> tuple[int, ...]:

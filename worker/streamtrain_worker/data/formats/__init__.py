@@ -28,10 +28,12 @@ def make_format(config: DataConfig, labels_optional: bool = False) -> Format:
     example with a NaN label instead of a bad line; other formats keep the label required.
     """
     fmt = _line_format(config, labels_optional)
-    if not config.crosses:
-        return fmt
     names = getattr(fmt, "slot_names", None) or config.slot_names
-    return CrossedFormat(fmt, np.array(config.crossed_positions(tuple(names)), dtype=np.int64))
+    pairs = config.crossed_positions(tuple(names))
+    if not pairs:
+        return fmt
+    positions = np.array(pairs, dtype=np.int64)
+    return CrossedFormat(fmt, positions, single_keys=config.crosses_single_keys)
 
 
 def _line_format(config: DataConfig, labels_optional: bool) -> Format:
