@@ -26,10 +26,15 @@ def reference_cross(left: int, right: int, slot: int) -> int:
     return _fmix64_py(_fmix64_py(left ^ GOLDEN) ^ right ^ salt)
 
 
-def reference_bags(example: list[list[int]], pairs: list[tuple[int, int]]) -> list[list[int]]:
+def reference_bags(
+    example: list[list[int]], pairs: list[tuple[int, int]], single_keys: bool = False
+) -> list[list[int]]:
     out = [list(bag) for bag in example]
     for c, (a, b) in enumerate(pairs):
         slot = len(example) + c
+        if single_keys and (len(example[a]), len(example[b])) != (1, 1):
+            out.append([])
+            continue
         out.append([reference_cross(x, y, slot) for x in example[a] for y in example[b]])
     return out
 
@@ -66,18 +71,17 @@ def crossed_batches(draw: st.DrawFn) -> tuple[list[list[list[int]]], int, list[t
 
 
 @settings(deadline=None, max_examples=150)
-@given(crossed_batches())
+@given(crossed_batches(), st.booleans())
 def test_crossed_slots_match_the_reference(
-    case: tuple[list[list[list[int]]], int, list[tuple[int, int]]],
+    case: tuple[list[list[list[int]]], int, list[tuple[int, int]]], single_keys: bool
 ) -> None:
     examples, num_slots, pairs = case
-    crossed = cross_batch(
-        batch_of(examples, num_slots), np.array(pairs, dtype=np.int64).reshape(-1, 2)
-    )
+    positions = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+    crossed = cross_batch(batch_of(examples, num_slots), positions, single_keys)
     assert crossed.num_slots == num_slots + len(pairs)
     assert crossed.size == len(examples)
     for e, example in enumerate(examples):
-        assert batch_bags(crossed, e) == reference_bags(example, pairs)
+        assert batch_bags(crossed, e) == reference_bags(example, pairs, single_keys)
 
 
 @settings(deadline=None, max_examples=40)
@@ -113,7 +117,11 @@ def test_the_slot_format_appends_the_crossed_slots() -> None:
     assert fmt.num_slots == 5
     parsed = parse(fmt, b"click:1 5:user 7:item 9:hist 10:hist\nclick:0 5:user 8:item\n")
     plain = parse(
-        make_format(DataConfig.from_dict({"format": "slot", "slots": ["user", "item", "hist"]})),
+        make_format(
+            DataConfig.from_dict(
+                {"format": "slot", "slots": ["user", "item", "hist"], "crosses": []}
+            )
+        ),
         b"click:1 5:user 7:item 9:hist 10:hist\nclick:0 5:user 8:item\n",
     )
     for e in range(2):
@@ -156,3 +164,30 @@ def test_a_bad_cross_names_its_entry(entry: str, message: str) -> None:
         DataConfig.from_dict(
             {"format": "slot", "slots": ["user", "item"], "crosses": ["item*user", entry]}
         )
+
+
+def test_unset_crosses_cross_every_pair_of_a_small_schema_but_the_sequence() -> None:
+    synth = ["user", "item", "category", "device", "position", "hour", "hist"]
+    cfg = DataConfig.from_dict({"format": "slot", "slots": synth, "sequenceSlot": 6})
+    fmt = make_format(cfg)
+    assert fmt.num_slots == 7 + 15  # the 15 pairs of the six slots other than hist
+    line = b"click:1 1:user 2:item 3:category 4:device 5:position 6:hour 7:hist 8:hist\n"
+    parsed = parse(fmt, line + b"click:0 1:user 2:item 3:category 4:device 5:position 7:hist\n")
+    plain = make_format(DataConfig.from_dict({**cfg.to_dict(), "crosses": []}))
+    assert plain.num_slots == 7
+    pairs = list(cfg.crossed_positions(tuple(synth)))
+    assert (0, 1) in pairs and all(6 not in pair for pair in pairs)
+    expected = reference_bags(bags(parse(plain, line), 0), pairs, single_keys=True)
+    assert bags(parsed, 0) == expected
+    assert [len(bag) for bag in bags(parsed, 1)[7:]].count(0) == 5  # no hour: 5 pairs empty
+    named = make_format(DataConfig.from_dict({**cfg.to_dict(), "crosses": ["hist*item"]}))
+    assert [len(bag) for bag in bags(parse(named, line), 0)] == [1] * 6 + [2, 2]
+
+
+def test_a_wide_schema_is_not_crossed_unless_asked() -> None:
+    assert make_format(DataConfig.from_dict({"format": "criteo"})).num_slots == 39
+    assert make_format(DataConfig.from_dict({"format": "avazu"})).num_slots == 23
+    nine = {"format": "slot", "numSlots": 9}
+    assert make_format(DataConfig.from_dict(nine)).num_slots == 9
+    assert make_format(DataConfig.from_dict({**nine, "sequenceSlot": 0})).num_slots == 9 + 28
+    assert make_format(DataConfig.from_dict({**nine, "crosses": ["1*2"]})).num_slots == 10

@@ -408,5 +408,7 @@ class DataConfig(Document):
 
     @property
     def num_slots(self) -> int:
-        """``S``: the slot count of every ``Batch`` this config produces."""
-        return len(self.slot_names)
+        """``S``: the slot count of every ``Batch`` this config produces: the format's
+        slots, then the crossed ones."""
+        names = self.slot_names
+        return len(names) + len(self.crossed_positions(names))

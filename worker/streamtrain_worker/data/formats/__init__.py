@@ -17,7 +17,7 @@ from streamtrain_worker.data.formats.kernel import REASONS, Format, ParsedBlock
 from streamtrain_worker.data.formats.libsvm import LibsvmFormat
 from streamtrain_worker.data.formats.slot import SlotFormat
 
-__all__ = ["REASONS", "Format", "ParsedBlock", "make_format"]
+__all__ = ["REASONS", "Format", "ParsedBlock", "line_format", "make_format"]
 
 
 def make_format(config: DataConfig, labels_optional: bool = False) -> Format:
@@ -27,7 +27,7 @@ def make_format(config: DataConfig, labels_optional: bool = False) -> Format:
     ``labels_optional`` (scoring, not training): a slot line without its label token is an
     example with a NaN label instead of a bad line; other formats keep the label required.
     """
-    fmt = _line_format(config, labels_optional)
+    fmt = line_format(config, labels_optional)
     names = getattr(fmt, "slot_names", None) or config.slot_names
     pairs = config.crossed_positions(tuple(names))
     if not pairs:
@@ -36,7 +36,8 @@ def make_format(config: DataConfig, labels_optional: bool = False) -> Format:
     return CrossedFormat(fmt, positions, single_keys=config.crosses_single_keys)
 
 
-def _line_format(config: DataConfig, labels_optional: bool) -> Format:
+def line_format(config: DataConfig, labels_optional: bool = False) -> Format:
+    """The parser of ``config.format`` alone: the slots of the lines, no crossed slots."""
     if config.format == "criteo":
         return CriteoFormat()
     if config.format == "avazu":
