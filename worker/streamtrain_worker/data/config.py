@@ -206,7 +206,6 @@ class DataConfig(Document):
         "pair of their keys becomes a key of its own, in a slot after the format's. Unset: "
         "every pair of the slots other than sequenceSlot, when there are at most "
         f"{AUTO_CROSS_MAX_SLOTS} of them, crossing single keys only (VW's -q ::); [] none.",
-        item_min_length=3,
     )
 
     def _validate(self, path: str) -> None:
