@@ -64,7 +64,9 @@ def test_the_operator_fields_are_accepted() -> None:
 def test_slot_names_per_format(data: dict[str, Any], expected: tuple[str, ...]) -> None:
     cfg = DataConfig.from_dict(data)
     assert cfg.slot_names == expected
-    assert cfg.num_slots == len(expected)
+    pairs = len(expected) * (len(expected) - 1) // 2 if len(expected) <= 8 else 0
+    assert cfg.num_slots == len(expected) + pairs  # unset crosses: every pair of a few slots
+    assert DataConfig.from_dict({**data, "crosses": []}).num_slots == len(expected)
     assert len(CRITEO_SLOTS) == 39 and len(AVAZU_SLOTS) == 23
 
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from streamtrain_tools.samples import SAMPLES_DIR
 from streamtrain_worker.data.config import AVAZU_CATEGORICAL, AVAZU_SLOTS, DataConfig
 from streamtrain_worker.data.errors import CorruptFileError, DataConfigError
-from streamtrain_worker.data.formats import make_format
+from streamtrain_worker.data.formats import line_format
 from streamtrain_worker.data.formats.kernel import (
     BAD_COLUMNS,
     BAD_LABEL,
@@ -40,7 +40,7 @@ def reference_bucket(v: int) -> int:
 
 def test_criteo_sample_parses_completely() -> None:
     raw = CRITEO.read_bytes()
-    parsed = parse(make_format(DataConfig.from_dict({"format": "criteo"})), raw)
+    parsed = parse(line_format(DataConfig.from_dict({"format": "criteo"})), raw)
     batch = parsed.batch
     assert (batch.size, parsed.lines, parsed.bad_lines.size) == (7200, 7200, 0)
     assert int(batch.labels.sum()) == 1549
@@ -64,7 +64,7 @@ def test_criteo_broken_rows_are_counted_with_line_numbers() -> None:
     not_int = b"\t".join([fields[0], b"12x", *fields[2:]])
     bad_label = b"\t".join([b"yes", *fields[1:]])
     text = b"\n".join([good[0], short, b"", not_int, good[1], bad_label, good[2]]) + b"\r\n"
-    parsed = parse(make_format(DataConfig.from_dict({"format": "criteo"})), text)
+    parsed = parse(line_format(DataConfig.from_dict({"format": "criteo"})), text)
     assert parsed.batch.size == 3
     assert parsed.lines == 6  # the blank line is not a data line
     assert parsed.bad_lines.tolist() == [2, 4, 6]
@@ -74,7 +74,7 @@ def test_criteo_broken_rows_are_counted_with_line_numbers() -> None:
 
 def test_avazu_sample_uses_the_header_and_derives_hour_and_weekday() -> None:
     raw = AVAZU.read_bytes()
-    fmt = make_format(DataConfig.from_dict({"format": "avazu"}))
+    fmt = line_format(DataConfig.from_dict({"format": "avazu"}))
     parsed = parse(fmt, raw)
     batch = parsed.batch
     assert (batch.size, parsed.bad_lines.size) == (8087, 0)
@@ -97,7 +97,7 @@ def test_avazu_column_order_comes_from_each_header() -> None:
     rows = [line.split(b",") for line in lines if line]
     order = list(reversed(range(len(rows[0]))))
     shuffled = b"\n".join(b",".join(r[i] for i in order) for r in rows) + b"\n"
-    fmt = make_format(DataConfig.from_dict({"format": "avazu"}))
+    fmt = line_format(DataConfig.from_dict({"format": "avazu"}))
     original = parse(fmt, b"\n".join(lines) + b"\n")
     permuted = parse(fmt, shuffled)
     assert np.array_equal(original.batch.keys, permuted.batch.keys)
@@ -112,7 +112,7 @@ def test_avazu_broken_rows() -> None:
     bad_hour = b",".join([*cells[:2], b"1410210", *cells[3:]])
     bad_month = b",".join([*cells[:2], b"14132100", *cells[3:]])
     text = b"\n".join([header, first, bad_hour, b",".join(cells[:-2]), bad_month, first])
-    parsed = parse(make_format(DataConfig.from_dict({"format": "avazu"})), text)
+    parsed = parse(line_format(DataConfig.from_dict({"format": "avazu"})), text)
     assert parsed.batch.size == 2
     assert parsed.bad_lines.tolist() == [3, 4, 5]
     assert parsed.bad_reasons.tolist() == [BAD_NUMBER, BAD_COLUMNS, BAD_NUMBER]
@@ -123,7 +123,7 @@ def ipinyou_config(**extra: object) -> DataConfig:
 
 
 def test_ipinyou_libsvm_with_the_featindex_field_map() -> None:
-    fmt = make_format(ipinyou_config(numSlots=16))
+    fmt = line_format(ipinyou_config(numSlots=16))
     raw = IPINYOU.read_bytes()
     parsed = parse(fmt, raw)
     batch = parsed.batch
@@ -150,25 +150,25 @@ def test_ipinyou_libsvm_with_the_featindex_field_map() -> None:
 
 def test_libsvm_map_must_match_num_slots_and_can_drop_fields() -> None:
     with pytest.raises(DataConfigError, match=r"data\.numSlots: is 3 but the field map gives 16"):
-        make_format(ipinyou_config(numSlots=3))
-    fmt = make_format(ipinyou_config(slots=["hour", "weekday"]))
+        line_format(ipinyou_config(numSlots=3))
+    fmt = line_format(ipinyou_config(slots=["hour", "weekday"]))
     parsed = parse(fmt, b"1 1:1 6:1 31:1\n")
     assert bags(parsed, 0) == [[feature_sign(0, 6)], [feature_sign(1, 1)]]
 
 
 def test_libsvm_broken_rows_and_field_aware_tokens() -> None:
-    fmt = make_format(ipinyou_config(numSlots=16))
+    fmt = line_format(ipinyou_config(numSlots=16))
     text = b"0 1:1\n1 999999999:1\n0 1:x\n0 a:1\n2:1 1:1\n-1 1:1 6:0\n"
     parsed = parse(fmt, text)
     assert parsed.batch.labels.tolist() == [0.0, 0.0]
     assert bags(parsed, 1)[1] == []  # 6:0 is an absent feature
     assert parsed.bad_lines.tolist() == [2, 3, 4, 5]
     assert parsed.bad_reasons.tolist() == [UNKNOWN_FEATURE, BAD_NUMBER, BAD_NUMBER, MISSING_LABEL]
-    ffm = make_format(DataConfig.from_dict({"format": "libsvm", "numSlots": 3}))
+    ffm = line_format(DataConfig.from_dict({"format": "libsvm", "numSlots": 3}))
     parsed = parse(ffm, b"+1 0:5:1 2:7:0.5 2:8:1 1:3:0\n1 3:1:1\n1 4:1\n")
     assert bags(parsed, 0) == [[feature_sign(0, 5)], [], [feature_sign(2, 7), feature_sign(2, 8)]]
     assert parsed.bad_reasons.tolist() == [BAD_TOKEN, BAD_TOKEN]  # field 3 >= 3; no field
-    single = make_format(DataConfig.from_dict({"format": "libsvm"}))
+    single = line_format(DataConfig.from_dict({"format": "libsvm"}))
     assert bags(parse(single, b"1 4:1 9:2.5\n"), 0) == [[feature_sign(0, 4), feature_sign(0, 9)]]
 
 
@@ -179,7 +179,7 @@ def slot_config(**extra: object) -> DataConfig:
 
 
 def test_slot_lines_multi_valued_in_order() -> None:
-    fmt = make_format(slot_config())
+    fmt = line_format(slot_config())
     text = (
         b"click:1 11:user 22:item 7:hist 5:hist 9:hist 3:unknown\n"
         b"44:item 0:click\n"
@@ -199,7 +199,7 @@ def test_slot_lines_multi_valued_in_order() -> None:
 
 
 def test_slot_broken_rows() -> None:
-    fmt = make_format(slot_config())
+    fmt = line_format(slot_config())
     text = (
         b"click:1 11:user\n"
         b"11:user 22:item\n"
@@ -223,7 +223,7 @@ def test_slot_broken_rows() -> None:
 def test_paddlerec_slot_dnn_style_numeric_label_slot() -> None:
     # PaddleRec slot_dnn demo rows look like "0:1 13030533623378965644:408 ...": slot 1 is the
     # click. With a numeric label slot only the feasign:slot form is a label.
-    fmt = make_format(
+    fmt = line_format(
         DataConfig.from_dict({"format": "slot", "labelSlot": "1", "slots": ["408", "334"]})
     )
     parsed = parse(fmt, b"0:1 13030533623378965644:408 10711181114198415597:334 1:408\n1:1\n")
@@ -237,8 +237,8 @@ def test_paddlerec_slot_dnn_style_numeric_label_slot() -> None:
 def test_generic_csv_matches_avazu_on_real_rows() -> None:
     columns: dict[str, object] = {"click": "label"}
     columns.update({name: name for name in AVAZU_CATEGORICAL})
-    csv = make_format(DataConfig.from_dict({"format": "csv", "columns": columns}))
-    avazu = make_format(DataConfig.from_dict({"format": "avazu"}))
+    csv = line_format(DataConfig.from_dict({"format": "csv", "columns": columns}))
+    avazu = line_format(DataConfig.from_dict({"format": "avazu"}))
     raw = b"\n".join(AVAZU.read_bytes().split(b"\n")[:200]) + b"\n"
     a, b = parse(csv, raw), parse(avazu, raw)
     n = len(AVAZU_CATEGORICAL)
@@ -263,7 +263,7 @@ def test_generic_csv_kinds_without_header_and_broken_rows() -> None:
         }
     )
     assert cfg.slot_names == ("user", "tags", "age")
-    fmt = make_format(cfg)
+    fmt = line_format(cfg)
     text = b"1;u1;a|b||c;30;z;extra\n0;u2;;;\n1;u3;a;3\n0;u4;a;old;z\n"
     parsed = parse(fmt, text)
     assert parsed.batch.labels.tolist() == [1.0, 0.0]
@@ -283,7 +283,7 @@ def test_generic_csv_kinds_without_header_and_broken_rows() -> None:
 
 def test_generic_csv_header_must_name_the_columns() -> None:
     cfg = DataConfig.from_dict({"format": "csv", "columns": {"y": "label", "user": "u"}})
-    fmt = make_format(cfg)
+    fmt = line_format(cfg)
     parsed = parse(fmt, b"user,y,other\nalice,1,x\nbob,0\n")
     assert bags(parsed, 0) == [[feature_sign(0, b"alice")]]
     assert parsed.bad_reasons.tolist() == [BAD_COLUMNS]
@@ -292,7 +292,7 @@ def test_generic_csv_header_must_name_the_columns() -> None:
 
 
 def test_long_lines_grow_the_key_buffer() -> None:
-    fmt = make_format(slot_config())
+    fmt = line_format(slot_config())
     many = b" ".join(b"%d:hist" % i for i in range(5000))
     text = b"click:1 " + many + b"\n" + b"click:0 1:user\n" * 3
     parsed = parse(fmt, text)
@@ -305,7 +305,7 @@ def test_malformed_field_map_names_the_field(tmp_path: Path) -> None:
     bad.write_text("weekday:2\t1\nhour:3\tnot-a-number\n")
     cfg = DataConfig.from_dict({"format": "libsvm", "fieldMap": str(bad)})
     with pytest.raises(DataConfigError, match=r"data\.fieldMap: .*featindex\.txt"):
-        make_format(cfg)
+        line_format(cfg)
 
 
 ALPHABET = b'0123456789:: \t,,;|.-xc"\r\n\n'
@@ -333,7 +333,7 @@ FUZZ_CONFIGS = {
 )
 def test_arbitrary_bytes_never_break_a_parser(name: str, text: bytes) -> None:
     # Numba does not bounds-check: this guards the scratch and output sizing of every kernel.
-    parsed = parse(make_format(DataConfig.from_dict(FUZZ_CONFIGS[name])), text)
+    parsed = parse(line_format(DataConfig.from_dict(FUZZ_CONFIGS[name])), text)
     batch = parsed.batch
     assert parsed.lines == batch.size + parsed.bad_lines.shape[0]
     assert np.all(np.diff(batch.offsets) >= 0)

@@ -18,7 +18,7 @@ from streamtrain_tools.bench.worker import quoting as bench_quoting
 from streamtrain_tools.samples import SAMPLES_DIR
 from streamtrain_worker.data.config import AVAZU_CATEGORICAL, AVAZU_SLOTS, DataConfig
 from streamtrain_worker.data.errors import BadDataError, CorruptFileError, DataConfigError
-from streamtrain_worker.data.formats import Format, ParsedBlock, make_format
+from streamtrain_worker.data.formats import Format, ParsedBlock, line_format
 from streamtrain_worker.data.formats.kernel import (
     BAD_COLUMNS,
     BAD_LABEL,
@@ -37,7 +37,7 @@ CSV_DIGEST_BEFORE_QUOTING = "254901ad082fd333b1ff9e3a9c72c47fc65caa7c19a43114977
 
 
 def csv_format(columns: dict[str, Any], **extra: Any) -> Format:
-    return make_format(DataConfig.from_dict({"format": "csv", "columns": columns, **extra}))
+    return line_format(DataConfig.from_dict({"format": "csv", "columns": columns, **extra}))
 
 
 def digest(parsed: ParsedBlock) -> str:
@@ -170,7 +170,7 @@ def test_quoted_headers_and_malformed_ones() -> None:
 def test_avazu_sample_parses_exactly_as_before_quoting_existed() -> None:
     raw = AVAZU.read_bytes()
     columns: dict[str, Any] = {"click": "label", **{name: name for name in AVAZU_CATEGORICAL}}
-    avazu = parse(make_format(DataConfig.from_dict({"format": "avazu"})), raw)
+    avazu = parse(line_format(DataConfig.from_dict({"format": "avazu"})), raw)
     generic = parse(csv_format(columns), raw)
     assert avazu.batch.size == generic.batch.size == 8087
     assert digest(avazu) == AVAZU_DIGEST_BEFORE_QUOTING
@@ -188,7 +188,7 @@ def test_avazu_sample_parses_exactly_as_before_quoting_existed() -> None:
     writer.writerows(csv.reader(io.StringIO(raw.decode())))
     quoted = out.getvalue().encode()
     assert quoted.count(b'"') == 2 * 24 * 8088
-    assert digest(parse(make_format(DataConfig.from_dict({"format": "avazu"})), quoted)) == (
+    assert digest(parse(line_format(DataConfig.from_dict({"format": "avazu"})), quoted)) == (
         AVAZU_DIGEST_BEFORE_QUOTING
     )
     assert digest(parse(csv_format(columns), quoted)) == CSV_DIGEST_BEFORE_QUOTING
@@ -197,7 +197,7 @@ def test_avazu_sample_parses_exactly_as_before_quoting_existed() -> None:
 
 
 def test_criteo_never_quotes() -> None:
-    fmt = make_format(DataConfig.from_dict({"format": "criteo"}))
+    fmt = line_format(DataConfig.from_dict({"format": "criteo"}))
     cells = [b"1", *[b"1"] * 13, b'"ab', *[b"cd"] * 25]
     parsed = parse(fmt, b"\t".join(cells) + b"\n")
     assert parsed.bad_lines.tolist() == []
@@ -282,17 +282,17 @@ def test_field_splitting_matches_pythons_csv_module(case: tuple[str, str, str]) 
         (fields,) = csv.reader([text], delimiter=delimiter, quotechar=quote, strict=True)
     except csv.Error as exc:
         event("the csv module rejects the line")
-        parsed = parse(make_format(csv_config(delimiter, quote, 1)), text.encode() + b"\n")
+        parsed = parse(line_format(csv_config(delimiter, quote, 1)), text.encode() + b"\n")
         reason = UNTERMINATED_QUOTE if "unexpected end of data" in str(exc) else TEXT_AFTER_QUOTE
         assert (parsed.batch.size, parsed.bad_reasons.tolist()) == (0, [reason])
         return
     event(f"{len(fields) - 1} feature fields")
     features = len(fields) - 1
-    parsed = parse(make_format(csv_config(delimiter, quote, features)), text.encode() + b"\n")
+    parsed = parse(line_format(csv_config(delimiter, quote, features)), text.encode() + b"\n")
     assert parsed.bad_lines.tolist() == []
     assert bags(parsed, 0) == [[feature_sign(k, fields[k + 1].encode())] for k in range(features)]
     # One configured column more than the line has: exactly the field count is found.
-    too_many = parse(make_format(csv_config(delimiter, quote, features + 1)), text.encode())
+    too_many = parse(line_format(csv_config(delimiter, quote, features + 1)), text.encode())
     assert too_many.bad_reasons.tolist() == [BAD_COLUMNS]
 
 

@@ -50,9 +50,11 @@ def test_layout_donefiles_and_readable_data(tmp_path: Path) -> None:
     ]
     batches = list(iter_batches(files, data, 256))
     assert sum(b.size for b in batches) == 1200
-    counts = np.diff(batches[0].offsets).reshape(-1, len(synth.SLOTS))
+    assert data.num_slots == len(synth.SLOTS) + 15  # the pairs of the six single slots
+    counts = np.diff(batches[0].offsets).reshape(-1, data.num_slots)
     assert np.all(counts[:, :6] == 1)
     assert np.all((counts[:, 6] >= 3) & (counts[:, 6] <= 12))  # the behaviour sequence
+    assert np.all(counts[:, 7:] == 1)
 
 
 def test_oracle_auc_is_informative_and_recorded(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ Slots are identified by position ``0..num_slots-1`` everywhere downstream (``Bat
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
@@ -33,6 +34,11 @@ DataFormat = Literal["slot", "criteo", "avazu", "libsvm", "csv"]
 FolderLayout = Literal["HHMM", "HH"]
 OnMissing = Literal["keepWaiting", "fail"]
 CsvKind = Literal["categorical", "bucket", "multi"]
+#: Joins the two slot names of a crossed slot in ``crosses`` ("user*item").
+CROSS_MARK = "*"
+#: Unset ``crosses`` crosses every pair of up to this many slots (28 pairs); a wider schema
+#: (Criteo's 39 slots, Avazu's 23) would multiply its keys per row by ~S/2 (decisions.md).
+AUTO_CROSS_MAX_SLOTS = 8
 #: A day folder's name, YYYYMMDD.
 DAY_PATTERN = r"^[0-9]{8}$"
 MINUTES_PER_DAY = 24 * 60
@@ -194,6 +200,13 @@ class DataConfig(Document):
     sequenceSlot: int | None = setting(
         None, "DIN only: index of the slot holding the behaviour sequence.", minimum=0
     )
+    crosses: tuple[str, ...] | None = setting(
+        None,
+        "Pairs of slots crossed into one more slot each, as 'user*item' (VW's -q ui): every "
+        "pair of their keys becomes a key of its own, in a slot after the format's. Unset: "
+        "every pair of the slots other than sequenceSlot, when there are at most "
+        f"{AUTO_CROSS_MAX_SLOTS} of them, crossing single keys only (VW's -q ::); [] none.",
+    )
 
     def _validate(self, path: str) -> None:
         """Cross-field rules (the declarations checked each field alone)."""
@@ -222,6 +235,7 @@ class DataConfig(Document):
             raise fail("labelSlot", f"{self.labelSlot!r} is also a feature slot")
         if self.sequenceSlot is not None and not 0 <= self.sequenceSlot < len(names):
             raise fail("sequenceSlot", f"must be in 0..{len(names) - 1}, got {self.sequenceSlot}")
+        self.crossed_positions(names, path)
 
     def _validate_schedule(self, fail: Callable[[str, str], DataConfigError]) -> None:
         # Mirrored as CEL rules in the CRD (streamtrain_tools.crdgen.SPEC_RULES).
@@ -328,6 +342,43 @@ class DataConfig(Document):
                 names.append(c.slot)
         return tuple(names)
 
+    def crossed_positions(
+        self, names: tuple[str, ...], path: str = "data"
+    ) -> tuple[tuple[int, int], ...]:
+        """The slot positions of each crossed slot among the format's slot ``names``.
+
+        Unset ``crosses``: every pair of the slots but ``sequenceSlot`` if there are at most
+        ``AUTO_CROSS_MAX_SLOTS`` (see ``crosses_single_keys``). Raises
+        :class:`DataConfigError` naming an entry that is not two known, distinct slot names
+        (checked when the section is parsed, and again against a libsvm field map's names
+        when its format is made).
+        """
+        if self.crosses is None:
+            crossable = [i for i in range(len(names)) if i != self.sequenceSlot]
+            if len(crossable) > AUTO_CROSS_MAX_SLOTS:
+                return ()
+            return tuple(itertools.combinations(crossable, 2))
+        position = {name: i for i, name in enumerate(names)}
+        pairs: list[tuple[int, int]] = []
+        for i, entry in enumerate(self.crosses):
+            parts = entry.split(CROSS_MARK)
+            field = f"{path}.crosses[{i}]"
+            if len(parts) != 2 or parts[0] == parts[1]:
+                raise DataConfigError(field, f"{entry!r}: name two different slots, as 'user*item'")
+            for part in parts:
+                if part not in position:
+                    known = ", ".join(names)
+                    raise DataConfigError(field, f"{entry!r}: no slot {part!r} (slots: {known})")
+            pairs.append((position[parts[0]], position[parts[1]]))
+        return tuple(pairs)
+
+    @property
+    def crosses_single_keys(self) -> bool:
+        """Whether a crossed slot pairs only bags of one key: the automatic crosses do (a
+        multi-valued slot nobody asked to cross would multiply a row's keys), named ones
+        cross every key with every key."""
+        return self.crosses is None
+
     @property
     def ordinal_slots(self) -> tuple[int, ...]:
         """Indices of the slots whose token is an ordered integer (``data.ordinal``).
@@ -356,5 +407,7 @@ class DataConfig(Document):
 
     @property
     def num_slots(self) -> int:
-        """``S``: the slot count of every ``Batch`` this config produces."""
-        return len(self.slot_names)
+        """``S``: the slot count of every ``Batch`` this config produces: the format's
+        slots, then the crossed ones."""
+        names = self.slot_names
+        return len(names) + len(self.crossed_positions(names))

@@ -35,7 +35,8 @@ from streamtrain_worker.publishing.model_folder import (
 SLOTS = ["user", "item", "hist"]
 DIM = 4
 TABLE = "embedding"
-DATA = DataConfig.from_dict({"format": "slot", "slots": SLOTS, "labelSlot": "click"})
+#: No crossed slots: every key a row holds is one ``keys_of`` lists and the tables write.
+DATA = DataConfig.from_dict({"format": "slot", "slots": SLOTS, "labelSlot": "click", "crosses": []})
 
 
 def keys_of(ids: range | list[int]) -> npt.NDArray[np.uint64]:

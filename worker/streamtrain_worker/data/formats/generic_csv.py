@@ -35,7 +35,7 @@ class CsvFormat:
         self._config = config
         self._columns = config.csv_columns()
         self._slot_of = {name: i for i, name in enumerate(config.slot_names)}
-        self.num_slots = config.num_slots
+        self.num_slots = len(config.slot_names)
         self.has_header = config.header
         self._fixed = (
             None if config.header else self._plan([str(i) for i in range(self._width())], -1)
