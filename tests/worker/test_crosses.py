@@ -12,10 +12,10 @@ from streamtrain_worker.data.batch import Batch, concat_batches, slice_batch
 from streamtrain_worker.data.config import DataConfig
 from streamtrain_worker.data.crosses import cross_batch
 from streamtrain_worker.data.errors import DataConfigError
-from streamtrain_worker.data.formats import make_format
+from streamtrain_worker.data.formats import line_format, make_format
 from streamtrain_worker.data.hashing import GOLDEN, _fmix64_py
 
-from .conftest import bags, parse
+from .conftest import AVAZU, bags, parse
 
 MASK = (1 << 64) - 1
 
@@ -191,3 +191,35 @@ def test_a_wide_schema_is_not_crossed_unless_asked() -> None:
     assert make_format(DataConfig.from_dict(nine)).num_slots == 9
     assert make_format(DataConfig.from_dict({**nine, "sequenceSlot": 0})).num_slots == 9 + 28
     assert make_format(DataConfig.from_dict({**nine, "crosses": ["1*2"]})).num_slots == 10
+
+
+def test_the_crossed_format_keeps_the_line_formats_bookkeeping() -> None:
+    """Bad lines, blank lines and line numbers are the line format's, crosses or not."""
+    cfg = {"format": "slot", "slots": ["user", "item"], "crosses": ["user*item"]}
+    text = b"click:1 1:user 2:item\n\nclick:x 3:user\nclick:0 3:user 4:item\n"
+    crossed = parse(make_format(DataConfig.from_dict(cfg)), text)
+    plain = parse(line_format(DataConfig.from_dict(cfg)), text)
+    assert (crossed.lines, crossed.physical_lines) == (plain.lines, plain.physical_lines)
+    assert (crossed.lines, crossed.physical_lines) == (3, 4)
+    assert crossed.bad_lines.tolist() == plain.bad_lines.tolist() == [3]
+    assert crossed.bad_reasons.tolist() == plain.bad_reasons.tolist()
+    avazu = {"format": "avazu", "crosses": ["site_id*app_id"]}
+    assert make_format(DataConfig.from_dict(avazu)).has_header
+    raw = AVAZU.read_bytes()[:20000]
+    raw = raw[: raw.rfind(b"\n") + 1]
+    crossed = parse(make_format(DataConfig.from_dict(avazu)), raw)  # the header binds columns
+    plain = parse(line_format(DataConfig.from_dict(avazu)), raw)
+    assert crossed.batch.size == plain.batch.size > 10
+    assert bags(crossed, 5) == reference_bags(bags(plain, 5), [(2, 5)])
+
+
+def test_the_automatic_crosses_skip_a_multi_valued_bag_and_named_ones_do_not() -> None:
+    text = b"click:1 1:1 5:1 2:2\n"
+    auto = parse(make_format(DataConfig.from_dict({"format": "slot", "numSlots": 2})), text)
+    assert [len(bag) for bag in bags(auto, 0)] == [2, 1, 0]
+    named = {"format": "slot", "numSlots": 2, "crosses": ["1*2"]}
+    assert [len(bag) for bag in bags(parse(make_format(DataConfig.from_dict(named)), text), 0)] == [
+        2,
+        1,
+        2,
+    ]
