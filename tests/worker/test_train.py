@@ -410,3 +410,21 @@ def test_every_batch_is_one_dense_step_unless_merging_is_asked_for(
     # default: 6 batches, 6 steps; merging 4: [1], [2, 3, 4, 5], [6] — or [1, 2], [3, 4,
     # 5, 6] when batch 2 was queued before the push thread woke up for batch 1 (a loaded box)
     assert ps.dense_pushes in steps
+
+
+def test_a_dense_vector_of_another_slot_count_is_refused_naming_the_crosses() -> None:
+    """A job resumed with the crossed slots on from a checkpoint written without them (the
+    default changed in issue 26): the worker names the settings that change the shape."""
+    slots = {"format": "slot", "slots": ["user", "item", "hour"]}
+
+    def config(crosses: list[str] | None) -> WorkerConfig:
+        data = slots if crosses is None else {**slots, "crosses": crosses}
+        return WorkerConfig.from_dict({"data": data, "model": {"hiddenUnits": [8]}})
+
+    old = config([])
+    ps = LocalPS(old.ps.config)
+    Trainer(old, ps, old.data.num_slots).close()
+    new = config(None)
+    assert new.data.num_slots == 3 + 3
+    with pytest.raises(ValueError, match=r"another shape.*data\.crosses change it"):
+        Trainer(new, ps, new.data.num_slots)

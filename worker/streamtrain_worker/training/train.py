@@ -189,9 +189,9 @@ class Trainer:
                 f"the PS holds {name!r} in another shape than this worker's "
                 f"{self.config.model.type} model ({offered.size} values): {exc}. Restored from "
                 "a checkpoint of another model shape? model.hiddenUnits, model.embeddingDim, "
-                "model.crossLayers, model.crossRank, model.ordinalInputs and "
-                "model.baseRateOffset change it; model.calibrationWindow and model.batchSize "
-                "the calibration window's decay (docs/operations.md, Upgrades)"
+                "model.crossLayers, model.crossRank, model.ordinalInputs, "
+                "model.baseRateOffset and data.crosses change it; model.calibrationWindow and "
+                "model.batchSize the calibration window's decay (docs/operations.md, Upgrades)"
             ) from exc
 
     def snapshot_model(self, snapshot_id: str) -> DenseModel:
