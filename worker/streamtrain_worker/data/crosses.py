@@ -43,7 +43,10 @@ def _cross_kernel(
         for c in range(crosses):
             a, b = base + pairs[c, 0], base + pairs[c, 1]
             product = (offsets[a + 1] - offsets[a]) * (offsets[b + 1] - offsets[b])
-            total += 1 if single_keys and product == 1 else 0 if single_keys else product
+            if not single_keys:
+                total += product
+            elif product == 1:  # one key on each side
+                total += 1
     out_keys = np.empty(total, dtype=np.uint64)
     out_offsets = np.empty(examples * width + 1, dtype=np.int64)
     out_offsets[0] = 0
