@@ -17,6 +17,8 @@ automatic crosses (``crosses`` unset) pair single keys only: a bag of more gives
 
 from __future__ import annotations
 
+import dataclasses
+
 import numba
 import numpy as np
 import numpy.typing as npt
@@ -24,6 +26,15 @@ import numpy.typing as npt
 from streamtrain_worker.data.batch import Batch
 from streamtrain_worker.data.formats.kernel import U8, BlockParser, Format, ParsedBlock
 from streamtrain_worker.data.hashing import GOLDEN, fmix64, slot_salt
+
+
+@numba.njit(inline="always", cache=True)
+def _crossed_count(left: int, right: int, single_keys: bool) -> int:
+    """Keys a bag of ``left`` keys crossed with one of ``right`` gives (the one rule both
+    passes of the kernel follow)."""
+    if not single_keys:
+        return left * right
+    return 1 if left == 1 and right == 1 else 0
 
 
 @numba.njit(nogil=True, cache=True)
@@ -37,16 +48,17 @@ def _cross_kernel(
     examples = (offsets.shape[0] - 1) // num_slots
     crosses = pairs.shape[0]
     width = num_slots + crosses
+    salts = np.empty(crosses, dtype=np.uint64)
+    for c in range(crosses):
+        salts[c] = slot_salt(num_slots + c)
     total = keys.shape[0]
     for e in range(examples):
         base = e * num_slots
         for c in range(crosses):
             a, b = base + pairs[c, 0], base + pairs[c, 1]
-            product = (offsets[a + 1] - offsets[a]) * (offsets[b + 1] - offsets[b])
-            if not single_keys:
-                total += product
-            elif product == 1:  # one key on each side
-                total += 1
+            total += _crossed_count(
+                offsets[a + 1] - offsets[a], offsets[b + 1] - offsets[b], single_keys
+            )
     out_keys = np.empty(total, dtype=np.uint64)
     out_offsets = np.empty(examples * width + 1, dtype=np.int64)
     out_offsets[0] = 0
@@ -60,17 +72,16 @@ def _cross_kernel(
                 n += 1
             out_offsets[e * width + s + 1] = n
         for c in range(crosses):
-            salt = slot_salt(num_slots + c)
             a, b = base + pairs[c, 0], base + pairs[c, 1]
-            lone = offsets[a + 1] - offsets[a] == 1 and offsets[b + 1] - offsets[b] == 1
-            if single_keys and not lone:
-                out_offsets[e * width + num_slots + c + 1] = n
-                continue
-            for i in range(offsets[a], offsets[a + 1]):
-                left = fmix64(keys[i] ^ golden)
-                for j in range(offsets[b], offsets[b + 1]):
-                    out_keys[n] = fmix64(left ^ keys[j] ^ salt)
-                    n += 1
+            count = _crossed_count(
+                offsets[a + 1] - offsets[a], offsets[b + 1] - offsets[b], single_keys
+            )
+            if count:
+                for i in range(offsets[a], offsets[a + 1]):
+                    left = fmix64(keys[i] ^ golden)
+                    for j in range(offsets[b], offsets[b + 1]):
+                        out_keys[n] = fmix64(left ^ keys[j] ^ salts[c])
+                        n += 1
             out_offsets[e * width + num_slots + c + 1] = n
     return out_keys, out_offsets
 
@@ -94,12 +105,8 @@ class _CrossingParser:
 
     def parse(self, block: U8, first_line: int) -> ParsedBlock:
         parsed = self._inner.parse(block, first_line)
-        return ParsedBlock(
-            batch=cross_batch(parsed.batch, self._pairs, self._single),
-            lines=parsed.lines,
-            bad_lines=parsed.bad_lines,
-            bad_reasons=parsed.bad_reasons,
-            physical_lines=parsed.physical_lines,
+        return dataclasses.replace(
+            parsed, batch=cross_batch(parsed.batch, self._pairs, self._single)
         )
 
 
