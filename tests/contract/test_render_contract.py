@@ -58,6 +58,7 @@ NON_DEFAULT: dict[str, Any] = {
         "calibrationWindow": 250,
         "calibrationInLoss": False,
         "calibrationPassSplit": False,
+        "calibrationEvidence": False,
         "calibrationPseudoClicks": 3,
         "targetSlot": 0,
         "attentionUnits": [8],
@@ -155,7 +156,7 @@ def test_worker_parses_what_the_operator_renders(raw: dict[str, Any]) -> None:
     text = render.render_worker(spec, ENDPOINTS)
     parsed = WorkerConfig.from_json(text)
     assert parsed == render.worker_config(spec, ENDPOINTS)
-    assert _same_named_fields(spec.model, parsed.model) == 24
+    assert _same_named_fields(spec.model, parsed.model) == 25
     data = parsed.data
     assert _same_named_fields(spec.data, data) == len(dataclasses.fields(spec.data))
     assert parsed.ps.endpoints == ENDPOINTS

@@ -12,7 +12,7 @@ import pytest
 
 from streamtrain_tools.bench.quality import run as quality
 from streamtrain_tools.bench.quality.learners import PassScore, previous_rate_scores
-from streamtrain_tools.bench.quality.streams import build
+from streamtrain_tools.bench.quality.streams import build, family_config
 
 AVAZU_HEADER = (
     "id,click,hour,C1,banner_pos,site_id,site_domain,site_category,app_id,app_domain,"
@@ -198,3 +198,17 @@ def test_the_previous_rate_reference_is_each_pass_rate_over_the_one_before() -> 
     assert previous[0] is None
     assert [p.copc for p in previous[1:] if p is not None] == pytest.approx([2.0, 0.5])
     assert all(p.auc is None for p in previous[1:] if p is not None)
+
+
+def test_the_issue_shape_lengthens_the_passes_and_keeps_the_kinds(tmp_path: Path) -> None:
+    """``--family-shape issue``: the issue's held-back streams' days and pass sizes (3 x 24
+    x 4,000 rows; 2 x 48 x 2,000), the same kinds (rates, groups, drift) as the bench's."""
+    for name, days, rows in [("hourly", 3, 4000), ("lowctr", 3, 4000), ("halfhour", 2, 2000)]:
+        bench = family_config(name, tmp_path / name, quick=False, seed=1)
+        issue = family_config(name, tmp_path / name, quick=False, seed=1, shape="issue")
+        assert (issue.days, issue.rows_per_folder) == (days, rows)
+        assert issue.split_interval_minutes == bench.split_interval_minutes
+        assert issue.hour_strength == bench.hour_strength
+        assert issue.num_groups == bench.num_groups
+    with pytest.raises(ValueError, match="family shape 'huge'"):
+        family_config("hourly", tmp_path, quick=False, seed=1, shape="huge")

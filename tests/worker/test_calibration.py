@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from streamtrain_ps.api import SaveMode
 from streamtrain_ps.client.local import LocalPS
@@ -18,8 +20,12 @@ from streamtrain_worker.data.batch import Batch
 from streamtrain_worker.models import ModelSpec, build_model
 from streamtrain_worker.models.calibration import (
     CALIBRATION_VECTOR,
+    EVIDENCE_VECTOR,
+    RateMovement,
     ResidualCalibration,
+    residual,
     window_decay,
+    window_noise,
 )
 from streamtrain_worker.publishing.export import export_dense, load_dense
 from streamtrain_worker.training.train import Trainer
@@ -62,13 +68,22 @@ def test_a_rate_shift_is_corrected_within_a_few_batches() -> None:
     assert all(0.34 < m < 0.46 for m in means[7:]), means
 
 
-def _corrections(layer: ResidualCalibration, rates: list[float], seed: int) -> list[float]:
-    """The correction each batch of 64 was scored with, a network stuck at 5 %, the
-    stream's click rate ``rates[i]`` in batch ``i``."""
+def _corrections(
+    layer: ResidualCalibration,
+    rates: list[float],
+    seed: int,
+    raw_rate: float = 0.05,
+    pass_batches: int = 0,
+) -> list[float]:
+    """The correction each batch of 64 was scored with, a network stuck at ``raw_rate``,
+    the stream's click rate ``rates[i]`` in batch ``i``, a new pass every
+    ``pass_batches`` batches (0: none)."""
     rng = np.random.default_rng(seed)
-    raw = torch.full((64,), math.log(0.05 / 0.95))
+    raw = torch.full((64,), math.log(raw_rate / (1.0 - raw_rate)))
     out = []
-    for rate in rates:
+    for i, rate in enumerate(rates):
+        if pass_batches and i % pass_batches == 0:
+            layer.begin_pass()
         logits = layer(raw)
         out.append(float(logits[0] - raw[0]))
         labels = torch.from_numpy((rng.random(64) < rate).astype(np.float32))
@@ -273,7 +288,9 @@ def test_a_restart_from_a_checkpoint_continues_bit_identically(tmp_path: Path) -
         went_on.auc,
         went_on.predicted_ctr,
     )
-    for name in (cfg.dense_name, cfg.summary_name, _calibration_vector(cfg)):
+    evidence = cfg.summary_vector_name(EVIDENCE_VECTOR)
+    assert restored.pull_dense(evidence)[0] > 0  # the evidence was checkpointed too
+    for name in (cfg.dense_name, cfg.summary_name, _calibration_vector(cfg), evidence):
         np.testing.assert_array_equal(ps.pull_dense(name), restored.pull_dense(name))
     keys = np.concatenate([b.keys for b in passes[2]])
     np.testing.assert_array_equal(
@@ -297,3 +314,114 @@ def test_a_window_lagging_the_pass_sums_still_corrects_finitely() -> None:
     layer.stats.copy_(torch.tensor([355.2, 65.7, 69.6]))
     layer.pass_sums.copy_(torch.tensor([382.1, 68.7, 54.5]))
     assert torch.isfinite(layer.offset())
+
+
+def _with_evidence() -> ResidualCalibration:
+    return ResidualCalibration(window_decay(300.0, 64), 10.0, evidence=True)
+
+
+def test_a_stationary_stream_gets_little_of_its_noise_a_moving_one_all_of_its_residual() -> None:
+    """A stationary stream, the network at its rate: the window's residual is sampling
+    noise, and with the evidence the correction applied is a fraction of it (root mean
+    square below a third of the plain window's). A stream whose rate moves by hours (10 %
+    / 40 % every ten batches, the network at 20 %): the rate's movement dwarfs its noise,
+    the strength stays near 1 and the correction is the window's."""
+
+    def plain() -> ResidualCalibration:
+        return ResidualCalibration(window_decay(300.0, 64), 10.0)
+
+    def steady(layer: ResidualCalibration) -> np.ndarray:
+        return np.array(_corrections(layer, [0.2] * 800, 1, 0.2, pass_batches=5)[200:])
+
+    assert (
+        np.sqrt(np.mean(steady(_with_evidence()) ** 2)) < np.sqrt(np.mean(steady(plain()) ** 2)) / 3
+    )
+    hours = ([0.1] * 10 + [0.4] * 10) * 20
+    moving_plain = np.array(_corrections(plain(), hours, 2, 0.2, pass_batches=10))
+    layer = _with_evidence()
+    moving = np.array(_corrections(layer, hours, 2, 0.2, pass_batches=10))
+    strength = layer.evidence[0].strength(torch.tensor(0.01))
+    assert float(strength) > 0.9, strength
+    # after the evidence's first windows the corrections are the window's within 10 %
+    assert np.max(np.abs(moving[100:] - moving_plain[100:])) < 0.1 * np.max(np.abs(moving_plain))
+
+
+def test_before_any_evidence_the_whole_residual_is_applied() -> None:
+    layer = _with_evidence()
+    plain = ResidualCalibration(window_decay(300.0, 64), 10.0)
+    for each in (layer, plain):
+        each.stats.copy_(torch.tensor([300.0, 90.0, 45.0]))
+    assert float(layer.evidence[0].stats[0]) == 0.0
+    torch.testing.assert_close(layer.offset(), plain.offset())
+
+
+def test_the_evidence_follows_the_ps_rule_and_counts_the_residual_that_scored() -> None:
+    """``pending`` holds what a batch adds; ``stats`` decays, then adds, as the PS does;
+    the residual counted is the window's before the batch joined it."""
+    layer = _with_evidence()
+    layer.stats.copy_(torch.tensor([300.0, 90.0, 45.0]))
+    before = float(layer.offset())  # no evidence yet: the plain residual
+    layer.begin_pass()
+    for _ in range(3):  # the pass's first batch counts the window; the others nothing
+        logits = layer(torch.zeros(64))
+        layer.observe(torch.ones(64), logits)
+    evidence = layer.evidence[0]
+    assert isinstance(evidence, RateMovement)
+    torch.testing.assert_close(evidence.stats, evidence.pending)
+    log_odds = math.log(100 / 220)  # the window's 90 clicks of 300, 10 pseudo-clicks
+    torch.testing.assert_close(
+        evidence.stats[:3], torch.tensor([1.0, log_odds, log_odds**2]), rtol=1e-5, atol=0.0
+    )
+    assert before != 0.0
+
+
+_finite = st.floats(allow_nan=False, allow_infinity=False, width=32)
+_count = st.floats(min_value=0.0, allow_nan=False, allow_infinity=False, width=32)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    evidence_stats=st.tuples(_count, _finite, _count, _count),
+    window=st.tuples(_count, st.floats(0.0, 1.0), st.floats(0.0, 1.0)),
+    training=st.booleans(),
+)
+def test_any_finite_evidence_applies_a_share_of_the_plain_correction(
+    evidence_stats: tuple[float, float, float, float],
+    window: tuple[float, float, float],
+    training: bool,
+) -> None:
+    """Whatever finite sums the PS hands back (a hostile or corrupted vector), the
+    strength is in [0, 1] and the correction is that share of the plain layer's: finite,
+    never larger, never of the other sign."""
+    examples, click_share, predicted_share = window
+    sums = torch.tensor([examples, examples * click_share, examples * predicted_share])
+    layer = _with_evidence()
+    plain = ResidualCalibration(window_decay(300.0, 64), 10.0)
+    for each in (layer, plain):
+        each.stats.copy_(sums)
+        each.train(training)
+    layer.evidence[0].stats.copy_(torch.tensor(evidence_stats))
+    strength = float(layer.strength())
+    assert 0.0 <= strength <= 1.0, strength
+    corrected, whole = float(layer.offset()), float(plain.offset())
+    assert math.isfinite(corrected)
+    assert abs(corrected) <= abs(whole) * (1 + 1e-5) + 1e-6
+    assert corrected * whole >= 0.0
+
+
+@pytest.mark.parametrize("rate", [0.25, 0.02])
+def test_the_noise_variance_is_the_residuals_own_where_nothing_is_to_correct(rate: float) -> None:
+    """A network at the stream's own rate: the window's residual is pure sampling noise,
+    and ``window_noise`` is its variance within 15 % at 25 % and at 2 % clicks (the plain
+    click log-odds variance overstates it 2.4x at 2 %: the pseudo-clicks shrink it)."""
+    layer = ResidualCalibration(window_decay(300.0, 64), 10.0)
+    rng = np.random.default_rng(0)
+    raw = torch.full((64,), math.log(rate / (1.0 - rate)))
+    residuals, noises = [], []
+    for i in range(2500):
+        logits = layer(raw)
+        if i >= 100:
+            residuals.append(float(residual(layer.stats, 10.0)))
+            noises.append(float(window_noise(layer.stats, 10.0, layer.decay)))
+        layer.observe(torch.from_numpy((rng.random(64) < rate).astype(np.float32)), logits)
+    assert np.mean(noises) == pytest.approx(np.mean(np.square(residuals)), rel=0.15)

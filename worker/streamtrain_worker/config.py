@@ -175,6 +175,16 @@ class ModelConfig:
         "own residual where it differs from the earlier passes' by more than its noise "
         "(a pass is a time slice whose rate can jump from the last one's).",
     )
+    # On a stationary stream (the real samples) the window's residual is mostly sampling
+    # noise added to every prediction; on a stream whose rate moves it is mostly real
+    # (docs/decisions.md, issue 26).
+    calibrationEvidence: bool = setting(
+        True,
+        "With residualCalibration: apply the window's correction times tau2 / (tau2 + its "
+        "noise variance), tau2 the variance of the window's click log-odds between pass "
+        "starts beyond their noise (empirical Bayes: a stream whose rate holds still gets "
+        "little of the window's noise, one whose rate moves between passes all of it).",
+    )
     calibrationPseudoClicks: float = setting(
         10.0,
         "With residualCalibration: pseudo-clicks added to both sums (k above), shrinking "

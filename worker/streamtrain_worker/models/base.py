@@ -57,6 +57,9 @@ class ModelSpec:
     #: In training, move to the current pass's own residual where it differs from the
     #: earlier passes' beyond its noise (``models.calibration``).
     calibration_pass_split: bool = False
+    #: Apply the window's residual by the stream's evidence of real rate errors beyond its
+    #: noise (``models.calibration``, ``RateMovement``).
+    calibration_evidence: bool = False
     #: Examples per batch: the window decays once per batch (``window_decay``).
     batch_size: int = 64
 
@@ -93,6 +96,7 @@ class ModelSpec:
             calibration_window=model.calibrationWindow if model.residualCalibration else 0.0,
             calibration_pseudo_clicks=model.calibrationPseudoClicks,
             calibration_pass_split=model.calibrationPassSplit,
+            calibration_evidence=model.calibrationEvidence,
             batch_size=model.batchSize,
         )
 
@@ -188,6 +192,7 @@ class DenseModel(nn.Module):
                     window_decay(spec.calibration_window, spec.batch_size),
                     spec.calibration_pseudo_clicks,
                     spec.calibration_pass_split,
+                    spec.calibration_evidence,
                 )
             ]
             if spec.calibration_window > 0

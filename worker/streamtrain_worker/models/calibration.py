@@ -35,11 +35,26 @@ replayed pass starts from empty sums again, so a restart still scores bit-identi
 Outside training (an evaluation pass, an export, serving) the window alone corrects: an
 export is scored on the passes after its own, which start from the window.
 
+How much of the window's correction to apply is the stream's own evidence
+(``evidence``, an empirical-Bayes shrinkage). The calibration is for streams whose click
+rate moves between time slices (an hour of day); on a stream whose rate holds still the
+window's residual is sampling noise added to every prediction. At each training pass's
+start the layer counts the window's click log-odds and their sampling variance, over all
+passes so far: the variance between passes beyond the noise, ``tau2``, is how much the
+rate moves, and the window's correction is applied times ``tau2 / (tau2 + var)``
+(``var`` the residual's own sampling variance). The first passes put
+``EVIDENCE_PRIOR_PASSES`` passes' weight on the whole correction, so a fresh model
+calibrates as before until the stream has shown its kind; a pass's jump of three
+standard errors (the split above) is evidence of its own and is followed unshrunk. Per pass,
+not per batch: a memory of a few thousand examples sees one hour of a long pass and
+took the correction away mid-pass (docs/decisions.md).
+
 Test then train: a batch is observed after it was scored, so no prediction sees its own
 labels.
 """
 
 import torch
+from torch import nn
 
 from streamtrain_worker.models.summary import SummaryLayer
 
@@ -49,6 +64,14 @@ CALIBRATION_VECTOR = "calibration"
 #: moves to the pass's own: 4, a gap of two standard errors (a steady stream's gaps are
 #: noise and must not move it; docs/decisions.md, issue 26).
 SPLIT_SIGNIFICANCE = 4.0
+#: With the evidence, the significance at which a pass's gap is followed whatever the
+#: stream's history: 9, three standard errors (a stationary stream's gaps rarely reach it).
+STRICT_SPLIT_SIGNIFICANCE = 9.0
+#: The PS summary vector of the evidence (``RateMovement``).
+EVIDENCE_VECTOR = "calibration_evidence"
+#: Passes of prior weight on the whole correction while the evidence is young: a fresh
+#: model calibrates as before until a few passes have shown the stream's kind.
+EVIDENCE_PRIOR_PASSES = 2.0
 
 
 def window_decay(window: float, batch_size: int) -> float:
@@ -58,18 +81,84 @@ def window_decay(window: float, batch_size: int) -> float:
     return (1.0 - 1.0 / window) ** batch_size if window > 1 else 0.0
 
 
+def click_log_odds(sums: torch.Tensor, k: float) -> torch.Tensor:
+    """The log-odds of ``sums``' clicks with ``k`` pseudo-clicks (and non-clicks)."""
+    return torch.log(sums[1] + k) - torch.log(sums[0] - sums[1] + k)
+
+
 def residual(sums: torch.Tensor, k: float) -> torch.Tensor:
     """The log-odds of ``sums``' clicks minus those of its predictions, ``k`` pseudo-clicks
     (and non-clicks) on each side (``sums``: ``[examples, clicks, predicted]``)."""
-    examples, clicks, predicted = sums[0], sums[1], sums[2]
-    observed = torch.log(clicks + k) - torch.log(examples - clicks + k)
+    examples, predicted = sums[0], sums[2]
     expected = torch.log(predicted + k) - torch.log(examples - predicted + k)
-    return observed - expected
+    return click_log_odds(sums, k) - expected
 
 
 def click_log_odds_variance(sums: torch.Tensor, k: float) -> torch.Tensor:
     """The sampling variance of ``sums``' click log-odds (with ``k`` pseudo-clicks)."""
     return 1.0 / (sums[1] + k) + 1.0 / (sums[0] - sums[1] + k)
+
+
+def log_odds_noise(
+    sums: torch.Tensor, k: float, decay: float, expected: torch.Tensor
+) -> torch.Tensor:
+    """The sampling variance of the click log-odds of ``sums`` (``k`` pseudo-clicks) where
+    the clicks vary about ``expected``: the delta method, the count varying as
+    ``expected (n - expected) / n`` over ``1 + decay`` (a window decayed by ``decay`` per
+    batch holds ``1 + decay`` times its summed weights in effective examples)."""
+    # In double: the product of two large float32 counts stays finite.
+    examples, clicks, around = sums[0].double(), sums[1].double(), expected.double()
+    slope = 1.0 / (clicks + k) + 1.0 / (examples - clicks + k)
+    count_variance = around * (examples - around) / torch.clamp(examples, min=1.0)
+    return (slope * slope * torch.clamp(count_variance, min=0.0) / (1.0 + decay)).float()
+
+
+def window_noise(sums: torch.Tensor, k: float, decay: float) -> torch.Tensor:
+    """The sampling variance of ``residual(sums, k)`` where the clicks follow the
+    predictions (nothing to correct)."""
+    return log_odds_noise(sums, k, decay, sums[2])
+
+
+def _beyond(gap: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
+    """The positive-part James-Stein weight of ``gap`` against ``threshold`` (its variance
+    times the significance): 0 below it, toward 1 far beyond it."""
+    return torch.clamp(1.0 - threshold / (gap * gap + 1e-12), min=0.0)
+
+
+class RateMovement(SummaryLayer):
+    """Over every pass so far (``stats``, never decayed): ``[passes, sum of the window's
+    click log-odds at each pass start, sum of their squares, sum of their sampling
+    variances]``, one term per training pass of each worker."""
+
+    def __init__(self) -> None:
+        super().__init__(torch.zeros(4), vector=EVIDENCE_VECTOR, decay=1.0)
+        self.prior_passes = EVIDENCE_PRIOR_PASSES
+
+    def strength(self, noise: torch.Tensor) -> torch.Tensor:
+        """The share of a correction of noise variance ``noise`` to apply: ``tau2 / (tau2 +
+        noise)``, ``tau2`` the variance of the rate between passes beyond its noise, with
+        ``EVIDENCE_PRIOR_PASSES`` passes' weight on 1 (the whole correction)."""
+        # In double: the squares of any finite float32 sums stay finite.
+        stats = self.stats.double()
+        spreads = torch.clamp(stats[0] - 1.0, min=0.0)  # a variance needs two passes
+        filled = spreads / (spreads + self.prior_passes)
+        passes = torch.clamp(stats[0], min=1.0)
+        mean = stats[1] / passes
+        spread = stats[2] / passes - mean * mean - stats[3] / passes
+        signal = torch.clamp(spread, min=0.0)
+        shrunk = signal / (signal + torch.clamp(noise.double(), min=0.0) + 1e-12)
+        return (filled * shrunk + (1.0 - filled)).float()
+
+    @torch.jit.unused
+    def observe(self, log_odds: torch.Tensor | None, noise: torch.Tensor) -> None:
+        """Follow one batch's push (decay, then add, as the PS does): the window's
+        log-odds and their sampling variance at a pass start, nothing on other batches."""
+        self.stats.mul_(self.decay)
+        if log_odds is None:
+            return
+        seen = torch.stack([torch.ones(()), log_odds, log_odds * log_odds, noise]).float()
+        self.pending += seen
+        self.stats += seen
 
 
 class ResidualCalibration(SummaryLayer):
@@ -79,7 +168,13 @@ class ResidualCalibration(SummaryLayer):
 
     pass_sums: torch.Tensor
 
-    def __init__(self, decay: float, pseudo_clicks: float, pass_split: bool = False) -> None:
+    def __init__(
+        self,
+        decay: float,
+        pseudo_clicks: float,
+        pass_split: bool = False,
+        evidence: bool = False,
+    ) -> None:
         if not 0.0 <= decay < 1.0:
             raise ValueError(f"calibration window decay: must be in [0, 1), got {decay}")
         if pseudo_clicks <= 0:
@@ -89,14 +184,27 @@ class ResidualCalibration(SummaryLayer):
         self.pseudo_clicks = float(pseudo_clicks)
         self.pass_split = bool(pass_split)
         self.split_significance = SPLIT_SIGNIFICANCE
+        self.strict_significance = STRICT_SPLIT_SIGNIFICANCE
         self.register_buffer("pass_sums", torch.zeros(3), persistent=False)
+        # Zero or one evidence (TorchScript: a list, not an Optional).
+        self.evidence = nn.ModuleList([RateMovement()] if evidence else [])
+        self.pass_starting = False
+
+    def strength(self) -> torch.Tensor:
+        """The share of the correction to apply: the evidence's, 1 without one."""
+        out = torch.ones(())
+        for evidence in self.evidence:
+            assert isinstance(evidence, RateMovement)
+            noise = window_noise(self.stats, self.pseudo_clicks, self.decay)
+            out = out * evidence.strength(noise)
+        return out
 
     def offset(self) -> torch.Tensor:
-        """The logit correction of the current window (and pass)."""
+        """The logit correction of the current window (and pass), times the strength."""
         k = self.pseudo_clicks
         window = residual(self.stats, k)
         if not self.pass_split or not self.training:
-            return window
+            return self.strength() * window
         own = residual(self.pass_sums, k)
         # ``stats`` is the PS's as of the last dense sync, which may lag this worker's
         # latest pushes: the earlier part is clipped to sums a window can hold.
@@ -107,17 +215,24 @@ class ResidualCalibration(SummaryLayer):
         )
         gap = own - residual(earlier, k)
         variance = click_log_odds_variance(self.pass_sums, k)
-        threshold = self.split_significance * variance
-        keep = torch.clamp(1.0 - threshold / (gap * gap + 1e-12), min=0.0)
-        return window + keep * (own - window)
+        strength = self.strength()
+        keep = strength * _beyond(gap, self.split_significance * variance)
+        if len(self.evidence) > 0:
+            # On a stream whose rate holds still, a jump of three standard errors is still
+            # evidence of its own, followed whatever the history says.
+            keep = torch.maximum(keep, _beyond(gap, self.strict_significance * variance))
+        shrunk = strength * window
+        return shrunk + keep * (own - shrunk)
 
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
         return logits + self.offset()
 
     @torch.jit.unused
     def begin_pass(self) -> None:
-        """A new pass (time slice): its own sums start empty."""
+        """A new pass (time slice): its own sums start empty; a training pass's first
+        batch gives the evidence the window as the pass starts."""
         self.pass_sums.zero_()
+        self.pass_starting = self.training
 
     @torch.jit.unused
     def observe(self, labels: torch.Tensor, logits: torch.Tensor) -> None:
@@ -126,6 +241,13 @@ class ResidualCalibration(SummaryLayer):
         ``stats`` follows locally what the PS does with the push (decay, then add)."""
         with torch.no_grad():
             raw = torch.sigmoid(logits.detach().float() - self.offset())
+            for evidence in self.evidence:  # the window this pass started from
+                assert isinstance(evidence, RateMovement)
+                k = self.pseudo_clicks
+                noise = log_odds_noise(self.stats, k, self.decay, self.stats[1])
+                starting = self.pass_starting and float(self.stats[0]) >= 1.0
+                evidence.observe(click_log_odds(self.stats, k) if starting else None, noise)
+            self.pass_starting = False
             count = torch.tensor(float(labels.numel()))
             seen = torch.stack([count, labels.sum().float(), raw.sum()])
             self.pending += seen

@@ -52,6 +52,7 @@ from streamtrain_tools.bench.quality.learners import (
 )
 from streamtrain_tools.bench.quality.streams import (
     DEFAULT_STREAMS,
+    FAMILY_SHAPES,
     LONGTAIL_SEED,
     STREAMS,
     VW_COMMON,
@@ -221,6 +222,7 @@ def run_stream(name: str, root: Path, args: argparse.Namespace) -> dict[str, Any
         data_dir=args.data_dir,
         longtail_seed=args.longtail_seed,
         family_seed=args.family_seed,
+        family_shape=args.family_shape,
     )
     result: dict[str, Any] = {
         "passes": len(stream.passes),
@@ -299,6 +301,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the stream families' seed (family k draws with seed + k; default: a fresh one)",
     )
     p.add_argument(
+        "--family-shape",
+        choices=FAMILY_SHAPES,
+        default="bench",
+        help="the families' days and pass sizes: the bench's, or the issue's held-back streams'",
+    )
+    p.add_argument(
         "--st-overrides", type=json.loads, default={}, help="JSON merged into the job's spec"
     )
     p.add_argument(
@@ -311,6 +319,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result: dict[str, Any] = {
         "quick": args.quick,
         "family_seed": args.family_seed,
+        "family_shape": args.family_shape,
         "st_overrides": args.st_overrides,
         "streams": {},
     }

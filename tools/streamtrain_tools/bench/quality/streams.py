@@ -245,6 +245,17 @@ _FAMILIES: dict[str, dict[str, Any]] = {
         "new_feature_fraction": 0.15,
     },
 }
+#: ``family_shape="issue"``: the shapes of the issue's held-back streams (issue 26: 3 days x
+#: 24 x 4,000 rows at ~25 % and at ~3.5 % clicks, 2 days x 48 x 2,000 rows), the other
+#: families scaled alike; the kinds are the same, the passes two to four times as long.
+_ISSUE_SHAPES: dict[str, dict[str, Any]] = {
+    "hourly": {"days": 3, "rows_per_folder": 4000, "base_logit": -1.2},
+    "lowctr": {"days": 3, "rows_per_folder": 4000, "base_logit": -3.9},
+    "halfhour": {"days": 2, "rows_per_folder": 2000},
+    "pairs": {"days": 2, "rows_per_folder": 2000},
+    "drift": {"days": 3, "rows_per_folder": 1500},
+}
+FAMILY_SHAPES = ("bench", "issue")
 _FAMILY_QUICK: dict[str, Any] = {
     "days": 2,
     "split_interval_minutes": 360,
@@ -254,9 +265,19 @@ _FAMILY_QUICK: dict[str, Any] = {
 }
 
 
-def family_config(name: str, out: Path, quick: bool, seed: int) -> synth.SynthConfig:
-    """Family ``name``'s generator settings (``quick``: a small world, short days)."""
-    options = {**_FAMILY_BASE, **_FAMILIES[name], **(_FAMILY_QUICK if quick else {})}
+def family_config(
+    name: str, out: Path, quick: bool, seed: int, shape: str = "bench"
+) -> synth.SynthConfig:
+    """Family ``name``'s generator settings (``quick``: a small world, short days;
+    ``shape``: one of ``FAMILY_SHAPES``)."""
+    if shape not in FAMILY_SHAPES:
+        raise ValueError(f"family shape {shape!r}: one of {', '.join(FAMILY_SHAPES)}")
+    options = {
+        **_FAMILY_BASE,
+        **_FAMILIES[name],
+        **(_ISSUE_SHAPES[name] if shape == "issue" else {}),
+        **(_FAMILY_QUICK if quick else {}),
+    }
     return synth.SynthConfig(
         out=str(out), start=START_DAY, files_per_folder=1, seed=seed, **options
     )
@@ -292,15 +313,17 @@ def build(
     data_dir: Path = SAMPLES_DIR,
     longtail_seed: int = LONGTAIL_SEED,
     family_seed: int = 0,
+    family_shape: str = "bench",
 ) -> Stream:
     """Lay out stream ``name`` under ``root`` (samples read from ``data_dir``), describe it.
 
-    Family ``k`` of ``FAMILIES`` is drawn with seed ``family_seed + k``."""
+    Family ``k`` of ``FAMILIES`` is drawn with seed ``family_seed + k``, in the shape
+    ``family_shape``."""
     if name == "longtail":
         return _synthetic(name, longtail_config(root / name, quick, longtail_seed))
     if name in _FAMILIES:
         seed = family_seed + FAMILIES.index(name)
-        return _synthetic(name, family_config(name, root / name, quick, seed))
+        return _synthetic(name, family_config(name, root / name, quick, seed, family_shape))
     if name in _SAMPLE_STREAMS:
         return _sample(name, root, quick, data_dir)
     raise ValueError(f"unknown stream {name!r} (known: {', '.join(STREAMS)})")
