@@ -355,9 +355,10 @@ def test_before_any_evidence_the_whole_residual_is_applied() -> None:
     torch.testing.assert_close(layer.offset(), plain.offset())
 
 
-def test_the_evidence_follows_the_ps_rule_and_counts_the_residual_that_scored() -> None:
+def test_the_evidence_follows_the_ps_rule_and_counts_the_window_a_pass_starts_from() -> None:
     """``pending`` holds what a batch adds; ``stats`` decays, then adds, as the PS does;
-    the residual counted is the window's before the batch joined it."""
+    a training pass's first batch counts the window it was scored with (before it joined
+    the window), the other batches and an evaluation pass nothing."""
     layer = _with_evidence()
     layer.stats.copy_(torch.tensor([300.0, 90.0, 45.0]))
     before = float(layer.offset())  # no evidence yet: the plain residual
@@ -373,6 +374,15 @@ def test_the_evidence_follows_the_ps_rule_and_counts_the_residual_that_scored() 
         evidence.stats[:3], torch.tensor([1.0, log_odds, log_odds**2]), rtol=1e-5, atol=0.0
     )
     assert before != 0.0
+    counted = evidence.stats.clone()
+    layer.eval()
+    layer.begin_pass()  # an evaluation pass: scored, never trained on, never counted
+    layer.observe(torch.ones(64), layer(torch.zeros(64)))
+    torch.testing.assert_close(evidence.stats, counted)
+    layer.train()
+    layer.begin_pass()
+    layer.observe(torch.ones(64), layer(torch.zeros(64)))
+    assert float(evidence.stats[0]) == 2.0
 
 
 _finite = st.floats(allow_nan=False, allow_infinity=False, width=32)
