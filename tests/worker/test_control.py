@@ -37,7 +37,7 @@ from streamtrain_worker.control.refusals import Reason, is_busy, reason_of
 from streamtrain_worker.control.service import SERVICE_NAME, WorkerServer, WorkerServicer
 from streamtrain_worker.data.reader import PassReader
 from streamtrain_worker.metrics import PassMetrics
-from streamtrain_worker.models.calibration import CALIBRATION_VECTOR
+from streamtrain_worker.models.calibration import CALIBRATION_VECTOR, EVIDENCE_VECTOR
 from streamtrain_worker.proto import worker_pb2, worker_pb2_grpc
 from streamtrain_worker.publishing.export import load_dense
 from streamtrain_worker.training.embedding import Lookup, prepare
@@ -208,12 +208,17 @@ def test_an_export_from_a_ps_snapshot_is_the_model_of_its_moment_beside_a_pass(
     flat = torch.cat([t.reshape(-1) for t in exported.values()]).numpy()
     assert np.array_equal(flat, taken)
     buffers = dict(module.named_buffers())
-    calibration = buffers.pop("model.calibration.0.stats")  # its own PS vector
+    # the calibration's window and its evidence: PS vectors of their own
+    own_vectors = {
+        CALIBRATION_VECTOR: buffers.pop("model.calibration.0.stats"),
+        EVIDENCE_VECTOR: buffers.pop("model.calibration.0.evidence.0.stats"),
+    }
     stats = torch.cat([b.reshape(-1) for n, b in buffers.items() if n.endswith(".stats")])
     assert np.array_equal(stats.numpy(), taken_stats)
-    window_name = setup.config.summary_vector_name(CALIBRATION_VECTOR)
-    taken_window = setup.ps.pull_dense(window_name, "pass-1")
-    assert np.array_equal(calibration.numpy(), taken_window)
+    for vector, exported_stats in own_vectors.items():
+        taken_vector = setup.ps.pull_dense(setup.config.summary_vector_name(vector), "pass-1")
+        assert np.array_equal(exported_stats.numpy(), taken_vector), vector
+    assert own_vectors[EVIDENCE_VECTOR][0] == 0.0  # the first pass started from no window
     # the trained network was left alone
     assert np.array_equal(trainer._flat_params.numpy(), live)
 
