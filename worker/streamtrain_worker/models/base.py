@@ -57,8 +57,8 @@ class ModelSpec:
     #: In training, move to the current pass's own residual where it differs from the
     #: earlier passes' beyond its noise (``models.calibration``).
     calibration_pass_split: bool = False
-    #: Apply the window's residual by the stream's evidence of real rate errors beyond its
-    #: noise (``models.calibration``, ``RateMovement``).
+    #: Apply the window's correction by how much the stream's rate moves between passes
+    #: beyond its noise (``models.calibration``, ``RateMovement``).
     calibration_evidence: bool = False
     #: Examples per batch: the window decays once per batch (``window_decay``).
     batch_size: int = 64

@@ -150,12 +150,9 @@ class RateMovement(SummaryLayer):
         return (filled * shrunk + (1.0 - filled)).float()
 
     @torch.jit.unused
-    def observe(self, log_odds: torch.Tensor | None, noise: torch.Tensor) -> None:
-        """Follow one batch's push (decay, then add, as the PS does): the window's
-        log-odds and their sampling variance at a pass start, nothing on other batches."""
-        self.stats.mul_(self.decay)
-        if log_odds is None:
-            return
+    def record(self, log_odds: torch.Tensor, noise: torch.Tensor) -> None:
+        """Count the window's log-odds and their sampling variance at a pass start. The
+        vector never decays, so the other batches' pushes (zeros) change nothing here."""
         seen = torch.stack([torch.ones(()), log_odds, log_odds * log_odds, noise]).float()
         self.pending += seen
         self.stats += seen
@@ -216,11 +213,13 @@ class ResidualCalibration(SummaryLayer):
         gap = own - residual(earlier, k)
         variance = click_log_odds_variance(self.pass_sums, k)
         strength = self.strength()
-        keep = strength * _beyond(gap, self.split_significance * variance)
-        if len(self.evidence) > 0:
-            # On a stream whose rate holds still, a jump of three standard errors is still
-            # evidence of its own, followed whatever the history says.
-            keep = torch.maximum(keep, _beyond(gap, self.strict_significance * variance))
+        # On a stream whose rate holds still, a jump of three standard errors is still
+        # evidence of its own, followed whatever the history says (at strength 1, without
+        # evidence, the two-standard-error weight is the larger one).
+        keep = torch.maximum(
+            strength * _beyond(gap, self.split_significance * variance),
+            _beyond(gap, self.strict_significance * variance),
+        )
         shrunk = strength * window
         return shrunk + keep * (own - shrunk)
 
@@ -241,12 +240,12 @@ class ResidualCalibration(SummaryLayer):
         ``stats`` follows locally what the PS does with the push (decay, then add)."""
         with torch.no_grad():
             raw = torch.sigmoid(logits.detach().float() - self.offset())
-            for evidence in self.evidence:  # the window this pass started from
-                assert isinstance(evidence, RateMovement)
+            if self.pass_starting and float(self.stats[0]) >= 1.0:
                 k = self.pseudo_clicks
-                noise = log_odds_noise(self.stats, k, self.decay, self.stats[1])
-                starting = self.pass_starting and float(self.stats[0]) >= 1.0
-                evidence.observe(click_log_odds(self.stats, k) if starting else None, noise)
+                for evidence in self.evidence:  # the window this pass started from
+                    assert isinstance(evidence, RateMovement)
+                    noise = log_odds_noise(self.stats, k, self.decay, self.stats[1])
+                    evidence.record(click_log_odds(self.stats, k), noise)
             self.pass_starting = False
             count = torch.tensor(float(labels.numel()))
             seen = torch.stack([count, labels.sum().float(), raw.sum()])
