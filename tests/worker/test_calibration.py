@@ -179,12 +179,17 @@ def test_trained_on_the_raw_logit_the_network_itself_learns_the_jump() -> None:
     assert own_rate[False] - own_rate[True] > 0.03, own_rate
 
 
-def test_a_scored_batch_never_sees_its_own_labels() -> None:
-    """Two trainers on the same stream, the last batch's labels flipped in one: its scores
-    are the same (the window is updated only after scoring); the next batch's differ."""
+def test_a_scored_example_never_sees_its_own_label_nor_a_later_one() -> None:
+    """Two trainers on the same stream, one label of the last batch flipped in one: the
+    scores of that example and every one before it are the same (each example is scored
+    with the examples before it counted, test then train); the ones after it differ, and
+    so does the next batch."""
     history = uniform_stream(0, 5, 0.1)
     last, after = uniform_stream(1, 2, 0.1)
-    flipped = Batch(1.0 - last.labels, last.keys, last.offsets, num_slots=4)
+    flip = 20
+    labels = last.labels.copy()
+    labels[flip] = 1.0 - labels[flip]
+    flipped = Batch(labels, last.keys, last.offsets, num_slots=4)
     outputs = []
     for batch in (last, flipped):
         trainer = Trainer(_config(True), LocalPS(_config(True).ps.config), 4)
@@ -198,9 +203,51 @@ def test_a_scored_batch_never_sees_its_own_labels() -> None:
             trainer.close()
         outputs.append((scored, window, following))
     (scored_a, window_a, next_a), (scored_b, window_b, next_b) = outputs
-    np.testing.assert_array_equal(scored_a, scored_b)
-    assert window_a[1] != window_b[1]  # the labels did count, after scoring
+    np.testing.assert_array_equal(scored_a[: flip + 1], scored_b[: flip + 1])
+    assert not np.allclose(scored_a[flip + 1 :], scored_b[flip + 1 :])
+    assert window_a[1] != window_b[1]  # the label did count, after scoring
     assert not np.allclose(next_a, next_b)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    labels=st.lists(st.sampled_from([0.0, 1.0]), min_size=1, max_size=40),
+    rates=st.lists(st.floats(0.001, 0.999), min_size=40, max_size=40),
+    history=st.lists(st.floats(0.01, 0.6), min_size=0, max_size=6),
+    in_pass=st.integers(0, 3),
+)
+def test_example_by_example_is_one_example_at_a_time(
+    labels: list[float], rates: list[float], history: list[float], in_pass: int
+) -> None:
+    """The batch's per-example corrections are what the layer gives each example with the
+    batch's earlier examples added to its sums one at a time (a loop, the reference), and
+    the first example's is the batch-start correction; observing the batch then leaves the
+    sums a batch-at-once observe would."""
+    layer = ResidualCalibration(window_decay(300.0, 64), 10.0, pass_split=True, evidence=True)
+    reference = ResidualCalibration(window_decay(300.0, 64), 10.0, pass_split=True, evidence=True)
+    for rate in history:
+        for model in (layer, reference):
+            model.begin_pass()
+            for _ in range(in_pass + 1):
+                model(torch.zeros(64))
+                model.observe(torch.full((64,), rate).round(), torch.zeros(64))
+    n = len(labels)
+    target = torch.tensor(labels)
+    raw = torch.logit(torch.tensor(rates[:n]))
+    layer.follow_labels(target)
+    scored = layer(raw) - raw
+    start = reference.offset()
+    stats, pass_sums = reference.stats.clone(), reference.pass_sums.clone()
+    expected = []
+    for i in range(n):
+        expected.append(reference._correction(stats, pass_sums))
+        seen = torch.stack([torch.ones(()), target[i], torch.sigmoid(raw[i])])
+        stats, pass_sums = stats + seen, pass_sums + seen
+    torch.testing.assert_close(scored, torch.stack(expected), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(scored[0], start, rtol=1e-5, atol=1e-5)
+    layer.observe(target, raw + scored)
+    reference.observe(target, raw + reference.offset())  # its raw: ``raw`` again
+    torch.testing.assert_close(layer.stats, reference.stats, rtol=1e-5, atol=1e-4)
 
 
 def test_the_export_and_a_snapshot_export_carry_the_correction(tmp_path: Path) -> None:

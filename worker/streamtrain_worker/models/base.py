@@ -52,8 +52,8 @@ class ModelSpec:
     prior_rate: float = 0.5
     #: Examples in the residual calibration's window (``models.calibration``); 0: none.
     calibration_window: float = 0.0
-    #: Its pseudo-clicks (shrink toward no correction where the window has few clicks).
-    calibration_pseudo_clicks: float = 10.0
+    #: Its pseudo-clicks (``model.calibrationPseudoClicks``).
+    calibration_pseudo_clicks: float = 0.5
     #: In training, move to the current pass's own residual where it differs from the
     #: earlier passes' beyond its noise (``models.calibration``).
     calibration_pass_split: bool = False
@@ -209,12 +209,20 @@ class DenseModel(nn.Module):
         return logits
 
     def calibration_offset(self) -> torch.Tensor:
-        """The residual calibration's current correction of the logit (0 without one)."""
+        """The residual calibration's correction of the logit for the batch in hand (per
+        example in a training step; 0 without one)."""
         total = torch.zeros(())
         for correction in self.calibration:
             assert isinstance(correction, ResidualCalibration)
-            total = total + correction.offset()
+            total = total + correction.batch_offset()
         return total
+
+    def follow_labels(self, labels: torch.Tensor) -> None:
+        """The labels of the training batch about to be scored: the calibration scores each
+        example with the batch's earlier examples counted (``models.calibration``)."""
+        for correction in self.calibration:
+            assert isinstance(correction, ResidualCalibration)
+            correction.follow_labels(labels)
 
     def begin_pass(self) -> None:
         """A new pass starts: the calibration's per-pass sums start empty."""

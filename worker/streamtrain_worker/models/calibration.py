@@ -10,8 +10,9 @@ log-odds to the logit:
 ``log((clicks + k) / (examples - clicks + k)) - log((predicted + k) / (examples - predicted + k))``.
 At a low click rate that is ``log((clicks + k) / (predicted + k))``; at 40 % the plain
 ratio under-corrects (a model at 5 % on a 40 % stream: ratio 8, +2.08 on the logit, 30 %).
-``k`` pseudo-clicks (and as many pseudo-non-clicks) shrink it toward 0 where the window
-holds few clicks (a low-CTR stream).
+``k`` pseudo-clicks (and as many pseudo-non-clicks; default half a count, the empirical
+log-odds' Haldane-Anscombe correction) keep a window without clicks finite; how much of a
+noisy correction to apply is the evidence's and the pass split's business (below).
 
 The window is a summary statistic (``models.summary``) in its own PS summary vector, whose
 decay is per push: every batch's sums are pushed as one part and the PS applies
@@ -49,8 +50,13 @@ standard errors (the split above) is evidence of its own and is followed unshrun
 not per batch: a memory of a few thousand examples sees one hour of a long pass and
 took the correction away mid-pass (docs/decisions.md).
 
-Test then train: a batch is observed after it was scored, so no prediction sees its own
-labels.
+Test then train, example by example: a batch is observed after it was scored, and in
+training (``follow_labels``) each example of a batch is scored with the sums of the
+examples before it in the batch as well, as an online learner scores each example after
+learning from the one before. A pass's first batch is otherwise scored wholly at the
+previous pass's rate, and on short passes (700-2,000 rows, 11-31 batches) that one batch
+held most of a pass's COPC error where the rate jumps (docs/decisions.md, issue 26). No
+prediction sees its own label; serving and evaluation score with the window alone.
 """
 
 import torch
@@ -164,6 +170,9 @@ class ResidualCalibration(SummaryLayer):
     training with ``pass_split`` the current pass's own where it differs beyond its noise."""
 
     pass_sums: torch.Tensor
+    batch_labels: torch.Tensor
+    scored_raw: torch.Tensor
+    scored_offsets: torch.Tensor
 
     def __init__(
         self,
@@ -183,36 +192,49 @@ class ResidualCalibration(SummaryLayer):
         self.split_significance = SPLIT_SIGNIFICANCE
         self.strict_significance = STRICT_SPLIT_SIGNIFICANCE
         self.register_buffer("pass_sums", torch.zeros(3), persistent=False)
+        # The batch being scored in training (``follow_labels``), and what ``forward``
+        # scored it with; empty outside a training step.
+        self.register_buffer("batch_labels", torch.zeros(0), persistent=False)
+        self.register_buffer("scored_raw", torch.zeros(0), persistent=False)
+        self.register_buffer("scored_offsets", torch.zeros(0), persistent=False)
         # Zero or one evidence (TorchScript: a list, not an Optional).
         self.evidence = nn.ModuleList([RateMovement()] if evidence else [])
         self.pass_starting = False
 
     def strength(self) -> torch.Tensor:
         """The share of the correction to apply: the evidence's, 1 without one."""
+        return self._strength(self.stats)
+
+    def _strength(self, stats: torch.Tensor) -> torch.Tensor:
         out = torch.ones(())
         for evidence in self.evidence:
             assert isinstance(evidence, RateMovement)
-            noise = window_noise(self.stats, self.pseudo_clicks, self.decay)
+            noise = window_noise(stats, self.pseudo_clicks, self.decay)
             out = out * evidence.strength(noise)
         return out
 
     def offset(self) -> torch.Tensor:
         """The logit correction of the current window (and pass), times the strength."""
+        return self._correction(self.stats, self.pass_sums)
+
+    def _correction(self, stats: torch.Tensor, pass_sums: torch.Tensor) -> torch.Tensor:
+        """The correction of window sums ``stats`` and pass sums ``pass_sums`` (``(3,)``, or
+        ``(3, B)``: one column per example)."""
         k = self.pseudo_clicks
-        window = residual(self.stats, k)
+        window = residual(stats, k)
         if not self.pass_split or not self.training:
-            return self.strength() * window
-        own = residual(self.pass_sums, k)
+            return self._strength(stats) * window
+        own = residual(pass_sums, k)
         # ``stats`` is the PS's as of the last dense sync, which may lag this worker's
         # latest pushes: the earlier part is clipped to sums a window can hold.
-        earlier = torch.clamp(self.stats - self.pass_sums, min=0.0)
+        earlier = torch.clamp(stats - pass_sums, min=0.0)
         examples = earlier[0]
         earlier = torch.stack(
             [examples, torch.minimum(earlier[1], examples), torch.minimum(earlier[2], examples)]
         )
         gap = own - residual(earlier, k)
-        variance = click_log_odds_variance(self.pass_sums, k)
-        strength = self.strength()
+        variance = click_log_odds_variance(pass_sums, k)
+        strength = self._strength(stats)
         # On a stream whose rate holds still, a jump of three standard errors is still
         # evidence of its own, followed whatever the history says (at strength 1, without
         # evidence, the two-standard-error weight is the larger one).
@@ -224,7 +246,36 @@ class ResidualCalibration(SummaryLayer):
         return shrunk + keep * (own - shrunk)
 
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.training and 0 < logits.numel() == self.batch_labels.numel():
+            return self._progressive(logits)
         return logits + self.offset()
+
+    @torch.jit.unused
+    def _progressive(self, logits: torch.Tensor) -> torch.Tensor:
+        """``logits`` corrected example by example: each with the sums plus the batch's
+        examples before it (their labels, and their probabilities before the correction)."""
+        raw = torch.sigmoid(logits.detach().float())
+        seen = torch.stack([torch.ones_like(raw), self.batch_labels, raw])
+        before = torch.cumsum(seen.double(), dim=1).float() - seen
+        offsets = self._correction(
+            self.stats.unsqueeze(1) + before, self.pass_sums.unsqueeze(1) + before
+        )
+        self.scored_raw = raw
+        self.scored_offsets = offsets.detach()
+        return logits + offsets
+
+    def batch_offset(self) -> torch.Tensor:
+        """The correction the batch in hand was scored with: per example in a training
+        step, else the current one."""
+        if self.scored_offsets.numel() > 0:
+            return self.scored_offsets
+        return self.offset()
+
+    @torch.jit.unused
+    def follow_labels(self, labels: torch.Tensor) -> None:
+        """The next training batch's labels: ``forward`` scores each of its examples with
+        the ones before it counted (test then train, example by example)."""
+        self.batch_labels = labels.detach().float().reshape(-1)
 
     @torch.jit.unused
     def begin_pass(self) -> None:
@@ -232,6 +283,12 @@ class ResidualCalibration(SummaryLayer):
         batch gives the evidence the window as the pass starts."""
         self.pass_sums.zero_()
         self.pass_starting = self.training
+        self._forget_batch()
+
+    @torch.jit.unused
+    def _forget_batch(self) -> None:
+        empty = torch.zeros(0)
+        self.batch_labels, self.scored_raw, self.scored_offsets = empty, empty, empty
 
     @torch.jit.unused
     def observe(self, labels: torch.Tensor, logits: torch.Tensor) -> None:
@@ -239,7 +296,11 @@ class ResidualCalibration(SummaryLayer):
         output for the batch, scored with the current window) had before the correction.
         ``stats`` follows locally what the PS does with the push (decay, then add)."""
         with torch.no_grad():
-            raw = torch.sigmoid(logits.detach().float() - self.offset())
+            if self.scored_raw.numel() == labels.numel() and labels.numel() > 0:
+                raw = self.scored_raw  # scored example by example (``follow_labels``)
+            else:
+                raw = torch.sigmoid(logits.detach().float() - self.offset())
+            self._forget_batch()
             if self.pass_starting and float(self.stats[0]) >= 1.0:
                 k = self.pseudo_clicks
                 for evidence in self.evidence:  # the window this pass started from

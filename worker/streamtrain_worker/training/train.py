@@ -280,6 +280,8 @@ class Trainer:
         """Predict (for the metrics), then train on the same forward pass."""
         lookup = Lookup(prepared, self.config.model.cvm, requires_grad=train)
         labels = torch.from_numpy(prepared.batch.labels)
+        if train:
+            self.model.follow_labels(labels)
         with torch.set_grad_enabled(train):
             logits = self.forward(lookup)
             losses = nnf.binary_cross_entropy_with_logits(logits, labels, reduction="none")
