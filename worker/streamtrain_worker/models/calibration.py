@@ -27,10 +27,11 @@ the previous one's, which the window then follows only as fast as it forgets. So
 layer also keeps the window's part from the current pass (``pass_sums``, this worker's,
 decayed alike, emptied at every pass's start). Where that part's residual differs from
 the earlier passes' part by more than its noise, the correction moves from the window's
-to the pass's own by ``max(0, 1 - 4 var / gap**2)`` (``var`` the sampling variance of the
-pass part's click log-odds, ``gap`` the difference of the two residuals: a positive-part
-James-Stein weight that starts at a gap of two standard errors). A jump of tens of
-points is many standard errors after a few dozen of the pass's examples; on a stream
+to the pass's own by ``max(0, 1 - 2.25 var / gap**2)`` (``var`` the sampling variance of
+the pass part's click log-odds, ``gap`` the difference of the two residuals: a
+positive-part James-Stein weight that starts at a gap of one and a half standard errors).
+A jump of tens of points is many standard errors after a few dozen of the pass's
+examples; on a stream
 whose passes share their rate the gap is noise and the window corrects as before. A
 replayed pass starts from empty sums again, so a restart still scores bit-identically.
 Outside training (an evaluation pass, an export, serving) the window alone corrects: an
@@ -67,9 +68,10 @@ from streamtrain_worker.models.summary import SummaryLayer
 #: The PS summary vector of the window (``SummaryLayer.vector``).
 CALIBRATION_VECTOR = "calibration"
 #: How many variances a pass's gap to the earlier passes must exceed before the correction
-#: moves to the pass's own: 4, a gap of two standard errors (a steady stream's gaps are
-#: noise and must not move it; docs/decisions.md, issue 26).
-SPLIT_SIGNIFICANCE = 4.0
+#: moves to the pass's own: 2.25, a gap of one and a half standard errors. The plug-in
+#: empirical-Bayes weight would start at one; that followed noise on low-CTR and stationary
+#: streams, two held the families' jumps back a batch (docs/decisions.md, issue 26).
+SPLIT_SIGNIFICANCE = 2.25
 #: With the evidence, the significance at which a pass's gap is followed whatever the
 #: stream's history: 9, three standard errors (a stationary stream's gaps rarely reach it).
 STRICT_SPLIT_SIGNIFICANCE = 9.0
@@ -237,7 +239,7 @@ class ResidualCalibration(SummaryLayer):
         strength = self._strength(stats)
         # On a stream whose rate holds still, a jump of three standard errors is still
         # evidence of its own, followed whatever the history says (at strength 1, without
-        # evidence, the two-standard-error weight is the larger one).
+        # evidence, the 1.5-standard-error weight is the larger one).
         keep = torch.maximum(
             strength * _beyond(gap, self.split_significance * variance),
             _beyond(gap, self.strict_significance * variance),
