@@ -31,9 +31,9 @@ to the pass's own by ``max(0, 1 - 2.25 var / gap**2)`` (``var`` the sampling var
 the pass part's click log-odds, ``gap`` the difference of the two residuals: a
 positive-part James-Stein weight that starts at a gap of one and a half standard errors).
 A jump of tens of points is many standard errors after a few dozen of the pass's
-examples; on a stream
-whose passes share their rate the gap is noise and the window corrects as before. A
-replayed pass starts from empty sums again, so a restart still scores bit-identically.
+examples; on a stream whose passes share their rate the gap is noise and the window
+corrects as before. A replayed pass starts from empty sums again, so a restart still
+scores bit-identically.
 Outside training (an evaluation pass, an export, serving) the window alone corrects: an
 export is scored on the passes after its own, which start from the window.
 
@@ -173,7 +173,6 @@ class ResidualCalibration(SummaryLayer):
 
     pass_sums: torch.Tensor
     batch_labels: torch.Tensor
-    scored_raw: torch.Tensor
     scored_offsets: torch.Tensor
 
     def __init__(
@@ -197,7 +196,6 @@ class ResidualCalibration(SummaryLayer):
         # The batch being scored in training (``follow_labels``), and what ``forward``
         # scored it with; empty outside a training step.
         self.register_buffer("batch_labels", torch.zeros(0), persistent=False)
-        self.register_buffer("scored_raw", torch.zeros(0), persistent=False)
         self.register_buffer("scored_offsets", torch.zeros(0), persistent=False)
         # Zero or one evidence (TorchScript: a list, not an Optional).
         self.evidence = nn.ModuleList([RateMovement()] if evidence else [])
@@ -262,7 +260,6 @@ class ResidualCalibration(SummaryLayer):
         offsets = self._correction(
             self.stats.unsqueeze(1) + before, self.pass_sums.unsqueeze(1) + before
         )
-        self.scored_raw = raw
         self.scored_offsets = offsets.detach()
         return logits + offsets
 
@@ -290,18 +287,16 @@ class ResidualCalibration(SummaryLayer):
     @torch.jit.unused
     def _forget_batch(self) -> None:
         empty = torch.zeros(0)
-        self.batch_labels, self.scored_raw, self.scored_offsets = empty, empty, empty
+        self.batch_labels, self.scored_offsets = empty, empty
 
     @torch.jit.unused
     def observe(self, labels: torch.Tensor, logits: torch.Tensor) -> None:
         """Add a scored batch: its labels and the probabilities ``logits`` (this layer's
-        output for the batch, scored with the current window) had before the correction.
+        output for the batch) had before the correction it was scored with
+        (``batch_offset``).
         ``stats`` follows locally what the PS does with the push (decay, then add)."""
         with torch.no_grad():
-            if self.scored_raw.numel() == labels.numel() and labels.numel() > 0:
-                raw = self.scored_raw  # scored example by example (``follow_labels``)
-            else:
-                raw = torch.sigmoid(logits.detach().float() - self.offset())
+            raw = torch.sigmoid(logits.detach().float() - self.batch_offset())
             self._forget_batch()
             if self.pass_starting and float(self.stats[0]) >= 1.0:
                 k = self.pseudo_clicks
