@@ -57,6 +57,7 @@ NON_DEFAULT: dict[str, Any] = {
         "residualCalibration": True,
         "calibrationWindow": 250,
         "calibrationInLoss": False,
+        "calibrationSparesContextKeys": True,
         "calibrationPassSplit": False,
         "calibrationEvidence": False,
         "calibrationPseudoClicks": 3,

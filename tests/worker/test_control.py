@@ -37,7 +37,11 @@ from streamtrain_worker.control.refusals import Reason, is_busy, reason_of
 from streamtrain_worker.control.service import SERVICE_NAME, WorkerServer, WorkerServicer
 from streamtrain_worker.data.reader import PassReader
 from streamtrain_worker.metrics import PassMetrics
-from streamtrain_worker.models.calibration import CALIBRATION_VECTOR, EVIDENCE_VECTOR
+from streamtrain_worker.models.calibration import (
+    CALIBRATION_VECTOR,
+    EVIDENCE_VECTOR,
+    PERSISTENCE_VECTOR,
+)
 from streamtrain_worker.proto import worker_pb2, worker_pb2_grpc
 from streamtrain_worker.publishing.export import load_dense
 from streamtrain_worker.training.embedding import Lookup, prepare
@@ -208,10 +212,11 @@ def test_an_export_from_a_ps_snapshot_is_the_model_of_its_moment_beside_a_pass(
     flat = torch.cat([t.reshape(-1) for t in exported.values()]).numpy()
     assert np.array_equal(flat, taken)
     buffers = dict(module.named_buffers())
-    # the calibration's window and its evidence: PS vectors of their own
+    # the calibration's window, its evidence and persistence: PS vectors of their own
     own_vectors = {
         CALIBRATION_VECTOR: buffers.pop("model.calibration.0.stats"),
         EVIDENCE_VECTOR: buffers.pop("model.calibration.0.evidence.0.stats"),
+        PERSISTENCE_VECTOR: buffers.pop("model.calibration.0.persistence.0.stats"),
     }
     stats = torch.cat([b.reshape(-1) for n, b in buffers.items() if n.endswith(".stats")])
     assert np.array_equal(stats.numpy(), taken_stats)

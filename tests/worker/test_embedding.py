@@ -205,3 +205,103 @@ def test_row_shared_steps_scale_a_context_key_by_its_rows_and_leave_rare_keys(
         np.testing.assert_allclose(pushed["all"][key], plain * scale, rtol=1e-6)
         np.testing.assert_allclose(pushed["embed"][key][0], plain[0] * scale, rtol=1e-6)
         np.testing.assert_array_equal(pushed["embed"][key][1:], plain[1:])
+
+
+def _context_batch(rng: np.random.Generator) -> tuple[Batch, dict[str, int]]:
+    """12 rows over 3 slots: an hour key in slot 0 of every row; a head key in slot 2 of
+    rows 0-5, twice each (12 occurrences, as many as the batch has rows, in half of
+    them); 1-3 rare ids per row in slot 1."""
+    hour, head = 1000, 2000
+    keys: list[int] = []
+    offsets = [0]
+    for row in range(12):
+        rare = [int(k) for k in 3000 + rng.choice(40, size=int(rng.integers(1, 4)))]
+        for slot_keys in ([hour], rare, [head, head] if row < 6 else []):
+            keys += slot_keys
+            offsets.append(len(keys))
+    batch = Batch(
+        labels=(rng.random(12) < 0.4).astype(np.float32),
+        keys=np.asarray(keys, np.uint64),
+        offsets=np.asarray(offsets, np.int64),
+        num_slots=3,
+    )
+    return batch, {"hour": hour, "head": head}
+
+
+@pytest.mark.parametrize("cvm", [False, True])
+def test_context_keys_relearn_the_uncalibrated_loss_and_the_rest_keep_the_calibrated(
+    cvm: bool,
+) -> None:
+    """Against two plain backwards through a nonlinear head: after ``relearn_context_keys``
+    the hour key's row is the gradient of the loss at the logit before the correction, and
+    every other row (the head key as frequent as the batch, the rare ids) the calibrated
+    loss's."""
+    from torch.nn import functional as nnf
+
+    from streamtrain_worker.models.calibration import uncalibrated_gradient_ratio
+
+    rng = np.random.default_rng(3)
+    batch, named = _context_batch(rng)
+    vocab = np.unique(batch.keys)
+    rows = rng.normal(size=(vocab.shape[0], 3 + DIM)).astype(np.float32)
+    rows[:, :2] = rng.integers(0, 50, size=(vocab.shape[0], 2))
+    ps = RecordingTable(vocab, rows)
+    torch.manual_seed(0)
+    head = torch.nn.Sequential(
+        torch.nn.Flatten(),
+        torch.nn.Linear(3 * (1 + DIM + 2 * cvm), 8),
+        torch.nn.Tanh(),
+        torch.nn.Linear(8, 1),
+        torch.nn.Flatten(0),
+    )
+    labels = torch.from_numpy(batch.labels)
+    offsets = torch.from_numpy(rng.normal(scale=1.5, size=12).astype(np.float32))
+
+    def gradient(corrected: bool) -> tuple[dict[int, npt.NDArray[np.float32]], Lookup]:
+        lookup = Lookup(prepare(batch, ps, "emb", DIM, cvm=cvm), cvm=cvm)
+        logits = head(lookup.pooled) + (offsets if corrected else 0.0)
+        nnf.binary_cross_entropy_with_logits(logits, labels, reduction="sum").backward()
+        push = lookup.sparse_push()
+        return {int(k): g.copy() for k, g in zip(push.keys, push.grads, strict=True)}, lookup
+
+    calibrated, _ = gradient(True)
+    uncalibrated, _ = gradient(False)
+    lookup = Lookup(prepare(batch, ps, "emb", DIM, cvm=cvm), cvm=cvm)
+    logits = head(lookup.pooled) + offsets
+    nnf.binary_cross_entropy_with_logits(logits, labels, reduction="sum").backward()
+    ratio = uncalibrated_gradient_ratio(logits.detach(), offsets, labels)
+    assert lookup.relearn_context_keys(ratio) == 1
+    push = lookup.sparse_push()
+    got = {int(k): g for k, g in zip(push.keys, push.grads, strict=True)}
+    for key, grad in got.items():
+        want = uncalibrated[key] if key == named["hour"] else calibrated[key]
+        np.testing.assert_allclose(grad, want, rtol=1e-4, atol=1e-6)
+    assert not np.allclose(calibrated[named["hour"]], uncalibrated[named["hour"]], atol=1e-3)
+
+
+def test_without_a_context_key_or_a_backward_nothing_is_relearned() -> None:
+    rng = np.random.default_rng(4)
+    batch, _ = _context_batch(rng)
+    keep = np.diff(batch.offsets)
+    # The same rows with slot 0 (the hour key) emptied.
+    no_hour = Batch(
+        labels=batch.labels,
+        keys=np.concatenate(
+            [
+                batch.keys[batch.offsets[i] : batch.offsets[i + 1]]
+                for i in range(keep.shape[0])
+                if i % 3
+            ]
+        ),
+        offsets=np.concatenate([[0], np.cumsum(np.where(np.arange(keep.shape[0]) % 3, keep, 0))]),
+        num_slots=3,
+    )
+    ps = RecordingTable(
+        np.unique(batch.keys), np.ones((np.unique(batch.keys).shape[0], 3 + DIM), np.float32)
+    )
+    lookup = Lookup(prepare(no_hour, ps, "emb", DIM), cvm=False)
+    assert lookup.relearn_context_keys(torch.full((12,), 2.0)) == 0  # no backward yet
+    lookup.pooled.sum().backward()
+    before = lookup.weight.grad.clone()  # type: ignore[union-attr]
+    assert lookup.relearn_context_keys(torch.full((12,), 2.0)) == 0
+    torch.testing.assert_close(lookup.weight.grad, before)

@@ -166,6 +166,17 @@ class ModelConfig:
         "its logit before the correction (false: the network keeps learning the rate the "
         "window corrects for, and the window covers only what it has not learned yet).",
     )
+    # Trained on the calibrated logit, a key in every row of a batch (the hour of day)
+    # gets no gradient for the rate the calibration already corrects. Sparing it: AUC
+    # level, the next pass predicted better on 700-2,000-row passes and worse on 4,000-row
+    # ones (its row-shared steps overshoot): off (docs/decisions.md, issue 26).
+    calibrationSparesContextKeys: bool = setting(
+        False,
+        "With residualCalibration and calibrationInLoss: keys in every row of a batch (a "
+        "context such as the hour of day) are trained on the logit before the correction, "
+        "so they learn their context's click rate while the rest of the model is trained "
+        "on the calibrated logit.",
+    )
     # A pass's rate can jump from the last one's (an hour's folder): the 300-example window
     # left such passes at COPC 1.4-1.5 where VW had 1.02-1.05. Day 1 of the families +0.003
     # to +0.013, Criteo and Avazu -0.0015 (docs/decisions.md, issue 26).

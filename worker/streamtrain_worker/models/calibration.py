@@ -35,7 +35,9 @@ examples; on a stream whose passes share their rate the gap is noise and the win
 corrects as before. A replayed pass starts from empty sums again, so a restart still
 scores bit-identically.
 Outside training (an evaluation pass, an export, serving) the window alone corrects: an
-export is scored on the passes after its own, which start from the window.
+export is scored on the passes after its own, which start from the window. How much of the
+window's residual carries over to the next pass is itself measured (``ResidualPersistence``):
+an hour's residual says little of the next hour's, a drift's says much.
 
 How much of the window's correction to apply is the stream's own evidence
 (``evidence``, an empirical-Bayes shrinkage). The calibration is for streams whose click
@@ -51,6 +53,12 @@ standard errors (the split above) is evidence of its own and is followed unshrun
 not per batch: a memory of a few thousand examples sees one hour of a long pass and
 took the correction away mid-pass (docs/decisions.md).
 
+What the network learns: trained on the corrected logit, a key in every row of a batch
+(the hour of day) gets no gradient for the rate the window already corrects and learns
+little of its hour's rate; ``model.calibrationSparesContextKeys`` (off by default) gives
+such keys the gradient of the loss at the logit before the correction
+(``uncalibrated_gradient_ratio``).
+
 Test then train, example by example: a batch is observed after it was scored, and in
 training (``follow_labels``) each example of a batch is scored with the sums of the
 examples before it in the batch as well, as an online learner scores each example after
@@ -62,9 +70,13 @@ prediction sees its own label; serving and evaluation score with the window alon
 
 import torch
 from torch import nn
+from torch.nn import functional as nnf
 
 from streamtrain_worker.models.summary import SummaryLayer
 
+#: The largest log of ``uncalibrated_gradient_ratio``: a finite product with any finite
+#: float32 gradient of an example's logit.
+MAX_LOG_GRADIENT_RATIO = 30.0
 #: The PS summary vector of the window (``SummaryLayer.vector``).
 CALIBRATION_VECTOR = "calibration"
 #: How many variances a pass's gap to the earlier passes must exceed before the correction
@@ -80,6 +92,26 @@ EVIDENCE_VECTOR = "calibration_evidence"
 #: Passes of prior weight on the whole correction while the evidence is young: a fresh
 #: model calibrates as before until a few passes have shown the stream's kind.
 EVIDENCE_PRIOR_PASSES = 2.0
+#: The PS summary vector of the residual's persistence (``ResidualPersistence``).
+PERSISTENCE_VECTOR = "calibration_persistence"
+#: Pairs of passes of prior weight on the window's own correction in an export.
+PERSISTENCE_PRIOR_PAIRS = 4.0
+
+
+def uncalibrated_gradient_ratio(
+    logits: torch.Tensor, offsets: torch.Tensor, labels: torch.Tensor
+) -> torch.Tensor:
+    """Per example, the log loss's gradient at the logit before the correction
+    (``logits - offsets``) over its gradient at the calibrated ``logits``: ``(p_raw - y) /
+    (p - y)``, in log space so that a saturated prediction stays finite (the ratio is
+    within ``exp(+-|offset|)``, and at most ``exp(MAX_LOG_GRADIENT_RATIO)``: a calibrated
+    gradient that small is zero in float32 anyway)."""
+    raw = logits - offsets
+    clicked = labels > 0.5
+    # y = 0: p_raw / p; y = 1: (1 - p_raw) / (1 - p).
+    sign = torch.where(clicked, -1.0, 1.0)
+    log_ratio = nnf.logsigmoid(sign * raw) - nnf.logsigmoid(sign * logits)
+    return torch.exp(torch.clamp(log_ratio, max=MAX_LOG_GRADIENT_RATIO))
 
 
 def window_decay(window: float, batch_size: int) -> float:
@@ -166,12 +198,66 @@ class RateMovement(SummaryLayer):
         self.stats += seen
 
 
+class ResidualPersistence(SummaryLayer):
+    """What a model exported after one pass should correct on the next: over every pair of
+    consecutive training passes of a worker (``stats``, never decayed), ``[pairs, sum r,
+    sum r', sum r**2, sum r r']``, ``r`` the window's residual as a pass starts (what an
+    export of the pass before applies) and ``r'`` the residual of that pass's own examples
+    (what the pass needed). An export applies their least-squares line, ``mean r' +
+    slope (r - mean r)`` with the slope in [0, 1]: where a pass's residual carries over
+    (drift) the window's, where the next hour's differs (an hour of day) the stream's
+    mean, with ``PERSISTENCE_PRIOR_PAIRS`` pairs of weight on the window's own until the
+    stream has shown its kind."""
+
+    last: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__(torch.zeros(5), vector=PERSISTENCE_VECTOR, decay=1.0)
+        self.prior_pairs = PERSISTENCE_PRIOR_PAIRS
+        # ``[opened, r]``: this worker's ``r`` of the pass in hand, if one was opened (not
+        # checkpointed: a restarted worker skips one pair). Finite, as every buffer an
+        # export carries must be for the model to be served.
+        self.register_buffer("last", torch.zeros(2), persistent=False)
+
+    def predict(self, window: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+        """The correction to export for a window residual ``window``; ``fallback`` where
+        the pairs are few."""
+        # In double: the squares of any finite float32 sums stay finite.
+        stats = self.stats.double()
+        spreads = torch.clamp(stats[0] - 1.0, min=0.0)  # a slope needs two pairs
+        filled = spreads / (spreads + self.prior_pairs)
+        pairs = torch.clamp(stats[0], min=1.0)
+        mean_r, mean_next = stats[1] / pairs, stats[2] / pairs
+        var_r = stats[3] / pairs - mean_r * mean_r
+        cov = stats[4] / pairs - mean_r * mean_next
+        slope = torch.clamp(cov / torch.clamp(var_r, min=1e-12), min=0.0, max=1.0)
+        line = mean_next + slope * (window.double() - mean_r)
+        return (filled * line + (1.0 - filled) * fallback.double()).float()
+
+    @torch.jit.unused
+    def close_pass(self, needed: torch.Tensor) -> None:
+        """A training pass ended whose own examples needed ``needed``: count the pair."""
+        if float(self.last[0]) > 0.0 and bool(torch.isfinite(needed)):
+            r = self.last[1]
+            seen = torch.stack([torch.ones(()), r, needed, r * r, r * needed]).float()
+            self.pending += seen
+            self.stats += seen
+        self.last.zero_()
+
+    @torch.jit.unused
+    def open_pass(self, window: torch.Tensor) -> None:
+        """A training pass starts from a window of residual ``window``."""
+        if bool(torch.isfinite(window)):
+            self.last.copy_(torch.stack([torch.ones(()), window.float()]))
+
+
 class ResidualCalibration(SummaryLayer):
     """``logits -> logits`` + the log-odds of the window's clicks minus those of its
     predictions (``stats``: ``[examples, clicks, predicted]``, decayed per batch), or in
     training with ``pass_split`` the current pass's own where it differs beyond its noise."""
 
     pass_sums: torch.Tensor
+    pass_totals: torch.Tensor
     batch_labels: torch.Tensor
     scored_offsets: torch.Tensor
 
@@ -193,12 +279,17 @@ class ResidualCalibration(SummaryLayer):
         self.split_significance = SPLIT_SIGNIFICANCE
         self.strict_significance = STRICT_SPLIT_SIGNIFICANCE
         self.register_buffer("pass_sums", torch.zeros(3), persistent=False)
+        # The training pass's own sums, undecayed (what the pass needed, for the
+        # persistence): this worker's, from empty at every training pass.
+        self.register_buffer("pass_totals", torch.zeros(3), persistent=False)
         # The batch being scored in training (``follow_labels``), and what ``forward``
         # scored it with; empty outside a training step.
         self.register_buffer("batch_labels", torch.zeros(0), persistent=False)
         self.register_buffer("scored_offsets", torch.zeros(0), persistent=False)
         # Zero or one evidence (TorchScript: a list, not an Optional).
         self.evidence = nn.ModuleList([RateMovement()] if evidence else [])
+        # Zero or one persistence, with the evidence: what an export applies.
+        self.persistence = nn.ModuleList([ResidualPersistence()] if evidence else [])
         self.pass_starting = False
 
     def strength(self) -> torch.Tensor:
@@ -222,7 +313,13 @@ class ResidualCalibration(SummaryLayer):
         ``(3, B)``: one column per example)."""
         k = self.pseudo_clicks
         window = residual(stats, k)
-        if not self.pass_split or not self.training:
+        if not self.training:
+            exported = self._strength(stats) * window
+            for persistence in self.persistence:
+                assert isinstance(persistence, ResidualPersistence)
+                exported = persistence.predict(window, exported)
+            return exported
+        if not self.pass_split:
             return self._strength(stats) * window
         own = residual(pass_sums, k)
         # ``stats`` is the PS's as of the last dense sync, which may lag this worker's
@@ -282,6 +379,13 @@ class ResidualCalibration(SummaryLayer):
         batch gives the evidence the window as the pass starts."""
         self.pass_sums.zero_()
         self.pass_starting = self.training
+        if self.training:
+            if float(self.pass_totals[0]) >= 1.0:
+                needed = residual(self.pass_totals, self.pseudo_clicks)
+                for persistence in self.persistence:
+                    assert isinstance(persistence, ResidualPersistence)
+                    persistence.close_pass(needed)
+            self.pass_totals.zero_()
         self._forget_batch()
 
     @torch.jit.unused
@@ -304,6 +408,9 @@ class ResidualCalibration(SummaryLayer):
                     assert isinstance(evidence, RateMovement)
                     noise = log_odds_noise(self.stats, k, self.decay, self.stats[1])
                     evidence.record(click_log_odds(self.stats, k), noise)
+                for persistence in self.persistence:
+                    assert isinstance(persistence, ResidualPersistence)
+                    persistence.open_pass(residual(self.stats, k))
             self.pass_starting = False
             count = torch.tensor(float(labels.numel()))
             seen = torch.stack([count, labels.sum().float(), raw.sum()])
@@ -312,3 +419,4 @@ class ResidualCalibration(SummaryLayer):
             self.stats += seen
             self.pass_sums.mul_(self.decay)
             self.pass_sums += seen
+            self.pass_totals += seen

@@ -199,6 +199,11 @@ class Lookup:
         batch = prepared.batch
         self.weight = torch.from_numpy(prepared.weights).requires_grad_(requires_grad)
         pooled = sum_pool(self.weight, prepared.inverse, prepared.offsets, prepared.by_key)
+        #: The gradient of the pooled ``(B*S, 1 + D)`` rows, kept by the backward
+        #: (``relearn_context_keys`` weighs it again per example).
+        self.pooled_grad: torch.Tensor | None = None
+        if requires_grad:
+            pooled.register_hook(self._keep_pooled_grad)
         if cvm:
             counts = prepared.cvm
             if counts is None:  # prepared without cvm
@@ -208,6 +213,56 @@ class Lookup:
         self.pooled = pooled.view(batch.size, batch.num_slots, pooled.shape[1])
         #: (B, K, 2) inputs of the ordinal slots, if prepared with any (no gradient).
         self.ordinal = prepared.ordinal
+
+    def _keep_pooled_grad(self, grad: torch.Tensor) -> None:
+        self.pooled_grad = grad
+
+    def relearn_context_keys(self, example_weights: torch.Tensor) -> int:
+        """After backward: the rows of the batch's context keys (in every row of the
+        batch, an hour of day) get their pooled gradient again with each example's term
+        times ``example_weights`` (``(B,)``), the rest of the rows keep theirs. Returns
+        how many keys that was.
+
+        Why: trained on the calibrated logit, a context key's mean error is what the
+        calibration already corrects, so the key never learns the rate of its context
+        and a model published after one hour predicts the next at the last one's rate
+        (``models.calibration``; docs/decisions.md, issue 26). Weighted by the ratio of
+        the uncalibrated log loss's gradient to the calibrated one's, these rows learn
+        as if trained on the logit before the correction; the Jacobian of an example's
+        logit is the same under both losses, so one backward serves both.
+        """
+        p = self.prepared
+        size = p.batch.size
+        grad, pooled_grad = self.weight.grad, self.pooled_grad
+        if grad is None or pooled_grad is None or size < 2:
+            return 0
+        context = self._context_keys()
+        if context.shape[0] == 0:
+            return 0
+        per_bag = (example_weights.float() - 1.0).repeat_interleave(p.batch.num_slots)
+        by_key = p.by_key
+        extra = nnf.embedding_bag(
+            by_key.bags,
+            pooled_grad.contiguous(),
+            by_key.offsets,
+            mode="sum",
+            include_last_offset=True,
+            per_sample_weights=per_bag[by_key.bags],
+        )
+        rows = torch.from_numpy(context)
+        grad[rows] += extra[rows]
+        return int(context.shape[0])
+
+    def _context_keys(self) -> npt.NDArray[np.int64]:
+        """The unique-key indices of the keys in every row of the batch."""
+        p = self.prepared
+        size, slots = p.batch.size, p.batch.num_slots
+        offsets, bags = p.by_key.offsets.numpy(), p.by_key.bags.numpy()
+        candidates = np.flatnonzero(p.shows >= size)
+        rows_seen = [
+            np.unique(bags[offsets[u] : offsets[u + 1]] // slots).shape[0] for u in candidates
+        ]
+        return candidates[np.asarray(rows_seen, dtype=np.int64) == size]
 
     def sequence(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Unpooled ``(B, L, 1 + D)`` embeddings of ``slot``'s keys in order, and the mask.

@@ -52,6 +52,7 @@ from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.data.batch import Batch
 from streamtrain_worker.metrics import PassMetrics
 from streamtrain_worker.models import DenseModel, ModelSpec, build_model
+from streamtrain_worker.models.calibration import uncalibrated_gradient_ratio
 from streamtrain_worker.models.summary import (
     SummaryLayer,
     drain_pending,
@@ -133,6 +134,14 @@ class Trainer:
         )
         # Overlap: a training pass's dense pulls run beside its steps (``_run_batches``).
         self._refresh: SingleFlight[PulledDense] = SingleFlight(self._pull_dense, "dense-refresh")
+        model = config.model
+        # Context keys trained on the logit before the calibration (``Lookup``'s
+        # ``relearn_context_keys``): only where the calibration is in the loss at all.
+        self._context_keys_uncalibrated = (
+            model.residualCalibration
+            and model.calibrationInLoss
+            and model.calibrationSparesContextKeys
+        )
         self.dense_version = 0  # dense pulls loaded so far (for tests and logs)
         self.trained_examples = 0  # trained by this worker (the in-order start counts them)
         self.init_dense()
@@ -295,6 +304,11 @@ class Trainer:
         if train:
             self._flat_grads.zero_()
             trained_losses.sum().backward()
+            if self._context_keys_uncalibrated:
+                offsets = self.model.calibration_offset().detach()
+                lookup.relearn_context_keys(
+                    uncalibrated_gradient_ratio(logits.detach(), offsets, labels)
+                )
             self.model.observe_labels(labels, logits)
             dense = self._flat_grads.numpy() * np.float32(1.0 / max(prepared.batch.size, 1))
             summaries = tuple(drain_pending(v.layers).numpy() for v in self.summary_vectors)
