@@ -199,25 +199,30 @@ class RateMovement(SummaryLayer):
 
 
 class ResidualPersistence(SummaryLayer):
-    """What a model exported after one pass should correct on the next: over every pair of
-    consecutive training passes of a worker (``stats``, never decayed), ``[pairs, sum r,
-    sum r', sum r**2, sum r r']``, ``r`` the window's residual as a pass starts (what an
-    export of the pass before applies) and ``r'`` the residual of that pass's own examples
-    (what the pass needed). An export applies their least-squares line, ``mean r' +
-    slope (r - mean r)`` with the slope in [0, 1]: where a pass's residual carries over
-    (drift) the window's, where the next hour's differs (an hour of day) the stream's
-    mean, with ``PERSISTENCE_PRIOR_PAIRS`` pairs of weight on the window's own until the
-    stream has shown its kind."""
+    """What a model exported after one pass should correct on the next: over the training
+    passes of every worker (``stats``, never decayed), ``[passes, sum r, sum r', sum r**2,
+    sum r r']``, ``r`` the window's residual as a pass starts (what an export of the pass
+    before applies to it) and ``r'`` the residual of that pass's own examples (what it
+    needed). An export applies their least-squares line, ``mean r' + slope (r - mean
+    r)`` with the slope in [0, 1]: where a pass's residual carries over (drift) the
+    window's, where the next hour's differs (an hour of day) the stream's mean, with
+    ``PERSISTENCE_PRIOR_PAIRS`` pairs of weight on the window's own until the stream has
+    shown its kind.
 
-    last: torch.Tensor
+    A pass's pair is pushed as it grows, each batch the change of the pair's terms, so
+    the pass's pushes sum to its whole pair: a pass replayed from its start after a
+    restart pushes the same changes, and the vector stays bit-identical."""
+
+    opened: torch.Tensor
+    pass_totals: torch.Tensor
 
     def __init__(self) -> None:
         super().__init__(torch.zeros(5), vector=PERSISTENCE_VECTOR, decay=1.0)
         self.prior_pairs = PERSISTENCE_PRIOR_PAIRS
-        # ``[opened, r]``: this worker's ``r`` of the pass in hand, if one was opened (not
-        # checkpointed: a restarted worker skips one pair). Finite, as every buffer an
-        # export carries must be for the model to be served.
-        self.register_buffer("last", torch.zeros(2), persistent=False)
+        # This worker's training pass in hand: ``[opened, r]`` (opened 1 when the window
+        # held examples as it started) and its own undecayed sums. Rebuilt by a replay.
+        self.register_buffer("opened", torch.zeros(2), persistent=False)
+        self.register_buffer("pass_totals", torch.zeros(3), persistent=False)
 
     def predict(self, window: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
         """The correction to export for a window residual ``window``; ``fallback`` where
@@ -235,20 +240,28 @@ class ResidualPersistence(SummaryLayer):
         return (filled * line + (1.0 - filled) * fallback.double()).float()
 
     @torch.jit.unused
-    def close_pass(self, needed: torch.Tensor) -> None:
-        """A training pass ended whose own examples needed ``needed``: count the pair."""
-        if float(self.last[0]) > 0.0 and bool(torch.isfinite(needed)):
-            r = self.last[1]
-            seen = torch.stack([torch.ones(()), r, needed, r * r, r * needed]).float()
-            self.pending += seen
-            self.stats += seen
-        self.last.zero_()
+    def open_pass(self, window: torch.Tensor | None) -> None:
+        """A training pass starts from a window of residual ``window`` (None: empty)."""
+        self.pass_totals.zero_()
+        self.opened.zero_()
+        if window is not None and bool(torch.isfinite(window)):
+            self.opened.copy_(torch.stack([torch.ones(()), window.float()]))
 
     @torch.jit.unused
-    def open_pass(self, window: torch.Tensor) -> None:
-        """A training pass starts from a window of residual ``window``."""
-        if bool(torch.isfinite(window)):
-            self.last.copy_(torch.stack([torch.ones(()), window.float()]))
+    def add(self, seen: torch.Tensor, k: float) -> None:
+        """A trained batch's ``[examples, clicks, predicted]``: its change of the pair."""
+        before = self._pair(k)
+        self.pass_totals += seen
+        change = self._pair(k) - before
+        self.pending += change
+        self.stats += change
+
+    def _pair(self, k: float) -> torch.Tensor:
+        """The pass's pair terms so far: ``[1, r, r', r**2, r r']``, or zeros."""
+        if float(self.opened[0]) <= 0.0 or float(self.pass_totals[0]) < 1.0:
+            return torch.zeros(5)
+        r, needed = self.opened[1], residual(self.pass_totals, k)
+        return torch.stack([torch.ones(()), r, needed, r * r, r * needed]).float()
 
 
 class ResidualCalibration(SummaryLayer):
@@ -257,7 +270,6 @@ class ResidualCalibration(SummaryLayer):
     training with ``pass_split`` the current pass's own where it differs beyond its noise."""
 
     pass_sums: torch.Tensor
-    pass_totals: torch.Tensor
     batch_labels: torch.Tensor
     scored_offsets: torch.Tensor
 
@@ -279,9 +291,6 @@ class ResidualCalibration(SummaryLayer):
         self.split_significance = SPLIT_SIGNIFICANCE
         self.strict_significance = STRICT_SPLIT_SIGNIFICANCE
         self.register_buffer("pass_sums", torch.zeros(3), persistent=False)
-        # The training pass's own sums, undecayed (what the pass needed, for the
-        # persistence): this worker's, from empty at every training pass.
-        self.register_buffer("pass_totals", torch.zeros(3), persistent=False)
         # The batch being scored in training (``follow_labels``), and what ``forward``
         # scored it with; empty outside a training step.
         self.register_buffer("batch_labels", torch.zeros(0), persistent=False)
@@ -379,13 +388,6 @@ class ResidualCalibration(SummaryLayer):
         batch gives the evidence the window as the pass starts."""
         self.pass_sums.zero_()
         self.pass_starting = self.training
-        if self.training:
-            if float(self.pass_totals[0]) >= 1.0:
-                needed = residual(self.pass_totals, self.pseudo_clicks)
-                for persistence in self.persistence:
-                    assert isinstance(persistence, ResidualPersistence)
-                    persistence.close_pass(needed)
-            self.pass_totals.zero_()
         self._forget_batch()
 
     @torch.jit.unused
@@ -402,15 +404,17 @@ class ResidualCalibration(SummaryLayer):
         with torch.no_grad():
             raw = torch.sigmoid(logits.detach().float() - self.batch_offset())
             self._forget_batch()
+            k = self.pseudo_clicks
+            if self.pass_starting:
+                window = residual(self.stats, k) if float(self.stats[0]) >= 1.0 else None
+                for persistence in self.persistence:
+                    assert isinstance(persistence, ResidualPersistence)
+                    persistence.open_pass(window)
             if self.pass_starting and float(self.stats[0]) >= 1.0:
-                k = self.pseudo_clicks
                 for evidence in self.evidence:  # the window this pass started from
                     assert isinstance(evidence, RateMovement)
                     noise = log_odds_noise(self.stats, k, self.decay, self.stats[1])
                     evidence.record(click_log_odds(self.stats, k), noise)
-                for persistence in self.persistence:
-                    assert isinstance(persistence, ResidualPersistence)
-                    persistence.open_pass(residual(self.stats, k))
             self.pass_starting = False
             count = torch.tensor(float(labels.numel()))
             seen = torch.stack([count, labels.sum().float(), raw.sum()])
@@ -419,4 +423,6 @@ class ResidualCalibration(SummaryLayer):
             self.stats += seen
             self.pass_sums.mul_(self.decay)
             self.pass_sums += seen
-            self.pass_totals += seen
+            for persistence in self.persistence:
+                assert isinstance(persistence, ResidualPersistence)
+                persistence.add(seen, k)
