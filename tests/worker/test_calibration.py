@@ -123,7 +123,9 @@ def test_a_pass_follows_its_own_jump_and_a_steady_pass_keeps_the_window() -> Non
     assert np.max(np.abs(np.subtract(*steady))) < 0.1, steady
 
 
-def _config(calibration: bool, window: float = 400, in_loss: bool = True) -> WorkerConfig:
+def _config(
+    calibration: bool, window: float = 400, in_loss: bool = True, spares: bool = False
+) -> WorkerConfig:
     return WorkerConfig.from_dict(
         {
             "data": {"format": "slot", "numSlots": 4},
@@ -132,6 +134,7 @@ def _config(calibration: bool, window: float = 400, in_loss: bool = True) -> Wor
                 "residualCalibration": calibration,
                 "calibrationWindow": window,
                 "calibrationInLoss": in_loss,
+                "calibrationSparesContextKeys": spares,
             },
             "runtime": {"overlap": False},
             "ps": {"config": {"logicalShards": 2}},
@@ -201,14 +204,7 @@ def test_an_hour_key_learns_its_hours_rate_where_the_calibration_would_absorb_it
     overshoots a little), so a model predicts an hour's rate before its window sees it."""
     spread = {}
     for spares in (False, True):
-        cfg = WorkerConfig.from_dict(
-            {
-                "data": {"format": "slot", "numSlots": 4},
-                "model": {"hiddenUnits": [16], "calibrationSparesContextKeys": spares},
-                "runtime": {"overlap": False},
-                "ps": {"config": {"logicalShards": 2}},
-            }
-        )
+        cfg = _config(True, window=300, spares=spares)
         trainer = Trainer(cfg, LocalPS(cfg.ps.config), 4)
         try:
             for day in range(2):

@@ -266,7 +266,7 @@ def test_context_keys_relearn_the_uncalibrated_loss_and_the_rest_keep_the_calibr
 
     calibrated, _ = gradient(True)
     uncalibrated, _ = gradient(False)
-    lookup = Lookup(prepare(batch, ps, "emb", DIM, cvm=cvm), cvm=cvm)
+    lookup = Lookup(prepare(batch, ps, "emb", DIM, cvm=cvm), cvm=cvm, keep_pooled_grad=True)
     logits = head(lookup.pooled) + offsets
     nnf.binary_cross_entropy_with_logits(logits, labels, reduction="sum").backward()
     ratio = uncalibrated_gradient_ratio(logits.detach(), offsets, labels)
@@ -299,7 +299,7 @@ def test_without_a_context_key_or_a_backward_nothing_is_relearned() -> None:
     ps = RecordingTable(
         np.unique(batch.keys), np.ones((np.unique(batch.keys).shape[0], 3 + DIM), np.float32)
     )
-    lookup = Lookup(prepare(no_hour, ps, "emb", DIM), cvm=False)
+    lookup = Lookup(prepare(no_hour, ps, "emb", DIM), cvm=False, keep_pooled_grad=True)
     assert lookup.relearn_context_keys(torch.full((12,), 2.0)) == 0  # no backward yet
     lookup.pooled.sum().backward()
     before = lookup.weight.grad.clone()  # type: ignore[union-attr]

@@ -322,14 +322,15 @@ class ResidualCalibration(SummaryLayer):
         ``(3, B)``: one column per example)."""
         k = self.pseudo_clicks
         window = residual(stats, k)
+        strength = self._strength(stats)
+        shrunk = strength * window
         if not self.training:
-            exported = self._strength(stats) * window
             for persistence in self.persistence:
                 assert isinstance(persistence, ResidualPersistence)
-                exported = persistence.predict(window, exported)
-            return exported
+                shrunk = persistence.predict(window, shrunk)
+            return shrunk
         if not self.pass_split:
-            return self._strength(stats) * window
+            return shrunk
         own = residual(pass_sums, k)
         # ``stats`` is the PS's as of the last dense sync, which may lag this worker's
         # latest pushes: the earlier part is clipped to sums a window can hold.
@@ -340,7 +341,6 @@ class ResidualCalibration(SummaryLayer):
         )
         gap = own - residual(earlier, k)
         variance = click_log_odds_variance(pass_sums, k)
-        strength = self._strength(stats)
         # On a stream whose rate holds still, a jump of three standard errors is still
         # evidence of its own, followed whatever the history says (at strength 1, without
         # evidence, the 1.5-standard-error weight is the larger one).
@@ -348,7 +348,6 @@ class ResidualCalibration(SummaryLayer):
             strength * _beyond(gap, self.split_significance * variance),
             _beyond(gap, self.strict_significance * variance),
         )
-        shrunk = strength * window
         return shrunk + keep * (own - shrunk)
 
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
@@ -405,16 +404,16 @@ class ResidualCalibration(SummaryLayer):
             raw = torch.sigmoid(logits.detach().float() - self.batch_offset())
             self._forget_batch()
             k = self.pseudo_clicks
-            if self.pass_starting:
-                window = residual(self.stats, k) if float(self.stats[0]) >= 1.0 else None
+            if self.pass_starting:  # the window this pass started from
+                filled = float(self.stats[0]) >= 1.0
                 for persistence in self.persistence:
                     assert isinstance(persistence, ResidualPersistence)
-                    persistence.open_pass(window)
-            if self.pass_starting and float(self.stats[0]) >= 1.0:
-                for evidence in self.evidence:  # the window this pass started from
-                    assert isinstance(evidence, RateMovement)
-                    noise = log_odds_noise(self.stats, k, self.decay, self.stats[1])
-                    evidence.record(click_log_odds(self.stats, k), noise)
+                    persistence.open_pass(residual(self.stats, k) if filled else None)
+                if filled:
+                    for evidence in self.evidence:
+                        assert isinstance(evidence, RateMovement)
+                        noise = log_odds_noise(self.stats, k, self.decay, self.stats[1])
+                        evidence.record(click_log_odds(self.stats, k), noise)
             self.pass_starting = False
             count = torch.tensor(float(labels.numel()))
             seen = torch.stack([count, labels.sum().float(), raw.sum()])

@@ -194,15 +194,21 @@ def prepare(
 class Lookup:
     """The embedding layer's output for one prepared batch, and its gradient afterwards."""
 
-    def __init__(self, prepared: PreparedBatch, cvm: bool, requires_grad: bool = True) -> None:
+    def __init__(
+        self,
+        prepared: PreparedBatch,
+        cvm: bool,
+        requires_grad: bool = True,
+        keep_pooled_grad: bool = False,
+    ) -> None:
         self.prepared = prepared
         batch = prepared.batch
         self.weight = torch.from_numpy(prepared.weights).requires_grad_(requires_grad)
         pooled = sum_pool(self.weight, prepared.inverse, prepared.offsets, prepared.by_key)
-        #: The gradient of the pooled ``(B*S, 1 + D)`` rows, kept by the backward
-        #: (``relearn_context_keys`` weighs it again per example).
+        #: With ``keep_pooled_grad``, the gradient of the pooled ``(B*S, 1 + D)`` rows,
+        #: kept by the backward (``relearn_context_keys`` weighs it again per example).
         self.pooled_grad: torch.Tensor | None = None
-        if requires_grad:
+        if requires_grad and keep_pooled_grad:
             pooled.register_hook(self._keep_pooled_grad)
         if cvm:
             counts = prepared.cvm
@@ -218,10 +224,10 @@ class Lookup:
         self.pooled_grad = grad
 
     def relearn_context_keys(self, example_weights: torch.Tensor) -> int:
-        """After backward: the rows of the batch's context keys (in every row of the
-        batch, an hour of day) get their pooled gradient again with each example's term
-        times ``example_weights`` (``(B,)``), the rest of the rows keep theirs. Returns
-        how many keys that was.
+        """After backward (of a lookup made with ``keep_pooled_grad``): the rows of the
+        batch's context keys (in every row of the batch, an hour of day) get their pooled
+        gradient again with each example's term times ``example_weights`` (``(B,)``), the
+        rest of the rows keep theirs. Returns how many keys that was.
 
         Why: trained on the calibrated logit, a context key's mean error is what the
         calibration already corrects, so the key never learns the rate of its context

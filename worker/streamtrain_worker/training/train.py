@@ -287,7 +287,10 @@ class Trainer:
 
     def step(self, prepared: PreparedBatch, train: bool) -> StepOutput:
         """Predict (for the metrics), then train on the same forward pass."""
-        lookup = Lookup(prepared, self.config.model.cvm, requires_grad=train)
+        relearn = train and self._context_keys_uncalibrated
+        lookup = Lookup(
+            prepared, self.config.model.cvm, requires_grad=train, keep_pooled_grad=relearn
+        )
         labels = torch.from_numpy(prepared.batch.labels)
         if train:
             self.model.follow_labels(labels)
@@ -304,7 +307,7 @@ class Trainer:
         if train:
             self._flat_grads.zero_()
             trained_losses.sum().backward()
-            if self._context_keys_uncalibrated:
+            if relearn:
                 offsets = self.model.calibration_offset().detach()
                 lookup.relearn_context_keys(
                     uncalibrated_gradient_ratio(logits.detach(), offsets, labels)
