@@ -4,8 +4,11 @@ streams, one JSON object last, each learner's AUCs those of a model that learned
 from __future__ import annotations
 
 import json
+import math
 import random
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -186,6 +189,27 @@ def test_the_table_has_a_row_per_stream_and_window(
     rows = [line for line in lines if line.startswith("| pairs day")]
     assert [r.split(" | ")[0] for r in rows] == ["| pairs day 1", "| pairs day 2"]
     assert all("of 4 |" in r for r in rows)
+
+
+def test_the_next_pass_spread_counts_the_band_and_the_mean_log_error_per_window() -> None:
+    """Of the passes with at least 500 clicks: how many are within 0.9-1.1, and the mean
+    ``|log COPC|`` of them; a window without such a pass has no error."""
+
+    days = SimpleNamespace(windows={"day 1": [0, 1, 2], "day 2": [3]})
+    scores = [
+        PassScore(5000, 500, 0.7, 0.3, 2.0),
+        PassScore(5000, 600, 0.7, 0.3, 0.95),
+        PassScore(5000, 100, 0.7, 0.3, 5.0),  # too few clicks to count
+        PassScore(5000, 499, 0.7, 0.3, 1.0),
+    ]
+    spread = quality.next_pass_spread(days, [None, *scores[1:]])  # type: ignore[arg-type]
+    assert spread["per_window"] == {"day 1": [1, 1], "day 2": [0, 0]}
+    assert spread["error_per_window"]["day 1"] == pytest.approx(abs(math.log(0.95)), abs=1e-4)
+    assert spread["error_per_window"]["day 2"] is None
+    both = quality.next_pass_spread(days, scores)  # type: ignore[arg-type]
+    want = (math.log(2.0) + abs(math.log(0.95))) / 2
+    assert both["error_per_window"]["day 1"] == pytest.approx(want, abs=1e-4)
+    assert quality.mean_log_error([0.0]) == pytest.approx(-math.log(sys.float_info.min))
 
 
 def test_the_previous_rate_reference_is_each_pass_rate_over_the_one_before() -> None:

@@ -16,13 +16,14 @@ Printed per stream and learner: per report window (passes 13-24 of the one-day s
 each day of the long-tail stream) the mean progressive AUC, log loss and COPC; per pass the
 COPC, and the spread: how many passes with at least 500 clicks have a COPC within 0.9-1.1.
 For streamtrain and VW also the *next-pass COPC*: each pass's folder scored by the model
-published after the pass before, as serving would, and how many of those passes with at
-least 500 clicks are within the band; beside them the same count for a prediction at the
+published after the pass before, as serving would, how many of those passes with at
+least 500 clicks are within the band, and per window their mean ``|log COPC|`` (how far
+off they are; 0.1 is about 10 %); beside them the same figures for a prediction at the
 pass before's actual click rate (``previous rate``: how much the rate moves between passes,
 which a model that has not yet seen the next pass's context cannot know). Then a Markdown
 table (per stream and window: AUC of each learner, streamtrain minus VW's best, passes with
-COPC in the band, next-pass COPC in the band of streamtrain, VW's best and the previous
-rate); the last line is one JSON object with all of it.
+COPC in the band, next-pass COPC in the band and its mean error for streamtrain, VW's best
+and the previous rate); the last line is one JSON object with all of it.
 
 ``--quick`` shrinks every stream (a smoke run); ``--st-overrides`` deep-merges a JSON
 object into the streamtrain job's ``spec`` to measure an alternative setting;
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import secrets
 import sys
 import tempfile
@@ -69,7 +71,9 @@ COPC_BAND = (0.9, 1.1)
 
 def next_pass_spread(stream: Stream, scores: list[PassScore | None]) -> dict[str, Any]:
     """The next-pass COPC (``quality_learners.next_pass_scores``) per pass, and per window
-    the passes with at least ``MIN_CLICKS`` clicks scored, and those within the band."""
+    the passes with at least ``MIN_CLICKS`` clicks scored, those within the band, and the
+    mean ``|log COPC|`` of those passes (``error_per_window``: 0 is exact, 0.1 about
+    +-10 %; the band's count alone hides how far off the other passes are)."""
     lo, hi = COPC_BAND
     big = {
         i: s.copc
@@ -84,7 +88,19 @@ def next_pass_spread(stream: Stream, scores: list[PassScore | None]) -> dict[str
             name: [sum(lo <= big[i] <= hi for i in idx if i in big), sum(i in big for i in idx)]
             for name, idx in stream.windows.items()
         },
+        "error_per_window": {
+            name: _r(mean_log_error([big[i] for i in idx if i in big]))
+            for name, idx in stream.windows.items()
+        },
     }
+
+
+def mean_log_error(copcs: list[float]) -> float | None:
+    """The mean ``|log COPC|`` of ``copcs`` (None without any; a COPC of 0, a pass
+    predicted with clicks where none came, counts as ``log`` of the smallest float)."""
+    if not copcs:
+        return None
+    return sum(abs(math.log(max(c, sys.float_info.min))) for c in copcs) / len(copcs)
 
 
 def summarise(stream: Stream, scores: list[PassScore], seconds: float) -> dict[str, Any]:
@@ -150,7 +166,8 @@ def _print_next_pass(stream: str, name: str, nxt: dict[str, Any]) -> None:
         f"[{stream}] {name:<48} next-pass copc: "
         + " ".join(_f(c, ".2f") for c in nxt["copc_per_pass"])
         + f"  | {nxt['within_band']}/{nxt['passes_min_clicks']} passes with >= "
-        f"{MIN_CLICKS} clicks in {COPC_BAND[0]}-{COPC_BAND[1]}",
+        f"{MIN_CLICKS} clicks in {COPC_BAND[0]}-{COPC_BAND[1]}, mean |log copc| "
+        + " ".join(f"{w} {_f(e, '.3f')}" for w, e in nxt["error_per_window"].items()),
         flush=True,
     )
 
@@ -184,8 +201,8 @@ def table(streams: dict[str, Any]) -> list[str]:
     setting and torch, streamtrain minus VW best, and the passes with COPC in the band."""
     lines = [
         "| stream / window | streamtrain | VW best | torch | vs VW best | COPC in band: "
-        "streamtrain / VW best / torch | next-pass COPC in band (>= 500 clicks): "
-        "streamtrain / VW best / previous rate |",
+        "streamtrain / VW best / torch | next-pass COPC in band (>= 500 clicks; their mean "
+        "abs. log COPC): streamtrain / VW best / previous rate |",
         "|---|---|---|---|---|---|---|",
     ]
     for name, result in streams.items():
@@ -202,9 +219,7 @@ def table(streams: dict[str, Any]) -> list[str]:
             diff = None if aucs[0] is None or aucs[1] is None else _r(aucs[0] - aucs[1])
             next_refs = [None if r is None else r.get("next_pass") for r in refs[:2]]
             next_refs.append(result.get("previous_rate"))
-            next_cell = " / ".join(
-                "-" if n is None else "{} of {}".format(*n["per_window"][w]) for n in next_refs
-            )
+            next_cell = " / ".join("-" if n is None else _next_cell(n, w) for n in next_refs)
             setting = best.removeprefix("vw ").replace(VW_COMMON, "").strip() if best else ""
             lines.append(
                 f"| {name} {w} | {_f(aucs[0])} | {_f(aucs[1])} `{setting or 'plain'}` | "
@@ -212,6 +227,13 @@ def table(streams: dict[str, Any]) -> list[str]:
                 f"of {len(result['windows_passes'][w])} | {next_cell} |"
             )
     return lines
+
+
+def _next_cell(spread: dict[str, Any], window: str) -> str:
+    """``k of n (e)``: the window's next-pass passes in the band, and their mean error."""
+    cell = "{} of {}".format(*spread["per_window"][window])
+    error = spread.get("error_per_window", {}).get(window)
+    return cell if error is None else f"{cell} ({error:.3f})"
 
 
 def run_stream(name: str, root: Path, args: argparse.Namespace) -> dict[str, Any]:
