@@ -81,3 +81,38 @@ def test_pusher_failure_surfaces_at_the_next_call() -> None:
         pusher.flush()
     pusher.flush()  # reported once; the pusher is usable again
     pusher.close()
+
+
+def test_a_reader_can_wait_for_the_first_pushes_to_be_handled() -> None:
+    """``submit`` numbers the items; ``wait_handled(n)`` returns once the first ``n`` were
+    handled, while later ones may still wait (a dense pull then knows which of this
+    worker's pushes the PS holds), and also when they were dropped after a failure."""
+    gate = threading.Event()
+    handled: list[int] = []
+
+    def handle(items: list[int]) -> None:
+        for item in items:
+            if item == 3:
+                assert gate.wait(timeout=10)
+            handled.append(item)
+
+    pusher: AsyncPusher[int] = AsyncPusher(handle, depth=8)
+    assert [pusher.submit(i) for i in (1, 2, 3)] == [1, 2, 3]
+    assert pusher.submitted == 3
+    pusher.wait_handled(2)  # item 3 is held at the gate
+    assert handled == [1, 2]
+    gate.set()
+    pusher.wait_handled(3)
+    assert handled == [1, 2, 3]
+    pusher.close()
+
+    def fail(items: list[int]) -> None:
+        raise ConnectionError("PS gone")
+
+    failing: AsyncPusher[int] = AsyncPusher(fail, depth=8)
+    for i in range(3):
+        failing.submit(i)
+    failing.wait_handled(3)  # dropped after the failure, counted as handled
+    with pytest.raises(ConnectionError):
+        failing.flush()
+    failing.close()

@@ -244,6 +244,38 @@ def test_the_first_batches_train_on_rows_pulled_after_every_earlier_push(
     assert any(pushed < i for i, pushed in enumerate(prefetched))
 
 
+def test_a_sync_beside_pushes_in_flight_keeps_this_workers_counts(chunks: list[str]) -> None:
+    """With overlap, a dense sync's pull runs beside this worker's queued pushes. The counts
+    it loads (``models.summary``) must still hold every batch this worker trained, or the
+    calibration's window loses its latest examples at every sync. Pushes slowed down and a
+    sync every step make the race certain: after each step the window's example count is
+    exactly the decayed count of the batches trained so far."""
+    runtime = {"overlap": True, "inOrderExamples": 0}
+    base = worker_config(denseSyncSteps=1).to_dict()
+    cfg = WorkerConfig.from_dict({**base, "runtime": runtime})
+    slow = SlowPushPS(LocalPS(cfg.ps.config))
+    trainer = Trainer(cfg, slow, cfg.data.num_slots)  # type: ignore[arg-type]
+    window = trainer.model.calibration[0]
+    seen: list[tuple[int, float]] = []
+    step = trainer.step
+
+    def counted(prepared, train):  # type: ignore[no-untyped-def]
+        out = step(prepared, train)
+        seen.append((prepared.batch.size, float(window.stats[0])))
+        return out
+
+    trainer.step = counted  # type: ignore[method-assign]
+    try:
+        run(trainer, chunks[0:2])
+        assert trainer.dense_version >= 4  # two passes, a sync loaded at each start and end
+    finally:
+        trainer.close()
+    want = 0.0
+    for size, count in seen:
+        want = window.decay * want + size
+        assert count == pytest.approx(want, rel=1e-5)
+
+
 class FlakyPS:
     """LocalPS whose sparse calls fail with PSUnavailableError while ``down`` is set: the
     second pull fails, and a push fails once that pull has failed — so a push is still
@@ -364,8 +396,7 @@ class GatedDensePS(LocalPS):
     """A PS whose first dense push waits until the trainer has queued every later push, so
     the push thread finds a backlog: what a slow or loaded PS produces, made deterministic.
 
-    The gate opens at the trainer's second ``pull_dense`` (``denseSyncSteps`` = the batch
-    count: pass start, then after the last batch was submitted).
+    The gate opens once the trainer has submitted ``pushes`` pushes (``open_after``).
     """
 
     def __init__(self, config: WorkerConfig) -> None:
@@ -373,14 +404,17 @@ class GatedDensePS(LocalPS):
         self.parameters = config.dense_name  # data-norm statistics are not counted
         self.gate = threading.Event()
         self.dense_pushes = 0
-        self.dense_pulls = 0
 
-    def pull_dense(self, name: str) -> npt.NDArray[np.float32]:
-        if name == self.parameters:
-            self.dense_pulls += 1
-            if self.dense_pulls == 2:
-                self.gate.set()
-        return super().pull_dense(name)
+    def open_after(self, trainer: Trainer, pushes: int) -> None:
+        """Open the gate, in a thread of its own, once ``trainer`` queued ``pushes``."""
+
+        def watch() -> None:
+            deadline = time.monotonic() + 60
+            while trainer._pusher.submitted < pushes and time.monotonic() < deadline:
+                time.sleep(0.005)
+            self.gate.set()
+
+        threading.Thread(target=watch, daemon=True).start()
 
     def push_dense(self, name: str, grads: npt.NDArray[np.float32]) -> None:
         if name == self.parameters:
@@ -404,6 +438,7 @@ def test_every_batch_is_one_dense_step_unless_merging_is_asked_for(
     cfg = WorkerConfig.from_dict(raw)
     ps = GatedDensePS(cfg)
     trainer = Trainer(cfg, ps, cfg.data.num_slots)
+    ps.open_after(trainer, 6)
     try:
         result = run(trainer, chunks[:1])  # 1,200 rows: 6 batches
     finally:

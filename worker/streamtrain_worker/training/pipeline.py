@@ -8,7 +8,8 @@ dense refresh beside.
   handler in one background thread through a bounded queue: training blocks only when
   ``depth`` pushes are waiting; items that queued up while the handler was busy arrive
   together, so it can merge them. ``flush`` waits until every submitted item is handled, so
-  a pass result reflects every push.
+  a pass result reflects every push; ``wait_handled`` until the first ``n`` are, so a
+  reader knows which of this worker's pushes the PS holds when it reads.
 - ``SingleFlight`` runs one call (the dense pull) at a time in a background thread; the
   caller collects the result at a moment of its choosing (a batch boundary).
 
@@ -114,6 +115,11 @@ class AsyncPusher(Generic[T]):
         self._queue: queue.Queue[object] = queue.Queue(maxsize=depth)
         self._lock = threading.Lock()
         self._error: BaseException | None = None
+        #: Items submitted (the caller's thread) and handled (also when dropped after a
+        #: failure), in submission order.
+        self._submitted = 0
+        self._handled = 0
+        self._progress = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="push", daemon=True)
         self._thread.start()
 
@@ -136,6 +142,9 @@ class AsyncPusher(Generic[T]):
                 with self._lock:
                     self._error = exc
             finally:
+                with self._progress:
+                    self._handled += len(work)
+                    self._progress.notify_all()
                 for _ in items:
                     self._queue.task_done()
             if stop:
@@ -147,10 +156,24 @@ class AsyncPusher(Generic[T]):
         if error is not None:
             raise error
 
-    def submit(self, item: T) -> None:
-        """Queue ``item``; blocks while ``depth`` items wait; raises an earlier failure."""
+    def submit(self, item: T) -> int:
+        """Queue ``item``; blocks while ``depth`` items wait; raises an earlier failure.
+        Returns how many items were submitted with this one (its sequence number)."""
         self._raise_if_failed()
         self._queue.put(item)
+        self._submitted += 1
+        return self._submitted
+
+    @property
+    def submitted(self) -> int:
+        """How many items were submitted so far."""
+        return self._submitted
+
+    def wait_handled(self, count: int) -> None:
+        """Wait until the first ``count`` submitted items were handled (or dropped after a
+        failure, which ``flush`` and ``submit`` raise)."""
+        with self._progress:
+            self._progress.wait_for(lambda: self._handled >= count)
 
     def flush(self) -> None:
         """Wait until every submitted item was handled; raise the first failure among them."""

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -84,10 +85,12 @@ class Pending:
 
 @dataclass(frozen=True)
 class PulledDense:
-    """The PS's dense parameters and summary vectors (``Trainer.summary_vectors``' order)."""
+    """The PS's dense parameters and summary vectors (``Trainer.summary_vectors``' order),
+    pulled once this worker's first ``includes`` queued pushes were applied."""
 
     params: npt.NDArray[np.float32]
     summaries: tuple[npt.NDArray[np.float32], ...]
+    includes: int = 0
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,9 @@ class Trainer:
         )
         # Overlap: a training pass's dense pulls run beside its steps (``_run_batches``).
         self._refresh: SingleFlight[PulledDense] = SingleFlight(self._pull_dense, "dense-refresh")
+        # This worker's summary statistics of each queued push, by its sequence number: a
+        # pull answered before the later ones were applied gets them added again.
+        self._counted: deque[tuple[int, tuple[npt.NDArray[np.float32], ...]]] = deque()
         model = config.model
         # Context keys trained on the logit before the calibration (``Lookup``'s
         # ``relearn_context_keys``): only where the calibration is in the loss at all.
@@ -227,11 +233,19 @@ class Trainer:
         self._load_pulled(self._pull_dense())
 
     def _pull_dense(self) -> PulledDense:
-        """The PS's dense parameters and summary statistics (thread-safe: loads nothing).
+        """The PS's dense parameters and summary statistics (thread-safe: loads nothing),
+        once the pushes this worker queued before the call were applied.
 
-        A PS that lost the vector (restarted empty, before any checkpoint held it) gets this
-        worker's current parameters offered again instead of failing every pass from now on.
+        Why wait for them: the summary vectors are counts, not parameters, and this worker
+        already holds its own batches' counts; a pull answered before its queued pushes
+        landed would take them back until the next sync (``_load_pulled`` adds the pushes
+        queued after the call again). The dense parameters stay as stale as async training
+        allows. A PS that lost the vector (restarted empty, before any checkpoint held it)
+        gets this worker's current parameters offered again instead of failing every pass
+        from now on.
         """
+        includes = self._pusher.submitted
+        self._pusher.wait_handled(includes)
         try:
             values = self.ps.pull_dense(self.config.dense_name)
         except UnknownTableError:
@@ -242,12 +256,19 @@ class Trainer:
                 stats.append(self.ps.pull_dense(vector.name))
             except UnknownTableError:  # also: a checkpoint written before this vector
                 stats.append(self._init_summary(vector))
-        return PulledDense(values, tuple(stats))
+        return PulledDense(values, tuple(stats), includes)
 
     def _load_pulled(self, pulled: PulledDense) -> None:
         self._load_params(pulled.params)
-        for vector, values in zip(self.summary_vectors, pulled.summaries, strict=True):
-            _load_summary(vector, values)
+        while self._counted and self._counted[0][0] <= pulled.includes:
+            self._counted.popleft()
+        for i, (vector, values) in enumerate(
+            zip(self.summary_vectors, pulled.summaries, strict=True)
+        ):
+            sums = np.asarray(values, dtype=np.float32)
+            for _, counted in self._counted:  # queued after the pull: as the PS will apply
+                sums = np.float32(vector.decay) * sums + counted[i]
+            _load_summary(vector, sums)
 
     def _begin_sync(self, background: bool) -> None:
         """A dense sync: started in the background (loaded by ``_take_refresh``), or now."""
@@ -318,7 +339,7 @@ class Trainer:
             pending = Pending(lookup.sparse_push(), dense, summaries)
             self.trained_examples += prepared.batch.size
             if self.config.runtime.overlap:
-                self._pusher.submit(pending)
+                self._counted.append((self._pusher.submit(pending), summaries))
             else:
                 self._push([pending])
         return out
@@ -375,6 +396,7 @@ class Trainer:
             with contextlib.suppress(Exception):
                 self._pusher.flush()
             self._refresh.discard()
+            self._counted.clear()  # the pushes after a failure were dropped
             raise
         self._pusher.flush()
         metrics.seconds = time.perf_counter() - started
