@@ -332,8 +332,9 @@ class ResidualCalibration(SummaryLayer):
         if not self.pass_split:
             return shrunk
         own = residual(pass_sums, k)
-        # ``stats`` is the PS's as of the last dense sync, which may lag this worker's
-        # latest pushes: the earlier part is clipped to sums a window can hold.
+        # ``stats`` holds this worker's every batch (a dense sync adds back its pushes in
+        # flight, ``Trainer._load_pulled``); the earlier part is still clipped to sums a
+        # window can hold, whatever finite sums a sync or a test hands in.
         earlier = torch.clamp(stats - pass_sums, min=0.0)
         examples = earlier[0]
         earlier = torch.stack(

@@ -19,7 +19,9 @@ pushes (async data-parallel training with bounded staleness). The counted statis
 window) travel the same way in vectors with the PS summary rule (one per decay): each
 trained batch's counts are pushed with its dense gradient and summed on the PS, and the
 sums come back with every dense sync; they are checkpointed and snapshotted with the
-dense parameters, so a restarted job and an exported model use the same sums.
+dense parameters, so a restarted job and an exported model use the same sums. A sync's
+pull waits for this worker's queued pushes, and the counts of those queued after it are
+added again as it is loaded: a worker never loses its own latest batches' counts.
 
 Overlap (``training.pipeline``): reading, parsing, key dedup and the sparse pull of
 the next ``prefetchBatches`` batches run in a background thread while the current batch
