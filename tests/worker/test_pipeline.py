@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -83,26 +84,44 @@ def test_pusher_failure_surfaces_at_the_next_call() -> None:
     pusher.close()
 
 
-def test_a_reader_can_wait_for_the_first_pushes_to_be_handled() -> None:
-    """``submit`` numbers the items; ``wait_handled(n)`` returns once the first ``n`` were
-    handled, while later ones may still wait (a dense pull then knows which of this
-    worker's pushes the PS holds), and also when they were dropped after a failure."""
-    gate = threading.Event()
+def test_a_reader_sees_the_pushes_handled_and_no_push_half_way() -> None:
+    """``submit`` numbers the items; ``between_items`` waits for the item in hand, then
+    holds the handler and yields how many items were handled: while it is held no later
+    item takes effect. An item dropped after a failure counts as handled."""
+    gate, release, holding = threading.Event(), threading.Event(), threading.Event()
     handled: list[int] = []
+    seen: list[int] = []
 
     def handle(items: list[int]) -> None:
         for item in items:
-            if item == 3:
+            if item == 2:
+                holding.set()
                 assert gate.wait(timeout=10)
             handled.append(item)
 
+    def read() -> None:
+        with pusher.between_items() as count:
+            seen.append(count)
+            assert release.wait(timeout=10)
+
     pusher: AsyncPusher[int] = AsyncPusher(handle, depth=8)
-    assert [pusher.submit(i) for i in (1, 2, 3)] == [1, 2, 3]
-    assert pusher.submitted == 3
-    pusher.wait_handled(2)  # item 3 is held at the gate
-    assert handled == [1, 2]
+    assert [pusher.submit(i) for i in (1, 2)] == [1, 2]
+    assert holding.wait(timeout=10)
+    reader = threading.Thread(target=read)
+    reader.start()  # waits for item 2, held at the gate
+    time.sleep(0.05)
+    assert seen == []
     gate.set()
-    pusher.wait_handled(3)
+    deadline = time.monotonic() + 10
+    while not seen and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert seen == [2] and handled == [1, 2]
+    assert pusher.submit(3) == 3 and pusher.submitted == 3
+    time.sleep(0.1)
+    assert handled == [1, 2]  # item 3 waits while the reader holds the handler
+    release.set()
+    reader.join()
+    pusher.flush()
     assert handled == [1, 2, 3]
     pusher.close()
 
@@ -112,7 +131,8 @@ def test_a_reader_can_wait_for_the_first_pushes_to_be_handled() -> None:
     failing: AsyncPusher[int] = AsyncPusher(fail, depth=8)
     for i in range(3):
         failing.submit(i)
-    failing.wait_handled(3)  # dropped after the failure, counted as handled
     with pytest.raises(ConnectionError):
         failing.flush()
+    with failing.between_items() as count:
+        assert count == 3  # one failed, two dropped after it
     failing.close()

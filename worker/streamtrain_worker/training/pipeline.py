@@ -8,8 +8,8 @@ dense refresh beside.
   handler in one background thread through a bounded queue: training blocks only when
   ``depth`` pushes are waiting; items that queued up while the handler was busy arrive
   together, so it can merge them. ``flush`` waits until every submitted item is handled, so
-  a pass result reflects every push; ``wait_handled`` until the first ``n`` are, so a
-  reader knows which of this worker's pushes the PS holds when it reads.
+  a pass result reflects every push; ``between_items`` holds it between two items and
+  says how many were handled, so a reader of the PS knows which of them it sees.
 - ``SingleFlight`` runs one call (the dense pull) at a time in a background thread; the
   caller collects the result at a moment of its choosing (a batch boundary).
 
@@ -23,6 +23,7 @@ import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -115,11 +116,11 @@ class AsyncPusher(Generic[T]):
         self._queue: queue.Queue[object] = queue.Queue(maxsize=depth)
         self._lock = threading.Lock()
         self._error: BaseException | None = None
-        #: Items submitted (the caller's thread) and handled (also when dropped after a
-        #: failure), in submission order.
-        self._submitted = 0
+        #: Items handled (also when dropped after a failure), in submission order; held
+        #: while an item is handled (``between_items``).
         self._handled = 0
-        self._progress = threading.Condition()
+        self._handling = threading.Lock()
+        self._submitted = 0
         self._thread = threading.Thread(target=self._run, name="push", daemon=True)
         self._thread.start()
 
@@ -133,6 +134,7 @@ class AsyncPusher(Generic[T]):
                     break
             stop = items[-1] is _END
             work = [i for i in items if i is not _END]
+            self._handling.acquire()
             try:
                 with self._lock:
                     failed = self._error is not None
@@ -142,9 +144,8 @@ class AsyncPusher(Generic[T]):
                 with self._lock:
                     self._error = exc
             finally:
-                with self._progress:
-                    self._handled += len(work)
-                    self._progress.notify_all()
+                self._handled += len(work)
+                self._handling.release()
                 for _ in items:
                     self._queue.task_done()
             if stop:
@@ -169,11 +170,13 @@ class AsyncPusher(Generic[T]):
         """How many items were submitted so far."""
         return self._submitted
 
-    def wait_handled(self, count: int) -> None:
-        """Wait until the first ``count`` submitted items were handled (or dropped after a
-        failure, which ``flush`` and ``submit`` raise)."""
-        with self._progress:
-            self._progress.wait_for(lambda: self._handled >= count)
+    @contextmanager
+    def between_items(self) -> Iterator[int]:
+        """Hold the push thread between two items (waiting for the one in hand) and yield
+        how many were handled: the first that many, and no later one, have taken effect
+        (or were dropped after a failure, which ``flush`` and ``submit`` raise)."""
+        with self._handling:
+            yield self._handled
 
     def flush(self) -> None:
         """Wait until every submitted item was handled; raise the first failure among them."""

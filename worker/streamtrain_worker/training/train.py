@@ -20,8 +20,9 @@ window) travel the same way in vectors with the PS summary rule (one per decay):
 trained batch's counts are pushed with its dense gradient and summed on the PS, and the
 sums come back with every dense sync; they are checkpointed and snapshotted with the
 dense parameters, so a restarted job and an exported model use the same sums. A sync's
-pull waits for this worker's queued pushes, and the counts of those queued after it are
-added again as it is loaded: a worker never loses its own latest batches' counts.
+pull is taken between two of this worker's pushes, knowing how many it includes, and the
+counts of the later ones are added again as it is loaded: a worker never loses its own
+latest batches' counts, nor counts one twice.
 
 Overlap (``training.pipeline``): reading, parsing, key dedup and the sparse pull of
 the next ``prefetchBatches`` batches run in a background thread while the current batch
@@ -235,29 +236,31 @@ class Trainer:
         self._load_pulled(self._pull_dense())
 
     def _pull_dense(self) -> PulledDense:
-        """The PS's dense parameters and summary statistics (thread-safe: loads nothing),
-        once the pushes this worker queued before the call were applied.
+        """The PS's dense parameters and summary statistics (thread-safe: loads nothing);
+        the statistics pulled between two of this worker's pushes, knowing how many of
+        them they include.
 
-        Why wait for them: the summary vectors are counts, not parameters, and this worker
-        already holds its own batches' counts; a pull answered before its queued pushes
-        landed would take them back until the next sync (``_load_pulled`` adds the pushes
-        queued after the call again). The dense parameters stay as stale as async training
-        allows. A PS that lost the vector (restarted empty, before any checkpoint held it)
-        gets this worker's current parameters offered again instead of failing every pass
-        from now on.
+        Why: the summary vectors are counts, not parameters, and this worker already holds
+        its own batches' counts; a pull answered before its queued pushes landed would
+        take them back until the next sync, and one answered while a push lands could
+        count it twice. ``_load_pulled`` adds the counts of the pushes it does not include
+        again. The push thread is held only for the small summary vectors: the parameters'
+        pull can wait on a busy PS (a pass start, while it writes the previous model) with
+        the pushes going on, as stale as async training allows. A PS that lost the vector
+        (restarted empty, before any checkpoint held it) gets this worker's current
+        parameters offered again instead of failing every pass from now on.
         """
-        includes = self._pusher.submitted
-        self._pusher.wait_handled(includes)
         try:
             values = self.ps.pull_dense(self.config.dense_name)
         except UnknownTableError:
             values = self._offer(self.config.dense_name, self._flat_params.numpy().copy())
         stats = []
-        for vector in self.summary_vectors:
-            try:
-                stats.append(self.ps.pull_dense(vector.name))
-            except UnknownTableError:  # also: a checkpoint written before this vector
-                stats.append(self._init_summary(vector))
+        with self._pusher.between_items() as includes:
+            for vector in self.summary_vectors:
+                try:
+                    stats.append(self.ps.pull_dense(vector.name))
+                except UnknownTableError:  # also: a checkpoint written before this vector
+                    stats.append(self._init_summary(vector))
         return PulledDense(values, tuple(stats), includes)
 
     def _load_pulled(self, pulled: PulledDense) -> None:
