@@ -88,8 +88,8 @@ class Pending:
 
 @dataclass(frozen=True)
 class PulledDense:
-    """The PS's dense parameters and summary vectors (``Trainer.summary_vectors``' order),
-    pulled once this worker's first ``includes`` queued pushes were applied."""
+    """The PS's dense parameters and summary vectors (``Trainer.summary_vectors``' order);
+    the summary vectors hold exactly this worker's first ``includes`` pushes."""
 
     params: npt.NDArray[np.float32]
     summaries: tuple[npt.NDArray[np.float32], ...]
