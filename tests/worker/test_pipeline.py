@@ -136,3 +136,28 @@ def test_a_reader_sees_the_pushes_handled_and_no_push_half_way() -> None:
     with failing.between_items() as count:
         assert count == 3  # one failed, two dropped after it
     failing.close()
+
+
+def test_after_a_failed_push_the_queued_ones_are_dropped_not_sent() -> None:
+    """A pass whose push failed fails: the pushes queued behind it are not sent (the pass
+    is redone from its start), and the failure is raised once."""
+    gate = threading.Event()
+    sent: list[int] = []
+
+    def handle(items: list[int]) -> None:
+        if items[0] == 0:
+            assert gate.wait(timeout=10)
+            raise ConnectionError("PS gone")
+        sent.extend(items)
+
+    pusher: AsyncPusher[int] = AsyncPusher(handle, depth=8)
+    for i in range(3):
+        pusher.submit(i)  # 1 and 2 queue up behind the failing 0
+    gate.set()
+    with pytest.raises(ConnectionError, match="PS gone"):
+        pusher.flush()
+    assert sent == []
+    pusher.submit(3)  # reported once: the pusher sends again
+    pusher.flush()
+    assert sent == [3]
+    pusher.close()
