@@ -232,7 +232,7 @@ def table(streams: dict[str, Any]) -> list[str]:
 def _next_cell(spread: dict[str, Any], window: str) -> str:
     """``k of n (e)``: the window's next-pass passes in the band, and their mean error."""
     cell = "{} of {}".format(*spread["per_window"][window])
-    error = spread.get("error_per_window", {}).get(window)
+    error = spread["error_per_window"][window]
     return cell if error is None else f"{cell} ({error:.3f})"
 
 
