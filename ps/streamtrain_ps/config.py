@@ -75,15 +75,15 @@ class SparseOptimizerConfig:
     # The embed part (embed_w, the per-key weight a wide model adds to the logit) sees
     # gradients of the loss itself, the embedx part gradients damped by the MLP: PaddlePaddle
     # likewise configures embed_sgd_param and embedx_sgd_param apart (docs/decisions.md).
-    # AdaGrad's first steps are lr * g and its late ones lr * sqrt(G0) * g / sqrt(G): 0.1 and
-    # 0.75 double a new key's first steps and keep lr * sqrt(G0) (a head key's late steps)
-    # where 0.05 and 3 had it; with model.rowSharedSteps a day-1 gain on the stream families
-    # of +0.003 on average over three seeds, Criteo and Avazu level (docs/decisions.md).
+    # AdaGrad's first steps are lr * g and its late ones lr * sqrt(G0) * g / sqrt(G). 0.1
+    # and 0.75 (a new key's first steps doubled, a head key's late ones kept) gained ~0.002
+    # on the stream families but cost Criteo 0.003, outside its run-to-run spread once the
+    # dense sync kept a worker's own counts: unset by default (docs/decisions.md, issue 26).
     embedLearningRate: float | None = setting(
-        0.1, "The embed part's step size; null: learningRate.", exclusive_minimum=0
+        None, "The embed part's step size; null: learningRate.", exclusive_minimum=0
     )
     embedInitialG2sum: float | None = setting(
-        0.75, "The embed part's AdaGrad G0; null: initialG2sum.", exclusive_minimum=0
+        None, "The embed part's AdaGrad G0; null: initialG2sum.", exclusive_minimum=0
     )
     initialRange: float = setting(1e-4, "embedx starts uniform in +-initialRange.", minimum=0)
     weightBounds: tuple[float, float] = setting((-10.0, 10.0), "[low, high] clip of every weight.")
@@ -110,6 +110,16 @@ class SparseOptimizerConfig:
     def embed_type(self) -> SparseOptimizerType:
         """The embed part's rule (``embedType``, else ``type``)."""
         return self.type if self.embedType is None else self.embedType
+
+    @property
+    def embed_learning_rate(self) -> float:
+        """The embed part's step size (``embedLearningRate``, else ``learningRate``)."""
+        return self.learningRate if self.embedLearningRate is None else self.embedLearningRate
+
+    @property
+    def embed_initial_g2sum(self) -> float:
+        """The embed part's AdaGrad G0 (``embedInitialG2sum``, else ``initialG2sum``)."""
+        return self.initialG2sum if self.embedInitialG2sum is None else self.embedInitialG2sum
 
     @property
     def signature(self) -> str:

@@ -21,7 +21,7 @@ from streamtrain_ps.sharding import server_of_key
 D = 4
 T = "embedding"
 #: The embed part's default step size: a first AdaGrad step moves embed_w by it times g.
-EMBED_LR = SparseOptimizerConfig().embedLearningRate
+EMBED_LR = SparseOptimizerConfig().embed_learning_rate
 
 
 def _shard(**table: object) -> Shard:

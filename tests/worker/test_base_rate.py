@@ -4,16 +4,20 @@ log-odds of the click rate trained on so far, counted like the data norm's stati
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
+from streamtrain_ps.api import SparsePush
 from streamtrain_ps.client.local import LocalPS
 from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.data.batch import Batch
 from streamtrain_worker.models import ModelSpec, build_model
-from streamtrain_worker.models.base_rate import BaseRate
+from streamtrain_worker.models.base_rate import MAX_RATE_STEP_SCALE, BaseRate, rate_step_scale
 from streamtrain_worker.models.summary import drain_pending, gather_stats, summary_layers
 from streamtrain_worker.training.train import Trainer
 
@@ -124,3 +128,64 @@ def test_a_fresh_model_starts_from_the_prior_click_rate_not_one_half() -> None:
         trainer.close()
     # The first batch is scored before anything was learned: at about the prior.
     assert 0.02 < first.predicted_ctr < 0.08, first.predicted_ctr
+
+
+def test_the_rate_step_scale_is_the_label_noise_ratio_within_its_bounds() -> None:
+    assert rate_step_scale(0.2) == pytest.approx(1.0)
+    assert rate_step_scale(0.035) == pytest.approx(math.sqrt(0.16 / (0.035 * 0.965)))
+    assert rate_step_scale(0.5) == 1.0  # a higher rate keeps the steps
+    assert rate_step_scale(0.001) == MAX_RATE_STEP_SCALE
+    assert rate_step_scale(0.0) == rate_step_scale(1.0) == MAX_RATE_STEP_SCALE
+
+
+@given(
+    st.floats(min_value=0.0, max_value=1.0, allow_nan=False),
+    st.floats(min_value=0.0, max_value=1.0, allow_nan=False),
+)
+def test_the_rate_step_scale_grows_as_the_rate_leaves_one_half(a: float, b: float) -> None:
+    """Bounded for any rate, the same for r and 1 - r (the label's noise is), and larger
+    the further the rate is from 1/2."""
+    sa, sb = rate_step_scale(a), rate_step_scale(b)
+    assert 1.0 <= sa <= MAX_RATE_STEP_SCALE
+    assert rate_step_scale(1.0 - a) == pytest.approx(sa)
+    if abs(a - 0.5) <= abs(b - 0.5):
+        assert sa <= sb * (1 + 1e-12)
+
+
+class _RecordingPS(LocalPS):
+    """A LocalPS that keeps every sparse push it applies."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.pushes: list[SparsePush] = []
+
+    def push_sparse(self, table: str, push: SparsePush) -> None:
+        self.pushes.append(push)
+        super().push_sparse(table, push)
+
+
+def test_a_low_click_rate_scales_the_embed_parts_pushed_gradients_only() -> None:
+    """The same first batch at a 2 % rate with and without ``model.rateScaledSteps``:
+    embed_w's gradients differ by the scale of the rate counted when the batch is pushed
+    (the prior's pseudo-example and the batch), embedx's are the same."""
+    pushes = {}
+    for scaled in (True, False):
+        cfg = _config(base_rate=True)
+        cfg = replace(cfg, model=replace(cfg.model, rateScaledSteps=scaled))
+        ps = _RecordingPS(cfg.ps.config)
+        trainer = Trainer(cfg, ps, num_slots=4)
+        try:
+            trainer.run_pass(_stream(0, 1))
+        finally:
+            trainer.close()
+        pushes[scaled] = ps.pushes[0]
+    batch = _stream(0, 1)[0]
+    prior = cfg.model.priorClickRate
+    rate = (prior + float(batch.labels.sum())) / (1.0 + batch.size)
+    scale = rate_step_scale(rate)
+    assert scale > 2.0  # a 2 % stream
+    on, off = pushes[True], pushes[False]
+    np.testing.assert_array_equal(on.keys, off.keys)
+    assert np.any(off.grads[:, 0] != 0)
+    np.testing.assert_allclose(on.grads[:, 0], off.grads[:, 0] * scale, rtol=1e-5)
+    np.testing.assert_array_equal(on.grads[:, 1:], off.grads[:, 1:])

@@ -209,13 +209,23 @@ class ModelConfig:
     )
     # A key in n rows of a batch steps with its mean gradient once; sharing each row's
     # correction among the row's batch-wide keys gives a context key (hour of day) ~n
-    # times that step and Avazu's ~20 head keys a row ~n/20 (docs/decisions.md, issue 26:
-    # with the embed part's larger first steps, a gain on 28 of 33 family days).
+    # times that step and Avazu's ~20 head keys a row ~n/20 (docs/decisions.md, issue 26).
     rowSharedSteps: RowSharedSteps = setting(
         "all",
         "Which parts of a key seen in n rows of a batch push n / C times its mean gradient "
         "(at least the mean), C the mean over its rows of how many keys seen more than once "
         "in the batch a row holds: none, embed (embed_w only) or all.",
+    )
+    # AdaGrad's G0 is an absolute gradient scale and a log-loss gradient's size is the
+    # label's noise, sqrt(r (1 - r)): at a 3.5 % click rate a key's first steps were 2.2x
+    # smaller, relative to what it learns from, than at 20 %. Measured: the low-CTR family
+    # +0.005, Criteo level, where doubling every stream's first steps cost Criteo 0.003
+    # (docs/decisions.md, issue 26).
+    rateScaledSteps: bool = setting(
+        True,
+        "With baseRateOffset: multiply the embed part's (embed_w's) pushed gradients by "
+        "sqrt(0.2 * 0.8 / (r (1 - r))) within [1, 4], r the base rate: a key's AdaGrad "
+        "steps then follow a stream below a 20 % click rate as they do one at 20 %.",
     )
     targetSlot: int = setting(0, "DIN only: the slot holding the target item.", minimum=0)
     attentionUnits: tuple[int, ...] = setting(

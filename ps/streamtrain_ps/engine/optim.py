@@ -367,12 +367,10 @@ def table_params(opt: SparseOptimizerConfig) -> npt.NDArray[np.float64]:
             per_occurrence,
         )
 
-    embed_lr = opt.learningRate if opt.embedLearningRate is None else opt.embedLearningRate
-    embed_g0 = opt.initialG2sum if opt.embedInitialG2sum is None else opt.embedInitialG2sum
     steps = opt.occurrenceSteps
     return np.stack(
         [
-            part(embed_lr, embed_g0, steps in ("embed", "all")),
+            part(opt.embed_learning_rate, opt.embed_initial_g2sum, steps in ("embed", "all")),
             part(opt.learningRate, opt.initialG2sum, steps == "all"),
         ]
     )

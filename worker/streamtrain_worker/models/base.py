@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from streamtrain_worker.config import ModelConfig
-from streamtrain_worker.models.base_rate import BaseRate
+from streamtrain_worker.models.base_rate import BaseRate, rate_step_scale
 from streamtrain_worker.models.calibration import ResidualCalibration, window_decay
 from streamtrain_worker.models.data_norm import DEFAULT_PRIOR, DataNorm, slot_prior
 
@@ -207,6 +207,14 @@ class DenseModel(nn.Module):
         for correction in self.calibration:
             logits = correction(logits)
         return logits
+
+    def rate_step_scale(self) -> float:
+        """What the embed part's gradients are multiplied by (``model.rateScaledSteps``):
+        ``base_rate.rate_step_scale`` of the counted rate, 1 without a base rate."""
+        for offset in self.base_rate:
+            assert isinstance(offset, BaseRate)
+            return rate_step_scale(offset.rate())
+        return 1.0
 
     def calibration_offset(self) -> torch.Tensor:
         """The residual calibration's correction of the logit for the batch in hand (per

@@ -25,6 +25,25 @@ from streamtrain_worker.models.summary import SummaryLayer
 
 #: The rate is clamped to [floor, 1 - floor]: a stream of one label keeps a finite logit.
 RATE_FLOOR = 1e-6
+#: ``rate_step_scale``: the label variance r (1 - r) of the click rate the sparse steps'
+#: defaults were set at (Criteo's sample 21.5 %, the stream families 20-25 %), and the
+#: most a lower rate scales a gradient by (docs/decisions.md, issue 26).
+REFERENCE_LABEL_VARIANCE = 0.2 * 0.8
+MAX_RATE_STEP_SCALE = 4.0
+
+
+def rate_step_scale(rate: float) -> float:
+    """``sqrt(REFERENCE_LABEL_VARIANCE / (r (1 - r)))``, within [1, ``MAX_RATE_STEP_SCALE``].
+
+    A log-loss gradient is ``p - y``, of size about the label's noise ``sqrt(r (1 - r))``,
+    while AdaGrad's ``G0`` is an absolute scale: a low-CTR stream's keys take their first
+    steps smaller, relative to what they learn from, than a 20 % one's. Scaled by this,
+    their steps follow the same schedule in occurrences; the late steps, ``g / sqrt(G)``,
+    do not change. A higher rate keeps the steps as they are: smaller ones never gained.
+    """
+    r = min(max(rate, RATE_FLOOR), 1.0 - RATE_FLOOR)
+    scale = (REFERENCE_LABEL_VARIANCE / (r * (1.0 - r))) ** 0.5
+    return min(max(scale, 1.0), MAX_RATE_STEP_SCALE)
 
 
 class BaseRate(SummaryLayer):
@@ -38,6 +57,10 @@ class BaseRate(SummaryLayer):
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
         rate = torch.clamp(self.stats[1] / self.stats[0], self.floor, 1.0 - self.floor)
         return logits + (torch.log(rate) - torch.log1p(-rate))
+
+    def rate(self) -> float:
+        """The counted click rate (clamped as the offset clamps it)."""
+        return float(torch.clamp(self.stats[1] / self.stats[0], self.floor, 1.0 - self.floor))
 
     def observe(self, labels: torch.Tensor) -> None:
         """Count a trained batch's labels (after it was scored)."""

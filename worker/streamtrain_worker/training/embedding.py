@@ -291,8 +291,9 @@ class Lookup:
         table = torch.cat([self.weight, self.weight.new_zeros(1, self.weight.shape[1])])
         return table[torch.from_numpy(padded)], torch.from_numpy(mask)
 
-    def sparse_push(self) -> SparsePush:
-        """This batch's push of its rows, after backward.
+    def sparse_push(self, embed_scale: float = 1.0) -> SparsePush:
+        """This batch's push of its rows, after backward; the embed part's (embed_w's)
+        gradients times ``embed_scale`` (``model.rateScaledSteps``).
 
         A batch whose loss did not reach the embedding (no backward, e.g. evaluation)
         pushes zero gradients with the batch's counts, so show/click still accumulate.
@@ -300,8 +301,10 @@ class Lookup:
         p = self.prepared
         grad = self.weight.grad
         grads = np.zeros_like(p.weights) if grad is None else grad.numpy()
-        if p.step_scale is not None and grad is not None:
+        if grad is not None and (p.step_scale is not None or embed_scale != 1.0):
             grads = grads.copy()
-            parts = slice(None) if p.step_parts == "all" else slice(0, 1)
-            grads[:, parts] *= p.step_scale[:, None]
+            if p.step_scale is not None:
+                parts = slice(None) if p.step_parts == "all" else slice(0, 1)
+                grads[:, parts] *= p.step_scale[:, None]
+            grads[:, 0] *= np.float32(embed_scale)
         return SparsePush(p.unique_keys, grads, p.shows, p.clicks, p.slots)

@@ -341,7 +341,9 @@ class Trainer:
             self.model.observe_labels(labels, logits)
             dense = self._flat_grads.numpy() * np.float32(1.0 / max(prepared.batch.size, 1))
             summaries = tuple(drain_pending(v.layers).numpy() for v in self.summary_vectors)
-            pending = Pending(lookup.sparse_push(), dense, summaries)
+            rate_scaled = self.config.model.rateScaledSteps
+            embed_scale = self.model.rate_step_scale() if rate_scaled else 1.0
+            pending = Pending(lookup.sparse_push(embed_scale), dense, summaries)
             self.trained_examples += prepared.batch.size
             if self.config.runtime.overlap:
                 self._counted.append((self._pusher.submit(pending), summaries))
