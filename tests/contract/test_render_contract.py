@@ -61,6 +61,7 @@ NON_DEFAULT: dict[str, Any] = {
         "calibrationPassSplit": False,
         "calibrationEvidence": False,
         "calibrationPseudoClicks": 3,
+        "rateScaledSteps": False,
         "targetSlot": 0,
         "attentionUnits": [8],
     },
@@ -157,7 +158,7 @@ def test_worker_parses_what_the_operator_renders(raw: dict[str, Any]) -> None:
     text = render.render_worker(spec, ENDPOINTS)
     parsed = WorkerConfig.from_json(text)
     assert parsed == render.worker_config(spec, ENDPOINTS)
-    assert _same_named_fields(spec.model, parsed.model) == 26
+    assert _same_named_fields(spec.model, parsed.model) == 27
     data = parsed.data
     assert _same_named_fields(spec.data, data) == len(dataclasses.fields(spec.data))
     assert parsed.ps.endpoints == ENDPOINTS

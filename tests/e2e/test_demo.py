@@ -34,6 +34,13 @@ def test_demo_runs_and_the_served_model_scores_like_training(tmp_path: Path) -> 
     # over eight runs; the next-pass COPC is a bench figure, docs/decisions.md issue 26).
     assert abs(float(served[1]) - float(trained[1])) < 0.05, out
     assert 0.5 < float(served[2]) / float(trained[2]) < 2.0, out
+    # Every pass after the first scored by the delta of the pass before; the last one is
+    # the serving check's pair, scored in process here, in the predictor's process there.
+    next_pass = re.findall(r"20261101 pass (\d) by 20261101/delta-(\d): copc (\S+)", out)
+    assert [(int(p), int(d)) for p, d, _ in next_pass] == [(2, 1), (3, 2), (4, 3)], out
+    assert float(next_pass[-1][2]) == float(served[2]), out
+    within = sum(0.9 <= float(c) <= 1.1 for _, _, c in next_pass)
+    assert f"{within} of 3 passes with a COPC in 0.9-1.1" in out, out
     assert (root / "models" / "donefile.txt").read_text().count("\n") == 4 + 1 + 1
     # The run's metrics file has a row per pass, and the demo ends with the report's path.
     rows = (root / "work" / "metrics.csv").read_text().splitlines()

@@ -9,7 +9,9 @@
    and at each day end shrink, a base model for the next day and the batch model.
 3. Prints learned AUC against the oracle per pass, the published models, a serving check
    (the last pass's data scored by the model published before it, as serving would have,
-   next to what training reported), and the commands to look further (status, predict).
+   next to what training reported), every pass scored by the model published before it
+   (its COPC: how calibrated the models a server picks up one after another are), and the
+   commands to look further (status, predict).
 4. Writes ``report.html`` (``streamtrain report``: plots of every pass) and prints its path.
 
 Everything lands in ``demo-run/`` (removed first, so every demo starts fresh).
@@ -102,6 +104,39 @@ def serving_check(root: Path, progress: Progress, folders: Sequence[str], out: A
     )
 
 
+#: A served model's COPC counted as calibrated (the band the quality bench reports).
+COPC_BAND = (0.9, 1.1)
+
+
+def next_pass_check(
+    root: Path, progress: Progress, pass_folders: Sequence[Sequence[str]], out: Any
+) -> None:
+    """Score every pass after the first with the delta published after the pass before it —
+    the model a server held while that pass's data arrived — and print each COPC and how
+    many fall in ``COPC_BAND``. ``pass_folders``: the folders of every pass, in order."""
+    from streamtrain_worker.publishing.predict import load_model, score  # torch: late
+
+    history = progress.history
+    pairs = list(zip(history, history[1:], pass_folders[1:], strict=False))
+    if not pairs:
+        return
+    print(
+        "\n== next pass: each pass scored by the model published after the pass before it",
+        file=out,
+    )
+    within = 0
+    for before, scored, folders in pairs:
+        key = f"{before.day}/delta-{before.pass_index}"
+        files = sorted(str(f) for folder in folders for f in Path(folder).glob("part-*"))
+        copc = score(load_model(str(root / "models"), key), files).copc
+        if copc is not None and COPC_BAND[0] <= copc <= COPC_BAND[1]:
+            within += 1
+        shown = "n/a" if copc is None else f"{copc:.3f}"
+        print(f"   {scored.day} pass {scored.pass_index} by {key}: copc {shown}", file=out)
+    low, high = COPC_BAND
+    print(f"   {within} of {len(pairs)} passes with a COPC in {low}-{high}", file=out)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m streamtrain_tools.demo", description=__doc__)
     p.add_argument("--dir", type=Path, default=Path("demo-run"))
@@ -158,6 +193,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("   " + "  ".join(d.key for d in models), file=out)
     print(f"   days shrunk: {', '.join(progress.shrunk_days)}", file=out)
     serving_check(root, progress, synth.folders[-2:], out)
+    per_pass = cfg.splits_per_pass
+    folders = [synth.folders[i : i + per_pass] for i in range(0, len(synth.folders), per_pass)]
+    next_pass_check(root, progress, folders, out)
     last_folder = synth.folders[-1]
     print("\n== look further:", file=out)
     print(
