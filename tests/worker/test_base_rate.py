@@ -136,6 +136,9 @@ def test_the_rate_step_scale_is_the_label_noise_ratio_within_its_bounds() -> Non
     assert rate_step_scale(0.5) == 1.0  # a higher rate keeps the steps
     assert rate_step_scale(0.001) == MAX_RATE_STEP_SCALE
     assert rate_step_scale(0.0) == rate_step_scale(1.0) == MAX_RATE_STEP_SCALE
+    for hostile in (math.nan, math.inf, -math.inf):  # a corrupt count scales nothing
+        assert rate_step_scale(hostile) == 1.0
+    assert rate_step_scale(-1e308) == rate_step_scale(1e308) == MAX_RATE_STEP_SCALE
 
 
 @given(

@@ -19,6 +19,8 @@ batches need, and the next dense sync replaces the local sums by the PS's anyway
 is counted after it is scored, so no prediction sees its own labels.
 """
 
+import math
+
 import torch
 
 from streamtrain_worker.models.summary import SummaryLayer
@@ -40,7 +42,10 @@ def rate_step_scale(rate: float) -> float:
     steps smaller, relative to what they learn from, than a 20 % one's. Scaled by this,
     their steps follow the same schedule in occurrences; the late steps, ``g / sqrt(G)``,
     do not change. A higher rate keeps the steps as they are: smaller ones never gained.
+    A rate that is not a number (a corrupt restored count) scales nothing.
     """
+    if not math.isfinite(rate):
+        return 1.0
     r = min(max(rate, RATE_FLOOR), 1.0 - RATE_FLOOR)
     scale = (REFERENCE_LABEL_VARIANCE / (r * (1.0 - r))) ** 0.5
     return min(max(scale, 1.0), MAX_RATE_STEP_SCALE)
