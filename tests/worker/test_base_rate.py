@@ -17,7 +17,12 @@ from streamtrain_ps.client.local import LocalPS
 from streamtrain_worker.config import WorkerConfig
 from streamtrain_worker.data.batch import Batch
 from streamtrain_worker.models import ModelSpec, build_model
-from streamtrain_worker.models.base_rate import MAX_RATE_STEP_SCALE, BaseRate, rate_step_scale
+from streamtrain_worker.models.base_rate import (
+    MAX_RATE_STEP_SCALE,
+    RATE_FLOOR,
+    BaseRate,
+    rate_step_scale,
+)
 from streamtrain_worker.models.summary import drain_pending, gather_stats, summary_layers
 from streamtrain_worker.training.train import Trainer
 
@@ -43,6 +48,28 @@ def test_a_stream_of_one_label_keeps_a_finite_logit() -> None:
     offset = BaseRate()
     offset.observe(torch.zeros(10_000_000))
     assert torch.isfinite(offset(torch.zeros(3))).all()
+
+
+@given(
+    st.floats(min_value=1.0, max_value=3e38, allow_nan=False),
+    st.floats(min_value=0.0, max_value=1.0, allow_nan=False),
+)
+def test_counts_of_any_finite_size_give_a_finite_logit_and_a_clamped_rate(
+    examples: float, share: float
+) -> None:
+    """Counts past float32's integers (where clicks / examples rounds to exactly 0 or 1,
+    a stream of one label over a long run) or restored from any checkpoint."""
+    offset = BaseRate()
+    offset.stats = torch.tensor([examples, examples * share], dtype=torch.float32)
+    assert torch.isfinite(offset(torch.zeros(2))).all()
+    assert RATE_FLOOR * (1 - 1e-6) <= offset.rate() <= 1.0 - RATE_FLOOR * (1 - 1e-6)
+
+
+def test_batches_observed_between_two_pushes_are_all_pending() -> None:
+    offset = BaseRate()
+    offset.observe(torch.tensor([1.0, 0.0]))
+    offset.observe(torch.tensor([1.0, 1.0, 0.0]))
+    torch.testing.assert_close(drain_pending([offset]), torch.tensor([5.0, 3.0]))
 
 
 def _spec(base_rate: bool) -> ModelSpec:
