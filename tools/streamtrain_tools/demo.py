@@ -39,6 +39,8 @@ from streamtrain_operator.local.reporting import metric
 from streamtrain_operator.local.runner import RunOptions, run_job
 from streamtrain_operator.run.export import read_donefile
 from streamtrain_worker.data.synth import SEQUENCE_SLOT, SLOTS, SynthConfig, generate_delayed
+from streamtrain_worker.metrics import COPC_BAND
+from streamtrain_worker.publishing.model_folder import ModelKind, model_key
 
 START = "20261101"
 
@@ -85,7 +87,7 @@ def serving_check(root: Path, progress: Progress, folders: Sequence[str], out: A
     if not progress.history or progress.history[-1].pass_index < 2:
         return
     last = progress.history[-1]
-    key = f"{last.day}/delta-{last.pass_index - 1}"
+    key = model_key(ModelKind.DELTA, last.day, last.pass_index - 1)
     files = sorted(str(f) for folder in folders for f in Path(folder).glob("part-*"))
     command = [sys.executable, "-m", "streamtrain_worker.publishing.predict", "--json"]
     command += ["--export", str(root / "models"), "--model", key, *files]
@@ -102,10 +104,6 @@ def serving_check(root: Path, progress: Progress, folders: Sequence[str], out: A
         f"  copc {metric(last.metrics, 'copc', '.3f')}",
         file=out,
     )
-
-
-#: A served model's COPC counted as calibrated (the band the quality bench reports).
-COPC_BAND = (0.9, 1.1)
 
 
 def next_pass_check(
@@ -126,7 +124,7 @@ def next_pass_check(
     )
     within = 0
     for before, scored, folders in pairs:
-        key = f"{before.day}/delta-{before.pass_index}"
+        key = model_key(ModelKind.DELTA, before.day, before.pass_index)
         files = sorted(str(f) for folder in folders for f in Path(folder).glob("part-*"))
         copc = score(load_model(str(root / "models"), key), files).copc
         if copc is not None and COPC_BAND[0] <= copc <= COPC_BAND[1]:

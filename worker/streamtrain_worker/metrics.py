@@ -48,6 +48,9 @@ from streamtrain_worker.proto import worker_pb2
 
 MAX_SPAN = 0.01
 RELATIVE_ERROR_BOUND = 0.05
+#: The COPC range a pass counts as calibrated in (issue 26's band; the quality bench and
+#: the demo report how many passes fall in it).
+COPC_BAND = (0.9, 1.1)
 #: The derived metrics of :meth:`PassMetrics.summary`, each ``None`` where undefined.
 DERIVED_METRICS = (
     "auc",

@@ -60,12 +60,16 @@ class BaseRate(SummaryLayer):
         self.floor = RATE_FLOOR  # an attribute: TorchScript cannot read module globals
 
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
-        rate = torch.clamp(self.stats[1] / self.stats[0], self.floor, 1.0 - self.floor)
+        rate = self.clamped_rate()
         return logits + (torch.log(rate) - torch.log1p(-rate))
 
+    def clamped_rate(self) -> torch.Tensor:
+        """The counted click rate, clamped to [floor, 1 - floor]."""
+        return torch.clamp(self.stats[1] / self.stats[0], self.floor, 1.0 - self.floor)
+
     def rate(self) -> float:
-        """The counted click rate (clamped as the offset clamps it)."""
-        return float(torch.clamp(self.stats[1] / self.stats[0], self.floor, 1.0 - self.floor))
+        """The counted click rate as the offset uses it."""
+        return float(self.clamped_rate())
 
     def observe(self, labels: torch.Tensor) -> None:
         """Count a trained batch's labels (after it was scored)."""

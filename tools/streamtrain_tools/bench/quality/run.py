@@ -62,11 +62,11 @@ from streamtrain_tools.bench.quality.streams import (
     build,
 )
 from streamtrain_tools.samples import SAMPLES_DIR
+from streamtrain_worker.metrics import COPC_BAND
 
 LEARNERS = ("streamtrain", "vw", "torch")
 #: COPC spread: passes with at least this many clicks are expected within the band.
 MIN_CLICKS = 500
-COPC_BAND = (0.9, 1.1)
 
 
 def next_pass_spread(stream: Stream, scores: list[PassScore | None]) -> dict[str, Any]:
