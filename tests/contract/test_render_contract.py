@@ -62,6 +62,7 @@ NON_DEFAULT: dict[str, Any] = {
         "calibrationEvidence": False,
         "calibrationPseudoClicks": 3,
         "rateScaledSteps": False,
+        "contextRate": False,
         "targetSlot": 0,
         "attentionUnits": [8],
     },
@@ -158,7 +159,7 @@ def test_worker_parses_what_the_operator_renders(raw: dict[str, Any]) -> None:
     text = render.render_worker(spec, ENDPOINTS)
     parsed = WorkerConfig.from_json(text)
     assert parsed == render.worker_config(spec, ENDPOINTS)
-    assert _same_named_fields(spec.model, parsed.model) == 27
+    assert _same_named_fields(spec.model, parsed.model) == 28
     data = parsed.data
     assert _same_named_fields(spec.data, data) == len(dataclasses.fields(spec.data))
     assert parsed.ps.endpoints == ENDPOINTS

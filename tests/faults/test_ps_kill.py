@@ -80,10 +80,10 @@ def test_ps_killed_mid_pass_reloads_replays_and_ends_bit_identical(
     assert np.array_equal(got.keys, want.keys)
     assert got.rows.tobytes() == want.rows.tobytes()  # bit-identical, NaN-safe
     assert got.dense.keys() == want.dense.keys()
-    # values, m, v, step of each of five vectors (the parameters, the data-norm sums, the
-    # calibration window, its evidence and persistence), plus the four summary vectors'
-    # float64 sums
-    assert len(want.dense) == 24
+    # values, m, v, step of each of six vectors (the parameters, the data-norm sums, the
+    # calibration window, its evidence and persistence, the context rate's counts), plus
+    # the five summary vectors' float64 sums
+    assert len(want.dense) == 29
     for name, values in want.dense.items():
         assert got.dense[name].tobytes() == values.tobytes(), name
     # The pass metrics of the redone pass are the clean run's too.

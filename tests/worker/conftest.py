@@ -95,3 +95,14 @@ def uniform_stream(seed: int, batches: int, rate: float, size: int = 100) -> lis
         offsets = np.arange(0, 4 * size + 1, dtype=np.int64)
         out.append(Batch(labels, keys.reshape(-1), offsets, num_slots=4))
     return out
+
+
+def hour_stream(seed: int, hour: int, rate: float, batches: int = 10) -> list[Batch]:
+    """``uniform_stream`` with slot 0 holding one hour key in every row (a pass's context:
+    the calibration's and the context rate's tests)."""
+    out = []
+    for batch in uniform_stream(seed, batches, rate):
+        keys = batch.keys.reshape(-1, 4).copy()
+        keys[:, 0] = 10_000 + hour
+        out.append(Batch(batch.labels, keys.reshape(-1), batch.offsets, num_slots=4))
+    return out

@@ -34,7 +34,7 @@ from streamtrain_worker.models.calibration import (
 from streamtrain_worker.publishing.export import export_dense, load_dense
 from streamtrain_worker.training.train import Trainer
 
-from .conftest import uniform_stream
+from .conftest import hour_stream, uniform_stream
 
 
 def test_an_empty_window_corrects_nothing_and_pseudo_clicks_shrink_the_correction() -> None:
@@ -124,8 +124,14 @@ def test_a_pass_follows_its_own_jump_and_a_steady_pass_keeps_the_window() -> Non
 
 
 def _config(
-    calibration: bool, window: float = 400, in_loss: bool = True, spares: bool = False
+    calibration: bool,
+    window: float = 400,
+    in_loss: bool = True,
+    spares: bool = False,
+    context_rate: bool = False,
 ) -> WorkerConfig:
+    """The calibration alone: without the context rate (``models.context_rate``), which
+    takes an hour key's rate from its counts instead."""
     return WorkerConfig.from_dict(
         {
             "data": {"format": "slot", "numSlots": 4},
@@ -135,6 +141,7 @@ def _config(
                 "calibrationWindow": window,
                 "calibrationInLoss": in_loss,
                 "calibrationSparesContextKeys": spares,
+                "contextRate": context_rate,
             },
             "runtime": {"overlap": False},
             "ps": {"config": {"logicalShards": 2}},
@@ -186,16 +193,6 @@ def test_trained_on_the_raw_logit_the_network_itself_learns_the_jump() -> None:
     assert own_rate[False] - own_rate[True] > 0.03, own_rate
 
 
-def _hour_stream(seed: int, hour: int, rate: float, batches: int = 20) -> list[Batch]:
-    """``uniform_stream`` with slot 0 holding one hour key in every row."""
-    out = []
-    for batch in uniform_stream(seed, batches, rate):
-        keys = batch.keys.reshape(-1, 4).copy()
-        keys[:, 0] = 10_000 + hour
-        out.append(Batch(batch.labels, keys.reshape(-1), batch.offsets, num_slots=4))
-    return out
-
-
 def test_an_hour_key_learns_its_hours_rate_where_the_calibration_would_absorb_it() -> None:
     """Hours 0 (5 %) and 1 (35 %) in turn, a pass each, two days: with the calibration in
     the loss the network's own (uncorrected) predictions of the two hours stay close (the
@@ -209,10 +206,10 @@ def test_an_hour_key_learns_its_hours_rate_where_the_calibration_would_absorb_it
         try:
             for day in range(2):
                 for hour, rate in ((0, 0.05), (1, 0.35)):
-                    trainer.run_pass(_hour_stream(10 * day + hour, hour, rate, batches=10))
+                    trainer.run_pass(hour_stream(10 * day + hour, hour, rate))
             own = []
             for hour in (0, 1):
-                probe = trainer.prepare(_hour_stream(99, hour, 0.2, batches=1)[0])
+                probe = trainer.prepare(hour_stream(99, hour, 0.2, batches=1)[0])
                 scored = trainer.step(probe, train=False).preds
                 offset = float(trainer.model.calibration_offset())
                 own.append(float(np.mean(np.log(scored / (1.0 - scored)) - offset)))

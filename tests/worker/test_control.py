@@ -42,6 +42,7 @@ from streamtrain_worker.models.calibration import (
     EVIDENCE_VECTOR,
     PERSISTENCE_VECTOR,
 )
+from streamtrain_worker.models.context_rate import CONTEXT_VECTOR
 from streamtrain_worker.proto import worker_pb2, worker_pb2_grpc
 from streamtrain_worker.publishing.export import load_dense
 from streamtrain_worker.training.embedding import Lookup, prepare
@@ -212,8 +213,10 @@ def test_an_export_from_a_ps_snapshot_is_the_model_of_its_moment_beside_a_pass(
     flat = torch.cat([t.reshape(-1) for t in exported.values()]).numpy()
     assert np.array_equal(flat, taken)
     buffers = dict(module.named_buffers())
-    # the calibration's window, its evidence and persistence: PS vectors of their own
+    # the calibration's window, its evidence and persistence, and the context rate's
+    # counts: PS vectors of their own
     own_vectors = {
+        CONTEXT_VECTOR: buffers.pop("model.context_rate.0.stats"),
         CALIBRATION_VECTOR: buffers.pop("model.calibration.0.stats"),
         EVIDENCE_VECTOR: buffers.pop("model.calibration.0.evidence.0.stats"),
         PERSISTENCE_VECTOR: buffers.pop("model.calibration.0.persistence.0.stats"),

@@ -227,6 +227,16 @@ class ModelConfig:
         "sqrt(0.2 * 0.8 / (r (1 - r))) within [1, 4], r the base rate: a key's AdaGrad "
         "steps then follow a stream below a 20 % click rate as they do one at 20 %.",
     )
+    # A folder is a time slice, and a slot constant within its batches (an hour of day) is
+    # its context: the context key's PS-counted rate offsets the logit, so the model
+    # published after one hour predicts the next at that hour's known rate
+    # (models.context_rate; docs/decisions.md, issue 26).
+    contextRate: bool = setting(
+        True,
+        "With baseRateOffset and cvm: a slot whose key is in every row of a training batch "
+        "(an hour of day) is a context, and its key's own click rate (the PS's show and "
+        "click counts, shrunk to the base rate by 100 examples) offsets the logit.",
+    )
     targetSlot: int = setting(0, "DIN only: the slot holding the target item.", minimum=0)
     attentionUnits: tuple[int, ...] = setting(
         (64, 32), "DIN only: attention MLP widths.", item_minimum=1

@@ -18,6 +18,7 @@ from torch import nn
 from streamtrain_worker.config import ModelConfig
 from streamtrain_worker.models.base_rate import BaseRate, rate_step_scale
 from streamtrain_worker.models.calibration import ResidualCalibration, window_decay
+from streamtrain_worker.models.context_rate import ContextRate
 from streamtrain_worker.models.data_norm import DEFAULT_PRIOR, DataNorm, slot_prior
 
 
@@ -62,6 +63,9 @@ class ModelSpec:
     calibration_evidence: bool = False
     #: Examples per batch: the window decays once per batch (``window_decay``).
     batch_size: int = 64
+    #: Offset the logit by the context slot's counted click rate (``models.context_rate``;
+    #: needs ``base_rate`` and ``cvm``).
+    context_rate: bool = False
 
     @classmethod
     def from_config(
@@ -98,6 +102,7 @@ class ModelSpec:
             calibration_pass_split=model.calibrationPassSplit,
             calibration_evidence=model.calibrationEvidence,
             batch_size=model.batchSize,
+            context_rate=model.contextRate and model.baseRateOffset and model.cvm,
         )
 
     @property
@@ -198,12 +203,20 @@ class DenseModel(nn.Module):
             if spec.calibration_window > 0
             else []
         )
+        # Zero or one context rate, applied after the base rate, before the calibration.
+        self.context_rate = nn.ModuleList(
+            [ContextRate(spec.num_slots)] if spec.context_rate and spec.base_rate else []
+        )
 
-    def offset_by_base_rate(self, logits: torch.Tensor) -> torch.Tensor:
-        """``logits`` plus the base rate's log-odds (``spec.base_rate``), then the residual
+    def offset_by_base_rate(self, logits: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
+        """``logits`` plus the base rate's log-odds (``spec.base_rate``), the context's
+        (``spec.context_rate``, read from ``pooled``'s CVM columns), then the residual
         calibration's correction (``spec.calibration_window``)."""
         for offset in self.base_rate:
             logits = offset(logits)
+            assert isinstance(offset, BaseRate)
+            for context in self.context_rate:
+                logits = context(logits, pooled, offset.clamped_rate())
         for correction in self.calibration:
             logits = correction(logits)
         return logits
@@ -233,14 +246,24 @@ class DenseModel(nn.Module):
             correction.follow_labels(labels)
 
     def begin_pass(self) -> None:
-        """A new pass starts: the calibration's per-pass sums start empty."""
+        """A new pass starts: the calibration's and the context rate's per-pass sums start
+        empty."""
+        for context in self.context_rate:
+            assert isinstance(context, ContextRate)
+            context.begin_pass()
         for correction in self.calibration:
             assert isinstance(correction, ResidualCalibration)
             correction.begin_pass()
 
-    def observe_labels(self, labels: torch.Tensor, logits: torch.Tensor) -> None:
+    def observe_labels(
+        self, labels: torch.Tensor, logits: torch.Tensor, pooled: torch.Tensor
+    ) -> None:
         """Count a trained batch's labels into the base rate and the calibration window,
-        after the batch was scored: ``logits`` are the model's output for it."""
+        and which of its slots were constant into the context rate, after the batch was
+        scored: ``logits`` are the model's output for it, ``pooled`` its input."""
+        for context in self.context_rate:
+            assert isinstance(context, ContextRate)
+            context.observe(pooled.detach(), labels)
         for correction in self.calibration:
             assert isinstance(correction, ResidualCalibration)
             correction.observe(labels, logits)

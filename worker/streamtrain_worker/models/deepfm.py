@@ -33,4 +33,4 @@ class DeepFM(DenseModel):
         v = pooled[:, :, c + 1 :]
         second = 0.5 * (v.sum(dim=1).pow(2) - v.pow(2).sum(dim=1)).sum(dim=1)
         deep = self.deep(pooled.flatten(1)).squeeze(1)
-        return self.offset_by_base_rate(first + second + self.bias + deep)
+        return self.offset_by_base_rate(first + second + self.bias + deep, pooled)

@@ -95,7 +95,7 @@ class SlotDNN(DenseModel):
             v = pooled[:, :, self.fm_col :]
             pairs = v.sum(dim=1).square() - v.square().sum(dim=1)
             logits = logits + 0.5 * pairs.sum(dim=1)
-        return self.offset_by_base_rate(logits)
+        return self.offset_by_base_rate(logits, pooled)
 
 
 def _zero_linear(width: int) -> nn.Linear:

@@ -204,7 +204,7 @@ class TorchBaseline:
             if self.counts is not None and x.key_counts is not None:
                 self.counts.index_add_(0, x.ids, x.key_counts)
             if self.summaries:
-                self.dense.observe_labels(x.labels, logits)
+                self.dense.observe_labels(x.labels, logits, pooled)
                 batch_stats = drain_pending(self.summaries)
                 stats = gather_stats(self.summaries) * self.summary_decay + batch_stats
                 scatter_stats(self.summaries, stats)

@@ -1,0 +1,123 @@
+"""The context's counted click rate: a slot whose key is in every row of a batch (an hour
+of day) offsets the logit by that key's own click rate, counted on the PS.
+
+Why: a time-sliced stream's folders each hold one context (an hourly folder, one hour of
+day), and the click rate can move by tens of points from one to the next (issue 26). The
+base rate (``models.base_rate``) counts the rate of all the data; the residual calibration
+(``models.calibration``) follows the pass's rate within a pass but carries the pass's own
+correction into the model published after it, which is scored on the next pass, another
+hour. The hour's key, meanwhile, learns little of its hour's rate: trained on the
+calibrated logit, it sees no error the window already took (docs/decisions.md). What the
+next hour's rate is the PS already knows: every key's show and click counts, pulled with
+its row, are the CVM columns of its slot. A slot found constant within training batches
+is a context; its key's rate, shrunk to the base rate by ``CONTEXT_PRIOR_EXAMPLES``, gives
+``log-odds(context rate) - log-odds(base rate)``, added to the logit after the base rate,
+counted like it, with no gradient. A key of tomorrow's same hour then starts from today's
+rate, and an hour not seen yet from the base rate (its counts are zero).
+
+In training, a context is offset by its counts from before the current pass: this
+worker's own rows and clicks of the pass in that slot (``pass_counts``) are taken off the
+pulled counts. Within the pass the residual calibration follows the pass's rate; an offset
+that also rose with the pass's own counts stacked on it, and the window, holding
+predictions made before the offset rose, over-corrected: day 1 of every stream family lost
+AUC (docs/decisions.md). Scored outside training (an export, serving) the counts are the
+PS's, the pass's own included: the model published after an hour scores the next hour
+from that hour's counts.
+
+Which slots are contexts is a summary statistic (``models.summary``): per slot, the share
+of recent training batches in which every row pooled the same row, summed on the PS in a
+vector of its own (a checkpoint written before this layer existed restores without it and
+starts counting) and exported with the model, so serving (a request of one row is constant
+in every slot) applies the offset of the slots training found constant. Of several context
+slots (an hour and a date), the one whose offset is largest counts: they describe one
+slice, and their sum would count its rate twice.
+"""
+
+import torch
+
+from streamtrain_worker.models.summary import SummaryLayer
+
+#: Pseudo-examples at the base rate a context key's own counts are shrunk toward: a new
+#: hour's first batch (64 rows) moves the offset about 40 % of the way to its rate.
+CONTEXT_PRIOR_EXAMPLES = 100.0
+#: Pseudo-batches (none constant) the context shares start from: a slot is a context once
+#: its batches were constant at least as often as not, which takes a few batches.
+CONTEXT_PRIOR_BATCHES = 4.0
+#: The PS summary vector of the counts, and its decay per batch: about the last 1,000
+#: batches count.
+CONTEXT_VECTOR = "context_rate"
+CONTEXT_BATCH_DECAY = 0.999
+#: The share of constant training batches from which a slot counts as a context.
+CONTEXT_SHARE = 0.5
+#: A context key's rate is clamped to [floor, 1 - floor], as the base rate's.
+CONTEXT_RATE_FLOOR = 1e-6
+
+
+class ContextRate(SummaryLayer):
+    """``logits -> logits + log-odds(context rate) - log-odds(base rate)``; ``stats`` is
+    ``[batches, constant batches of slot 0, ..., of slot S - 1]``."""
+
+    # A real annotation: TorchScript reads it (no ``from __future__ import annotations``).
+    pass_counts: torch.Tensor
+
+    def __init__(self, num_slots: int) -> None:
+        initial = torch.zeros(1 + num_slots)
+        initial[0] = CONTEXT_PRIOR_BATCHES
+        super().__init__(initial, CONTEXT_VECTOR, CONTEXT_BATCH_DECAY)
+        self.prior_examples = CONTEXT_PRIOR_EXAMPLES
+        self.share = CONTEXT_SHARE
+        self.floor = CONTEXT_RATE_FLOOR
+        #: ``(S, 2)``: this worker's rows and clicks of the current training pass in the
+        #: batches constant in each slot (``begin_pass`` empties it).
+        self.register_buffer("pass_counts", torch.zeros(num_slots, 2), persistent=False)
+
+    def begin_pass(self) -> None:
+        """A training pass starts: its own counts start empty."""
+        self.pass_counts.zero_()
+
+    def contexts(self) -> torch.Tensor:
+        """``(S,)``: 1 for a slot counted as a context, else 0."""
+        return (self.stats[1:] >= self.share * self.stats[0]).float()
+
+    def forward(
+        self, logits: torch.Tensor, pooled: torch.Tensor, rate: torch.Tensor
+    ) -> torch.Tensor:
+        """``pooled`` ``(B, S, W)`` with the CVM columns first (``log(S + 1)``, ``log(C +
+        1) - log(S + 1)``); ``rate`` the base rate the logit is offset by already."""
+        counts = pooled[:, :, :2].detach()
+        shows = torch.clamp(torch.expm1(counts[:, :, 0]), min=0.0)
+        clicks = torch.clamp(torch.expm1(counts[:, :, 0] + counts[:, :, 1]), min=0.0)
+        if self.training and pooled.shape[0] > 1:
+            # In training a context is scored by what was known before its pass: the
+            # pass's own rate is the calibration's to follow (below, the module's doc).
+            own = self.pass_counts * _constant_slots(pooled).unsqueeze(1)
+            shows = torch.clamp(shows - own[:, 0].unsqueeze(0), min=0.0)
+            clicks = torch.clamp(clicks - own[:, 1].unsqueeze(0), min=0.0)
+        clicks = torch.minimum(clicks, shows)
+        shrunk = (clicks + self.prior_examples * rate) / (shows + self.prior_examples)
+        shrunk = torch.clamp(shrunk, self.floor, 1.0 - self.floor)
+        offsets = torch.log(shrunk) - torch.log1p(-shrunk) - (torch.log(rate) - torch.log1p(-rate))
+        offsets = offsets * self.contexts().unsqueeze(0)
+        largest = offsets.abs().argmax(dim=1, keepdim=True)
+        return logits + offsets.gather(1, largest).squeeze(1)
+
+    def observe(self, pooled: torch.Tensor, labels: torch.Tensor) -> None:
+        """Count which slots a trained batch pooled the same row in every example of, and
+        its rows and clicks into those slots' ``pass_counts``; a batch of one row is
+        constant in every slot and counts as no evidence. ``stats`` follows locally what
+        the PS does with the push (decay, then add)."""
+        with torch.no_grad():
+            self.stats.mul_(self.decay)
+            if pooled.shape[0] < 2:
+                return
+            same = _constant_slots(pooled)
+            seen = torch.cat([torch.ones(1), same])
+            self.pending += seen
+            self.stats += seen
+            batch = torch.stack([torch.tensor(float(labels.numel())), labels.sum().float()])
+            self.pass_counts += same.unsqueeze(1) * batch.unsqueeze(0)
+
+
+def _constant_slots(pooled: torch.Tensor) -> torch.Tensor:
+    """``(S,)``: 1 where every row of ``pooled`` holds the same pooled row as the first."""
+    return (pooled == pooled[:1]).all(dim=2).all(dim=0).float()
