@@ -50,7 +50,7 @@ def _context_of(layer: ContextRate, pooled: torch.Tensor, constant: int, batches
     for _ in range(batches):
         batch = pooled.clone()
         batch[:, constant] = batch[0, constant]
-        layer.observe(batch, torch.zeros(batch.shape[0]))
+        layer.observe(batch)
 
 
 def test_a_fresh_layer_knows_no_context_and_offsets_nothing() -> None:
@@ -87,7 +87,7 @@ def test_of_two_contexts_the_largest_offset_counts_not_their_sum() -> None:
     pooled = _pooled([4000, 90_000], [2000, 19_000])
     pooled[:] = pooled[0]  # both slots the same row in every example
     for _ in range(10):
-        layer.observe(pooled, torch.zeros(pooled.shape[0]))
+        layer.observe(pooled)
     assert layer.contexts().tolist() == [1.0, 1.0]
     layer.eval()
     hour = (2000 + CONTEXT_PRIOR_EXAMPLES * 0.2) / (4000 + CONTEXT_PRIOR_EXAMPLES)
@@ -97,37 +97,49 @@ def test_of_two_contexts_the_largest_offset_counts_not_their_sum() -> None:
 
 
 def test_in_training_a_context_is_offset_by_its_counts_from_before_the_pass() -> None:
-    """The pass's own rows and clicks (this worker's, in batches constant in the slot) are
-    taken off the pulled counts in training; a new pass starts from none of its own."""
+    """In training a pass's context key is scored by the counts pulled when the pass first
+    met it (none of the pass's own pushes); another key, a new pass, or scoring outside
+    training use the counts as pulled."""
     layer = ContextRate(2)
-    before = _pooled([1000, 0], [100, 0])
-    before[:, 0] = before[0, 0]
-    for _ in range(5):  # 5 batches of 4 rows, 2 clicks each, in slot 0's context
-        layer.observe(before, torch.tensor([1.0, 1.0, 0.0, 0.0]))
-    torch.testing.assert_close(layer.pass_counts, torch.tensor([[20.0, 10.0], [0.0, 0.0]]))
-    pulled = _pooled([1020, 0], [110, 0])  # the PS's counts, the pass's pushes included
-    pulled[:, 0] = pulled[0, 0]
+    keys = torch.tensor([7, 0])
+    first = _pooled([1000, 0], [100, 0])
+    first[:, 0] = first[0, 0]
+    _context_of(layer, first, constant=0, batches=10)
+    layer.follow_keys(first, keys)
+    layer.observe(first)
+    later = _pooled([1020, 0], [110, 0])  # the PS's counts, the pass's pushes included
+    later[:, 0] = later[0, 0]
     rate = float(BASE)
-    earlier = (100 + CONTEXT_PRIOR_EXAMPLES * rate) / (1000 + CONTEXT_PRIOR_EXAMPLES)
-    torch.testing.assert_close(
-        layer(torch.zeros(4), pulled, BASE), torch.full((4,), _logit(earlier) - _logit(rate))
-    )
-    layer.eval()
+    before = (100 + CONTEXT_PRIOR_EXAMPLES * rate) / (1000 + CONTEXT_PRIOR_EXAMPLES)
     live = (110 + CONTEXT_PRIOR_EXAMPLES * rate) / (1020 + CONTEXT_PRIOR_EXAMPLES)
-    torch.testing.assert_close(
-        layer(torch.zeros(4), pulled, BASE), torch.full((4,), _logit(live) - _logit(rate))
-    )
-    layer.train()
+
+    def offset(key: int) -> torch.Tensor:
+        layer.follow_keys(later, torch.tensor([key, 0]))
+        out = layer(torch.zeros(4), later, BASE)
+        layer.observe(later)
+        return out
+
+    torch.testing.assert_close(offset(7), torch.full((4,), _logit(before) - _logit(rate)))
+    # another key in the slot anchors at its own counts as pulled now
+    torch.testing.assert_close(offset(8), torch.full((4,), _logit(live) - _logit(rate)))
     layer.begin_pass()
+    torch.testing.assert_close(offset(7), torch.full((4,), _logit(live) - _logit(rate)))
+    layer.eval()
     torch.testing.assert_close(
-        layer(torch.zeros(4), pulled, BASE), torch.full((4,), _logit(live) - _logit(rate))
+        layer(torch.zeros(4), later, BASE), torch.full((4,), _logit(live) - _logit(rate))
+    )
+    # a batch that was not followed (a scoring path that gives no keys) uses the pulled
+    # counts, not another batch's anchors
+    layer.train()
+    torch.testing.assert_close(
+        layer(torch.zeros(4), later, BASE), torch.full((4,), _logit(live) - _logit(rate))
     )
 
 
 def test_a_batch_of_one_row_is_not_evidence_of_a_context() -> None:
     layer = ContextRate(2)
     for _ in range(50):
-        layer.observe(_pooled([10, 10], [1, 1], rows=1), torch.zeros(1))
+        layer.observe(_pooled([10, 10], [1, 1], rows=1))
     assert layer.contexts().tolist() == [0.0, 0.0]
     prior = CONTEXT_PRIOR_BATCHES * CONTEXT_BATCH_DECAY**50
     torch.testing.assert_close(layer.stats, torch.tensor([prior, 0.0, 0.0]))
@@ -143,12 +155,13 @@ def test_counts_of_any_finite_size_give_a_finite_offset(
 ) -> None:
     """CVM columns of any finite count (clicks above shows included, as a corrupt or
     decayed row may hold) give a finite logit within the clamped rates' log-odds."""
-    layer = ContextRate(1)  # in training: the pass's counts taken off as well
+    layer = ContextRate(1)  # in training, anchored at the counts as well
     pooled = torch.zeros(2, 1, 3)
     pooled[:, 0, 0] = log_show
     pooled[:, 0, 1] = log_ratio
     for _ in range(10):
-        layer.observe(pooled, torch.zeros(pooled.shape[0]))
+        layer.observe(pooled)
+    layer.follow_keys(pooled, torch.tensor([3]))
     out = layer(torch.zeros(2), pooled, torch.tensor(rate, dtype=torch.float32))
     assert torch.isfinite(out).all()
     assert float(out.abs().max()) <= 2 * abs(_logit(1e-6)) + 1e-3
@@ -239,3 +252,11 @@ def test_the_setting_off_builds_no_context_rate() -> None:
         assert np.isfinite(trainer.model.base_rate[0].rate())
     finally:
         trainer.close()
+
+
+def test_a_batchs_first_example_keys_name_each_slot_and_an_empty_bag() -> None:
+    keys = np.array([5, 1 << 63, 9, 4], dtype=np.uint64)
+    # example 0: slot 0 [5], slot 1 empty, slot 2 [2**63, 9]; example 1: [4], [], []
+    offsets = np.array([0, 1, 1, 3, 4, 4, 4], dtype=np.int64)
+    batch = Batch(np.zeros(2, dtype=np.float32), keys, offsets, num_slots=3)
+    assert batch.first_example_keys().tolist() == [5, -1, -(1 << 63)]

@@ -39,6 +39,17 @@ class Batch:
         counts = np.diff(self.offsets)
         return np.repeat(np.arange(counts.shape[0], dtype=np.int64), counts)
 
+    def first_example_keys(self) -> npt.NDArray[np.int64]:
+        """``(S,)``: the first key of each of the first example's bags (its bits as int64),
+        -1 for an empty bag or an empty batch."""
+        out = np.full(self.num_slots, -1, dtype=np.int64)
+        if self.size == 0:
+            return out
+        starts, ends = self.offsets[: self.num_slots], self.offsets[1 : self.num_slots + 1]
+        filled = ends > starts
+        out[filled] = self.keys[starts[filled]].view(np.int64)
+        return out
+
     def slot_of_key(self) -> npt.NDArray[np.uint32]:
         """Slot index of every key, in ``[0, S)``."""
         return (self.bag_of_key() % self.num_slots).astype(np.uint32)

@@ -245,6 +245,14 @@ class DenseModel(nn.Module):
             assert isinstance(correction, ResidualCalibration)
             correction.follow_labels(labels)
 
+    def follow_keys(self, pooled: torch.Tensor, keys: torch.Tensor) -> None:
+        """The training batch about to be scored: its pooled input and ``keys`` ``(S,)``,
+        its first example's key of each slot (the context rate anchors a pass's context
+        keys at their counts from before the pass, ``models.context_rate``)."""
+        for context in self.context_rate:
+            assert isinstance(context, ContextRate)
+            context.follow_keys(pooled.detach(), keys)
+
     def begin_pass(self) -> None:
         """A new pass starts: the calibration's and the context rate's per-pass sums start
         empty."""
@@ -263,7 +271,7 @@ class DenseModel(nn.Module):
         scored: ``logits`` are the model's output for it, ``pooled`` its input."""
         for context in self.context_rate:
             assert isinstance(context, ContextRate)
-            context.observe(pooled.detach(), labels)
+            context.observe(pooled.detach())
         for correction in self.calibration:
             assert isinstance(correction, ResidualCalibration)
             correction.observe(labels, logits)

@@ -15,14 +15,15 @@ is a context; its key's rate, shrunk to the base rate by ``CONTEXT_PRIOR_EXAMPLE
 counted like it, with no gradient. A key of tomorrow's same hour then starts from today's
 rate, and an hour not seen yet from the base rate (its counts are zero).
 
-In training, a context is offset by its counts from before the current pass: this
-worker's own rows and clicks of the pass in that slot (``pass_counts``) are taken off the
-pulled counts. Within the pass the residual calibration follows the pass's rate; an offset
-that also rose with the pass's own counts stacked on it, and the window, holding
-predictions made before the offset rose, over-corrected: day 1 of every stream family lost
-AUC (docs/decisions.md). Scored outside training (an export, serving) the counts are the
-PS's, the pass's own included: the model published after an hour scores the next hour
-from that hour's counts.
+In training, a context is offset by its counts from before the current pass: those
+pulled with the first batch in which the pass met its key (``follow_keys``: the first
+example's keys, given by the trainer), which hold none of the pass's pushes on this
+worker and, as every worker starts the pass together, few of any other's. Within the
+pass the residual calibration follows the pass's rate; an offset that also rose with the
+pass's own counts stacked on it, and the window, holding predictions made before the
+offset rose, over-corrected: day 1 of every stream family lost AUC (docs/decisions.md).
+Scored outside training (an export, serving) the counts are the PS's, the pass's own
+included: the model published after an hour scores the next hour from that hour's counts.
 
 Which slots are contexts is a summary statistic (``models.summary``): per slot, the share
 of recent training batches in which every row pooled the same row, summed on the PS in a
@@ -57,8 +58,11 @@ class ContextRate(SummaryLayer):
     """``logits -> logits + log-odds(context rate) - log-odds(base rate)``; ``stats`` is
     ``[batches, constant batches of slot 0, ..., of slot S - 1]``."""
 
-    # A real annotation: TorchScript reads it (no ``from __future__ import annotations``).
-    pass_counts: torch.Tensor
+    # Real annotations: TorchScript reads them (no ``from __future__ import annotations``).
+    anchor: torch.Tensor
+    anchor_key: torch.Tensor
+    anchored: torch.Tensor
+    followed: torch.Tensor
 
     def __init__(self, num_slots: int) -> None:
         initial = torch.zeros(1 + num_slots)
@@ -67,13 +71,36 @@ class ContextRate(SummaryLayer):
         self.prior_examples = CONTEXT_PRIOR_EXAMPLES
         self.share = CONTEXT_SHARE
         self.floor = CONTEXT_RATE_FLOOR
-        #: ``(S, 2)``: this worker's rows and clicks of the current training pass in the
-        #: batches constant in each slot (``begin_pass`` empties it).
-        self.register_buffer("pass_counts", torch.zeros(num_slots, 2), persistent=False)
+        #: Per slot, the counts ``[shows, clicks]`` of the context key first met in the
+        #: current training pass, as pulled then (before the pass's own pushes), the key,
+        #: and whether a key was met (``begin_pass`` forgets them).
+        self.register_buffer("anchor", torch.zeros(num_slots, 2), persistent=False)
+        self.register_buffer(
+            "anchor_key", torch.zeros(num_slots, dtype=torch.int64), persistent=False
+        )
+        self.register_buffer("anchored", torch.zeros(num_slots), persistent=False)
+        #: 1 between ``follow_keys`` and the batch's ``observe``: the anchors are this
+        #: batch's.
+        self.register_buffer("followed", torch.zeros(1), persistent=False)
 
     def begin_pass(self) -> None:
-        """A training pass starts: its own counts start empty."""
-        self.pass_counts.zero_()
+        """A training pass starts: no context key met yet."""
+        self.anchored.zero_()
+
+    def follow_keys(self, pooled: torch.Tensor, keys: torch.Tensor) -> None:
+        """The training batch about to be scored: ``keys`` ``(S,)`` its first example's key
+        of each slot. A constant slot whose key the pass has not met yet anchors at the
+        counts pulled now."""
+        with torch.no_grad():
+            if pooled.shape[0] < 2:
+                return
+            counts = _counts(pooled[:1])[0]
+            new = _constant_slots(pooled) * ((self.anchored == 0) | (self.anchor_key != keys))
+            fresh = new > 0
+            self.anchor[fresh] = counts[fresh]
+            self.anchor_key[fresh] = keys[fresh]
+            self.anchored[fresh] = 1.0
+            self.followed.fill_(1.0)
 
     def contexts(self) -> torch.Tensor:
         """``(S,)``: 1 for a slot counted as a context, else 0."""
@@ -84,16 +111,14 @@ class ContextRate(SummaryLayer):
     ) -> torch.Tensor:
         """``pooled`` ``(B, S, W)`` with the CVM columns first (``log(S + 1)``, ``log(C +
         1) - log(S + 1)``); ``rate`` the base rate the logit is offset by already."""
-        counts = pooled[:, :, :2].detach()
-        shows = torch.clamp(torch.expm1(counts[:, :, 0]), min=0.0)
-        clicks = torch.clamp(torch.expm1(counts[:, :, 0] + counts[:, :, 1]), min=0.0)
-        if self.training and pooled.shape[0] > 1:
+        counts = _counts(pooled)
+        if self.training and pooled.shape[0] > 1 and bool(self.followed[0] > 0):
             # In training a context is scored by what was known before its pass: the
-            # pass's own rate is the calibration's to follow (below, the module's doc).
-            own = self.pass_counts * _constant_slots(pooled).unsqueeze(1)
-            shows = torch.clamp(shows - own[:, 0].unsqueeze(0), min=0.0)
-            clicks = torch.clamp(clicks - own[:, 1].unsqueeze(0), min=0.0)
-        clicks = torch.minimum(clicks, shows)
+            # pass's own rate is the calibration's to follow (the module's doc).
+            use = (_constant_slots(pooled) * self.anchored).view(1, -1, 1) > 0
+            counts = torch.where(use, self.anchor.unsqueeze(0), counts)
+        shows = counts[:, :, 0]
+        clicks = torch.minimum(counts[:, :, 1], shows)
         shrunk = (clicks + self.prior_examples * rate) / (shows + self.prior_examples)
         shrunk = torch.clamp(shrunk, self.floor, 1.0 - self.floor)
         offsets = torch.log(shrunk) - torch.log1p(-shrunk) - (torch.log(rate) - torch.log1p(-rate))
@@ -101,21 +126,26 @@ class ContextRate(SummaryLayer):
         largest = offsets.abs().argmax(dim=1, keepdim=True)
         return logits + offsets.gather(1, largest).squeeze(1)
 
-    def observe(self, pooled: torch.Tensor, labels: torch.Tensor) -> None:
-        """Count which slots a trained batch pooled the same row in every example of, and
-        its rows and clicks into those slots' ``pass_counts``; a batch of one row is
-        constant in every slot and counts as no evidence. ``stats`` follows locally what
-        the PS does with the push (decay, then add)."""
+    def observe(self, pooled: torch.Tensor) -> None:
+        """Count which slots a trained batch pooled the same row in every example of; a
+        batch of one row is constant in every slot and counts as no evidence. ``stats``
+        follows locally what the PS does with the push (decay, then add)."""
         with torch.no_grad():
+            self.followed.zero_()
             self.stats.mul_(self.decay)
             if pooled.shape[0] < 2:
                 return
-            same = _constant_slots(pooled)
-            seen = torch.cat([torch.ones(1), same])
+            seen = torch.cat([torch.ones(1), _constant_slots(pooled)])
             self.pending += seen
             self.stats += seen
-            batch = torch.stack([torch.tensor(float(labels.numel())), labels.sum().float()])
-            self.pass_counts += same.unsqueeze(1) * batch.unsqueeze(0)
+
+
+def _counts(pooled: torch.Tensor) -> torch.Tensor:
+    """``(B, S, 2)``: the PS's ``[shows, clicks]`` behind the CVM columns of ``pooled``."""
+    cvm = pooled[:, :, :2].detach()
+    shows = torch.clamp(torch.expm1(cvm[:, :, 0]), min=0.0)
+    clicks = torch.clamp(torch.expm1(cvm[:, :, 0] + cvm[:, :, 1]), min=0.0)
+    return torch.stack([shows, clicks], dim=2)
 
 
 def _constant_slots(pooled: torch.Tensor) -> torch.Tensor:

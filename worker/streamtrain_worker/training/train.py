@@ -320,6 +320,8 @@ class Trainer:
         labels = torch.from_numpy(prepared.batch.labels)
         if train:
             self.model.follow_labels(labels)
+            keys = torch.from_numpy(prepared.batch.first_example_keys())
+            self.model.follow_keys(lookup.pooled, keys)
         with torch.set_grad_enabled(train):
             logits = self.forward(lookup)
             losses = nnf.binary_cross_entropy_with_logits(logits, labels, reduction="none")
