@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from streamtrain_ps.api import SaveMode
@@ -531,19 +531,22 @@ def test_the_noise_variance_is_the_residuals_own_where_nothing_is_to_correct(rat
 
 @settings(max_examples=300, deadline=None)
 @given(logit=_finite, offset=_finite, clicked=st.booleans())
+@example(logit=4194305.0, offset=0.75, clicked=True)
 def test_the_uncalibrated_gradient_ratio_is_the_two_log_loss_gradients_ratio(
     logit: float, offset: float, clicked: bool
 ) -> None:
     """``(sigmoid(z - c) - y) / (sigmoid(z) - y)`` where float64 holds both gradients;
-    for any finite float32 logits and offsets finite, and within ``exp(+-|c|)`` (at most
-    e^30 above)."""
+    for any finite float32 logits and offsets finite, and within ``exp(+-|c'|)`` (at most
+    e^30 above), ``c'`` the offset float32 applies: ``z - (z - c)``, which rounds where
+    ``z`` is large (z = 4194305, c = 0.75: ``z - c`` rounds to 4194304, c' = 1)."""
     z, c, y = torch.tensor([logit]), torch.tensor([offset]), torch.tensor([float(clicked)])
     got = float(uncalibrated_gradient_ratio(z, c, y)[0])
     zf, cf = float(z[0]), float(c[0])
+    applied = abs(float((z - (z - c))[0]))
     assert math.isfinite(got) and got >= 0.0
-    assert got <= math.exp(min(abs(cf), MAX_LOG_GRADIENT_RATIO)) * (1 + 1e-5)
-    if abs(cf) < 80:
-        assert got >= math.exp(-abs(cf)) * (1 - 1e-5)
+    assert got <= math.exp(min(applied, MAX_LOG_GRADIENT_RATIO)) * (1 + 1e-5)
+    if applied < 80:
+        assert got >= math.exp(-applied) * (1 - 1e-5)
     if max(abs(zf), abs(zf - cf)) < 20:  # both gradients well inside float64
         y64 = float(clicked)
         want = (1 / (1 + math.exp(cf - zf)) - y64) / (1 / (1 + math.exp(-zf)) - y64)
