@@ -45,12 +45,21 @@ def _pooled(shows: list[float], clicks: list[float], rows: int = 4, width: int =
     return pooled
 
 
+def _trained(layer: ContextRate, pooled: torch.Tensor, keys: torch.Tensor | None = None) -> None:
+    """A training batch as the trainer gives it: followed (``keys`` its first example's,
+    0 in every slot unless given), then observed."""
+    layer.follow_keys(
+        pooled, torch.zeros(pooled.shape[1], dtype=torch.int64) if keys is None else keys
+    )
+    layer.observe()
+
+
 def _context_of(layer: ContextRate, pooled: torch.Tensor, constant: int, batches: int) -> None:
-    """Observe ``batches`` batches in which only slot ``constant`` is the same in every row."""
+    """Train on ``batches`` batches in which only slot ``constant`` is the same in every row."""
     for _ in range(batches):
         batch = pooled.clone()
         batch[:, constant] = batch[0, constant]
-        layer.observe(batch)
+        _trained(layer, batch)
 
 
 def test_a_fresh_layer_knows_no_context_and_offsets_nothing() -> None:
@@ -87,7 +96,7 @@ def test_of_two_contexts_the_largest_offset_counts_not_their_sum() -> None:
     pooled = _pooled([4000, 90_000], [2000, 19_000])
     pooled[:] = pooled[0]  # both slots the same row in every example
     for _ in range(10):
-        layer.observe(pooled)
+        _trained(layer, pooled)
     assert layer.contexts().tolist() == [1.0, 1.0]
     layer.eval()
     hour = (2000 + CONTEXT_PRIOR_EXAMPLES * 0.2) / (4000 + CONTEXT_PRIOR_EXAMPLES)
@@ -105,8 +114,7 @@ def test_in_training_a_context_is_offset_by_its_counts_from_before_the_pass() ->
     first = _pooled([1000, 0], [100, 0])
     first[:, 0] = first[0, 0]
     _context_of(layer, first, constant=0, batches=10)
-    layer.follow_keys(first, keys)
-    layer.observe(first)
+    _trained(layer, first, keys)
     later = _pooled([1020, 0], [110, 0])  # the PS's counts, the pass's pushes included
     later[:, 0] = later[0, 0]
     rate = float(BASE)
@@ -116,7 +124,7 @@ def test_in_training_a_context_is_offset_by_its_counts_from_before_the_pass() ->
     def offset(key: int) -> torch.Tensor:
         layer.follow_keys(later, torch.tensor([key, 0]))
         out = layer(torch.zeros(4), later, BASE)
-        layer.observe(later)
+        layer.observe()
         return out
 
     torch.testing.assert_close(offset(7), torch.full((4,), _logit(before) - _logit(rate)))
@@ -139,7 +147,7 @@ def test_in_training_a_context_is_offset_by_its_counts_from_before_the_pass() ->
 def test_a_batch_of_one_row_is_not_evidence_of_a_context() -> None:
     layer = ContextRate(2)
     for _ in range(50):
-        layer.observe(_pooled([10, 10], [1, 1], rows=1))
+        _trained(layer, _pooled([10, 10], [1, 1], rows=1))
     assert layer.contexts().tolist() == [0.0, 0.0]
     prior = CONTEXT_PRIOR_BATCHES * CONTEXT_BATCH_DECAY**50
     torch.testing.assert_close(layer.stats, torch.tensor([prior, 0.0, 0.0]))
@@ -160,7 +168,7 @@ def test_counts_of_any_finite_size_give_a_finite_offset(
     pooled[:, 0, 0] = log_show
     pooled[:, 0, 1] = log_ratio
     for _ in range(10):
-        layer.observe(pooled)
+        _trained(layer, pooled)
     layer.follow_keys(pooled, torch.tensor([3]))
     out = layer(torch.zeros(2), pooled, torch.tensor(rate, dtype=torch.float32))
     assert torch.isfinite(out).all()

@@ -64,7 +64,7 @@ class ModelSpec:
     #: Examples per batch: the window decays once per batch (``window_decay``).
     batch_size: int = 64
     #: Offset the logit by the context slot's counted click rate (``models.context_rate``;
-    #: needs ``base_rate`` and ``cvm``).
+    #: built only with ``base_rate`` and ``cvm``, whose counts it reads).
     context_rate: bool = False
 
     @classmethod
@@ -102,7 +102,7 @@ class ModelSpec:
             calibration_pass_split=model.calibrationPassSplit,
             calibration_evidence=model.calibrationEvidence,
             batch_size=model.batchSize,
-            context_rate=model.contextRate and model.baseRateOffset and model.cvm,
+            context_rate=model.contextRate,
         )
 
     @property
@@ -205,7 +205,9 @@ class DenseModel(nn.Module):
         )
         # Zero or one context rate, applied after the base rate, before the calibration.
         self.context_rate = nn.ModuleList(
-            [ContextRate(spec.num_slots)] if spec.context_rate and spec.base_rate else []
+            [ContextRate(spec.num_slots)]
+            if spec.context_rate and spec.base_rate and spec.cvm
+            else []
         )
 
     def offset_by_base_rate(self, logits: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
@@ -263,15 +265,13 @@ class DenseModel(nn.Module):
             assert isinstance(correction, ResidualCalibration)
             correction.begin_pass()
 
-    def observe_labels(
-        self, labels: torch.Tensor, logits: torch.Tensor, pooled: torch.Tensor
-    ) -> None:
+    def observe_labels(self, labels: torch.Tensor, logits: torch.Tensor) -> None:
         """Count a trained batch's labels into the base rate and the calibration window,
-        and which of its slots were constant into the context rate, after the batch was
-        scored: ``logits`` are the model's output for it, ``pooled`` its input."""
+        and which of its slots were constant (``follow_keys``) into the context rate,
+        after the batch was scored: ``logits`` are the model's output for it."""
         for context in self.context_rate:
             assert isinstance(context, ContextRate)
-            context.observe(pooled.detach())
+            context.observe()
         for correction in self.calibration:
             assert isinstance(correction, ResidualCalibration)
             correction.observe(labels, logits)

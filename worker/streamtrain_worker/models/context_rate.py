@@ -63,6 +63,7 @@ class ContextRate(SummaryLayer):
     anchor_key: torch.Tensor
     anchored: torch.Tensor
     followed: torch.Tensor
+    constant: torch.Tensor
 
     def __init__(self, num_slots: int) -> None:
         initial = torch.zeros(1 + num_slots)
@@ -79,9 +80,10 @@ class ContextRate(SummaryLayer):
             "anchor_key", torch.zeros(num_slots, dtype=torch.int64), persistent=False
         )
         self.register_buffer("anchored", torch.zeros(num_slots), persistent=False)
-        #: 1 between ``follow_keys`` and the batch's ``observe``: the anchors are this
-        #: batch's.
+        #: Between ``follow_keys`` and the batch's ``observe``: 1 (the anchors and
+        #: ``constant`` are this batch's), and per slot 1 where the batch is constant.
         self.register_buffer("followed", torch.zeros(1), persistent=False)
+        self.register_buffer("constant", torch.zeros(num_slots), persistent=False)
 
     def begin_pass(self) -> None:
         """A training pass starts: no context key met yet."""
@@ -90,12 +92,14 @@ class ContextRate(SummaryLayer):
     def follow_keys(self, pooled: torch.Tensor, keys: torch.Tensor) -> None:
         """The training batch about to be scored: ``keys`` ``(S,)`` its first example's key
         of each slot. A constant slot whose key the pass has not met yet anchors at the
-        counts pulled now."""
+        counts pulled now. A batch of one row is constant in every slot and is no evidence:
+        it is not followed."""
         with torch.no_grad():
             if pooled.shape[0] < 2:
                 return
             counts = _counts(pooled[:1])[0]
-            new = _constant_slots(pooled) * ((self.anchored == 0) | (self.anchor_key != keys))
+            self.constant.copy_(_constant_slots(pooled))
+            new = self.constant * ((self.anchored == 0) | (self.anchor_key != keys))
             fresh = new > 0
             self.anchor[fresh] = counts[fresh]
             self.anchor_key[fresh] = keys[fresh]
@@ -112,10 +116,10 @@ class ContextRate(SummaryLayer):
         """``pooled`` ``(B, S, W)`` with the CVM columns first (``log(S + 1)``, ``log(C +
         1) - log(S + 1)``); ``rate`` the base rate the logit is offset by already."""
         counts = _counts(pooled)
-        if self.training and pooled.shape[0] > 1 and bool(self.followed[0] > 0):
+        if self.training and bool(self.followed[0] > 0):
             # In training a context is scored by what was known before its pass: the
             # pass's own rate is the calibration's to follow (the module's doc).
-            use = (_constant_slots(pooled) * self.anchored).view(1, -1, 1) > 0
+            use = (self.constant * self.anchored).view(1, -1, 1) > 0
             counts = torch.where(use, self.anchor.unsqueeze(0), counts)
         shows = counts[:, :, 0]
         clicks = torch.minimum(counts[:, :, 1], shows)
@@ -126,18 +130,17 @@ class ContextRate(SummaryLayer):
         largest = offsets.abs().argmax(dim=1, keepdim=True)
         return logits + offsets.gather(1, largest).squeeze(1)
 
-    def observe(self, pooled: torch.Tensor) -> None:
-        """Count which slots a trained batch pooled the same row in every example of; a
-        batch of one row is constant in every slot and counts as no evidence. ``stats``
+    def observe(self) -> None:
+        """Count which slots the trained batch ``follow_keys`` was given pooled the same row
+        in every example of (a batch not followed counts as no evidence). ``stats``
         follows locally what the PS does with the push (decay, then add)."""
         with torch.no_grad():
-            self.followed.zero_()
             self.stats.mul_(self.decay)
-            if pooled.shape[0] < 2:
-                return
-            seen = torch.cat([torch.ones(1), _constant_slots(pooled)])
-            self.pending += seen
-            self.stats += seen
+            if bool(self.followed[0] > 0):
+                seen = torch.cat([torch.ones(1), self.constant])
+                self.pending += seen
+                self.stats += seen
+            self.followed.zero_()
 
 
 def _counts(pooled: torch.Tensor) -> torch.Tensor:

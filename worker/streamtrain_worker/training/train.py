@@ -340,7 +340,7 @@ class Trainer:
                 lookup.relearn_context_keys(
                     uncalibrated_gradient_ratio(logits.detach(), offsets, labels)
                 )
-            self.model.observe_labels(labels, logits, lookup.pooled)
+            self.model.observe_labels(labels, logits)
             dense = self._flat_grads.numpy() * np.float32(1.0 / max(prepared.batch.size, 1))
             summaries = tuple(drain_pending(v.layers).numpy() for v in self.summary_vectors)
             rate_scaled = self.config.model.rateScaledSteps

@@ -194,6 +194,7 @@ class TorchBaseline:
             if self.counts is not None:
                 shows_clicks = cvm_columns(x.ids, self.counts.numpy(), x.offsets)
                 pooled = torch.cat([shows_clicks.view(x.size, self.num_slots, 2), pooled], 2)
+            self.dense.follow_keys(pooled, x.first_keys)
             logits = self.dense(pooled, None, None, x.ordinal)
             loss = nn.functional.binary_cross_entropy_with_logits(logits, x.labels)
             self.sparse_opt.zero_grad(set_to_none=True)
@@ -204,7 +205,7 @@ class TorchBaseline:
             if self.counts is not None and x.key_counts is not None:
                 self.counts.index_add_(0, x.ids, x.key_counts)
             if self.summaries:
-                self.dense.observe_labels(x.labels, logits, pooled)
+                self.dense.observe_labels(x.labels, logits)
                 batch_stats = drain_pending(self.summaries)
                 stats = gather_stats(self.summaries) * self.summary_decay + batch_stats
                 scatter_stats(self.summaries, stats)
@@ -223,6 +224,8 @@ class _TorchInput:
     ordinal: torch.Tensor | None
     #: Each key occurrence's (show, click) increment, for a CVM shape.
     key_counts: torch.Tensor | None
+    #: The first example's key of each slot (``Batch.first_example_keys``).
+    first_keys: torch.Tensor
 
     @classmethod
     def of(cls, batch: Batch, ids: npt.NDArray[np.int64], spec: ModelSpec) -> _TorchInput:
@@ -242,6 +245,7 @@ class _TorchInput:
             batch.size,
             ordinal,
             key_counts,
+            torch.from_numpy(batch.first_example_keys()),
         )
 
 
