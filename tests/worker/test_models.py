@@ -227,3 +227,44 @@ def test_slot_dnn_can_normalise_the_whole_input() -> None:
     out = norm(pooled)
     assert out.mean(dim=0).abs().max() < 1e-5
     assert norms_of(model)[0].stats.shape == (3, S * spec.slot_width)
+
+
+@pytest.mark.parametrize("name", ["slot_dnn", "wide_deep", "deepfm", "din"])
+def test_a_context_slot_reaches_the_logit_through_its_counted_rate_alone(name: str) -> None:
+    """The network sees a context slot's row zeroed (``DenseModel.network_inputs``): its
+    embedding changes nothing and learns nothing, its CVM counts move the logit by the
+    context rate's offset exactly; another slot's embedding still counts. Scripted alike."""
+    spec = dataclasses.replace(spec_for(name, True), base_rate=True, context_rate=True)
+    model = build_model(name, spec, seed=3).train(False)
+    (context,) = model.context_rate
+    context.stats.copy_(torch.tensor([10.0, 0.0, 0.0, 0.0, 0.0, 10.0]))  # slot 4: a context
+    pooled, seq, mask = inputs(spec)
+    pooled = pooled.detach()
+    pooled[:, 4, :2] = torch.tensor([7.0, -1.0])  # its key's CVM: ~1,100 shows, 37 % clicks
+
+    def logits(x: torch.Tensor, module: torch.nn.Module = model) -> torch.Tensor:
+        return module(x, seq, mask) if model.uses_sequence else module(x)
+
+    other = pooled.clone()
+    other[:, 4, 2:] = torch.randn(B, spec.slot_width - 2)
+    torch.testing.assert_close(logits(other), logits(pooled))
+    moved = pooled.clone()
+    moved[:, 0, 2:] += 1.0
+    assert not torch.allclose(logits(moved), logits(pooled))
+    # the counts: the logit moves by the change of the context rate's offset, nothing else
+    rate = model.base_rate[0].clamped_rate()
+    recounted = pooled.clone()
+    recounted[:, 4, :2] = torch.tensor([7.0, -0.2])
+    with torch.no_grad():
+        change = context(torch.zeros(B), recounted, rate) - context(torch.zeros(B), pooled, rate)
+    torch.testing.assert_close(logits(recounted) - logits(pooled), change)
+    scripted = script(model)
+    with torch.no_grad():
+        torch.testing.assert_close(logits(other, scripted), logits(pooled, scripted))
+    # in training its row gets no gradient; the other slots' rows do
+    model.train()
+    grown = pooled.clone().requires_grad_(True)
+    logits(grown).sum().backward()
+    assert grown.grad is not None
+    assert not grown.grad[:, 4].any()
+    assert grown.grad[:, :4].abs().sum() > 0

@@ -210,6 +210,16 @@ class DenseModel(nn.Module):
             else []
         )
 
+    def network_inputs(self, pooled: torch.Tensor) -> torch.Tensor:
+        """What the network sees of ``pooled``: the context slots' rows (``spec.context_rate``)
+        zeroed, so a context speaks through its counted rate alone; its embedding and CVM
+        columns, learned and counted while the offset was not there yet (an hour's first
+        day), would count its rate a second time (``models.context_rate``)."""
+        for context in self.context_rate:
+            assert isinstance(context, ContextRate)
+            pooled = pooled * (1.0 - context.contexts()).view(1, -1, 1)
+        return pooled
+
     def offset_by_base_rate(self, logits: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
         """``logits`` plus the base rate's log-odds (``spec.base_rate``), the context's
         (``spec.context_rate``, read from ``pooled``'s CVM columns), then the residual

@@ -25,6 +25,13 @@ offset rose, over-corrected: day 1 of every stream family lost AUC (docs/decisio
 Scored outside training (an export, serving) the counts are the PS's, the pass's own
 included: the model published after an hour scores the next hour from that hour's counts.
 
+The network does not see a context slot's row (``DenseModel.network_inputs`` zeroes it):
+the offset is the one owner of what a context says. On an hour's first day its key's
+embedding and CVM columns learned the hour's rate while the offset was still 0 (the key
+unseen); fed to the network on the next day, beside the offset that now counts it, they
+counted the rate twice, and the model published after one hour scored the next one off
+by what the network had kept of the hour before (docs/decisions.md).
+
 Which slots are contexts is a summary statistic (``models.summary``): per slot, the share
 of recent training batches in which every row pooled the same row, summed on the PS in a
 vector of its own (a checkpoint written before this layer existed restores without it and

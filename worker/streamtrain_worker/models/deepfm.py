@@ -29,8 +29,9 @@ class DeepFM(DenseModel):
         ordinal: torch.Tensor | None = None,
     ) -> torch.Tensor:
         c = self.embed_col
-        first = pooled[:, :, c].sum(dim=1)
-        v = pooled[:, :, c + 1 :]
+        inputs = self.network_inputs(pooled)
+        first = inputs[:, :, c].sum(dim=1)
+        v = inputs[:, :, c + 1 :]
         second = 0.5 * (v.sum(dim=1).pow(2) - v.pow(2).sum(dim=1)).sum(dim=1)
-        deep = self.deep(pooled.flatten(1)).squeeze(1)
+        deep = self.deep(inputs.flatten(1)).squeeze(1)
         return self.offset_by_base_rate(first + second + self.bias + deep, pooled)

@@ -49,10 +49,11 @@ class DIN(DenseModel):
     ) -> torch.Tensor:
         if seq is None or seq_mask is None:
             raise ValueError("din needs the behaviour sequence embeddings and mask")
-        query = pooled[:, self.target_slot, self.embed_col :]  # (B, E)
+        inputs = self.network_inputs(pooled)
+        query = inputs[:, self.target_slot, self.embed_col :]  # (B, E)
         q = query.unsqueeze(1).expand(-1, seq.shape[1], -1)  # (B, L, E)
         scores = self.attention(torch.cat([q, seq, q - seq, q * seq], dim=2)).squeeze(2)
         scores = scores * seq_mask.to(scores.dtype)
         interest = torch.bmm(scores.unsqueeze(1), seq).squeeze(1)  # (B, E)
-        features = torch.cat([pooled.flatten(1), interest], dim=1)
+        features = torch.cat([inputs.flatten(1), interest], dim=1)
         return self.offset_by_base_rate(self.mlp(self.norm(features)).squeeze(1), pooled)

@@ -78,7 +78,8 @@ class SlotDNN(DenseModel):
         seq_mask: torch.Tensor | None = None,
         ordinal: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        x0 = self.norm(pooled)
+        inputs = self.network_inputs(pooled)
+        x0 = self.norm(inputs)
         for norm in self.ordinal_norm:
             if ordinal is None:
                 raise ValueError("this model takes the ordinal slots' inputs: pass ordinal")
@@ -90,9 +91,9 @@ class SlotDNN(DenseModel):
         for out in self.cross_out:
             logits = logits + out(x).squeeze(1)
         if self.wide_col >= 0:
-            logits = logits + pooled[:, :, self.wide_col].sum(dim=1)
+            logits = logits + inputs[:, :, self.wide_col].sum(dim=1)
         if self.fm_col >= 0:
-            v = pooled[:, :, self.fm_col :]
+            v = inputs[:, :, self.fm_col :]
             pairs = v.sum(dim=1).square() - v.square().sum(dim=1)
             logits = logits + 0.5 * pairs.sum(dim=1)
         return self.offset_by_base_rate(logits, pooled)

@@ -27,6 +27,7 @@ class WideDeep(DenseModel):
         ordinal: torch.Tensor | None = None,
     ) -> torch.Tensor:
         c = self.embed_col
-        wide = pooled[:, :, c].sum(dim=1) + self.wide_bias
-        deep_in = torch.cat([pooled[:, :, :c], pooled[:, :, c + 1 :]], dim=2).flatten(1)
+        inputs = self.network_inputs(pooled)
+        wide = inputs[:, :, c].sum(dim=1) + self.wide_bias
+        deep_in = torch.cat([inputs[:, :, :c], inputs[:, :, c + 1 :]], dim=2).flatten(1)
         return self.offset_by_base_rate(wide + self.deep(deep_in).squeeze(1), pooled)
