@@ -264,3 +264,90 @@ def test_a_batchs_first_example_keys_name_each_slot_and_an_empty_bag() -> None:
     offsets = np.array([0, 1, 1, 3, 4, 4, 4], dtype=np.int64)
     batch = Batch(np.zeros(2, dtype=np.float32), keys, offsets, num_slots=3)
     assert batch.first_example_keys().tolist() == [5, -1, -(1 << 63)]
+
+
+def test_a_batch_of_two_rows_is_evidence_and_a_slot_at_the_share_is_a_context() -> None:
+    """The edges: two rows can disagree, so two equal rows count; a slot constant in
+    exactly the share of the batches is a context, one below it is not."""
+    layer = ContextRate(3)
+    batches = 16
+    for i in range(batches):
+        pooled = _pooled([10, 10, 10], [1, 1, 1], rows=2)
+        pooled[1] = pooled[0]  # every slot the same in both rows ...
+        if i % 2:  # slot 0 constant in every other batch: exactly half of them
+            pooled[1, 0] = pooled[0, 0] + 1.0
+        if i % 4:  # ... slot 1 in one batch of four
+            pooled[1, 1] = pooled[0, 1] + 1.0
+        _trained(layer, pooled)
+    counted = CONTEXT_PRIOR_BATCHES * CONTEXT_BATCH_DECAY**batches
+    counted += sum(CONTEXT_BATCH_DECAY**i for i in range(batches))
+    # the exact decayed counts of the batches (each decays the earlier ones, then adds)
+    assert float(layer.stats[0]) == pytest.approx(counted, rel=1e-6)
+    assert float(layer.stats[3]) == pytest.approx(
+        counted - CONTEXT_PRIOR_BATCHES * CONTEXT_BATCH_DECAY**batches, rel=1e-6
+    )
+    layer.stats[1] = 0.5 * layer.stats[0]  # at the share exactly
+    assert layer.contexts().tolist() == [1.0, 0.0, 1.0]
+
+
+def test_a_checkpoint_holds_the_counts_not_a_passs_anchors() -> None:
+    """The anchors are the pass in hand's (``begin_pass`` forgets them): a checkpoint or a
+    restore that carried them would score a replayed pass by another pass's counts."""
+    layer = ContextRate(2)
+    _trained(layer, _pooled([100, 0], [10, 0]), torch.tensor([3, 0]))
+    assert set(layer.state_dict()) == {"stats"}
+
+
+def test_scored_outside_training_each_row_is_offset_by_its_own_context_key() -> None:
+    """A serving batch mixes hours: each row's offset is its own key's counted rate, and
+    a key with shows but no clicks counts its zero."""
+    layer = ContextRate(2)
+    pooled = _pooled([0, 0], [0, 0])
+    _context_of(layer, pooled, constant=0, batches=10)
+    layer.eval()
+    mixed = _pooled([0, 0], [0, 0], rows=3)
+    for row, (shows, clicks) in enumerate([(4000.0, 2000.0), (900.0, 0.0), (0.0, 0.0)]):
+        mixed[row, 0, 0] = math.log1p(shows)
+        mixed[row, 0, 1] = math.log1p(clicks) - math.log1p(shows)
+    rate = float(BASE)
+
+    def expected(shows: float, clicks: float) -> float:
+        shrunk = (clicks + CONTEXT_PRIOR_EXAMPLES * rate) / (shows + CONTEXT_PRIOR_EXAMPLES)
+        return _logit(shrunk) - _logit(rate)
+
+    torch.testing.assert_close(
+        layer(torch.zeros(3), mixed, BASE),
+        torch.tensor([expected(4000, 2000), expected(900, 0), 0.0]),
+    )
+
+
+def test_a_batch_not_followed_or_scored_outside_training_uses_the_pulled_counts() -> None:
+    """Only the batch ``follow_keys`` was given, in training, is scored by the anchors;
+    a batch not followed (a scoring path that gives no keys), one scored in eval between
+    ``follow_keys`` and ``observe``, and a context slot that is not constant in the batch
+    (a batch across two hours' folders) use each row's counts as pulled."""
+    layer = ContextRate(1)
+    anchored = _pooled([1000], [100])
+    anchored[:] = anchored[0]  # the context slot the same in every row
+    _context_of(layer, anchored, constant=0, batches=10)
+    layer.begin_pass()
+    layer.follow_keys(anchored, torch.tensor([7]))
+    live = _pooled([1050], [130])
+    live[:] = live[0]
+    rate = float(BASE)
+    shrunk = (130 + CONTEXT_PRIOR_EXAMPLES * rate) / (1050 + CONTEXT_PRIOR_EXAMPLES)
+    pulled = torch.full((4,), _logit(shrunk) - _logit(rate))
+    layer.eval()
+    torch.testing.assert_close(layer(torch.zeros(4), live, BASE), pulled)
+    layer.train()
+    anchors = _logit(
+        (100 + CONTEXT_PRIOR_EXAMPLES * rate) / (1000 + CONTEXT_PRIOR_EXAMPLES)
+    ) - _logit(rate)
+    torch.testing.assert_close(layer(torch.zeros(4), live, BASE), torch.full((4,), anchors))
+    layer.observe()
+    torch.testing.assert_close(layer(torch.zeros(4), live, BASE), pulled)
+    # followed, but the slot differs between rows: no anchor for it in this batch
+    across = live.clone()
+    across[2:, 0, 2] += 1.0  # the later rows another key (same counts, another row)
+    layer.follow_keys(across, torch.tensor([7]))
+    torch.testing.assert_close(layer(torch.zeros(4), across, BASE), pulled)
