@@ -178,7 +178,7 @@ class DenseModel(nn.Module):
     ``(B, K, 2)`` holds the numeric inputs of ``spec.ordinal_slots`` (``data.ordinal``),
     given when that is not empty, which only a model with ``uses_ordinal`` asks for. The
     signature is the same for every model so the TorchScript export and the training loop
-    need no per-model branches. Every model ends its forward with ``offset_by_base_rate``
+    need no per-model branches. Every model ends its forward with ``counted_offsets``
     (the base rate's log-odds, then the residual calibration's correction).
     """
 
@@ -220,10 +220,11 @@ class DenseModel(nn.Module):
             pooled = pooled * (1.0 - context.contexts()).view(1, -1, 1)
         return pooled
 
-    def offset_by_base_rate(self, logits: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
-        """``logits`` plus the base rate's log-odds (``spec.base_rate``), the context's
-        (``spec.context_rate``, read from ``pooled``'s CVM columns), then the residual
-        calibration's correction (``spec.calibration_window``)."""
+    def counted_offsets(self, logits: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
+        """``logits`` plus the offsets counted rather than learned: the base rate's log-odds
+        (``spec.base_rate``), the context's (``spec.context_rate``, read from ``pooled``'s
+        CVM columns), then the residual calibration's correction
+        (``spec.calibration_window``). Every model type ends its forward here."""
         for offset in self.base_rate:
             logits = offset(logits)
             assert isinstance(offset, BaseRate)

@@ -34,4 +34,4 @@ class DeepFM(DenseModel):
         v = inputs[:, :, c + 1 :]
         second = 0.5 * (v.sum(dim=1).pow(2) - v.pow(2).sum(dim=1)).sum(dim=1)
         deep = self.deep(inputs.flatten(1)).squeeze(1)
-        return self.offset_by_base_rate(first + second + self.bias + deep, pooled)
+        return self.counted_offsets(first + second + self.bias + deep, pooled)

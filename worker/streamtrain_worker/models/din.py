@@ -56,4 +56,4 @@ class DIN(DenseModel):
         scores = scores * seq_mask.to(scores.dtype)
         interest = torch.bmm(scores.unsqueeze(1), seq).squeeze(1)  # (B, E)
         features = torch.cat([inputs.flatten(1), interest], dim=1)
-        return self.offset_by_base_rate(self.mlp(self.norm(features)).squeeze(1), pooled)
+        return self.counted_offsets(self.mlp(self.norm(features)).squeeze(1), pooled)

@@ -96,7 +96,7 @@ class SlotDNN(DenseModel):
             v = inputs[:, :, self.fm_col :]
             pairs = v.sum(dim=1).square() - v.square().sum(dim=1)
             logits = logits + 0.5 * pairs.sum(dim=1)
-        return self.offset_by_base_rate(logits, pooled)
+        return self.counted_offsets(logits, pooled)
 
 
 def _zero_linear(width: int) -> nn.Linear:

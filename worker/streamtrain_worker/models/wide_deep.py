@@ -30,4 +30,4 @@ class WideDeep(DenseModel):
         inputs = self.network_inputs(pooled)
         wide = inputs[:, :, c].sum(dim=1) + self.wide_bias
         deep_in = torch.cat([inputs[:, :, :c], inputs[:, :, c + 1 :]], dim=2).flatten(1)
-        return self.offset_by_base_rate(wide + self.deep(deep_in).squeeze(1), pooled)
+        return self.counted_offsets(wide + self.deep(deep_in).squeeze(1), pooled)
