@@ -178,8 +178,9 @@ class DenseModel(nn.Module):
     ``(B, K, 2)`` holds the numeric inputs of ``spec.ordinal_slots`` (``data.ordinal``),
     given when that is not empty, which only a model with ``uses_ordinal`` asks for. The
     signature is the same for every model so the TorchScript export and the training loop
-    need no per-model branches. Every model ends its forward with ``counted_offsets``
-    (the base rate's log-odds, then the residual calibration's correction).
+    need no per-model branches. Every model feeds its network ``network_inputs(pooled)``
+    (the context slots' rows zeroed) and ends its forward with ``counted_offsets`` (the
+    base rate's log-odds, the context's, then the residual calibration's correction).
     """
 
     uses_sequence: bool = False
