@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamtrain_ps.api import SparsePush
@@ -84,7 +84,8 @@ def test_every_model_adds_the_offset_to_its_logit(model_type: str) -> None:
     (rate,) = summary_layers(offset)[:1]
     assert isinstance(rate, BaseRate)
     rate.observe(torch.tensor([1.0] + [0.0] * 8))  # rate 0.15
-    expected = plain(pooled) + math.log(0.15 / 0.85)
+    # the network reads the CVM click columns with a pseudo-show at that rate, too
+    expected = plain(rate.smoothed_click_columns(pooled)) + math.log(0.15 / 0.85)
     torch.testing.assert_close(offset(pooled), expected)
 
 
@@ -219,3 +220,59 @@ def test_a_low_click_rate_scales_the_embed_parts_pushed_gradients_only() -> None
     assert np.any(off.grads[:, 0] != 0)
     np.testing.assert_allclose(on.grads[:, 0], off.grads[:, 0] * scale, rtol=1e-5)
     np.testing.assert_array_equal(on.grads[:, 1:], off.grads[:, 1:])
+
+
+@settings(deadline=None)  # a loaded machine's first torch call can take a second
+@given(
+    st.floats(min_value=0.0, max_value=1e30, allow_nan=False),
+    st.floats(min_value=0.0, max_value=1.0, allow_nan=False),
+    st.floats(min_value=1e-4, max_value=0.9, allow_nan=False),
+)
+def test_the_click_column_counts_one_pseudo_show_at_the_base_rate(
+    shows: float, share: float, rate: float
+) -> None:
+    """``log(C + 1) - log(S + 1)`` (Paddle's CVM: one pseudo-show that clicked, so a key
+    never shown reads as a 100 % click rate) becomes ``log(C + r) - log(S + 1)``; the show
+    column and the embedding columns reach the network as they were, with their gradient."""
+    offset = BaseRate()
+    offset.stats = torch.tensor([1e6, 1e6 * rate])
+    clicks = shows * share
+    pooled = torch.tensor(
+        [[[math.log1p(shows), math.log1p(clicks) - math.log1p(shows), 0.5, -2.0]]]
+    ).requires_grad_(True)
+    out = offset.smoothed_click_columns(pooled)
+    r = offset.rate()
+    expected = math.log(clicks + r) - math.log1p(shows)
+    click_column = float(out.detach()[0, 0, 1])
+    assert math.isfinite(click_column)
+    assert click_column == pytest.approx(expected, rel=1e-4, abs=1e-4)
+    torch.testing.assert_close(out[0, 0, [0, 2, 3]], pooled[0, 0, [0, 2, 3]])
+    out[0, 0, 2:].sum().backward()
+    assert pooled.grad is not None
+    torch.testing.assert_close(pooled.grad[0, 0], torch.tensor([0.0, 0.0, 1.0, 1.0]))
+
+
+def test_a_key_never_shown_reads_the_base_rate_not_a_certain_click() -> None:
+    offset = BaseRate()
+    offset.stats = torch.tensor([1000.0, 35.0])
+    never = torch.zeros(1, 1, 3)
+    assert float(offset.smoothed_click_columns(never)[0, 0, 1]) == pytest.approx(math.log(0.035))
+
+
+@settings(deadline=None)
+@given(
+    st.floats(allow_nan=False, allow_infinity=False, width=32),
+    st.floats(allow_nan=False, allow_infinity=False, width=32),
+    st.floats(min_value=0.0, max_value=1.0, allow_nan=False),
+)
+def test_any_finite_cvm_columns_stay_finite(
+    shows_log: float, click_column: float, rate: float
+) -> None:
+    """A restored or hostile count (negative, past float32's integers: the two columns'
+    sum overflows) and a base rate of exactly 0 or 1 (clamped) still give the network
+    finite inputs, the show column as it was."""
+    offset = BaseRate()
+    offset.stats = torch.tensor([1.0, rate])
+    out = offset.smoothed_click_columns(torch.tensor([[[shows_log, click_column, 1.0]]]))
+    assert torch.isfinite(out).all()
+    assert float(out[0, 0, 0]) == shows_log

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -268,3 +269,32 @@ def test_a_context_slot_reaches_the_logit_through_its_counted_rate_alone(name: s
     assert grown.grad is not None
     assert not grown.grad[:, 4].any()
     assert grown.grad[:, :4].abs().sum() > 0
+
+
+@pytest.mark.parametrize("name", ["slot_dnn", "wide_deep", "deepfm", "din"])
+@pytest.mark.parametrize("base_rate", [True, False])
+def test_a_key_never_shown_reaches_the_network_at_the_base_rate(name: str, base_rate: bool) -> None:
+    """Paddle's CVM click column reads a key without shows as a certain click; a slot whose
+    keys are usually counted (an hour crossed with a device) then feeds the network an
+    input it never trained on whenever a new key comes. With the base rate the network
+    sees that rate instead, in every model type, eager and scripted alike."""
+    spec = dataclasses.replace(spec_for(name, True), base_rate=base_rate)
+    model = build_model(name, spec, seed=3).train(False)
+    pooled, seq, mask = inputs(spec)
+    pooled = pooled.detach()
+    pooled[:, 1, :2] = 0.0  # slot 1: a key never shown
+    pooled[:, 2, :2] = torch.tensor([math.log(101.0), math.log(11.0 / 101.0)])
+    seen = model.network_inputs(pooled)
+    if base_rate:
+        rate = float(model.base_rate[0].clamped_rate())
+        torch.testing.assert_close(seen[:, 1, 1], torch.full((B,), math.log(rate)))
+        expected = math.log(10.0 + rate) - math.log(101.0)
+        torch.testing.assert_close(seen[:, 2, 1], torch.full((B,), expected))
+    else:
+        torch.testing.assert_close(seen, pooled)
+
+    def logits(module: torch.nn.Module) -> torch.Tensor:
+        return module(pooled, seq, mask) if model.uses_sequence else module(pooled)
+
+    with torch.no_grad():
+        torch.testing.assert_close(logits(script(model)), logits(model))

@@ -132,7 +132,9 @@ class ModelConfig:
         True,
         "Add to the logit the log-odds of the click rate of all the data trained so far "
         "(summed on the PS like the data norm's statistics): a fresh model is calibrated "
-        "from its first batches, and an id never seen is predicted at the base rate.",
+        "from its first batches, and an id never seen is predicted at the base rate. With "
+        "cvm the network also reads each click column as log(C + r) - log(S + 1), one "
+        "pseudo-show at that rate r (a key never shown is not a certain click).",
     )
     # Before any data a fresh model predicted 0.5 for every example (a flat first batch,
     # COPC 0.03 on a 1 % stream's first pass); one pseudo-example at a typical CTR instead.

@@ -179,8 +179,9 @@ class DenseModel(nn.Module):
     given when that is not empty, which only a model with ``uses_ordinal`` asks for. The
     signature is the same for every model so the TorchScript export and the training loop
     need no per-model branches. Every model feeds its network ``network_inputs(pooled)``
-    (the context slots' rows zeroed) and ends its forward with ``counted_offsets`` (the
-    base rate's log-odds, the context's, then the residual calibration's correction).
+    (the context slots' rows zeroed, the click columns at the base rate's prior) and ends
+    its forward with ``counted_offsets`` (the base rate's log-odds, the context's, then the
+    residual calibration's correction).
     """
 
     uses_sequence: bool = False
@@ -204,6 +205,9 @@ class DenseModel(nn.Module):
             if spec.calibration_window > 0
             else []
         )
+        # With CVM the network reads the click columns at the base rate's prior (a plain
+        # bool: TorchScript compiles the branch on it).
+        self.smooth_clicks = spec.cvm
         # Zero or one context rate, applied after the base rate, before the calibration.
         self.context_rate = nn.ModuleList(
             [ContextRate(spec.num_slots)]
@@ -215,10 +219,16 @@ class DenseModel(nn.Module):
         """What the network sees of ``pooled``: the context slots' rows (``spec.context_rate``)
         zeroed, so a context speaks through its counted rate alone; its embedding and CVM
         columns, learned and counted while the offset was not there yet (an hour's first
-        day), would count its rate a second time (``models.context_rate``)."""
+        day), would count its rate a second time (``models.context_rate``). With CVM and a
+        base rate, the click columns read with a pseudo-show at that rate
+        (``BaseRate.smoothed_click_columns``): a key never shown is not a certain click."""
         for context in self.context_rate:
             assert isinstance(context, ContextRate)
             pooled = pooled * (1.0 - context.contexts()).view(1, -1, 1)
+        if self.smooth_clicks:
+            for offset in self.base_rate:
+                assert isinstance(offset, BaseRate)
+                pooled = offset.smoothed_click_columns(pooled)
         return pooled
 
     def counted_offsets(self, logits: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:

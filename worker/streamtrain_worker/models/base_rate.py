@@ -17,6 +17,15 @@ not 0.5). Unlike the data norm's moments, a worker adds its own
 batches to its local ``stats`` at once: the offset is what most of a fresh model's first
 batches need, and the next dense sync replaces the local sums by the PS's anyway. A batch
 is counted after it is scored, so no prediction sees its own labels.
+
+The rate is also the prior of every CVM click column the network reads
+(``smoothed_click_columns``). Paddle's column, ``log(C + 1) - log(S + 1)``, counts one
+pseudo-show that clicked, so a key never shown reads as a certain click. For an id slot
+most keys start that way, and the network learns what it means; a slot whose keys are
+usually well counted (an hour crossed with a device) gets new keys only when a new hour
+starts, and a model published after one hour scored the next with inputs far outside what
+it had trained on: COPC 9 to 124 on one pass of an hourly stream's first day. With one
+pseudo-show at the base rate a new key reads as the stream's rate (docs/decisions.md).
 """
 
 import math
@@ -66,6 +75,15 @@ class BaseRate(SummaryLayer):
     def clamped_rate(self) -> torch.Tensor:
         """The counted click rate, clamped to [floor, 1 - floor]."""
         return torch.clamp(self.stats[1] / self.stats[0], self.floor, 1.0 - self.floor)
+
+    def smoothed_click_columns(self, pooled: torch.Tensor) -> torch.Tensor:
+        """``pooled`` ``(B, S, W)`` with each CVM click column ``log(C + 1) - log(S + 1)``
+        read as ``log(C + r) - log(S + 1)``: one pseudo-show at the base rate ``r``
+        instead of one that clicked. Computed as ``column + log1p((r - 1) / (C + 1))``
+        from ``log(C + 1)``, finite for any finite counts."""
+        clicks_log = torch.clamp(pooled[:, :, 0:1] + pooled[:, :, 1:2], min=0.0)
+        prior = torch.log1p((self.clamped_rate() - 1.0) * torch.exp(-clicks_log))
+        return torch.cat([pooled[:, :, 0:1], pooled[:, :, 1:2] + prior, pooled[:, :, 2:]], dim=2)
 
     def rate(self) -> float:
         """The counted click rate as the offset uses it."""

@@ -21,9 +21,11 @@ CVM (Paddle's continuous value model): with ``cvm`` on, each slot's pooled row i
 *sums over the bag's keys of the PS show and click statistics* (the accumulated, decayed
 counts pulled from the table, not this batch's counts). They are inputs, not parameters:
 no gradient flows to them; the PS updates show/click from the pushed counts instead.
-They depend on the pulled rows only, so ``prepare(cvm=True)`` computes them in the prefetch
-thread. So are the numeric inputs of the ordinal slots (``data.ordinal``: read from the
-keys themselves; ``prepare(ordinal_slots=...)``), exposed as ``Lookup.ordinal``.
+(The network reads the click column with the base rate as its prior:
+``DenseModel.network_inputs``.) They depend on the pulled rows only, so
+``prepare(cvm=True)`` computes them in the prefetch thread. So are the numeric inputs of
+the ordinal slots (``data.ordinal``: read from the keys themselves;
+``prepare(ordinal_slots=...)``), exposed as ``Lookup.ordinal``.
 
 Per-key (unpooled) embeddings of one slot (DIN's behaviour sequence) come from
 ``Lookup.sequence``: a ``(B, L, 1 + D)`` tensor indexed from the same ``W`` (so its
