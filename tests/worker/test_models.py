@@ -277,13 +277,10 @@ def test_a_key_never_shown_reaches_the_network_at_the_base_rate(name: str, base_
     """Paddle's CVM click column reads a key without shows as a certain click; a slot whose
     keys are usually counted (an hour crossed with a device) then feeds the network an
     input it never trained on whenever a new key comes. With the base rate the network
-    sees that rate instead, in every model type, eager and scripted alike."""
+    sees that rate instead, in every model type."""
     spec = dataclasses.replace(spec_for(name, True), base_rate=base_rate)
     model = build_model(name, spec, seed=3).train(False)
-    pooled, seq, mask = inputs(spec)
-    pooled = pooled.detach()
-    pooled[:, 1, :2] = 0.0  # slot 1: a key never shown
-    pooled[:, 2, :2] = torch.tensor([math.log(101.0), math.log(11.0 / 101.0)])
+    pooled = _counted_and_new(spec)
     seen = model.network_inputs(pooled)
     if base_rate:
         rate = float(model.base_rate[0].clamped_rate())
@@ -293,8 +290,25 @@ def test_a_key_never_shown_reaches_the_network_at_the_base_rate(name: str, base_
     else:
         torch.testing.assert_close(seen, pooled)
 
+
+@pytest.mark.parametrize("name", ["slot_dnn", "wide_deep", "deepfm", "din"])
+def test_the_click_columns_prior_is_exported_alike(name: str) -> None:
+    """The TorchScript export reads the click columns as training does."""
+    spec = dataclasses.replace(spec_for(name, True), base_rate=True)
+    model = build_model(name, spec, seed=3).train(False)
+    _, seq, mask = inputs(spec)
+    pooled = _counted_and_new(spec)
+
     def logits(module: torch.nn.Module) -> torch.Tensor:
         return module(pooled, seq, mask) if model.uses_sequence else module(pooled)
 
     with torch.no_grad():
         torch.testing.assert_close(logits(script(model)), logits(model))
+
+
+def _counted_and_new(spec: ModelSpec) -> torch.Tensor:
+    """Inputs with slot 1's key never shown and slot 2's shown 100 times, clicked 10."""
+    pooled = inputs(spec)[0].detach()
+    pooled[:, 1, :2] = 0.0
+    pooled[:, 2, :2] = torch.tensor([math.log(101.0), math.log(11.0 / 101.0)])
+    return pooled
