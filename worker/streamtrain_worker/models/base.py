@@ -220,15 +220,16 @@ class DenseModel(nn.Module):
         zeroed, so a context speaks through its counted rate alone; its embedding and CVM
         columns, learned and counted while the offset was not there yet (an hour's first
         day), would count its rate a second time (``models.context_rate``). With CVM and a
-        base rate, the click columns read with a pseudo-show at that rate
-        (``BaseRate.smoothed_click_columns``): a key never shown is not a certain click."""
-        for context in self.context_rate:
-            assert isinstance(context, ContextRate)
-            pooled = pooled * (1.0 - context.contexts()).view(1, -1, 1)
+        base rate, the other click columns read with a pseudo-show at that rate
+        (``BaseRate.smoothed_click_columns``): a key never shown is not a certain click.
+        The prior comes first, so a context's row stays all zeros."""
         if self.smooth_clicks:
             for offset in self.base_rate:
                 assert isinstance(offset, BaseRate)
                 pooled = offset.smoothed_click_columns(pooled)
+        for context in self.context_rate:
+            assert isinstance(context, ContextRate)
+            pooled = pooled * (1.0 - context.contexts()).view(1, -1, 1)
         return pooled
 
     def counted_offsets(self, logits: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
