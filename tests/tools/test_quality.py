@@ -195,7 +195,11 @@ def test_the_next_pass_spread_counts_the_band_and_the_mean_log_error_per_window(
     """Of the passes with at least 500 clicks: how many are within 0.9-1.1, and the mean
     ``|log COPC|`` of them; a window without such a pass has no error."""
 
-    days = SimpleNamespace(windows={"day 1": [0, 1, 2], "day 2": [3]})
+    folders = ["20261101/0000", "20261101/0030", "20261101/0100", "20261102/0000"]
+    days = SimpleNamespace(
+        windows={"day 1": [0, 1, 2], "day 2": [3]},
+        passes=[(f[:8], Path(f)) for f in folders],
+    )
     scores = [
         PassScore(5000, 500, 0.7, 0.3, 2.0),
         PassScore(5000, 600, 0.7, 0.3, 0.95),
@@ -210,6 +214,14 @@ def test_the_next_pass_spread_counts_the_band_and_the_mean_log_error_per_window(
     want = (math.log(2.0) + abs(math.log(0.95))) / 2
     assert both["error_per_window"]["day 1"] == pytest.approx(want, abs=1e-4)
     assert quality.mean_log_error([0.0]) == pytest.approx(-math.log(sys.float_info.min))
+    # pass 1 (00:30) and pass 3 (day 2's 00:00) are of an hour seen before, pass 2 is not
+    assert quality.hours_seen_before(days) == [False, True, False, True]  # type: ignore[arg-type]
+    assert both["by_hour"] == {"seen": [1, 1], "new": [0, 1]}
+    scores[2] = PassScore(5000, 700, 0.7, 0.3, 1.05)  # a new hour's pass, in the band
+    assert quality.next_pass_spread(days, scores)["by_hour"] == {  # type: ignore[arg-type]
+        "seen": [1, 1],
+        "new": [1, 2],
+    }
 
 
 def test_the_previous_rate_reference_is_each_pass_rate_over_the_one_before() -> None:

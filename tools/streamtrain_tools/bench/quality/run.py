@@ -69,17 +69,35 @@ LEARNERS = ("streamtrain", "vw", "torch")
 MIN_CLICKS = 500
 
 
+def hours_seen_before(stream: Stream) -> list[bool]:
+    """Per pass: whether an earlier pass held a folder of the same hour of day (its
+    ``HHMM`` name), so the model published before it could have counted that hour's rate.
+    Of an hour never seen no learner knows the rate: on the families an hour's logit offset
+    is drawn with sd 1.0, so a prediction at the rest of the stream's rate lands within
+    0.9-1.1 about one time in ten (docs/benchmarks.md, issue 26)."""
+    seen: set[str] = set()
+    out = []
+    for _, folder in stream.passes:
+        hour = folder.name[:2]
+        out.append(hour in seen)
+        seen.add(hour)
+    return out
+
+
 def next_pass_spread(stream: Stream, scores: list[PassScore | None]) -> dict[str, Any]:
     """The next-pass COPC (``quality_learners.next_pass_scores``) per pass, and per window
     the passes with at least ``MIN_CLICKS`` clicks scored, those within the band, and the
     mean ``|log COPC|`` of those passes (``error_per_window``: 0 is exact, 0.1 about
-    +-10 %; the band's count alone hides how far off the other passes are)."""
+    +-10 %; the band's count alone hides how far off the other passes are); and the band's
+    count apart for the passes of an hour seen before and of a new one
+    (``hours_seen_before``: what a learner can know, and what none can)."""
     lo, hi = COPC_BAND
     big = {
         i: s.copc
         for i, s in enumerate(scores)
         if s is not None and s.clicks >= MIN_CLICKS and s.copc is not None
     }
+    seen = hours_seen_before(stream)
     return {
         "copc_per_pass": [None if s is None else _r(s.copc) for s in scores],
         "passes_min_clicks": len(big),
@@ -91,6 +109,13 @@ def next_pass_spread(stream: Stream, scores: list[PassScore | None]) -> dict[str
         "error_per_window": {
             name: _r(mean_log_error([big[i] for i in idx if i in big]))
             for name, idx in stream.windows.items()
+        },
+        "by_hour": {
+            label: [
+                sum(lo <= c <= hi for i, c in big.items() if seen[i] == known),
+                sum(seen[i] == known for i in big),
+            ]
+            for label, known in (("seen", True), ("new", False))
         },
     }
 
@@ -167,7 +192,10 @@ def _print_next_pass(stream: str, name: str, nxt: dict[str, Any]) -> None:
         + " ".join(_f(c, ".2f") for c in nxt["copc_per_pass"])
         + f"  | {nxt['within_band']}/{nxt['passes_min_clicks']} passes with >= "
         f"{MIN_CLICKS} clicks in {COPC_BAND[0]}-{COPC_BAND[1]}, mean |log copc| "
-        + " ".join(f"{w} {_f(e, '.3f')}" for w, e in nxt["error_per_window"].items()),
+        + " ".join(f"{w} {_f(e, '.3f')}" for w, e in nxt["error_per_window"].items())
+        + "; in the band, of an hour seen before {}/{}, of a new hour {}/{}".format(
+            *nxt["by_hour"]["seen"], *nxt["by_hour"]["new"]
+        ),
         flush=True,
     )
 
