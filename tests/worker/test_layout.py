@@ -151,3 +151,16 @@ def test_an_injected_filesystem_is_used() -> None:
         ]
     finally:
         fs.rm("/inj", recursive=True)
+
+
+def test_a_folder_names_its_hour_of_day() -> None:
+    """Every name ``folder_names`` gives reads back as its hour; anything else is refused
+    by name."""
+    for interval, hourly in ((30, False), (180, False), (60, True)):
+        for name in timeslices.folder_names(interval, hourly):
+            assert timeslices.folder_hour(name) == int(name[:2])
+    assert timeslices.folder_names(30)[3] == "0130"
+    assert timeslices.folder_hour("0130") == 1
+    for bad in ("2400", "1", "ab30", "01300", "_SUCCESS"):
+        with pytest.raises(LayoutError, match=repr(bad)):
+            timeslices.folder_hour(bad)

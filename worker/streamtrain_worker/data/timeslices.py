@@ -82,6 +82,13 @@ def folder_names(split_interval_minutes: int, hourly_names: bool = False) -> lis
     return names
 
 
+def folder_hour(name: str) -> int:
+    """The hour of day of a folder named ``HHMM`` (or ``HH``)."""
+    if len(name) not in (2, 4) or not name.isdigit() or int(name[:2]) > 23:
+        raise LayoutError(f"folder {name!r}: not an HHMM or HH time slice")
+    return int(name[:2])
+
+
 def pass_folder_names(
     pass_index: int,
     split_interval_minutes: int,

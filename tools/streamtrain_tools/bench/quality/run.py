@@ -62,6 +62,7 @@ from streamtrain_tools.bench.quality.streams import (
     build,
 )
 from streamtrain_tools.samples import SAMPLES_DIR
+from streamtrain_worker.data.timeslices import folder_hour
 from streamtrain_worker.metrics import COPC_BAND
 
 LEARNERS = ("streamtrain", "vw", "torch")
@@ -70,15 +71,15 @@ MIN_CLICKS = 500
 
 
 def hours_seen_before(stream: Stream) -> list[bool]:
-    """Per pass: whether an earlier pass held a folder of the same hour of day (its
-    ``HHMM`` name), so the model published before it could have counted that hour's rate.
-    Of an hour never seen no learner knows the rate: on the families an hour's logit offset
-    is drawn with sd 1.0, so a prediction at the rest of the stream's rate lands within
-    0.9-1.1 about one time in ten (docs/benchmarks.md, issue 26)."""
-    seen: set[str] = set()
+    """Per pass: whether an earlier pass held a folder of the same hour of day
+    (``timeslices.folder_hour``), so the model published before it could have counted that
+    hour's rate. Of an hour never seen no learner knows the rate: on the families an hour's
+    logit offset is drawn with sd 1.0, so a prediction at the rest of the stream's rate
+    lands within 0.9-1.1 about one time in ten (docs/benchmarks.md, issue 26)."""
+    seen: set[int] = set()
     out = []
     for _, folder in stream.passes:
-        hour = folder.name[:2]
+        hour = folder_hour(folder.name)
         out.append(hour in seen)
         seen.add(hour)
     return out
@@ -98,25 +99,24 @@ def next_pass_spread(stream: Stream, scores: list[PassScore | None]) -> dict[str
         if s is not None and s.clicks >= MIN_CLICKS and s.copc is not None
     }
     seen = hours_seen_before(stream)
+    by_hour = {
+        label: [i for i, known in enumerate(seen) if known == wanted]
+        for label, wanted in (("seen", True), ("new", False))
+    }
+
+    def in_band(idx: list[int]) -> list[int]:
+        return [sum(lo <= big[i] <= hi for i in idx if i in big), sum(i in big for i in idx)]
+
     return {
         "copc_per_pass": [None if s is None else _r(s.copc) for s in scores],
         "passes_min_clicks": len(big),
         "within_band": sum(lo <= c <= hi for c in big.values()),
-        "per_window": {
-            name: [sum(lo <= big[i] <= hi for i in idx if i in big), sum(i in big for i in idx)]
-            for name, idx in stream.windows.items()
-        },
+        "per_window": {name: in_band(idx) for name, idx in stream.windows.items()},
         "error_per_window": {
             name: _r(mean_log_error([big[i] for i in idx if i in big]))
             for name, idx in stream.windows.items()
         },
-        "by_hour": {
-            label: [
-                sum(lo <= c <= hi for i, c in big.items() if seen[i] == known),
-                sum(seen[i] == known for i in big),
-            ]
-            for label, known in (("seen", True), ("new", False))
-        },
+        "by_hour": {label: in_band(idx) for label, idx in by_hour.items()},
     }
 
 
